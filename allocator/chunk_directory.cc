@@ -1,0 +1,606 @@
+#include "allocator/chunk_directory.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace heapd {
+namespace {
+
+uint64_t ChunkBase(uint32_t chunk) { return uint64_t{chunk} << kChunkShift; }
+
+uint32_t ChunksFor(uint64_t size) {
+  return static_cast<uint32_t>((size + kChunkSize - 1) >> kChunkShift);
+}
+
+}  // namespace
+
+ChunkDirectory::ChunkDirectory(uint32_t capacity_chunks) { Grow(capacity_chunks); }
+
+void ChunkDirectory::Grow(uint32_t capacity_chunks) {
+  const uint32_t old = this->capacity_chunks();
+  if (capacity_chunks <= old) return;
+  chunks_.resize(capacity_chunks);
+  free_.Give(old, capacity_chunks - old);
+}
+
+absl::StatusOr<std::unique_ptr<ChunkDirectory>> ChunkDirectory::FromRecords(
+    uint32_t capacity_chunks, absl::Span<const ChunkRecord> records) {
+  // The last record of a chunk wins.
+  std::map<uint32_t, const ChunkRecord*> last;
+  for (const ChunkRecord& record : records) {
+    if (record.chunk >= capacity_chunks) {
+      return absl::DataLossError(absl::StrCat("metadata names chunk ", record.chunk,
+                                              " beyond the heap's ",
+                                              capacity_chunks, " chunks"));
+    }
+    last[record.chunk] = &record;
+  }
+  auto dir = std::make_unique<ChunkDirectory>(capacity_chunks);
+  for (const auto& [chunk, record] : last) {
+    switch (record->kind) {
+      case ChunkKind::kFree:
+        break;
+      case ChunkKind::kSmall: {
+        if (record->size_class >= kNumSizeClasses) {
+          return absl::DataLossError(absl::StrCat("metadata gives chunk ", chunk,
+                                                  " size class ", record->size_class));
+        }
+        absl::StatusOr<SlotBitmap> bitmap =
+            SlotBitmap::FromWords(SlotsPerChunk(record->size_class), record->words);
+        if (!bitmap.ok()) {
+          return absl::DataLossError(absl::StrCat("metadata of chunk ", chunk, ": ",
+                                                  bitmap.status().message()));
+        }
+        if (bitmap->empty()) break;
+        if (dir->chunks_[chunk].kind != ChunkKind::kFree) {
+          return absl::DataLossError(absl::StrCat(
+              "metadata makes chunk ", chunk, " both a small chunk and part of a large run"));
+        }
+        dir->free_.TakeAt(chunk, 1);
+        Chunk& c = dir->chunks_[chunk];
+        c.kind = ChunkKind::kSmall;
+        c.size_class = static_cast<uint8_t>(record->size_class);
+        c.bitmap = std::make_unique<SlotBitmap>(*std::move(bitmap));
+        dir->Settle(chunk);
+        break;
+      }
+      case ChunkKind::kLargeHead: {
+        const uint64_t end = uint64_t{chunk} + record->run_chunks;
+        if (record->run_chunks == 0 || end > capacity_chunks ||
+            !dir->free_.IsFree(chunk, record->run_chunks)) {
+          return absl::DataLossError(absl::StrCat(
+              "metadata gives chunk ", chunk, " a large run of ", record->run_chunks,
+              " chunks that overlaps other chunks or the end of the heap"));
+        }
+        dir->free_.TakeAt(chunk, record->run_chunks);
+        dir->chunks_[chunk].kind = ChunkKind::kLargeHead;
+        dir->chunks_[chunk].run_chunks = record->run_chunks;
+        for (uint32_t t = chunk + 1; t < end; ++t) {
+          dir->chunks_[t].kind = ChunkKind::kLargeTail;
+          dir->chunks_[t].head_chunk = chunk;
+        }
+        break;
+      }
+      default:
+        return absl::DataLossError(absl::StrCat(
+            "metadata gives chunk ", chunk, " unknown kind ",
+            static_cast<int>(record->kind)));
+    }
+  }
+  return dir;
+}
+
+void ChunkDirectory::MarkDirty(uint32_t chunk) {
+  if (chunks_[chunk].dirty) return;
+  chunks_[chunk].dirty = true;
+  dirty_.push_back(chunk);
+}
+
+void ChunkDirectory::MakeSmall(uint32_t chunk, uint32_t size_class) {
+  Chunk& c = chunks_[chunk];
+  c.kind = ChunkKind::kSmall;
+  c.size_class = static_cast<uint8_t>(size_class);
+  c.bitmap = std::make_unique<SlotBitmap>(SlotsPerChunk(size_class));
+  MarkDirty(chunk);
+}
+
+void ChunkDirectory::MakeFree(uint32_t chunk_start, uint32_t length) {
+  for (uint32_t i = chunk_start; i < chunk_start + length; ++i) {
+    Chunk& c = chunks_[i];
+    const bool dirty = c.dirty;
+    c = Chunk{};
+    c.dirty = dirty;
+  }
+  MarkDirty(chunk_start);
+  free_.Give(chunk_start, length);
+}
+
+void ChunkDirectory::Settle(uint32_t chunk) {
+  Chunk& c = chunks_[chunk];
+  leasable_[c.size_class].erase(chunk);
+  if (c.bitmap->empty()) {
+    MakeFree(chunk, 1);
+  } else if (!c.bitmap->full()) {
+    leasable_[c.size_class].insert(chunk);
+  }
+}
+
+absl::StatusOr<std::vector<LeaseGrant>> ChunkDirectory::Lease(
+    ClientId client, uint32_t size_class, uint32_t count) {
+  if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
+  if (size_class >= kNumSizeClasses) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("size class ", size_class, " does not exist (0..",
+                     kNumSizeClasses - 1, ")"));
+  }
+  std::vector<LeaseGrant> grants;
+  std::set<uint32_t>& partial = leasable_[size_class];
+  while (grants.size() < count) {
+    uint32_t chunk;
+    if (!partial.empty()) {
+      chunk = *partial.begin();
+      partial.erase(partial.begin());
+    } else if (std::optional<uint32_t> fresh = free_.Take(1)) {
+      chunk = *fresh;
+      MakeSmall(chunk, size_class);
+    } else {
+      break;
+    }
+    chunks_[chunk].lessee = client;
+    clients_[client].leased.insert(chunk);
+    grants.push_back(LeaseGrant{chunk, size_class, chunks_[chunk].bitmap->words()});
+  }
+  return grants;
+}
+
+absl::StatusOr<std::vector<LeaseCorrection>> ChunkDirectory::Report(
+    ClientId client, absl::Span<const LeaseReport> reports, bool release) {
+  std::set<uint32_t> seen;
+  for (const LeaseReport& report : reports) {
+    if (report.chunk >= chunks_.size() || chunks_[report.chunk].kind != ChunkKind::kSmall ||
+        chunks_[report.chunk].lessee != client) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "chunk ", report.chunk, " is not leased by client ", client));
+    }
+    const Chunk& c = chunks_[report.chunk];
+    if (report.words.size() != c.bitmap->words().size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "report for chunk ", report.chunk, " has ", report.words.size(),
+          " bitmap words; its size class needs ", c.bitmap->words().size()));
+    }
+    if (!seen.insert(report.chunk).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", report.chunk, " is reported twice"));
+    }
+  }
+  std::vector<LeaseCorrection> corrections;
+  for (const LeaseReport& report : reports) {
+    Chunk& c = chunks_[report.chunk];
+    SlotBitmap bitmap =
+        *SlotBitmap::FromWords(c.bitmap->slot_count(), report.words);
+    LeaseCorrection correction{report.chunk, {}, {}};
+    for (uint32_t slot : c.remote_frees) {
+      if (bitmap.IsAllocated(slot)) {
+        bitmap.Free(slot);
+        correction.freed_slots.push_back(slot);
+      }
+    }
+    c.remote_frees.clear();
+    const uint64_t base = ChunkBase(report.chunk);
+    const uint32_t slot_size = ClassSize(c.size_class);
+    for (auto it = pins_.lower_bound(base);
+         it != pins_.end() && it->first < base + kChunkSize; ++it) {
+      const uint32_t slot = static_cast<uint32_t>((it->first - base) / slot_size);
+      if (!bitmap.IsAllocated(slot)) {
+        bitmap.Set(slot);
+        correction.kept_slots.push_back(slot);
+      }
+    }
+    *c.bitmap = std::move(bitmap);
+    MarkDirty(report.chunk);
+    if (release) EndLease(report.chunk);
+    if (!correction.freed_slots.empty() || !correction.kept_slots.empty()) {
+      corrections.push_back(std::move(correction));
+    }
+  }
+  return corrections;
+}
+
+void ChunkDirectory::EndLease(uint32_t chunk) {
+  Chunk& c = chunks_[chunk];
+  clients_[c.lessee].leased.erase(chunk);
+  c.lessee = 0;
+  for (uint32_t slot : c.remote_frees) c.bitmap->Free(slot);
+  c.remote_frees.clear();
+  MarkDirty(chunk);
+  Settle(chunk);
+}
+
+absl::StatusOr<uint64_t> ChunkDirectory::AllocateLarge(ClientId client,
+                                                       uint64_t size) {
+  if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
+  if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  const uint64_t length = (size + kChunkSize - 1) >> kChunkShift;
+  if (length > chunks_.size()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no free run of ", length, " chunks for ", size, " bytes"));
+  }
+  std::optional<uint32_t> head = free_.Take(static_cast<uint32_t>(length));
+  if (!head) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no free run of ", length, " chunks for ", size, " bytes"));
+  }
+  Chunk& c = chunks_[*head];
+  c.kind = ChunkKind::kLargeHead;
+  c.run_chunks = static_cast<uint32_t>(length);
+  c.uncommitted_by = client;
+  for (uint32_t t = *head + 1; t < *head + length; ++t) {
+    chunks_[t].kind = ChunkKind::kLargeTail;
+    chunks_[t].head_chunk = *head;
+  }
+  clients_[client].uncommitted_runs.insert(*head);
+  return ChunkBase(*head);
+}
+
+absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
+    ClientId client, ObjectRef object) const {
+  const uint64_t offset = object.offset;
+  const uint64_t chunk = offset >> kChunkShift;
+  if (chunk >= chunks_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offset ", offset, " is outside the heap (", chunks_.size() * kChunkSize,
+        " bytes)"));
+  }
+  const Chunk& c = chunks_[chunk];
+  const uint64_t in_chunk = offset & (kChunkSize - 1);
+  switch (c.kind) {
+    case ChunkKind::kFree:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", offset, " is not allocated (chunk ", chunk, " is free): double free?"));
+    case ChunkKind::kLargeTail:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", offset, " is inside the large object at offset ",
+          ChunkBase(c.head_chunk), ", not at its start"));
+    case ChunkKind::kLargeHead:
+      if (in_chunk != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "offset ", offset, " is inside the large object at offset ",
+            ChunkBase(static_cast<uint32_t>(chunk)), ", not at its start"));
+      }
+      if (object.size != 0 &&
+          (object.size <= kMaxSmallSize || ChunksFor(object.size) != c.run_chunks)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "object at offset ", offset, " is a large object of ", c.run_chunks,
+            " chunks, not of ", object.size, " bytes"));
+      }
+      break;
+    case ChunkKind::kSmall: {
+      const uint32_t slot_size = ClassSize(c.size_class);
+      if (in_chunk % slot_size != 0 || in_chunk / slot_size >= c.bitmap->slot_count()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "offset ", offset, " is inside an object of ", slot_size,
+            " bytes, not at its start"));
+      }
+      const uint32_t slot = static_cast<uint32_t>(in_chunk / slot_size);
+      const bool remote_freed =
+          std::find(c.remote_frees.begin(), c.remote_frees.end(), slot) !=
+          c.remote_frees.end();
+      if (!c.bitmap->IsAllocated(slot) || remote_freed) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "offset ", offset, " is not a live object",
+            c.lessee != 0 ? " as of its chunk's last sync" : "",
+            ": double free or never allocated"));
+      }
+      if (object.size != 0 &&
+          (object.size > kMaxSmallSize || SizeClassFor(object.size) != c.size_class)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "object at offset ", offset, " has ", slot_size, "-byte size class ",
+            static_cast<int>(c.size_class), ", not the class of ", object.size, " bytes"));
+      }
+      if (IsPinned(offset)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "object at offset ", offset, " is bound to a name; unbind it first"));
+      }
+      return PlannedFree{static_cast<uint32_t>(chunk), slot};
+    }
+  }
+  if (c.uncommitted_by != 0 && c.uncommitted_by != client) {
+    // Only its allocator knows the object exists before it syncs; another
+    // client could not have learned its offset through the heap.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "large object at offset ", offset, " is not committed yet by client ",
+        c.uncommitted_by));
+  }
+  if (IsPinned(offset)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "object at offset ", offset, " is bound to a name; unbind it first"));
+  }
+  return PlannedFree{static_cast<uint32_t>(chunk), 0};
+}
+
+absl::Status ChunkDirectory::Free(ClientId client,
+                                  absl::Span<const ObjectRef> objects) {
+  std::vector<PlannedFree> plan;
+  plan.reserve(objects.size());
+  std::set<uint64_t> offsets;
+  for (const ObjectRef& object : objects) {
+    if (!offsets.insert(object.offset).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", object.offset, " appears twice in one free batch"));
+    }
+    absl::StatusOr<PlannedFree> planned = PlanFree(client, object);
+    if (!planned.ok()) return planned.status();
+    plan.push_back(*planned);
+  }
+  for (const PlannedFree& p : plan) {
+    Chunk& c = chunks_[p.chunk];
+    if (c.kind == ChunkKind::kLargeHead) {
+      if (c.uncommitted_by != 0) {
+        clients_[c.uncommitted_by].uncommitted_runs.erase(p.chunk);
+        c.uncommitted_by = 0;
+      }
+      MakeFree(p.chunk, c.run_chunks);
+    } else if (c.lessee != 0) {
+      c.remote_frees.push_back(p.slot);
+      MarkDirty(p.chunk);
+    } else {
+      c.bitmap->Free(p.slot);
+      MarkDirty(p.chunk);
+      Settle(p.chunk);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ChunkDirectory::Commit(ClientId client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  for (uint32_t head : it->second.uncommitted_runs) {
+    chunks_[head].uncommitted_by = 0;
+    MarkDirty(head);
+  }
+  it->second.uncommitted_runs.clear();
+}
+
+ReclaimResult ChunkDirectory::Reclaim(ClientId client) {
+  ReclaimResult result;
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return result;
+  const std::set<uint32_t> leased = it->second.leased;
+  for (uint32_t chunk : leased) EndLease(chunk);
+  result.leases = static_cast<uint32_t>(leased.size());
+  for (uint32_t head : it->second.uncommitted_runs) {
+    chunks_[head].uncommitted_by = 0;
+    MakeFree(head, chunks_[head].run_chunks);
+    ++result.large_runs;
+  }
+  clients_.erase(client);
+  return result;
+}
+
+absl::Status ChunkDirectory::Pin(ClientId caller, ObjectRef object) {
+  const uint64_t offset = object.offset;
+  const uint64_t chunk = offset >> kChunkShift;
+  if (chunk >= chunks_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offset ", offset, " is outside the heap (", chunks_.size() * kChunkSize,
+        " bytes)"));
+  }
+  Chunk& c = chunks_[chunk];
+  const uint64_t in_chunk = offset & (kChunkSize - 1);
+  if (c.kind == ChunkKind::kSmall) {
+    const uint32_t slot_size = ClassSize(c.size_class);
+    const uint32_t slot = static_cast<uint32_t>(in_chunk / slot_size);
+    if (in_chunk % slot_size != 0 || slot >= c.bitmap->slot_count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", offset, " is not the start of an object (slots of ",
+          slot_size, " bytes)"));
+    }
+    if (object.size > slot_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "object at offset ", offset, " has ", slot_size, " bytes, less than ",
+          object.size));
+    }
+    const bool remote_freed = std::find(c.remote_frees.begin(), c.remote_frees.end(),
+                                        slot) != c.remote_frees.end();
+    if (c.lessee == caller && caller != 0 && !remote_freed) {
+      if (!c.bitmap->IsAllocated(slot)) {
+        c.bitmap->Set(slot);  // the lessee allocated it since its last report
+        MarkDirty(static_cast<uint32_t>(chunk));
+      }
+    } else if (!c.bitmap->IsAllocated(slot) || remote_freed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "offset ", offset, " is not a live object",
+          c.lessee != 0 ? " as of its allocator's last sync" : ""));
+    }
+  } else if (c.kind == ChunkKind::kLargeHead && in_chunk == 0) {
+    if (object.size > uint64_t{c.run_chunks} * kChunkSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "object at offset ", offset, " has ", uint64_t{c.run_chunks} * kChunkSize,
+          " bytes, less than ", object.size));
+    }
+    if (c.uncommitted_by != 0) {
+      if (c.uncommitted_by != caller) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "large object at offset ", offset, " is not committed yet by client ",
+            c.uncommitted_by));
+      }
+      clients_[caller].uncommitted_runs.erase(static_cast<uint32_t>(chunk));
+      c.uncommitted_by = 0;
+      MarkDirty(static_cast<uint32_t>(chunk));
+    }
+  } else {
+    return absl::FailedPreconditionError(
+        absl::StrCat("offset ", offset, " is not the start of a live object"));
+  }
+  ++pins_[offset];
+  return absl::OkStatus();
+}
+
+void ChunkDirectory::Unpin(uint64_t offset) {
+  auto it = pins_.find(offset);
+  if (it != pins_.end() && --it->second == 0) pins_.erase(it);
+}
+
+ChunkRecord ChunkDirectory::Persisted(uint32_t chunk) const {
+  const Chunk& c = chunks_[chunk];
+  ChunkRecord record;
+  record.chunk = chunk;
+  if (c.kind == ChunkKind::kSmall) {
+    record.kind = ChunkKind::kSmall;
+    record.size_class = c.size_class;
+    record.words = c.bitmap->words();
+    for (uint32_t slot : c.remote_frees) {
+      record.words[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+    }
+  } else if (c.kind == ChunkKind::kLargeHead && c.uncommitted_by == 0) {
+    record.kind = ChunkKind::kLargeHead;
+    record.run_chunks = c.run_chunks;
+  }
+  return record;
+}
+
+std::vector<ChunkRecord> ChunkDirectory::TakeDirtyRecords() {
+  std::vector<ChunkRecord> records;
+  records.reserve(dirty_.size());
+  std::sort(dirty_.begin(), dirty_.end());
+  for (uint32_t chunk : dirty_) {
+    records.push_back(Persisted(chunk));
+    chunks_[chunk].dirty = false;
+  }
+  dirty_.clear();
+  return records;
+}
+
+std::vector<ChunkRecord> ChunkDirectory::AllRecords() const {
+  std::vector<ChunkRecord> records;
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    const ChunkKind kind = chunks_[chunk].kind;
+    if (kind != ChunkKind::kSmall && kind != ChunkKind::kLargeHead) continue;
+    ChunkRecord record = Persisted(chunk);
+    if (record.kind != ChunkKind::kFree) records.push_back(std::move(record));
+  }
+  return records;
+}
+
+DirectoryStats ChunkDirectory::Stats() const {
+  DirectoryStats stats;
+  stats.capacity_chunks = capacity_chunks();
+  stats.free_chunks = static_cast<uint32_t>(free_.free_chunks());
+  for (const Chunk& c : chunks_) {
+    switch (c.kind) {
+      case ChunkKind::kSmall: {
+        ++stats.small_chunks;
+        if (c.lessee != 0) ++stats.leased_chunks;
+        const uint64_t live = c.bitmap->live() - c.remote_frees.size();
+        stats.live_objects += live;
+        stats.allocated_bytes += live * ClassSize(c.size_class);
+        ++stats.by_class[c.size_class].chunks;
+        stats.by_class[c.size_class].live_objects += live;
+        break;
+      }
+      case ChunkKind::kLargeHead:
+        ++stats.large_objects;
+        ++stats.live_objects;
+        stats.large_chunks += c.run_chunks;
+        stats.allocated_bytes += uint64_t{c.run_chunks} * kChunkSize;
+        break;
+      default:
+        break;
+    }
+  }
+  return stats;
+}
+
+size_t ChunkDirectory::LeaseCount(ClientId client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? 0 : it->second.leased.size();
+}
+
+absl::Status ChunkDirectory::CheckInvariants() const {
+  if (absl::Status s = free_.CheckInvariants(); !s.ok()) return s;
+  uint64_t free_count = 0;
+  for (uint32_t i = 0; i < chunks_.size(); ++i) {
+    const Chunk& c = chunks_[i];
+    const bool in_free = free_.IsFree(i, 1);
+    if ((c.kind == ChunkKind::kFree) != in_free) {
+      return absl::InternalError(absl::StrCat("chunk ", i, " kind and free runs disagree"));
+    }
+    if (c.kind == ChunkKind::kFree) ++free_count;
+    if (c.kind == ChunkKind::kLargeHead) {
+      for (uint32_t t = i + 1; t < i + c.run_chunks; ++t) {
+        if (t >= chunks_.size() || chunks_[t].kind != ChunkKind::kLargeTail ||
+            chunks_[t].head_chunk != i) {
+          return absl::InternalError(absl::StrCat("large run at chunk ", i,
+                                                  " has a bad tail at ", t));
+        }
+      }
+      if (c.uncommitted_by != 0 &&
+          (clients_.count(c.uncommitted_by) == 0 ||
+           clients_.at(c.uncommitted_by).uncommitted_runs.count(i) == 0)) {
+        return absl::InternalError(absl::StrCat("uncommitted run at chunk ", i,
+                                                " is unknown to its client"));
+      }
+    }
+    if (c.kind == ChunkKind::kLargeTail) {
+      const Chunk& head = chunks_[c.head_chunk];
+      if (head.kind != ChunkKind::kLargeHead || c.head_chunk + head.run_chunks <= i) {
+        return absl::InternalError(absl::StrCat("chunk ", i, " is an orphan tail"));
+      }
+    }
+    if (c.kind == ChunkKind::kSmall) {
+      if (absl::Status s = c.bitmap->CheckInvariants(); !s.ok()) {
+        return absl::InternalError(absl::StrCat("chunk ", i, ": ", s.message()));
+      }
+      const bool leasable = leasable_[c.size_class].count(i) != 0;
+      if (leasable != (c.lessee == 0 && !c.bitmap->full())) {
+        return absl::InternalError(absl::StrCat("chunk ", i, " leasable set is wrong"));
+      }
+      if (c.lessee == 0 && c.bitmap->empty()) {
+        return absl::InternalError(absl::StrCat("unleased chunk ", i, " is empty but not free"));
+      }
+      if (c.lessee != 0 && (clients_.count(c.lessee) == 0 ||
+                            clients_.at(c.lessee).leased.count(i) == 0)) {
+        return absl::InternalError(absl::StrCat("lease of chunk ", i, " unknown to its client"));
+      }
+      if (c.lessee == 0 && !c.remote_frees.empty()) {
+        return absl::InternalError(absl::StrCat("unleased chunk ", i, " has pending frees"));
+      }
+      std::set<uint32_t> distinct(c.remote_frees.begin(), c.remote_frees.end());
+      if (distinct.size() != c.remote_frees.size()) {
+        return absl::InternalError(absl::StrCat("chunk ", i, " has a repeated pending free"));
+      }
+      for (uint32_t slot : c.remote_frees) {
+        if (!c.bitmap->IsAllocated(slot)) {
+          return absl::InternalError(absl::StrCat("chunk ", i, " pending free of free slot ", slot));
+        }
+      }
+    }
+  }
+  if (free_count != free_.free_chunks()) {
+    return absl::InternalError("free chunk count and free runs disagree");
+  }
+  for (const auto& [client, state] : clients_) {
+    for (uint32_t chunk : state.leased) {
+      if (chunks_[chunk].kind != ChunkKind::kSmall || chunks_[chunk].lessee != client) {
+        return absl::InternalError(absl::StrCat("client ", client, " holds a stale lease of chunk ", chunk));
+      }
+    }
+  }
+  for (const auto& [offset, count] : pins_) {
+    const uint64_t chunk = offset >> kChunkShift;
+    const Chunk& c = chunks_[chunk];
+    const bool live_small = c.kind == ChunkKind::kSmall &&
+                            (offset & (kChunkSize - 1)) % ClassSize(c.size_class) == 0 &&
+                            c.bitmap->IsAllocated(static_cast<uint32_t>(
+                                (offset & (kChunkSize - 1)) / ClassSize(c.size_class)));
+    const bool live_large = c.kind == ChunkKind::kLargeHead && (offset & (kChunkSize - 1)) == 0;
+    if (!live_small && !live_large) {
+      return absl::InternalError(absl::StrCat("pinned offset ", offset, " is not a live object"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace heapd

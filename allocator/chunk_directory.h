@@ -1,0 +1,208 @@
+// ChunkDirectory: the daemon's record of every chunk of one heap — free,
+// small-object (with its slot bitmap and the client leasing it) or part of a
+// large run — and of the objects pinned by names. It is the only writer of
+// allocator metadata; nothing of it lives in the data file.
+//
+// What is persisted (the "persisted view", see Persisted()):
+//   - a small chunk: its class and the bitmap last reported by its lessee,
+//     minus slots other clients freed since;
+//   - a large run: its head and length, once its allocator committed it
+//     (synced, detached or bound a name to it); uncommitted runs are free;
+//   - tails of large runs are never written: they follow from their head.
+// On recovery no client is attached, so every lease is gone and an empty small
+// chunk is free.
+//
+// Invariants (checked by CheckInvariants()):
+//   - a chunk is kFree exactly when free_ holds it;
+//   - a run's head has run_chunks = length; each tail's head_chunk names it;
+//   - a small chunk is in leasable_[class] exactly when it has no lessee and
+//     a free slot; clients_[c].leased holds exactly the chunks leased by c;
+//   - remote_frees are allocated slots of leased chunks, without repeats;
+//   - every pin is a live object start.
+// Not thread-safe: the owning Heap serializes calls.
+#ifndef HEAPD_ALLOCATOR_CHUNK_DIRECTORY_H_
+#define HEAPD_ALLOCATOR_CHUNK_DIRECTORY_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "allocator/free_runs.h"
+#include "allocator/lease_types.h"
+#include "allocator/size_class.h"
+#include "allocator/slot_bitmap.h"
+
+namespace heapd {
+
+enum class ChunkKind : uint8_t {
+  kFree = 0,
+  kSmall = 1,
+  kLargeHead = 2,
+  kLargeTail = 3,  // in memory only
+};
+
+// The persisted image of one chunk.
+struct ChunkRecord {
+  uint32_t chunk = 0;
+  ChunkKind kind = ChunkKind::kFree;
+  uint32_t size_class = 0;       // kSmall
+  uint32_t run_chunks = 0;       // kLargeHead
+  std::vector<uint64_t> words;   // kSmall
+};
+
+// An object named by its offset, with the size the caller believes it has
+// (0: not checked).
+struct ObjectRef {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+struct SizeClassUsage {
+  uint32_t chunks = 0;
+  uint64_t live_objects = 0;
+};
+
+struct DirectoryStats {
+  uint32_t capacity_chunks = 0;
+  uint32_t free_chunks = 0;
+  uint32_t small_chunks = 0;
+  uint32_t leased_chunks = 0;
+  uint32_t large_chunks = 0;
+  uint64_t large_objects = 0;
+  uint64_t live_objects = 0;      // small and large
+  uint64_t allocated_bytes = 0;   // slot sizes of live small objects + large runs
+  std::array<SizeClassUsage, kNumSizeClasses> by_class{};
+};
+
+struct ReclaimResult {
+  uint32_t leases = 0;       // chunks whose lease was taken back
+  uint32_t large_runs = 0;   // uncommitted large objects freed
+};
+
+class ChunkDirectory {
+ public:
+  // A directory of `capacity_chunks` free chunks.
+  explicit ChunkDirectory(uint32_t capacity_chunks);
+
+  // Rebuilds a directory from persisted records: the last record of each
+  // chunk wins, unlisted chunks are free. Fails with DATA_LOSS when records
+  // contradict each other or the capacity.
+  static absl::StatusOr<std::unique_ptr<ChunkDirectory>> FromRecords(
+      uint32_t capacity_chunks, absl::Span<const ChunkRecord> records);
+
+  ChunkDirectory(const ChunkDirectory&) = delete;
+  ChunkDirectory& operator=(const ChunkDirectory&) = delete;
+
+  uint32_t capacity_chunks() const { return static_cast<uint32_t>(chunks_.size()); }
+
+  // Adds free chunks up to `capacity_chunks`. REQUIRES: not a shrink.
+  void Grow(uint32_t capacity_chunks);
+
+  // Leases up to `count` chunks of `size_class` to `client`: unleased partly
+  // used chunks first, then free ones. Returns an empty vector when no chunk
+  // is available (the caller grows the heap and retries).
+  absl::StatusOr<std::vector<LeaseGrant>> Lease(ClientId client,
+                                                uint32_t size_class,
+                                                uint32_t count);
+
+  // Records `client`'s view of chunks it leases and returns what the daemon
+  // changed in it. With `release`, the leases end. All-or-nothing: a report
+  // for a chunk the client does not lease, or of the wrong size, fails with
+  // FAILED_PRECONDITION / INVALID_ARGUMENT and changes nothing.
+  absl::StatusOr<std::vector<LeaseCorrection>> Report(
+      ClientId client, absl::Span<const LeaseReport> reports, bool release);
+
+  // Allocates a run of whole chunks for `size` bytes; the run stays
+  // uncommitted until Commit(client) or a Pin. RESOURCE_EXHAUSTED if no free
+  // run fits. REQUIRES: 0 < size.
+  absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
+
+  // Frees objects on behalf of `client`: large runs, slots of unleased chunks,
+  // and slots of leased chunks (applied to the lessee's copy at its next
+  // report). All-or-nothing: every offset is validated first; one that is
+  // not the start of a live object (double free, interior pointer, outside
+  // the heap, size of another class) fails with INVALID_ARGUMENT, one bound
+  // by a name or not yet committed by another client with
+  // FAILED_PRECONDITION; then nothing is freed.
+  absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
+
+  // Makes `client`'s large allocations persistent (at its sync or detach).
+  void Commit(ClientId client);
+
+  // Ends `client`'s session: its leases return at their last reported state,
+  // its uncommitted large runs are freed.
+  ReclaimResult Reclaim(ClientId client);
+
+  // Marks the object at `object` bound by a name, so it stays live until
+  // Unpin. The object must be live as the daemon knows it; `caller`'s own
+  // leased slots are taken as live on its word, and its uncommitted large
+  // runs are committed. client 0 is the daemon itself (recovery).
+  absl::Status Pin(ClientId caller, ObjectRef object);
+
+  // Drops one pin of `offset`. REQUIRES: it is pinned.
+  void Unpin(uint64_t offset);
+
+  // Persisted view of the chunks changed since the last call.
+  std::vector<ChunkRecord> TakeDirtyRecords();
+
+  // Persisted view of every chunk that is not free (a checkpoint).
+  std::vector<ChunkRecord> AllRecords() const;
+
+  DirectoryStats Stats() const;
+
+  // Leases held by `client`.
+  size_t LeaseCount(ClientId client) const;
+
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Chunk {
+    ChunkKind kind = ChunkKind::kFree;
+    uint8_t size_class = 0;
+    bool dirty = false;
+    uint32_t run_chunks = 0;      // kLargeHead: run length
+    uint32_t head_chunk = 0;      // kLargeTail: its head
+    ClientId lessee = 0;          // kSmall: leasing client, 0 if none
+    ClientId uncommitted_by = 0;  // kLargeHead: allocating client until commit
+    std::unique_ptr<SlotBitmap> bitmap;   // kSmall
+    std::vector<uint32_t> remote_frees;   // kSmall with a lessee
+  };
+  struct ClientState {
+    std::set<uint32_t> leased;
+    std::set<uint32_t> uncommitted_runs;
+  };
+  // What Free will do to one object, decided before anything changes.
+  struct PlannedFree {
+    uint32_t chunk;
+    uint32_t slot;  // small objects
+  };
+
+  absl::StatusOr<PlannedFree> PlanFree(ClientId client, ObjectRef object) const;
+  void MarkDirty(uint32_t chunk);
+  void MakeSmall(uint32_t chunk, uint32_t size_class);
+  void MakeFree(uint32_t chunk_start, uint32_t length);
+  void FreeRun(uint32_t head);
+  // Puts an unleased small chunk where it belongs: free, leasable or neither.
+  void Settle(uint32_t chunk);
+  void EndLease(uint32_t chunk);
+  ChunkRecord Persisted(uint32_t chunk) const;
+  bool IsPinned(uint64_t offset) const { return pins_.count(offset) != 0; }
+
+  std::vector<Chunk> chunks_;
+  FreeRuns free_;
+  std::array<std::set<uint32_t>, kNumSizeClasses> leasable_;
+  absl::flat_hash_map<ClientId, ClientState> clients_;
+  std::map<uint64_t, uint32_t> pins_;  // object offset -> names binding it
+  std::vector<uint32_t> dirty_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_ALLOCATOR_CHUNK_DIRECTORY_H_

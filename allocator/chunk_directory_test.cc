@@ -1,0 +1,244 @@
+#include "allocator/chunk_directory.h"
+
+#include "gtest/gtest.h"
+
+namespace heapd {
+namespace {
+
+constexpr ClientId kAlice = 1;
+constexpr ClientId kBob = 2;
+const uint32_t k64 = SizeClassFor(64);
+
+uint64_t Offset(uint32_t chunk, uint32_t slot, uint32_t size_class) {
+  return (uint64_t{chunk} << kChunkShift) + uint64_t{slot} * ClassSize(size_class);
+}
+
+// A report that marks the first `live` slots of `grant` allocated.
+LeaseReport ReportWith(const LeaseGrant& grant, uint32_t live) {
+  SlotBitmap bitmap = *SlotBitmap::FromWords(SlotsPerChunk(grant.size_class), grant.words);
+  for (uint32_t i = 0; i < live; ++i) bitmap.AllocateLowest();
+  return LeaseReport{grant.chunk, bitmap.words()};
+}
+
+void ExpectCode(const absl::Status& status, absl::StatusCode code, const char* needle) {
+  EXPECT_EQ(status.code(), code) << status;
+  EXPECT_NE(status.message().find(needle), std::string::npos) << status;
+}
+
+TEST(ChunkDirectoryTest, LeaseHandsOutFreeChunksThenRunsOut) {
+  ChunkDirectory dir(3);
+  auto grants = dir.Lease(kAlice, k64, 2);
+  ASSERT_TRUE(grants.ok());
+  ASSERT_EQ(grants->size(), 2u);
+  EXPECT_EQ((*grants)[0].size_class, k64);
+  auto more = dir.Lease(kBob, k64, 5);
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(more->size(), 1u);
+  EXPECT_TRUE(dir.Lease(kBob, k64, 1)->empty());
+  EXPECT_EQ(dir.LeaseCount(kAlice), 2u);
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, ReleasedPartialChunkIsLeasedAgainWithItsBitmap) {
+  ChunkDirectory dir(4);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 10)}, /*release=*/true).ok());
+  EXPECT_EQ(dir.LeaseCount(kAlice), 0u);
+  LeaseGrant again = (*dir.Lease(kBob, k64, 1))[0];
+  EXPECT_EQ(again.chunk, grant.chunk);
+  SlotBitmap bitmap = *SlotBitmap::FromWords(SlotsPerChunk(k64), again.words);
+  EXPECT_EQ(bitmap.live(), 10u);
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, ReleasedEmptyChunkBecomesFree) {
+  ChunkDirectory dir(1);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 0)}, true).ok());
+  EXPECT_EQ(dir.Stats().free_chunks, 1u);
+  // A free chunk can serve another class.
+  EXPECT_EQ(dir.Lease(kBob, SizeClassFor(4096), 1)->size(), 1u);
+}
+
+TEST(ChunkDirectoryTest, ReportRejectsChunksNotLeasedByCallerAndChangesNothing) {
+  ChunkDirectory dir(4);
+  LeaseGrant a = (*dir.Lease(kAlice, k64, 1))[0];
+  LeaseGrant b = (*dir.Lease(kBob, k64, 1))[0];
+  ExpectCode(dir.Report(kAlice, {ReportWith(a, 5), ReportWith(b, 5)}, false).status(),
+             absl::StatusCode::kFailedPrecondition, "not leased by client 1");
+  EXPECT_EQ(dir.Stats().live_objects, 0u);  // a's report was not applied
+  LeaseReport wrong_size{a.chunk, {1, 2}};
+  ExpectCode(dir.Report(kAlice, {wrong_size}, false).status(),
+             absl::StatusCode::kInvalidArgument, "bitmap words");
+  ExpectCode(dir.Report(kAlice, {ReportWith(a, 1), ReportWith(a, 2)}, false).status(),
+             absl::StatusCode::kInvalidArgument, "reported twice");
+  ExpectCode(dir.Report(kAlice, {LeaseReport{999, {}}}, false).status(),
+             absl::StatusCode::kFailedPrecondition, "chunk 999");
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, LargeRunsAllocateFreeAndRejectBadOffsets) {
+  ChunkDirectory dir(8);
+  absl::StatusOr<uint64_t> big = dir.AllocateLarge(kAlice, 3 * kChunkSize - 1);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(dir.Stats().large_chunks, 3u);
+  ExpectCode(dir.Free(kAlice, {{*big + 8, 0}}), absl::StatusCode::kInvalidArgument,
+             "inside the large object");
+  ExpectCode(dir.Free(kAlice, {{*big + kChunkSize, 0}}), absl::StatusCode::kInvalidArgument,
+             "inside the large object");
+  ExpectCode(dir.Free(kAlice, {{*big, kChunkSize}}), absl::StatusCode::kInvalidArgument,
+             "not of 2097152 bytes");
+  ExpectCode(dir.Free(kBob, {{*big, 0}}), absl::StatusCode::kFailedPrecondition,
+             "not committed yet");
+  ASSERT_TRUE(dir.Free(kAlice, {{*big, 3 * kChunkSize}}).ok());
+  ExpectCode(dir.Free(kAlice, {{*big, 0}}), absl::StatusCode::kInvalidArgument,
+             "double free");
+  ExpectCode(dir.AllocateLarge(kAlice, 9 * kChunkSize).status(),
+             absl::StatusCode::kResourceExhausted, "no free run of 9 chunks");
+  ExpectCode(dir.AllocateLarge(kAlice, 0).status(), absl::StatusCode::kInvalidArgument,
+             "0 bytes");
+  ExpectCode(dir.Free(kAlice, {{8 * kChunkSize, 0}}), absl::StatusCode::kInvalidArgument,
+             "outside the heap");
+  EXPECT_EQ(dir.Stats().free_chunks, 8u);
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, FreeOfUnleasedSmallObjectsIsValidatedAndAtomic) {
+  ChunkDirectory dir(4);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 3)}, true).ok());
+  const uint64_t slot0 = Offset(grant.chunk, 0, k64);
+  const uint64_t slot1 = Offset(grant.chunk, 1, k64);
+  ExpectCode(dir.Free(kBob, {{slot0, 0}, {slot0 + 4, 0}}), absl::StatusCode::kInvalidArgument,
+             "not at its start");
+  ExpectCode(dir.Free(kBob, {{slot0, 0}, {slot0, 0}}), absl::StatusCode::kInvalidArgument,
+             "twice in one free batch");
+  ExpectCode(dir.Free(kBob, {{slot0, 200}}), absl::StatusCode::kInvalidArgument,
+             "not the class of 200 bytes");
+  ExpectCode(dir.Free(kBob, {{Offset(grant.chunk, 3, k64), 0}}),
+             absl::StatusCode::kInvalidArgument, "not a live object");
+  EXPECT_EQ(dir.Stats().live_objects, 3u);  // every failed batch changed nothing
+  ASSERT_TRUE(dir.Free(kBob, {{slot0, 64}, {slot1, 0}}).ok());
+  EXPECT_EQ(dir.Stats().live_objects, 1u);
+  ExpectCode(dir.Free(kBob, {{slot1, 0}}), absl::StatusCode::kInvalidArgument, "double free");
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, FreeInAnotherClientsLeaseIsAppliedAtItsNextReport) {
+  ChunkDirectory dir(4);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 4)}, false).ok());
+  const uint64_t slot2 = Offset(grant.chunk, 2, k64);
+  // Slot 5 was allocated by Alice after her last report: Bob cannot know it.
+  ExpectCode(dir.Free(kBob, {{Offset(grant.chunk, 5, k64), 0}}),
+             absl::StatusCode::kInvalidArgument, "as of its chunk's last sync");
+  ASSERT_TRUE(dir.Free(kBob, {{slot2, 0}}).ok());
+  ExpectCode(dir.Free(kBob, {{slot2, 0}}), absl::StatusCode::kInvalidArgument, "double free");
+  EXPECT_EQ(dir.Stats().live_objects, 3u);
+  // Alice reports 6 live slots (0..5); the daemon frees slot 2 in her view.
+  auto corrections = dir.Report(kAlice, {ReportWith(grant, 6)}, false);
+  ASSERT_TRUE(corrections.ok());
+  ASSERT_EQ(corrections->size(), 1u);
+  EXPECT_EQ((*corrections)[0].freed_slots, std::vector<uint32_t>{2});
+  EXPECT_EQ(dir.Stats().live_objects, 5u);
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, PinnedObjectsCannotBeFreedAndSurviveReports) {
+  ChunkDirectory dir(4);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  const uint64_t slot0 = Offset(grant.chunk, 0, k64);
+  // Alice allocated slot 0 locally and binds it before reporting.
+  ASSERT_TRUE(dir.Pin(kAlice, {slot0, 64}).ok());
+  ExpectCode(dir.Pin(kBob, {Offset(grant.chunk, 1, k64), 8}),
+             absl::StatusCode::kFailedPrecondition, "not a live object");
+  ExpectCode(dir.Pin(kAlice, {slot0 + 8, 8}), absl::StatusCode::kInvalidArgument,
+             "not the start");
+  ExpectCode(dir.Pin(kAlice, {slot0, 65}), absl::StatusCode::kInvalidArgument, "less than 65");
+  ExpectCode(dir.Free(kBob, {{slot0, 0}}), absl::StatusCode::kFailedPrecondition,
+             "bound to a name");
+  // Alice frees it locally anyway: the daemon keeps it and says so.
+  auto corrections = dir.Report(kAlice, {ReportWith(grant, 0)}, true);
+  ASSERT_TRUE(corrections.ok());
+  ASSERT_EQ(corrections->size(), 1u);
+  EXPECT_EQ((*corrections)[0].kept_slots, std::vector<uint32_t>{0});
+  EXPECT_EQ(dir.Stats().live_objects, 1u);
+  dir.Unpin(slot0);
+  ASSERT_TRUE(dir.Free(kBob, {{slot0, 0}}).ok());
+  EXPECT_EQ(dir.Stats().free_chunks, 4u);
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, ReclaimReturnsLeasesAtLastReportAndFreesUncommittedRuns) {
+  ChunkDirectory dir(8);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 7)}, false).ok());
+  ASSERT_TRUE(dir.AllocateLarge(kAlice, kChunkSize).ok());
+  absl::StatusOr<uint64_t> kept = dir.AllocateLarge(kAlice, kChunkSize);
+  dir.Commit(kAlice);
+  ASSERT_TRUE(dir.AllocateLarge(kAlice, 2 * kChunkSize).ok());  // never committed
+  ReclaimResult result = dir.Reclaim(kAlice);
+  EXPECT_EQ(result.leases, 1u);
+  EXPECT_EQ(result.large_runs, 1u);
+  DirectoryStats stats = dir.Stats();
+  EXPECT_EQ(stats.live_objects, 7u + 2u);
+  EXPECT_EQ(stats.leased_chunks, 0u);
+  EXPECT_EQ(stats.free_chunks, 8u - 1u - 2u);
+  ASSERT_TRUE(dir.Free(kBob, {{*kept, 0}}).ok());
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, RecordsRebuildTheSameHeap) {
+  ChunkDirectory dir(16);
+  LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 9)}, false).ok());
+  ASSERT_TRUE(dir.AllocateLarge(kAlice, 3 * kChunkSize).ok());
+  ASSERT_TRUE(dir.AllocateLarge(kBob, kChunkSize).ok());  // uncommitted: not persisted
+  dir.Commit(kAlice);
+  std::vector<ChunkRecord> log = dir.TakeDirtyRecords();
+  EXPECT_TRUE(dir.TakeDirtyRecords().empty());
+  auto rebuilt = ChunkDirectory::FromRecords(16, log);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  DirectoryStats stats = (*rebuilt)->Stats();
+  EXPECT_EQ(stats.live_objects, 10u);
+  EXPECT_EQ(stats.large_chunks, 3u);
+  EXPECT_EQ(stats.leased_chunks, 0u);
+  EXPECT_EQ(stats.free_chunks, 16u - 1u - 3u);
+  EXPECT_TRUE((*rebuilt)->CheckInvariants().ok());
+  auto from_checkpoint = ChunkDirectory::FromRecords(16, dir.AllRecords());
+  ASSERT_TRUE(from_checkpoint.ok());
+  EXPECT_EQ((*from_checkpoint)->Stats().live_objects, 10u);
+}
+
+TEST(ChunkDirectoryTest, ContradictoryRecordsAreDataLoss) {
+  ChunkRecord run{2, ChunkKind::kLargeHead, 0, 3, {}};
+  ChunkRecord small{3, ChunkKind::kSmall, k64, 0,
+                    std::vector<uint64_t>(SlotBitmap::WordCount(SlotsPerChunk(k64)), 1)};
+  EXPECT_EQ(ChunkDirectory::FromRecords(8, {run, small}).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ChunkDirectory::FromRecords(4, {run}).status().code(),
+            absl::StatusCode::kDataLoss);
+  ChunkRecord beyond{9, ChunkKind::kFree, 0, 0, {}};
+  EXPECT_EQ(ChunkDirectory::FromRecords(8, {beyond}).status().code(),
+            absl::StatusCode::kDataLoss);
+  ChunkRecord bad_words{1, ChunkKind::kSmall, k64, 0, {1}};
+  EXPECT_EQ(ChunkDirectory::FromRecords(8, {bad_words}).status().code(),
+            absl::StatusCode::kDataLoss);
+  ChunkRecord bad_class{1, ChunkKind::kSmall, 99, 0, {}};
+  EXPECT_EQ(ChunkDirectory::FromRecords(8, {bad_class}).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(ChunkDirectoryTest, BadArgumentsAreRejected) {
+  ChunkDirectory dir(2);
+  ExpectCode(dir.Lease(kAlice, kNumSizeClasses, 1).status(),
+             absl::StatusCode::kInvalidArgument, "size class 64");
+  ExpectCode(dir.Lease(0, 0, 1).status(), absl::StatusCode::kInvalidArgument, "reserved");
+  ExpectCode(dir.Pin(kAlice, {5 * kChunkSize, 0}), absl::StatusCode::kInvalidArgument,
+             "outside the heap");
+  ExpectCode(dir.Pin(kAlice, {0, 0}), absl::StatusCode::kFailedPrecondition,
+             "not the start of a live object");
+}
+
+}  // namespace
+}  // namespace heapd

@@ -1,0 +1,131 @@
+// LeasePool: the client side of chunk leases. It holds the small-object
+// chunks one owner (a client thread) leased from the daemon and carves
+// objects out of them locally: allocate and free make no system call and no
+// RPC, only bitmap updates.
+//
+// Ownership: the pool owns its ChunkLease records. The LeaseSource outlives
+// the pool. Not thread-safe: one thread uses a pool at a time.
+//
+// Invariants (checked by CheckInvariants()):
+//   - by_chunk_ maps exactly the leased chunks to their records;
+//   - current_[c], if set, is a lease of class c;
+//   - a lease of class c with a free slot is current_[c] or in with_space_[c]
+//     (the lists may also hold leases that filled up since; they are skipped).
+#ifndef HEAPD_ALLOCATOR_LEASE_POOL_H_
+#define HEAPD_ALLOCATOR_LEASE_POOL_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "allocator/chunk_map.h"
+#include "allocator/lease_types.h"
+#include "allocator/size_class.h"
+#include "allocator/slot_bitmap.h"
+
+namespace heapd {
+
+// Where a pool gets chunks from: the daemon over RPC, or an in-process Heap.
+class LeaseSource {
+ public:
+  virtual ~LeaseSource() = default;
+  // Leases up to `count` chunks of `size_class` (at least one on success).
+  virtual absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(
+      uint32_t size_class, uint32_t count) = 0;
+};
+
+enum class LocalFree {
+  kFreed,      // the object was live in a chunk of this pool; it is free now
+  kNotLeased,  // the offset is in no chunk of this pool: free it at the daemon
+  kNotLive,    // the offset is in a leased chunk but is not a live object
+};
+
+class LeasePool {
+ public:
+  // `max_chunks` bounds chunk indices (the heap's maximum size in chunks);
+  // `lease_batch` is how many chunks one LeaseChunks call asks for.
+  LeasePool(LeaseSource* source, uint64_t max_chunks, uint32_t lease_batch);
+  LeasePool(const LeasePool&) = delete;
+  LeasePool& operator=(const LeasePool&) = delete;
+
+  // Returns the heap offset of a new object of `size_class`.
+  // Fails with the source's error (RESOURCE_EXHAUSTED when the heap is full).
+  absl::StatusOr<uint64_t> Allocate(uint32_t size_class) {
+    ChunkLease* lease = current_[size_class];
+    if (lease != nullptr) {
+      const int64_t slot = lease->bitmap.AllocateLowest();
+      if (slot >= 0) {
+        lease->dirty = true;
+        return lease->base + static_cast<uint64_t>(slot) * lease->slot_size;
+      }
+    }
+    return AllocateSlow(size_class);
+  }
+
+  // Frees the object at `offset` if it lies in a chunk of this pool.
+  LocalFree Free(uint64_t offset) {
+    ChunkLease* lease = by_chunk_.Get(offset >> kChunkShift);
+    if (lease == nullptr) return LocalFree::kNotLeased;
+    const uint64_t in_chunk = offset & (kChunkSize - 1);
+    const uint32_t slot = SlotIndex(lease->size_class, in_chunk);
+    if (uint64_t{slot} * lease->slot_size != in_chunk ||
+        slot >= lease->bitmap.slot_count() || !lease->bitmap.IsAllocated(slot)) {
+      return LocalFree::kNotLive;
+    }
+    const bool was_full = lease->bitmap.full();
+    lease->bitmap.Free(slot);
+    lease->dirty = true;
+    if (was_full && lease != current_[lease->size_class]) {
+      with_space_[lease->size_class].push_back(lease);
+    }
+    return LocalFree::kFreed;
+  }
+
+  // Returns the size class of the leased chunk holding `offset`, or -1.
+  int SizeClassAt(uint64_t offset) const;
+
+  // Reports for every chunk changed since the last call; marks them clean.
+  std::vector<LeaseReport> TakeDirtyReports();
+
+  // Reports for every leased chunk and forgets them all (detach).
+  std::vector<LeaseReport> ReleaseAll();
+
+  // Applies the daemon's corrections to reported chunks. Corrections for
+  // chunks the pool no longer holds are ignored.
+  void ApplyCorrections(absl::Span<const LeaseCorrection> corrections);
+
+  size_t leased_chunks() const { return leases_.size(); }
+  absl::Status CheckInvariants() const;
+
+  // Describes why freeing `offset` was rejected, for error messages.
+  std::string DescribeNotLive(uint64_t offset) const;
+
+ private:
+  struct ChunkLease {
+    uint64_t base;
+    uint32_t chunk;
+    uint32_t size_class;
+    uint32_t slot_size;
+    bool dirty;
+    SlotBitmap bitmap;
+  };
+
+  absl::StatusOr<uint64_t> AllocateSlow(uint32_t size_class);
+  LeaseReport ReportOf(const ChunkLease& lease) const;
+
+  LeaseSource* source_;
+  uint32_t lease_batch_;
+  std::vector<std::unique_ptr<ChunkLease>> leases_;
+  ChunkMap<ChunkLease> by_chunk_;
+  std::array<ChunkLease*, kNumSizeClasses> current_{};
+  std::array<std::vector<ChunkLease*>, kNumSizeClasses> with_space_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_ALLOCATOR_LEASE_POOL_H_

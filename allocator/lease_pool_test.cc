@@ -1,0 +1,139 @@
+#include "allocator/lease_pool.h"
+
+#include <map>
+#include <random>
+
+#include "allocator/chunk_directory.h"
+#include "gtest/gtest.h"
+
+namespace heapd {
+namespace {
+
+// Leases chunks from a real ChunkDirectory, as the daemon would.
+class DirectorySource : public LeaseSource {
+ public:
+  DirectorySource(ChunkDirectory* dir, ClientId client) : dir_(dir), client_(client) {}
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
+                                                      uint32_t count) override {
+    ++calls;
+    auto grants = dir_->Lease(client_, size_class, count);
+    if (grants.ok() && grants->empty()) return absl::ResourceExhaustedError("heap full");
+    return grants;
+  }
+  int calls = 0;
+
+ private:
+  ChunkDirectory* dir_;
+  ClientId client_;
+};
+
+TEST(LeasePoolTest, AllocatesDistinctAlignedObjectsAndLeasesInBatches) {
+  ChunkDirectory dir(64);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 64, 4);
+  const uint32_t c = SizeClassFor(100);
+  std::set<uint64_t> seen;
+  for (uint32_t i = 0; i < 5 * SlotsPerChunk(c); ++i) {
+    absl::StatusOr<uint64_t> offset = pool.Allocate(c);
+    ASSERT_TRUE(offset.ok());
+    ASSERT_EQ(*offset % 8, 0u);
+    ASSERT_TRUE(seen.insert(*offset).second);
+  }
+  EXPECT_EQ(source.calls, 2);  // 4 chunks, then 4 more
+  EXPECT_EQ(pool.leased_chunks(), 8u);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(LeasePoolTest, FreeValidatesLocally) {
+  ChunkDirectory dir(8);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 8, 1);
+  const uint32_t c = SizeClassFor(64);
+  uint64_t a = *pool.Allocate(c);
+  EXPECT_EQ(pool.Free(a + 8), LocalFree::kNotLive);
+  EXPECT_NE(pool.DescribeNotLive(a + 8).find("inside an object of 64 bytes"),
+            std::string::npos);
+  EXPECT_EQ(pool.Free(a), LocalFree::kFreed);
+  EXPECT_EQ(pool.Free(a), LocalFree::kNotLive);
+  EXPECT_NE(pool.DescribeNotLive(a).find("double free"), std::string::npos);
+  EXPECT_EQ(pool.Free(a + 5 * kChunkSize), LocalFree::kNotLeased);
+  EXPECT_EQ(pool.Free(uint64_t{1} << 50), LocalFree::kNotLeased);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(LeasePoolTest, RunsOutWithTheSourcesError) {
+  ChunkDirectory dir(1);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 1, 1);
+  const uint32_t c = SizeClassFor(kMaxSmallSize);
+  ASSERT_TRUE(pool.Allocate(c).ok());
+  ASSERT_TRUE(pool.Allocate(c).ok());
+  EXPECT_EQ(pool.Allocate(c).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(LeasePoolTest, ReportsOnlyDirtyChunksAndAppliesCorrections) {
+  ChunkDirectory dir(8);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 8, 2);
+  const uint32_t c = SizeClassFor(64);
+  uint64_t a = *pool.Allocate(c);
+  uint64_t b = *pool.Allocate(c);
+  std::vector<LeaseReport> reports = pool.TakeDirtyReports();
+  ASSERT_EQ(reports.size(), 1u);  // two chunks leased, one touched
+  EXPECT_TRUE(pool.TakeDirtyReports().empty());
+  ASSERT_TRUE(dir.Report(1, reports, false).ok());
+  // Another client frees b through the daemon.
+  ASSERT_TRUE(dir.Free(2, {{b, 0}}).ok());
+  ASSERT_EQ(pool.Free(a), LocalFree::kFreed);
+  auto corrections = dir.Report(1, pool.TakeDirtyReports(), false);
+  ASSERT_TRUE(corrections.ok());
+  pool.ApplyCorrections(*corrections);
+  EXPECT_EQ(pool.Free(b), LocalFree::kNotLive);  // already freed remotely
+  EXPECT_EQ(dir.Stats().live_objects, 0u);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(LeasePoolTest, ReleaseAllReturnsEveryChunk) {
+  ChunkDirectory dir(8);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 8, 2);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(pool.Allocate(SizeClassFor(32)).ok());
+  ASSERT_TRUE(dir.Report(1, pool.ReleaseAll(), true).ok());
+  EXPECT_EQ(pool.leased_chunks(), 0u);
+  EXPECT_EQ(dir.LeaseCount(1), 0u);
+  EXPECT_EQ(dir.Stats().live_objects, 10u);
+  EXPECT_EQ(dir.Stats().free_chunks, 7u);  // the untouched second chunk came back free
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(LeasePoolTest, RandomAllocateFreeKeepsObjectsDisjoint) {
+  ChunkDirectory dir(256);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 256, 2);
+  std::mt19937_64 rng(1);
+  std::map<uint64_t, uint64_t> live;  // offset -> slot size
+  for (int op = 0; op < 200000; ++op) {
+    if (live.empty() || rng() % 2 == 0) {
+      const uint64_t size = 1 + rng() % (rng() % 8 == 0 ? 70000 : 300);
+      const uint32_t c = SizeClassFor(size);
+      absl::StatusOr<uint64_t> offset = pool.Allocate(c);
+      ASSERT_TRUE(offset.ok()) << offset.status();
+      auto next = live.lower_bound(*offset);
+      ASSERT_TRUE(next == live.end() || next->first >= *offset + ClassSize(c));
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second, *offset);
+      }
+      live[*offset] = ClassSize(c);
+    } else {
+      auto it = live.lower_bound(rng() % (256 * kChunkSize));
+      if (it == live.end()) it = live.begin();
+      ASSERT_EQ(pool.Free(it->first), LocalFree::kFreed);
+      live.erase(it);
+    }
+  }
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace heapd

@@ -1,0 +1,40 @@
+// Messages exchanged between a client's LeasePool and the daemon's
+// ChunkDirectory about leased small-object chunks.
+#ifndef HEAPD_ALLOCATOR_LEASE_TYPES_H_
+#define HEAPD_ALLOCATOR_LEASE_TYPES_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace heapd {
+
+// Identifies one client session of one heap. 0 is never a client.
+using ClientId = uint64_t;
+
+// A chunk handed to a client: its index, its size class and the slot bitmap
+// the daemon knows (live objects from earlier owners stay allocated).
+struct LeaseGrant {
+  uint32_t chunk = 0;
+  uint32_t size_class = 0;
+  std::vector<uint64_t> words;
+};
+
+// A client's view of one leased chunk, sent at sync or when returning it.
+struct LeaseReport {
+  uint32_t chunk = 0;
+  std::vector<uint64_t> words;
+};
+
+// What the daemon changed in a reported bitmap, for the client to apply to
+// its own copy: slots freed by other clients since the last report, and
+// slots of named objects that the client freed although a name binds them
+// (a bound object stays live until its name is unbound).
+struct LeaseCorrection {
+  uint32_t chunk = 0;
+  std::vector<uint32_t> freed_slots;
+  std::vector<uint32_t> kept_slots;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_ALLOCATOR_LEASE_TYPES_H_
