@@ -1,0 +1,111 @@
+#include "heap/data_file.h"
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+#ifndef STATX_ATTR_DAX
+#define STATX_ATTR_DAX 0x00200000
+#endif
+
+namespace heapd {
+
+const char* BackingKindName(BackingKind kind) {
+  switch (kind) {
+    case BackingKind::kDax:
+      return "dax";
+    case BackingKind::kTmpfs:
+      return "tmpfs";
+    case BackingKind::kFile:
+      return "file";
+  }
+  return "file";
+}
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(message);
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EEXIST:
+      return absl::AlreadyExistsError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+BackingKind DetectBacking(int fd) {
+  struct statx stx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_BASIC_STATS, &stx) == 0 &&
+      (stx.stx_attributes_mask & STATX_ATTR_DAX) &&
+      (stx.stx_attributes & STATX_ATTR_DAX)) {
+    return BackingKind::kDax;
+  }
+  struct statfs fs;
+  if (fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC) return BackingKind::kTmpfs;
+  return BackingKind::kFile;
+}
+
+absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Create(const std::string& path,
+                                                           uint64_t size) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create data file ", path));
+  std::unique_ptr<DataFile> file(new DataFile(path, fd, 0, DetectBacking(fd)));
+  if (size > 0) {
+    if (absl::Status s = file->Grow(size); !s.ok()) return s;
+  }
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Open(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open data file ", path));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, absl::StrCat("stat data file ", path));
+  }
+  return std::unique_ptr<DataFile>(
+      new DataFile(path, fd, static_cast<uint64_t>(st.st_size), DetectBacking(fd)));
+}
+
+DataFile::~DataFile() { close(fd_); }
+
+absl::Status DataFile::Grow(uint64_t new_size) {
+  if (new_size <= size_) return absl::OkStatus();
+  if (fallocate(fd_, 0, static_cast<off_t>(size_), static_cast<off_t>(new_size - size_)) != 0) {
+    const int err = errno;
+    // A failed fallocate may leave blocks past the old end: give them back.
+    if (ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("shrink data file ", path_, " back after a failed grow"));
+    }
+    return ErrnoStatus(err, absl::StrCat("reserve ", new_size - size_, " bytes to grow data file ",
+                                         path_, " to ", new_size, " bytes"));
+  }
+  size_ = new_size;
+  return absl::OkStatus();
+}
+
+absl::Status DataFile::Flush() {
+  if (fdatasync(fd_) != 0) return ErrnoStatus(errno, absl::StrCat("fdatasync data file ", path_));
+  return absl::OkStatus();
+}
+
+}  // namespace heapd

@@ -1,0 +1,69 @@
+// DataFile: a heap's data file. It holds only the objects: no allocator
+// metadata. The file grows in whole chunks and every byte handed out is
+// reserved on disk with fallocate first, so a full file system is an error
+// returned by Grow, never a SIGBUS in a process that touches the heap.
+#ifndef HEAPD_HEAP_DATA_FILE_H_
+#define HEAPD_HEAP_DATA_FILE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace heapd {
+
+// What stores the data file's pages.
+enum class BackingKind {
+  kFile,   // a block-device file system through the page cache
+  kTmpfs,  // memory (tmpfs, shmem)
+  kDax,    // persistent memory mapped directly (fs-dax)
+};
+
+const char* BackingKindName(BackingKind kind);
+
+class DataFile {
+ public:
+  // Creates `path` (which must not exist) and reserves `size` bytes.
+  static absl::StatusOr<std::unique_ptr<DataFile>> Create(const std::string& path,
+                                                          uint64_t size);
+  // Opens an existing data file for reading and writing.
+  static absl::StatusOr<std::unique_ptr<DataFile>> Open(const std::string& path);
+
+  ~DataFile();
+  DataFile(const DataFile&) = delete;
+  DataFile& operator=(const DataFile&) = delete;
+
+  // Extends the file to `new_size` bytes, reserving the space. Fails with
+  // RESOURCE_EXHAUSTED when the file system has no room, and leaves the size
+  // unchanged. REQUIRES: new_size >= size().
+  absl::Status Grow(uint64_t new_size);
+
+  // Makes every write to the file durable (fdatasync).
+  absl::Status Flush();
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  BackingKind backing() const { return backing_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  DataFile(std::string path, int fd, uint64_t size, BackingKind backing)
+      : path_(std::move(path)), fd_(fd), size_(size), backing_(backing) {}
+
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+  BackingKind backing_;
+};
+
+// Returns the backing kind of the open file `fd`.
+BackingKind DetectBacking(int fd);
+
+// Returns an error status for a failed system call: `what` and strerror(err).
+absl::Status ErrnoStatus(int err, const std::string& what);
+
+}  // namespace heapd
+
+#endif  // HEAPD_HEAP_DATA_FILE_H_

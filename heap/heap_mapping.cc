@@ -1,0 +1,77 @@
+#include "heap/heap_mapping.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "heap/data_file.h"
+
+#ifndef MAP_SHARED_VALIDATE
+#define MAP_SHARED_VALIDATE 0x03
+#endif
+#ifndef MAP_SYNC
+#define MAP_SYNC 0x80000
+#endif
+
+namespace heapd {
+
+absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t max_size,
+                                                              uint64_t size, bool writable) {
+  if (size > max_size) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot map ", size, " bytes in a ",
+                                                   max_size, "-byte reservation"));
+  }
+  void* reserved = mmap(nullptr, max_size, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) {
+    return ErrnoStatus(errno, absl::StrCat("reserve ", max_size, " bytes of address space"));
+  }
+  std::unique_ptr<HeapMapping> mapping(
+      new HeapMapping(fd, static_cast<char*>(reserved), max_size, writable));
+  if (absl::Status s = mapping->Extend(size); !s.ok()) return s;
+  return mapping;
+}
+
+HeapMapping::~HeapMapping() { munmap(base_, max_size_); }
+
+absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
+  const int prot = writable_ ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* want = base_ + begin;
+  if (writable_) {
+    void* got = mmap(want, end - begin, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd_,
+                     static_cast<off_t>(begin));
+    if (got != MAP_FAILED) {
+      map_sync_ = true;
+      return absl::OkStatus();
+    }
+    if (errno != EOPNOTSUPP && errno != EINVAL) {
+      return ErrnoStatus(errno, absl::StrCat("map heap bytes ", begin, "..", end));
+    }
+  }
+  void* got = mmap(want, end - begin, prot, MAP_SHARED | MAP_FIXED, fd_,
+                   static_cast<off_t>(begin));
+  if (got == MAP_FAILED) {
+    return ErrnoStatus(errno, absl::StrCat("map heap bytes ", begin, "..", end));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HeapMapping::Extend(uint64_t new_size) {
+  if (new_size <= size_) return absl::OkStatus();
+  if (new_size > max_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot map ", new_size, " bytes in a ",
+                                                   max_size_, "-byte reservation"));
+  }
+  if (absl::Status s = MapRange(size_, new_size); !s.ok()) return s;
+  size_ = new_size;
+  return absl::OkStatus();
+}
+
+absl::Status HeapMapping::Flush() {
+  if (size_ == 0 || !writable_) return absl::OkStatus();
+  if (msync(base_, size_, MS_SYNC) != 0) return ErrnoStatus(errno, "msync heap mapping");
+  return absl::OkStatus();
+}
+
+}  // namespace heapd

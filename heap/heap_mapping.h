@@ -1,0 +1,59 @@
+// HeapMapping: a process's view of a heap's data file. It reserves address
+// space for the heap's maximum size once (PROT_NONE) and maps the file into
+// its start; growth maps the new range in place, so objects never move
+// while the heap is mapped. Each process may map at another address, which
+// is why objects link with offset pointers.
+//
+// On fs-dax the file is mapped MAP_SHARED_VALIDATE | MAP_SYNC when the
+// kernel accepts it (stores reach persistence with a cache flush), else
+// MAP_SHARED.
+#ifndef HEAPD_HEAP_HEAP_MAPPING_H_
+#define HEAPD_HEAP_HEAP_MAPPING_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace heapd {
+
+class HeapMapping {
+ public:
+  // Maps the first `size` bytes of `fd` in a reservation of `max_size`
+  // bytes; read-only when !writable (stray stores fault).
+  // REQUIRES: size <= max_size; both multiples of the page size.
+  static absl::StatusOr<std::unique_ptr<HeapMapping>> Map(int fd, uint64_t max_size,
+                                                          uint64_t size, bool writable);
+  ~HeapMapping();
+  HeapMapping(const HeapMapping&) = delete;
+  HeapMapping& operator=(const HeapMapping&) = delete;
+
+  // Maps the file up to `new_size` bytes at the same base address.
+  // INVALID_ARGUMENT beyond the reservation.
+  absl::Status Extend(uint64_t new_size);
+
+  // Writes dirty pages of the mapping back to the file (msync MS_SYNC).
+  absl::Status Flush();
+
+  char* base() const { return base_; }
+  uint64_t size() const { return size_; }
+  uint64_t max_size() const { return max_size_; }
+  bool map_sync() const { return map_sync_; }
+
+ private:
+  HeapMapping(int fd, char* base, uint64_t max_size, bool writable)
+      : fd_(fd), base_(base), max_size_(max_size), writable_(writable) {}
+  absl::Status MapRange(uint64_t begin, uint64_t end);
+
+  int fd_;  // not owned
+  char* base_;
+  uint64_t max_size_;
+  uint64_t size_ = 0;
+  bool writable_;
+  bool map_sync_ = false;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_HEAP_HEAP_MAPPING_H_

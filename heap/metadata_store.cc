@@ -1,0 +1,269 @@
+#include "heap/metadata_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "heap/data_file.h"
+#include "heap/fault_point.h"
+
+namespace heapd {
+namespace {
+
+constexpr char kCheckpointFile[] = "checkpoint";
+constexpr uint64_t kMinLogBytesBeforeCheckpoint = 8 << 20;
+
+absl::Status WriteAll(int fd, const char* data, size_t size, const std::string& what) {
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, what);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Writes the first half, reports the fault point (a kill there leaves a torn
+// write), then the rest.
+absl::Status WriteWithTornPoint(int fd, const std::string& bytes, const std::string& what,
+                                const char* torn_point) {
+  const size_t half = bytes.size() / 2;
+  if (absl::Status s = WriteAll(fd, bytes.data(), half, what); !s.ok()) return s;
+  FaultPoint(torn_point);
+  return WriteAll(fd, bytes.data() + half, bytes.size() - half, what);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open metadata file ", path));
+  std::string bytes;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      close(fd);
+      return ErrnoStatus(err, absl::StrCat("read metadata file ", path));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return bytes;
+}
+
+}  // namespace
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open directory ", dir));
+  const int rc = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) return ErrnoStatus(err, absl::StrCat("fsync directory ", dir));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes,
+                                 const char* fault_prefix) {
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
+  absl::Status status =
+      WriteWithTornPoint(fd, bytes, absl::StrCat("write ", tmp),
+                         absl::StrCat(fault_prefix, ".torn").c_str());
+  if (status.ok() && fsync(fd) != 0) status = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
+  close(fd);
+  if (status.ok()) FaultPoint(absl::StrCat(fault_prefix, ".before_rename").c_str());
+  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
+    status = ErrnoStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  if (!status.ok()) {
+    unlink(tmp.c_str());
+    return status;
+  }
+  FaultPoint(absl::StrCat(fault_prefix, ".after_rename").c_str());
+  const std::string dir = path.substr(0, path.find_last_of('/'));
+  return SyncDirectory(dir.empty() ? "." : dir);
+}
+
+std::string MetadataStore::LogPath(uint64_t generation) const {
+  return absl::StrCat(dir_, "/log.", generation);
+}
+
+MetadataStore::~MetadataStore() {
+  if (log_fd_ >= 0) close(log_fd_);
+}
+
+absl::Status MetadataStore::OpenLog(bool create) {
+  const std::string path = LogPath(generation_);
+  const int flags = O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : O_CREAT);
+  const int fd = open(path.c_str(), flags, 0600);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open metadata log ", path));
+  if (log_fd_ >= 0) close(log_fd_);
+  log_fd_ = fd;
+  if (create) {
+    log_bytes_ = 0;
+    return SyncDirectory(dir_);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Create(
+    const std::string& dir, const Checkpoint& initial) {
+  std::unique_ptr<MetadataStore> store(new MetadataStore(dir, 0));
+  if (absl::Status s = store->WriteCheckpoint(initial); !s.ok()) return s;
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
+    const std::string& dir, RecoveredMetadata* recovered) {
+  const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFile);
+  absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
+  if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
+  absl::StatusOr<DecodedFrame> frame = DecodeFrame(*checkpoint_bytes, checkpoint_path);
+  if (!frame.ok()) return frame.status();
+  if (frame->kind != FrameKind::kCheckpoint || frame->frame_size != checkpoint_bytes->size()) {
+    return absl::DataLossError(absl::StrCat("metadata file ", checkpoint_path,
+                                            " is not a single checkpoint frame"));
+  }
+  absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpoint(frame->payload, checkpoint_path);
+  if (!checkpoint.ok()) return checkpoint.status();
+
+  std::unique_ptr<MetadataStore> store(new MetadataStore(dir, checkpoint->log_generation));
+  store->checkpoint_bytes_ = checkpoint_bytes->size();
+  *recovered = RecoveredMetadata{*std::move(checkpoint), 0, 0};
+  Checkpoint& state = recovered->state;
+
+  // Replay the log. A missing log is an empty one (a crash right after the
+  // checkpoint's rename).
+  const std::string log_path = store->LogPath(store->generation_);
+  absl::StatusOr<std::string> log = ReadFile(log_path);
+  if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
+  const std::string log_bytes = log.ok() ? *std::move(log) : std::string();
+  std::map<std::string, NameEntry> names;
+  for (NameEntry& e : state.names) names.emplace(e.name, std::move(e));
+  size_t pos = 0;
+  while (pos < log_bytes.size()) {
+    absl::StatusOr<DecodedFrame> record_frame =
+        DecodeFrame(absl::string_view(log_bytes).substr(pos), log_path);
+    if (!record_frame.ok()) {
+      // Only a record that runs to the end of the file can be torn by a
+      // crash; anything else is corruption.
+      uint32_t length = 0;
+      if (log_bytes.size() - pos >= kFrameHeaderSize) {
+        std::memcpy(&length, log_bytes.data() + pos + 8, 4);
+      }
+      const bool reaches_end = log_bytes.size() - pos < kFrameHeaderSize ||
+                               pos + kFrameHeaderSize + length >= log_bytes.size();
+      if (!reaches_end) {
+        return absl::DataLossError(absl::StrCat(record_frame.status().message(),
+                                                " (record at byte ", pos, " of ",
+                                                log_bytes.size(), ")"));
+      }
+      recovered->torn_bytes = log_bytes.size() - pos;
+      break;
+    }
+    if (record_frame->kind != FrameKind::kEpoch) {
+      return absl::DataLossError(absl::StrCat("metadata file ", log_path, ": byte ", pos,
+                                              " holds a frame that is not an epoch record"));
+    }
+    absl::StatusOr<EpochRecord> record = DecodeEpochRecord(record_frame->payload, log_path);
+    if (!record.ok()) return record.status();
+    if (record->epoch != state.epoch + 1) {
+      return absl::DataLossError(absl::StrCat("metadata file ", log_path, ": epoch ",
+                                              record->epoch, " follows epoch ", state.epoch));
+    }
+    state.epoch = record->epoch;
+    state.capacity_chunks = record->capacity_chunks;
+    for (ChunkRecord& c : record->chunks) state.chunks.push_back(std::move(c));
+    for (const std::string& name : record->names.unbound) names.erase(name);
+    for (NameEntry& e : record->names.bound) names[e.name] = std::move(e);
+    ++recovered->log_records;
+    pos += record_frame->frame_size;
+  }
+  state.names.clear();
+  for (auto& [name, entry] : names) state.names.push_back(std::move(entry));
+
+  if (absl::Status s = store->OpenLog(/*create=*/false); !s.ok()) return s;
+  if (recovered->torn_bytes > 0) {
+    if (ftruncate(store->log_fd_, static_cast<off_t>(pos)) != 0 || fsync(store->log_fd_) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("cut the torn record off ", log_path));
+    }
+  }
+  store->log_bytes_ = pos;
+  if (lseek(store->log_fd_, static_cast<off_t>(pos), SEEK_SET) < 0) {
+    return ErrnoStatus(errno, absl::StrCat("seek in ", log_path));
+  }
+  // Leftovers of an interrupted checkpoint: older logs and a temporary file.
+  unlink(absl::StrCat(checkpoint_path, ".tmp").c_str());
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* entry = readdir(d)) {
+      uint64_t generation;
+      const absl::string_view name(entry->d_name);
+      if (absl::StartsWith(name, "log.") && absl::SimpleAtoi(name.substr(4), &generation) &&
+          generation != store->generation_) {
+        unlinkat(dirfd(d), entry->d_name, 0);
+      }
+    }
+    closedir(d);
+  }
+  return store;
+}
+
+absl::Status MetadataStore::Append(const EpochRecord& record) {
+  const std::string bytes = EncodeEpochRecord(record);
+  const std::string what = absl::StrCat("append epoch ", record.epoch, " to ", LogPath(generation_));
+  FaultPoint("log.before_write");
+  absl::Status status = WriteWithTornPoint(log_fd_, bytes, what, "log.torn");
+  if (status.ok()) {
+    FaultPoint("log.before_sync");
+    if (fdatasync(log_fd_) != 0) status = ErrnoStatus(errno, what);
+  }
+  if (!status.ok()) {
+    // Cut off what was written so the log ends at a record boundary.
+    if (ftruncate(log_fd_, static_cast<off_t>(log_bytes_)) != 0 ||
+        lseek(log_fd_, static_cast<off_t>(log_bytes_), SEEK_SET) < 0) {
+      return ErrnoStatus(errno, absl::StrCat(what, ", then cutting it back failed"));
+    }
+    return status;
+  }
+  log_bytes_ += bytes.size();
+  FaultPoint("log.after_sync");
+  return absl::OkStatus();
+}
+
+absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
+  checkpoint.log_generation = generation_ + 1;
+  const std::string bytes = EncodeCheckpoint(checkpoint);
+  if (absl::Status s = WriteFileAtomically(absl::StrCat(dir_, "/", kCheckpointFile), bytes,
+                                           "checkpoint");
+      !s.ok()) {
+    return s;
+  }
+  checkpoint_bytes_ = bytes.size();
+  const uint64_t old_generation = generation_;
+  generation_ = checkpoint.log_generation;
+  if (absl::Status s = OpenLog(/*create=*/true); !s.ok()) return s;
+  FaultPoint("checkpoint.new_log");
+  if (old_generation > 0) unlink(LogPath(old_generation).c_str());
+  return absl::OkStatus();
+}
+
+bool MetadataStore::CheckpointDue() const {
+  return log_bytes_ > std::max(kMinLogBytesBeforeCheckpoint, 2 * checkpoint_bytes_);
+}
+
+}  // namespace heapd

@@ -1,0 +1,84 @@
+// MetadataStore: the files that hold a heap's persisted metadata, in the
+// heap's directory:
+//   checkpoint   the whole state at some epoch E, naming log generation G;
+//   log.G        epoch records E+1, E+2, ... appended by syncs.
+// A sync appends one record and fdatasyncs it: the record is the commit.
+// A checkpoint is written to checkpoint.tmp, fsynced, renamed over
+// checkpoint (the commit) and the directory fsynced; then log.G+1 starts
+// and log.G is removed. Recovery reads the checkpoint and replays its log;
+// a torn record at the log's end (a crash inside a sync) is cut off, so the
+// heap opens at the last completed sync. Corruption anywhere else is
+// DATA_LOSS naming the file.
+// Not thread-safe: the owning Heap serializes calls.
+#ifndef HEAPD_HEAP_METADATA_STORE_H_
+#define HEAPD_HEAP_METADATA_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "heap/metadata_format.h"
+
+namespace heapd {
+
+// The persisted state as recovered: the checkpoint's chunk records followed
+// by each log record's (the last record of a chunk wins), the final names.
+struct RecoveredMetadata {
+  Checkpoint state;
+  uint64_t log_records = 0;
+  uint64_t torn_bytes = 0;  // bytes of an incomplete final record cut off
+};
+
+class MetadataStore {
+ public:
+  // Writes the first checkpoint of a new heap into `dir` (which exists).
+  static absl::StatusOr<std::unique_ptr<MetadataStore>> Create(const std::string& dir,
+                                                               const Checkpoint& initial);
+
+  // Recovers the metadata in `dir`.
+  static absl::StatusOr<std::unique_ptr<MetadataStore>> Open(const std::string& dir,
+                                                             RecoveredMetadata* recovered);
+
+  ~MetadataStore();
+  MetadataStore(const MetadataStore&) = delete;
+  MetadataStore& operator=(const MetadataStore&) = delete;
+
+  // Appends `record` and makes it durable. On failure the log is cut back
+  // to its previous end; the caller must write a checkpoint next.
+  absl::Status Append(const EpochRecord& record);
+
+  // Writes `checkpoint` as the new base and starts a new, empty log.
+  absl::Status WriteCheckpoint(Checkpoint checkpoint);
+
+  // True when the log has grown large next to the last checkpoint, so
+  // replaying it would cost more than writing a checkpoint.
+  bool CheckpointDue() const;
+
+  uint64_t log_bytes() const { return log_bytes_; }
+
+ private:
+  MetadataStore(std::string dir, uint64_t generation)
+      : dir_(std::move(dir)), generation_(generation) {}
+  std::string LogPath(uint64_t generation) const;
+  absl::Status OpenLog(bool create);
+
+  std::string dir_;
+  uint64_t generation_;
+  int log_fd_ = -1;
+  uint64_t log_bytes_ = 0;
+  uint64_t checkpoint_bytes_ = 0;
+};
+
+// Writes `bytes` to `path` via a temporary file, fsyncs it, renames it into
+// place and fsyncs the directory. `fault_prefix` names its fault points.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes,
+                                 const char* fault_prefix);
+
+// Fsyncs the directory `dir` (to make renames and creations durable).
+absl::Status SyncDirectory(const std::string& dir);
+
+}  // namespace heapd
+
+#endif  // HEAPD_HEAP_METADATA_STORE_H_
