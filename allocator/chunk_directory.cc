@@ -204,6 +204,19 @@ absl::StatusOr<std::vector<LeaseCorrection>> ChunkDirectory::Report(
       corrections.push_back(std::move(correction));
     }
   }
+  // Chunks the client did not report are unchanged since its last report:
+  // apply their pending frees here and tell the client.
+  auto state = clients_.find(client);
+  if (state == clients_.end()) return corrections;
+  for (uint32_t chunk : state->second.leased) {
+    Chunk& c = chunks_[chunk];
+    if (c.remote_frees.empty() || seen.count(chunk) != 0) continue;
+    LeaseCorrection correction{chunk, std::move(c.remote_frees), {}};
+    c.remote_frees.clear();
+    for (uint32_t slot : correction.freed_slots) c.bitmap->Free(slot);
+    MarkDirty(chunk);
+    corrections.push_back(std::move(correction));
+  }
   return corrections;
 }
 

@@ -30,7 +30,7 @@ std::string ParentOf(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Heap>> Heap::Create(const std::string& dir,
-                                                   HeapConfig config) {
+                                                   HeapConfig config, HeapOptions options) {
   if (config.max_size < kChunkSize || config.max_size % kChunkSize != 0 ||
       config.max_size / kChunkSize > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -80,10 +80,11 @@ absl::StatusOr<std::unique_ptr<Heap>> Heap::Create(const std::string& dir,
                        : ErrnoStatus(err, absl::StrCat("rename ", building, " to ", dir)));
   }
   if (absl::Status s = SyncDirectory(ParentOf(dir)); !s.ok()) return s;
-  return Open(dir);
+  return Open(dir, options);
 }
 
-absl::StatusOr<std::unique_ptr<Heap>> Heap::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Heap>> Heap::Open(const std::string& dir,
+                                                 HeapOptions options) {
   const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
   const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
   if (lock_fd < 0) return ErrnoStatus(errno, absl::StrCat("open heap lock ", lock_path));
@@ -97,7 +98,7 @@ absl::StatusOr<std::unique_ptr<Heap>> Heap::Open(const std::string& dir) {
     return ErrnoStatus(err, absl::StrCat("lock ", lock_path));
   }
   RecoveredMetadata recovered;
-  absl::StatusOr<std::unique_ptr<MetadataStore>> store = MetadataStore::Open(dir, &recovered);
+  absl::StatusOr<std::unique_ptr<MetadataStore>> store = MetadataStore::Open(dir, &recovered, options.checkpoint_log_bytes);
   if (!store.ok()) {
     close(lock_fd);
     return store.status();
@@ -318,6 +319,24 @@ absl::Status Heap::CheckInvariants() const {
     return absl::InternalError("data file is smaller than the heap's capacity");
   }
   return absl::OkStatus();
+}
+
+}  // namespace heapd
+
+namespace heapd {
+
+std::vector<ChunkRecord> Heap::PersistedChunks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ChunkRecord> records = directory_->AllRecords();
+  records.erase(std::remove_if(records.begin(), records.end(),
+                               [](const ChunkRecord& r) {
+                                 if (r.kind != ChunkKind::kSmall) return false;
+                                 absl::StatusOr<SlotBitmap> bitmap =
+                                     SlotBitmap::FromWords(SlotsPerChunk(r.size_class), r.words);
+                                 return bitmap.ok() && bitmap->empty();
+                               }),
+                records.end());
+  return records;
 }
 
 }  // namespace heapd

@@ -43,6 +43,12 @@ struct HeapStats {
   uint64_t metadata_log_bytes = 0;
 };
 
+// Tunables of an open heap.
+struct HeapOptions {
+  // See MetadataStore::kDefaultCheckpointLogBytes.
+  uint64_t checkpoint_log_bytes = MetadataStore::kDefaultCheckpointLogBytes;
+};
+
 struct SyncResult {
   uint64_t epoch = 0;
   std::vector<LeaseCorrection> corrections;
@@ -54,12 +60,14 @@ class Heap {
   // leaves no half-made heap there). ALREADY_EXISTS if `dir` exists.
   // config.max_size must be a positive multiple of 2 MiB.
   static absl::StatusOr<std::unique_ptr<Heap>> Create(const std::string& dir,
-                                                      HeapConfig config);
+                                                      HeapConfig config,
+                                                      HeapOptions options = {});
 
   // Opens the heap in `dir` at its last committed epoch. FAILED_PRECONDITION
   // if another process has it open; DATA_LOSS naming the file if its
   // metadata is corrupt.
-  static absl::StatusOr<std::unique_ptr<Heap>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Heap>> Open(const std::string& dir,
+                                                    HeapOptions options = {});
 
   // Closes without syncing: what was not synced is rolled back on reopen.
   ~Heap();
@@ -105,6 +113,10 @@ class Heap {
 
   HeapStats Stats() const;
   absl::Status CheckInvariants() const;
+
+  // The chunk records a crash now would recover (used chunks only, empty
+  // small chunks left out), in chunk order.
+  std::vector<ChunkRecord> PersistedChunks() const;
 
   const std::string& dir() const { return dir_; }
   const HeapConfig& config() const { return config_; }

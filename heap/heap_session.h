@@ -40,6 +40,9 @@ class HeapSession : private LeaseSource {
   // be destroyed afterwards).
   absl::Status Detach();
 
+  // Maps what the heap grew by through other sessions.
+  absl::Status MapCapacity();
+
   char* base() const { return mapping_->base(); }
   template <typename T>
   T* At(uint64_t offset) const {
@@ -52,7 +55,6 @@ class HeapSession : private LeaseSource {
   HeapSession(Heap* heap, ClientId client, uint32_t lease_batch);
   absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
                                                       uint32_t count) override;
-  absl::Status MapCapacity();
 
   Heap* heap_;
   ClientId client_;

@@ -19,7 +19,6 @@ namespace heapd {
 namespace {
 
 constexpr char kCheckpointFile[] = "checkpoint";
-constexpr uint64_t kMinLogBytesBeforeCheckpoint = 8 << 20;
 
 absl::Status WriteAll(int fd, const char* data, size_t size, const std::string& what) {
   while (size > 0) {
@@ -129,7 +128,7 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Create(
 }
 
 absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
-    const std::string& dir, RecoveredMetadata* recovered) {
+    const std::string& dir, RecoveredMetadata* recovered, uint64_t checkpoint_log_bytes) {
   const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFile);
   absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
   if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
@@ -144,6 +143,7 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
 
   std::unique_ptr<MetadataStore> store(new MetadataStore(dir, checkpoint->log_generation));
   store->checkpoint_bytes_ = checkpoint_bytes->size();
+  store->checkpoint_log_bytes_ = checkpoint_log_bytes;
   *recovered = RecoveredMetadata{*std::move(checkpoint), 0, 0};
   Checkpoint& state = recovered->state;
 
@@ -263,7 +263,7 @@ absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
 }
 
 bool MetadataStore::CheckpointDue() const {
-  return log_bytes_ > std::max(kMinLogBytesBeforeCheckpoint, 2 * checkpoint_bytes_);
+  return log_bytes_ > std::max(checkpoint_log_bytes_, 2 * checkpoint_bytes_);
 }
 
 }  // namespace heapd

@@ -33,13 +33,18 @@ struct RecoveredMetadata {
 
 class MetadataStore {
  public:
+  // The log may grow to max(this, twice the checkpoint) before a checkpoint
+  // replaces it.
+  static constexpr uint64_t kDefaultCheckpointLogBytes = 8 << 20;
+
   // Writes the first checkpoint of a new heap into `dir` (which exists).
   static absl::StatusOr<std::unique_ptr<MetadataStore>> Create(const std::string& dir,
                                                                const Checkpoint& initial);
 
   // Recovers the metadata in `dir`.
-  static absl::StatusOr<std::unique_ptr<MetadataStore>> Open(const std::string& dir,
-                                                             RecoveredMetadata* recovered);
+  static absl::StatusOr<std::unique_ptr<MetadataStore>> Open(
+      const std::string& dir, RecoveredMetadata* recovered,
+      uint64_t checkpoint_log_bytes = kDefaultCheckpointLogBytes);
 
   ~MetadataStore();
   MetadataStore(const MetadataStore&) = delete;
@@ -69,6 +74,7 @@ class MetadataStore {
   int log_fd_ = -1;
   uint64_t log_bytes_ = 0;
   uint64_t checkpoint_bytes_ = 0;
+  uint64_t checkpoint_log_bytes_ = kDefaultCheckpointLogBytes;
 };
 
 // Writes `bytes` to `path` via a temporary file, fsyncs it, renames it into

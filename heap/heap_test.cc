@@ -1,0 +1,216 @@
+#include "heap/heap.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "heap/heap_session.h"
+#include "heap/test_dir.h"
+
+namespace heapd {
+namespace {
+
+HeapConfig Config(uint64_t chunks) {
+  HeapConfig config;
+  config.max_size = chunks * kChunkSize;
+  config.owner_uid = 1000;
+  config.owner_gid = 1000;
+  config.mode = 0640;
+  return config;
+}
+
+NameEntry Name(const std::string& name, uint64_t offset, uint64_t size) {
+  return NameEntry{name, offset, size, "test::Blob", 1000, 1};
+}
+
+TEST(HeapTest, CreateThenOpenKeepsConfigAndRefusesDuplicates) {
+  TestDir dir;
+  const std::string path = dir.Sub("h");
+  {
+    auto heap = Heap::Create(path, Config(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    EXPECT_EQ((*heap)->epoch(), 0u);
+    EXPECT_EQ(Heap::Create(path, Config(16)).status().code(), absl::StatusCode::kAlreadyExists);
+  }
+  auto heap = Heap::Open(path);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->config().max_size, 16 * kChunkSize);
+  EXPECT_EQ((*heap)->config().mode, 0640u);
+  EXPECT_NE((*heap)->config().created_unix_ns, 0);
+  EXPECT_EQ(access((path + ".creating." + std::to_string(getpid())).c_str(), F_OK), -1);
+}
+
+TEST(HeapTest, BadConfigIsInvalidArgument) {
+  TestDir dir;
+  EXPECT_EQ(Heap::Create(dir.Sub("a"), Config(0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  HeapConfig odd = Config(4);
+  odd.max_size += 4096;
+  EXPECT_EQ(Heap::Create(dir.Sub("b"), odd).status().code(), absl::StatusCode::kInvalidArgument);
+  HeapConfig mode = Config(4);
+  mode.mode = 01777;
+  EXPECT_EQ(Heap::Create(dir.Sub("c"), mode).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Heap::Open(dir.Sub("missing")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HeapTest, SecondOpenIsRefusedWhileLocked) {
+  TestDir dir;
+  auto heap = Heap::Create(dir.Sub("h"), Config(4));
+  ASSERT_TRUE(heap.ok());
+  auto second = Heap::Open(dir.Sub("h"));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("open in another process"), std::string::npos);
+  heap->reset();
+  EXPECT_TRUE(Heap::Open(dir.Sub("h")).ok());
+}
+
+TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
+  TestDir dir;
+  const std::string path = dir.Sub("h");
+  uint64_t kept = 0, lost = 0, big = 0;
+  {
+    auto heap = Heap::Create(path, Config(64));
+    ASSERT_TRUE(heap.ok());
+    auto session = HeapSession::Start(heap->get(), 1);
+    ASSERT_TRUE(session.ok());
+    kept = *(*session)->Allocate(100);
+    std::strcpy((*session)->At<char>(kept), "persisted");
+    big = *(*session)->Allocate(5 * kChunkSize);
+    ASSERT_TRUE((*heap)->Bind(1, Name("root", kept, 100)).ok());
+    ASSERT_TRUE((*session)->Sync().ok());
+    lost = *(*session)->Allocate(100);
+    ASSERT_TRUE((*session)->Allocate(3 * kChunkSize).ok());
+    ASSERT_TRUE((*heap)->Bind(1, Name("late", lost, 100)).ok());
+    // No sync: the heap closes as if the daemon crashed.
+  }
+  auto heap = Heap::Open(path);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->epoch(), 1u);
+  absl::StatusOr<NameEntry> root = (*heap)->Lookup("root");
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(root->offset, kept);
+  EXPECT_EQ((*heap)->Lookup("late").status().code(), absl::StatusCode::kNotFound);
+  HeapStats stats = (*heap)->Stats();
+  EXPECT_EQ(stats.directory.live_objects, 2u);  // kept and big
+  EXPECT_EQ(stats.directory.large_chunks, 5u);
+  auto session = HeapSession::Start(heap->get(), 2);
+  ASSERT_TRUE(session.ok());
+  EXPECT_STREQ((*session)->At<char>(kept), "persisted");
+  // The unsynced object is free again; the synced big one is live.
+  EXPECT_EQ((*heap)->Free(2, {{lost, 0}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*heap)->Free(2, {{big, 0}}).ok());
+  EXPECT_TRUE((*heap)->CheckInvariants().ok());
+}
+
+TEST(HeapTest, NamesPinObjectsAndValidateInput) {
+  TestDir dir;
+  auto heap = Heap::Create(dir.Sub("h"), Config(16));
+  ASSERT_TRUE(heap.ok());
+  auto session = HeapSession::Start(heap->get(), 1);
+  const uint64_t object = *(*session)->Allocate(64);
+  EXPECT_EQ((*heap)->Bind(1, Name("", object, 64)).code(), absl::StatusCode::kInvalidArgument);
+  NameEntry no_type = Name("x", object, 64);
+  no_type.type_name = "";
+  EXPECT_EQ((*heap)->Bind(1, no_type).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Bind(1, Name("x", object, 0)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Bind(1, Name("x", object + 8, 8)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Bind(1, Name("x", 1ull << 40, 8)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Bind(2, Name("x", object, 8)).code(),
+            absl::StatusCode::kFailedPrecondition);  // not live as far as client 2 can know
+  ASSERT_TRUE((*heap)->Bind(1, Name("x", object, 64)).ok());
+  EXPECT_EQ((*heap)->Bind(1, Name("x", object, 64)).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE((*heap)->Bind(1, Name("alias", object, 64)).ok());
+  ASSERT_TRUE((*session)->Sync().ok());
+  EXPECT_EQ((*heap)->Free(2, {{object, 0}}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*heap)->Unbind("x").ok());
+  EXPECT_EQ((*heap)->Free(2, {{object, 0}}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*heap)->Unbind("alias").ok());
+  EXPECT_TRUE((*heap)->Free(2, {{object, 0}}).ok());
+  EXPECT_EQ((*heap)->Lookup("bad\nname").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Unbind("x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*heap)->CheckInvariants().ok());
+}
+
+TEST(HeapTest, FullHeapIsResourceExhaustedAndStillUsable) {
+  TestDir dir;
+  auto heap = Heap::Create(dir.Sub("h"), Config(4));
+  ASSERT_TRUE(heap.ok());
+  auto session = HeapSession::Start(heap->get(), 1);
+  ASSERT_TRUE((*session)->Allocate(3 * kChunkSize).ok());
+  absl::StatusOr<uint64_t> too_big = (*session)->Allocate(2 * kChunkSize);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("is full"), std::string::npos);
+  ASSERT_TRUE((*session)->Allocate(kChunkSize).ok());
+  EXPECT_EQ((*session)->Allocate(8).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*heap)->AllocateLarge(1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->AllocateLarge(1, 5 * kChunkSize).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Stats().capacity_bytes, 4 * kChunkSize);
+  EXPECT_TRUE((*session)->Sync().ok());
+  EXPECT_TRUE((*heap)->CheckInvariants().ok());
+}
+
+TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
+  TestDir dir;
+  auto heap = Heap::Create(dir.Sub("h"), Config(32));
+  ASSERT_TRUE(heap.ok());
+  auto dead = HeapSession::Start(heap->get(), 7);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*dead)->Allocate(48).ok());
+  ASSERT_TRUE((*dead)->Sync().ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*dead)->Allocate(48).ok());
+  ASSERT_TRUE((*dead)->Allocate(2 * kChunkSize).ok());
+  ReclaimResult reclaimed = (*heap)->Reclaim(7);
+  EXPECT_GE(reclaimed.leases, 1u);
+  EXPECT_EQ(reclaimed.large_runs, 1u);
+  HeapStats stats = (*heap)->Stats();
+  EXPECT_EQ(stats.directory.live_objects, 100u);
+  EXPECT_EQ(stats.directory.leased_chunks, 0u);
+  // Another client can lease the partly used chunk and fill it.
+  auto other = HeapSession::Start(heap->get(), 8);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*other)->Allocate(48).ok());
+  ASSERT_TRUE((*other)->Detach().ok());
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 200u);
+  EXPECT_TRUE((*heap)->CheckInvariants().ok());
+}
+
+TEST(HeapTest, ShortDataFileIsDataLoss) {
+  TestDir dir;
+  const std::string path = dir.Sub("h");
+  {
+    auto heap = Heap::Create(path, Config(32));
+    auto session = HeapSession::Start(heap->get(), 1);
+    ASSERT_TRUE((*session)->Allocate(20 * kChunkSize).ok());
+    ASSERT_TRUE((*session)->Sync().ok());
+  }
+  ASSERT_EQ(truncate((path + "/data").c_str(), 4 * kChunkSize), 0);
+  auto heap = Heap::Open(path);
+  EXPECT_EQ(heap.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(heap.status().message().find(path + "/data"), std::string::npos);
+}
+
+TEST(HeapTest, ManySyncsRollIntoCheckpointsAndReopen) {
+  TestDir dir;
+  const std::string path = dir.Sub("h");
+  std::vector<uint64_t> live;
+  {
+    auto heap = Heap::Create(path, Config(256));
+    auto session = HeapSession::Start(heap->get(), 1);
+    // Each sync writes a 4 KiB bitmap; enough syncs to pass the 8 MiB
+    // checkpoint threshold at least once.
+    for (int i = 0; i < 3000; ++i) {
+      live.push_back(*(*session)->Allocate(64));
+      ASSERT_TRUE((*session)->Sync().ok());
+    }
+    EXPECT_LT((*heap)->Stats().metadata_log_bytes, 9u << 20);
+  }
+  auto heap = Heap::Open(path);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->epoch(), 3000u);
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 3000u);
+}
+
+}  // namespace
+}  // namespace heapd

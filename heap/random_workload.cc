@@ -1,0 +1,244 @@
+#include "heap/random_workload.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace heapd {
+namespace {
+
+absl::Status Mismatch(uint64_t step, const std::string& what) {
+  return absl::InternalError(absl::StrCat("step ", step, ": ", what));
+}
+
+uint64_t Footprint(uint64_t size) {
+  if (size <= kMaxSmallSize) return ClassSize(SizeClassFor(size));
+  return (size + kChunkSize - 1) / kChunkSize * kChunkSize;
+}
+
+}  // namespace
+
+uint64_t RandomWorkload::Tag(const std::string& name) {
+  return std::hash<std::string>()(name) | 1;
+}
+
+absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(Heap* heap, uint64_t seed,
+                                                                      int sessions,
+                                                                      size_t live_target,
+                                                                      int syncs_per_mille) {
+  std::unique_ptr<RandomWorkload> workload(
+      new RandomWorkload(heap, seed, live_target, syncs_per_mille));
+  for (int s = 0; s < sessions; ++s) {
+    absl::StatusOr<std::unique_ptr<HeapSession>> session =
+        HeapSession::Start(heap, static_cast<ClientId>(s + 1), 2);
+    if (!session.ok()) return session.status();
+    workload->sessions_.push_back(*std::move(session));
+  }
+  return workload;
+}
+
+bool RandomWorkload::LeasedBy(int s, uint64_t offset) const {
+  return sessions_[s]->pool().SizeClassAt(offset) >= 0;
+}
+
+std::map<uint64_t, RandomWorkload::Object>::iterator RandomWorkload::RandomObject() {
+  if (objects_.empty()) return objects_.end();
+  auto it = objects_.lower_bound(rng_() % (heap_->capacity_bytes() + 1));
+  return it == objects_.end() ? objects_.begin() : it;
+}
+
+absl::Status RandomWorkload::Step() {
+  ++steps_;
+  const int s = static_cast<int>(rng_() % sessions_.size());
+  const bool shrink = objects_.size() > live_target_;
+  if (static_cast<int>(rng_() % 1000) < syncs_per_mille_) {
+    return SyncAll(/*deep=*/rng_() % 8 == 0);
+  }
+  const uint64_t dice = rng_() % 1000;
+  if (dice < (shrink ? 300 : 450)) return Allocate(s);
+  if (dice < 750) return Free(s);
+  if (dice < 800) return BadFree(s);
+  if (dice < 900) return Bind(s);
+  if (dice < 950) return Unbind();
+  return Lookup();
+}
+
+absl::Status RandomWorkload::Allocate(int s) {
+  const uint64_t kind = rng_() % 100;
+  const uint64_t size = kind < 85   ? 1 + rng_() % 512
+                        : kind < 99 ? 513 + rng_() % 65536
+                                    : kMaxSmallSize + 1 + rng_() % (3 * kChunkSize);
+  absl::StatusOr<uint64_t> offset = sessions_[s]->Allocate(size);
+  if (!offset.ok()) return Mismatch(steps_, absl::StrCat("allocate ", size, ": ", offset.status().ToString()));
+  const uint64_t footprint = Footprint(size);
+  if (*offset % 8 != 0 || *offset + footprint > heap_->capacity_bytes()) {
+    return Mismatch(steps_, absl::StrCat("allocate ", size, " returned offset ", *offset));
+  }
+  auto next = objects_.lower_bound(*offset);
+  if (next != objects_.end() && next->first < *offset + footprint) {
+    return Mismatch(steps_, absl::StrCat("object at ", *offset, " overlaps live ", next->first));
+  }
+  if (next != objects_.begin() && std::prev(next)->first + std::prev(next)->second.footprint > *offset) {
+    return Mismatch(steps_, absl::StrCat("object at ", *offset, " overlaps live ",
+                                         std::prev(next)->first));
+  }
+  if (size >= 8) std::memcpy(sessions_[s]->At<char>(*offset), &kFreshMark, sizeof(kFreshMark));
+  objects_.emplace(*offset, Object{size, footprint, s, false, 0, kFreshMark});
+  return absl::OkStatus();
+}
+
+absl::Status RandomWorkload::Free(int s) {
+  auto it = RandomObject();
+  if (it == objects_.end()) return absl::OkStatus();
+  const uint64_t offset = it->first;
+  const Object& object = it->second;
+  const bool local = LeasedBy(s, offset);
+  if (object.pins > 0 && local) return absl::OkStatus();  // the pool cannot know of names
+  absl::StatusCode expected = absl::StatusCode::kOk;
+  if (object.pins > 0) {
+    expected = absl::StatusCode::kFailedPrecondition;
+  } else if (!local && !object.committed && object.session != s) {
+    expected = object.size > kMaxSmallSize ? absl::StatusCode::kFailedPrecondition
+                                           : absl::StatusCode::kInvalidArgument;
+  }
+  const absl::Status status = sessions_[s]->Deallocate(offset);
+  // A small object its allocator made since its last sync is unknown to the
+  // daemon, unless its slot held an object at that sync: then the daemon
+  // takes the free, which is right, and applies it at the allocator's sync.
+  const bool reused_slot = expected == absl::StatusCode::kInvalidArgument && status.ok();
+  if (status.code() != expected && !reused_slot) {
+    return Mismatch(steps_, absl::StrCat("free of ", offset, " by session ", s, " gave ",
+                                         status.ToString(), ", expected ",
+                                         absl::StatusCodeToString(expected)));
+  }
+  if (status.ok()) {
+    objects_.erase(it);
+    recently_freed_.push_back(offset);
+    if (recently_freed_.size() > 64) recently_freed_.erase(recently_freed_.begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RandomWorkload::BadFree(int s) {
+  uint64_t offset;
+  if (rng_() % 2 == 0 && !recently_freed_.empty()) {
+    offset = recently_freed_[rng_() % recently_freed_.size()];
+    if (objects_.count(offset) != 0) return absl::OkStatus();  // reallocated since
+    // A free in another client's leased chunk is checked against that
+    // client's last sync only (docs/consistency.md): not a case to test.
+    // The same goes for the caller's own pool, which learns of frees by
+    // others at its next sync.
+    for (int t = 0; t < static_cast<int>(sessions_.size()); ++t) {
+      if (LeasedBy(t, offset)) return absl::OkStatus();
+    }
+  } else {
+    auto it = RandomObject();
+    if (it == objects_.end() || it->second.footprint <= 8) return absl::OkStatus();
+    offset = it->first + 8 * (1 + rng_() % ((it->second.footprint - 8) / 8));
+  }
+  const absl::Status status = sessions_[s]->Deallocate(offset);
+  if (status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kFailedPrecondition) {
+    return Mismatch(steps_, absl::StrCat("bad free of ", offset, " gave ", status.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RandomWorkload::Bind(int s) {
+  auto it = RandomObject();
+  if (it == objects_.end()) return absl::OkStatus();
+  Object& object = it->second;
+  const bool known = LeasedBy(s, it->first) || object.committed ||
+                     (object.session == s && object.size > kMaxSmallSize);
+  const std::string name = absl::StrCat("obj/", next_name_++);
+  if (absl::Status mapped = sessions_[s]->MapCapacity(); !mapped.ok()) return mapped;
+  if (object.size >= 8) {
+    object.tag = Tag(name);
+    std::memcpy(sessions_[s]->At<char>(it->first), &object.tag, sizeof(object.tag));
+  }
+  const absl::Status status =
+      heap_->Bind(static_cast<ClientId>(s + 1),
+                  NameEntry{name, it->first, object.size, "workload::Object", 0,
+                            static_cast<int64_t>(steps_)});
+  // As for frees, a reused slot that held an object at its allocator's last
+  // sync is live to the daemon.
+  const bool reused_slot = !known && status.ok() && object.size <= kMaxSmallSize;
+  if (known != status.ok() && !reused_slot) {
+    return Mismatch(steps_, absl::StrCat("bind of ", it->first, " by session ", s, " gave ",
+                                         status.ToString()));
+  }
+  if (!status.ok()) return absl::OkStatus();
+  object.committed = true;
+  ++object.pins;
+  names_[name] = it->first;
+  if (rng_() % 4 == 0) {
+    const absl::Status again = heap_->Bind(static_cast<ClientId>(s + 1),
+                                           NameEntry{name, it->first, 1, "t", 0, 0});
+    if (again.code() != absl::StatusCode::kAlreadyExists) {
+      return Mismatch(steps_, "rebinding a bound name gave " + again.ToString());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RandomWorkload::Unbind() {
+  if (names_.empty()) return absl::OkStatus();
+  auto it = names_.lower_bound(absl::StrCat("obj/", rng_() % (next_name_ + 1)));
+  if (it == names_.end()) it = names_.begin();
+  absl::StatusOr<NameEntry> entry = heap_->Unbind(it->first);
+  if (!entry.ok() || entry->offset != it->second) {
+    return Mismatch(steps_, "unbind of " + it->first + " gave " + entry.status().ToString());
+  }
+  --objects_.at(it->second).pins;
+  names_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status RandomWorkload::Lookup() {
+  const std::string name = absl::StrCat("obj/", rng_() % (next_name_ + 1));
+  absl::StatusOr<NameEntry> entry = heap_->Lookup(name);
+  auto it = names_.find(name);
+  if (it == names_.end()) {
+    if (entry.status().code() != absl::StatusCode::kNotFound) {
+      return Mismatch(steps_, "lookup of unbound " + name + " gave " + entry.status().ToString());
+    }
+  } else if (!entry.ok() || entry->offset != it->second ||
+             entry->size != objects_.at(it->second).size) {
+    return Mismatch(steps_, "lookup of " + name + " gave " + entry.status().ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RandomWorkload::SyncAll(bool deep) {
+  for (auto& session : sessions_) {
+    absl::StatusOr<uint64_t> epoch = session->Sync();
+    if (!epoch.ok()) return Mismatch(steps_, "sync: " + epoch.status().ToString());
+    ++syncs_;
+  }
+  for (auto& [offset, object] : objects_) object.committed = true;
+  const HeapStats stats = heap_->Stats();
+  if (stats.directory.live_objects != objects_.size() || stats.names != names_.size()) {
+    return Mismatch(steps_, absl::StrCat("after sync the heap has ", stats.directory.live_objects,
+                                         " objects and ", stats.names, " names; the model ",
+                                         objects_.size(), " and ", names_.size()));
+  }
+  if (!deep) return absl::OkStatus();
+  if (absl::Status s = heap_->CheckInvariants(); !s.ok()) return Mismatch(steps_, s.ToString());
+  for (const auto& session : sessions_) {
+    if (absl::Status s = session->pool().CheckInvariants(); !s.ok()) {
+      return Mismatch(steps_, s.ToString());
+    }
+  }
+  if (absl::Status mapped = sessions_[0]->MapCapacity(); !mapped.ok()) return mapped;
+  for (const auto& [offset, object] : objects_) {
+    if (object.size < 8) continue;
+    uint64_t word;
+    std::memcpy(&word, sessions_[0]->At<char>(offset), sizeof(word));
+    if (word != object.tag) {
+      return Mismatch(steps_, absl::StrCat("object at ", offset, " lost its contents"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace heapd
