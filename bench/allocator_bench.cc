@@ -1,0 +1,161 @@
+// B1 and B2 of the design brief on the client fast path (a lease pool over
+// an in-process heap on tmpfs), each next to the same loop on std::allocator
+// in DRAM, in the same run. Run with bench/run.sh.
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "heap/heap.h"
+#include "heap/heap_session.h"
+#include "heap/test_dir.h"
+
+namespace heapd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Object64 = std::array<char, 64>;
+
+double NsPer(Clock::duration d, uint64_t n) {
+  return std::chrono::duration<double, std::nano>(d).count() / static_cast<double>(n);
+}
+
+std::string ScratchParent() { return access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp"; }
+
+std::unique_ptr<Heap> NewHeap(const TestDir& dir, uint64_t max_size) {
+  HeapConfig config;
+  config.max_size = max_size;
+  auto heap = Heap::Create(dir.Sub("h"), config);
+  if (!heap.ok()) std::abort();
+  return *std::move(heap);
+}
+
+// B1: allocate 10,000,000 x 64 B, then free them all.
+constexpr uint64_t kB1Objects = 10'000'000;
+
+void BM_B1_Heapd(benchmark::State& state) {
+  TestDir dir(ScratchParent());
+  std::unique_ptr<Heap> heap = NewHeap(dir, uint64_t{1} << 30);
+  std::vector<uint64_t> offsets(kB1Objects);
+  for (auto _ : state) {
+    auto session = HeapSession::Start(heap.get(), 1, /*lease_batch=*/16);
+    const Clock::time_point t0 = Clock::now();
+    for (uint64_t i = 0; i < kB1Objects; ++i) offsets[i] = *(*session)->Allocate(64);
+    const Clock::time_point t1 = Clock::now();
+    for (uint64_t i = 0; i < kB1Objects; ++i) {
+      if (!(*session)->Deallocate(offsets[i]).ok()) std::abort();
+    }
+    const Clock::time_point t2 = Clock::now();
+    state.counters["alloc_ns"] = NsPer(t1 - t0, kB1Objects);
+    state.counters["free_ns"] = NsPer(t2 - t1, kB1Objects);
+    if (!(*session)->Detach().ok()) std::abort();
+  }
+}
+
+void BM_B1_StdAllocator(benchmark::State& state) {
+  std::allocator<Object64> allocator;
+  std::vector<Object64*> pointers(kB1Objects);
+  for (auto _ : state) {
+    const Clock::time_point t0 = Clock::now();
+    for (uint64_t i = 0; i < kB1Objects; ++i) pointers[i] = allocator.allocate(1);
+    benchmark::DoNotOptimize(pointers.data());
+    const Clock::time_point t1 = Clock::now();
+    for (uint64_t i = 0; i < kB1Objects; ++i) allocator.deallocate(pointers[i], 1);
+    const Clock::time_point t2 = Clock::now();
+    state.counters["alloc_ns"] = NsPer(t1 - t0, kB1Objects);
+    state.counters["free_ns"] = NsPer(t2 - t1, kB1Objects);
+  }
+}
+
+// B2: allocate 100 x 64 B, free them in random order; 100,000 rounds.
+constexpr int kB2Batch = 100;
+constexpr int kB2Rounds = 100'000;
+
+std::vector<std::array<uint8_t, kB2Batch>> FreeOrders(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::array<uint8_t, kB2Batch>> orders(64);
+  for (auto& order : orders) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  return orders;
+}
+
+template <typename AllocateFree>
+double B2Thread(uint64_t seed, AllocateFree&& allocate_free) {
+  const auto orders = FreeOrders(seed);
+  const Clock::time_point t0 = Clock::now();
+  for (int round = 0; round < kB2Rounds; ++round) allocate_free(orders[round % orders.size()]);
+  return NsPer(Clock::now() - t0, uint64_t{kB2Rounds} * kB2Batch);
+}
+
+void BM_B2_Heapd(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  TestDir dir(ScratchParent());
+  std::unique_ptr<Heap> heap = NewHeap(dir, uint64_t{1} << 30);
+  for (auto _ : state) {
+    std::vector<double> ns(threads);
+    std::vector<std::thread> workers;
+    const Clock::time_point t0 = Clock::now();
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        auto session = HeapSession::Start(heap.get(), static_cast<ClientId>(t + 1));
+        std::array<uint64_t, kB2Batch> live;
+        ns[t] = B2Thread(t, [&](const std::array<uint8_t, kB2Batch>& order) {
+          for (int i = 0; i < kB2Batch; ++i) live[i] = *(*session)->Allocate(64);
+          for (uint8_t i : order) {
+            if (!(*session)->Deallocate(live[i]).ok()) std::abort();
+          }
+        });
+        if (!(*session)->Detach().ok()) std::abort();
+      });
+    }
+    for (std::thread& w : workers) w.join();
+    const double wall = NsPer(Clock::now() - t0, uint64_t{kB2Rounds} * kB2Batch * threads);
+    state.counters["pair_ns"] = std::accumulate(ns.begin(), ns.end(), 0.0) / threads;
+    state.counters["Mpairs_per_s"] = 1e3 / wall;
+  }
+}
+
+void BM_B2_StdAllocator(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    std::vector<double> ns(threads);
+    std::vector<std::thread> workers;
+    const Clock::time_point t0 = Clock::now();
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        std::allocator<Object64> allocator;
+        std::array<Object64*, kB2Batch> live;
+        ns[t] = B2Thread(t, [&](const std::array<uint8_t, kB2Batch>& order) {
+          for (int i = 0; i < kB2Batch; ++i) live[i] = allocator.allocate(1);
+          benchmark::DoNotOptimize(live.data());
+          for (uint8_t i : order) allocator.deallocate(live[i], 1);
+        });
+      });
+    }
+    for (std::thread& w : workers) w.join();
+    const double wall = NsPer(Clock::now() - t0, uint64_t{kB2Rounds} * kB2Batch * threads);
+    state.counters["pair_ns"] = std::accumulate(ns.begin(), ns.end(), 0.0) / threads;
+    state.counters["Mpairs_per_s"] = 1e3 / wall;
+  }
+}
+
+BENCHMARK(BM_B1_Heapd)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_B1_StdAllocator)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_B2_Heapd)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_B2_StdAllocator)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace heapd
+
+BENCHMARK_MAIN();

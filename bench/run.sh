@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs heapd's benchmarks with their in-process baselines, 5 repetitions
+# each, and prints the medians. Usage: bash bench/run.sh [REPETITIONS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+reps=${1:-5}
+bazel build -c opt --copt=-O3 //bench:all
+for b in allocator_bench sync_bench; do
+  echo "== $b (median of $reps)"
+  bazel-bin/bench/$b --benchmark_repetitions="$reps" \
+    --benchmark_report_aggregates_only=true 2>&1 | grep -E "median|^Benchmark|^-|CPU|Run on"
+done

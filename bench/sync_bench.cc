@@ -1,0 +1,44 @@
+// B7 of the design brief: the cost of a sync after one allocation in a heap
+// with 10 million live objects against one with 10 thousand. The cost of a
+// sync must follow what changed, not the heap's size. Run with bench/run.sh.
+#include <unistd.h>
+
+#include <memory>
+
+#include "benchmark/benchmark.h"
+#include "heap/heap.h"
+#include "heap/heap_session.h"
+#include "heap/test_dir.h"
+
+namespace heapd {
+namespace {
+
+void BM_B7_SyncAfterOneAllocation(benchmark::State& state) {
+  const uint64_t live = static_cast<uint64_t>(state.range(0));
+  TestDir dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+  HeapConfig config;
+  config.max_size = uint64_t{1} << 30;
+  auto heap = Heap::Create(dir.Sub("h"), config);
+  if (!heap.ok()) std::abort();
+  auto session = HeapSession::Start(heap->get(), 1, 16);
+  for (uint64_t i = 0; i < live; ++i) {
+    if (!(*session)->Allocate(64).ok()) std::abort();
+  }
+  if (!(*session)->Sync().ok()) std::abort();
+  for (auto _ : state) {
+    if (!(*session)->Allocate(64).ok()) std::abort();
+    if (!(*session)->Sync().ok()) std::abort();
+  }
+  state.counters["live_objects"] = static_cast<double>(live);
+}
+
+BENCHMARK(BM_B7_SyncAfterOneAllocation)
+    ->Arg(10'000)
+    ->Arg(10'000'000)
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(2.0);
+
+}  // namespace
+}  // namespace heapd
+
+BENCHMARK_MAIN();
