@@ -17,6 +17,16 @@ uint32_t ChunksFor(uint64_t size) {
 
 ChunkDirectory::ChunkDirectory(uint32_t capacity_chunks) { Grow(capacity_chunks); }
 
+absl::Status ChunkDirectory::OutsideHeap(uint64_t offset) const {
+  return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is outside the heap (",
+                                                 chunks_.size() * kChunkSize, " bytes)"));
+}
+
+bool ChunkDirectory::PendingFree(const Chunk& chunk, uint32_t slot) {
+  return std::find(chunk.remote_frees.begin(), chunk.remote_frees.end(), slot) !=
+         chunk.remote_frees.end();
+}
+
 void ChunkDirectory::Grow(uint32_t capacity_chunks) {
   const uint32_t old = this->capacity_chunks();
   if (capacity_chunks <= old) return;
@@ -260,11 +270,7 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
     ClientId client, ObjectRef object) const {
   const uint64_t offset = object.offset;
   const uint64_t chunk = offset >> kChunkShift;
-  if (chunk >= chunks_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offset ", offset, " is outside the heap (", chunks_.size() * kChunkSize,
-        " bytes)"));
-  }
+  if (chunk >= chunks_.size()) return OutsideHeap(offset);
   const Chunk& c = chunks_[chunk];
   const uint64_t in_chunk = offset & (kChunkSize - 1);
   switch (c.kind) {
@@ -296,10 +302,7 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
             " bytes, not at its start"));
       }
       const uint32_t slot = static_cast<uint32_t>(in_chunk / slot_size);
-      const bool remote_freed =
-          std::find(c.remote_frees.begin(), c.remote_frees.end(), slot) !=
-          c.remote_frees.end();
-      if (!c.bitmap->IsAllocated(slot) || remote_freed) {
+      if (!c.bitmap->IsAllocated(slot) || PendingFree(c, slot)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "offset ", offset, " is not a live object",
             c.lessee != 0 ? " as of its chunk's last sync" : "",
@@ -395,11 +398,7 @@ ReclaimResult ChunkDirectory::Reclaim(ClientId client) {
 absl::Status ChunkDirectory::Pin(ClientId caller, ObjectRef object) {
   const uint64_t offset = object.offset;
   const uint64_t chunk = offset >> kChunkShift;
-  if (chunk >= chunks_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offset ", offset, " is outside the heap (", chunks_.size() * kChunkSize,
-        " bytes)"));
-  }
+  if (chunk >= chunks_.size()) return OutsideHeap(offset);
   Chunk& c = chunks_[chunk];
   const uint64_t in_chunk = offset & (kChunkSize - 1);
   if (c.kind == ChunkKind::kSmall) {
@@ -415,8 +414,7 @@ absl::Status ChunkDirectory::Pin(ClientId caller, ObjectRef object) {
           "object at offset ", offset, " has ", slot_size, " bytes, less than ",
           object.size));
     }
-    const bool remote_freed = std::find(c.remote_frees.begin(), c.remote_frees.end(),
-                                        slot) != c.remote_frees.end();
+    const bool remote_freed = PendingFree(c, slot);
     if (c.lessee == caller && caller != 0 && !remote_freed) {
       if (!c.bitmap->IsAllocated(slot)) {
         c.bitmap->Set(slot);  // the lessee allocated it since its last report

@@ -186,6 +186,10 @@ class ChunkDirectory {
   };
 
   absl::StatusOr<PlannedFree> PlanFree(ClientId client, ObjectRef object) const;
+  absl::Status OutsideHeap(uint64_t offset) const;
+  // True if another client freed `slot` of the leased `chunk` since its
+  // lessee's last report.
+  static bool PendingFree(const Chunk& chunk, uint32_t slot);
   void MarkDirty(uint32_t chunk);
   void MakeSmall(uint32_t chunk, uint32_t size_class);
   void MakeFree(uint32_t chunk_start, uint32_t length);

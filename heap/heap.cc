@@ -207,7 +207,12 @@ absl::Status Heap::Bind(ClientId client, const NameEntry& entry) {
     return absl::InvalidArgumentError(absl::StrCat("name '", entry.name, "' binds 0 bytes"));
   }
   absl::MutexLock lock(&mu_);
-  if (names_.Lookup(entry.name).ok()) return names_.Bind(entry);  // ALREADY_EXISTS
+  // Check the name first so a taken name pins nothing.
+  if (absl::StatusOr<NameEntry> taken = names_.Lookup(entry.name); taken.ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("name '", entry.name,
+                                                 "' is already bound (offset ", taken->offset,
+                                                 ", type ", taken->type_name, ")"));
+  }
   if (absl::Status s = directory_->Pin(client, {entry.offset, entry.size}); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("cannot bind '", entry.name, "': ", s.message()));
   }
