@@ -114,8 +114,9 @@ class ChunkDirectory {
 
   // Records `client`'s view of chunks it leases and returns what the daemon
   // changed in it, including frees by others in the client's chunks that are
-  // not in `reports` (those are unchanged since the last report). With `release`, the leases end. All-or-nothing: a report
-  // for a chunk the client does not lease, or of the wrong size, fails with
+  // not in `reports` (those are unchanged since the last report). With
+  // `release`, the reported leases end. All-or-nothing: a report for a chunk
+  // the client does not lease, or of the wrong size, fails with
   // FAILED_PRECONDITION / INVALID_ARGUMENT and changes nothing.
   absl::StatusOr<std::vector<LeaseCorrection>> Report(
       ClientId client, absl::Span<const LeaseReport> reports, bool release);

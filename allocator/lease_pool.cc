@@ -74,6 +74,12 @@ std::vector<LeaseReport> LeasePool::TakeDirtyReports() {
   return reports;
 }
 
+void LeasePool::Redirty(absl::Span<const LeaseReport> reports) {
+  for (const LeaseReport& report : reports) {
+    if (ChunkLease* lease = by_chunk_.Get(report.chunk)) lease->dirty = true;
+  }
+}
+
 std::vector<LeaseReport> LeasePool::ReleaseAll() {
   std::vector<LeaseReport> reports;
   reports.reserve(leases_.size());

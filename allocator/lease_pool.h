@@ -92,6 +92,10 @@ class LeasePool {
   // Reports for every chunk changed since the last call; marks them clean.
   std::vector<LeaseReport> TakeDirtyReports();
 
+  // Marks the chunks of `reports` changed again, so the next
+  // TakeDirtyReports includes them (the daemon did not take the reports).
+  void Redirty(absl::Span<const LeaseReport> reports);
+
   // Reports for every leased chunk and forgets them all (detach).
   std::vector<LeaseReport> ReleaseAll();
 

@@ -93,6 +93,21 @@ TEST(LeasePoolTest, ReportsOnlyDirtyChunksAndAppliesCorrections) {
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 
+TEST(LeasePoolTest, RedirtiedChunksAreReportedAgain) {
+  ChunkDirectory dir(8);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 8, 2);
+  ASSERT_TRUE(pool.Allocate(SizeClassFor(64)).ok());
+  std::vector<LeaseReport> reports = pool.TakeDirtyReports();
+  ASSERT_EQ(reports.size(), 1u);
+  ASSERT_TRUE(pool.TakeDirtyReports().empty());
+  pool.Redirty(reports);
+  std::vector<LeaseReport> again = pool.TakeDirtyReports();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].chunk, reports[0].chunk);
+  EXPECT_EQ(again[0].words, reports[0].words);
+}
+
 TEST(LeasePoolTest, ReleaseAllReturnsEveryChunk) {
   ChunkDirectory dir(8);
   DirectorySource source(&dir, 1);

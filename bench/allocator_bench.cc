@@ -101,33 +101,24 @@ std::vector<std::array<uint8_t, kB2Batch>> FreeOrders(uint64_t seed) {
   return orders;
 }
 
-template <typename AllocateFree>
-double B2Thread(uint64_t seed, AllocateFree&& allocate_free) {
-  const auto orders = FreeOrders(seed);
-  const Clock::time_point t0 = Clock::now();
-  for (int round = 0; round < kB2Rounds; ++round) allocate_free(orders[round % orders.size()]);
-  return NsPer(Clock::now() - t0, uint64_t{kB2Rounds} * kB2Batch);
-}
-
-void BM_B2_Heapd(benchmark::State& state) {
+// Runs `threads` threads; each calls make_round(t) for its round function
+// (allocate kB2Batch objects, free them in the given order) and runs
+// kB2Rounds rounds. Reports the mean per-thread ns per pair and the
+// aggregate pairs per second.
+template <typename MakeRound>
+void RunB2(benchmark::State& state, MakeRound&& make_round) {
   const int threads = static_cast<int>(state.range(0));
-  TestDir dir(ScratchParent());
-  std::unique_ptr<Heap> heap = NewHeap(dir, uint64_t{1} << 30);
   for (auto _ : state) {
     std::vector<double> ns(threads);
     std::vector<std::thread> workers;
     const Clock::time_point t0 = Clock::now();
     for (int t = 0; t < threads; ++t) {
       workers.emplace_back([&, t] {
-        auto session = HeapSession::Start(heap.get(), static_cast<ClientId>(t + 1));
-        std::array<uint64_t, kB2Batch> live;
-        ns[t] = B2Thread(t, [&](const std::array<uint8_t, kB2Batch>& order) {
-          for (int i = 0; i < kB2Batch; ++i) live[i] = *(*session)->Allocate(64);
-          for (uint8_t i : order) {
-            if (!(*session)->Deallocate(live[i]).ok()) std::abort();
-          }
-        });
-        if (!(*session)->Detach().ok()) std::abort();
+        const auto orders = FreeOrders(t);
+        auto round = make_round(t);
+        const Clock::time_point start = Clock::now();
+        for (int r = 0; r < kB2Rounds; ++r) round(orders[r % orders.size()]);
+        ns[t] = NsPer(Clock::now() - start, uint64_t{kB2Rounds} * kB2Batch);
       });
     }
     for (std::thread& w : workers) w.join();
@@ -135,30 +126,39 @@ void BM_B2_Heapd(benchmark::State& state) {
     state.counters["pair_ns"] = std::accumulate(ns.begin(), ns.end(), 0.0) / threads;
     state.counters["Mpairs_per_s"] = 1e3 / wall;
   }
+}
+
+using FreeOrder = std::array<uint8_t, kB2Batch>;
+
+void BM_B2_Heapd(benchmark::State& state) {
+  TestDir dir(ScratchParent());
+  std::unique_ptr<Heap> heap = NewHeap(dir, uint64_t{1} << 30);
+  RunB2(state, [&](int t) {
+    // One session per thread, detached when the thread's round ends.
+    auto started = HeapSession::Start(heap.get(), static_cast<ClientId>(t + 1));
+    if (!started.ok()) std::abort();
+    std::shared_ptr<HeapSession> session(started->release(), [](HeapSession* s) {
+      if (!s->Detach().ok()) std::abort();
+      delete s;
+    });
+    return [session, live = std::array<uint64_t, kB2Batch>{}](const FreeOrder& order) mutable {
+      for (int i = 0; i < kB2Batch; ++i) live[i] = *session->Allocate(64);
+      for (uint8_t i : order) {
+        if (!session->Deallocate(live[i]).ok()) std::abort();
+      }
+    };
+  });
 }
 
 void BM_B2_StdAllocator(benchmark::State& state) {
-  const int threads = static_cast<int>(state.range(0));
-  for (auto _ : state) {
-    std::vector<double> ns(threads);
-    std::vector<std::thread> workers;
-    const Clock::time_point t0 = Clock::now();
-    for (int t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        std::allocator<Object64> allocator;
-        std::array<Object64*, kB2Batch> live;
-        ns[t] = B2Thread(t, [&](const std::array<uint8_t, kB2Batch>& order) {
-          for (int i = 0; i < kB2Batch; ++i) live[i] = allocator.allocate(1);
-          benchmark::DoNotOptimize(live.data());
-          for (uint8_t i : order) allocator.deallocate(live[i], 1);
-        });
-      });
-    }
-    for (std::thread& w : workers) w.join();
-    const double wall = NsPer(Clock::now() - t0, uint64_t{kB2Rounds} * kB2Batch * threads);
-    state.counters["pair_ns"] = std::accumulate(ns.begin(), ns.end(), 0.0) / threads;
-    state.counters["Mpairs_per_s"] = 1e3 / wall;
-  }
+  RunB2(state, [](int) {
+    return [live = std::array<Object64*, kB2Batch>{}](const FreeOrder& order) mutable {
+      std::allocator<Object64> allocator;
+      for (int i = 0; i < kB2Batch; ++i) live[i] = allocator.allocate(1);
+      benchmark::DoNotOptimize(live.data());
+      for (uint8_t i : order) allocator.deallocate(live[i], 1);
+    };
+  });
 }
 
 BENCHMARK(BM_B1_Heapd)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();

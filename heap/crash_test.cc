@@ -147,7 +147,8 @@ TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
       ASSERT_LT((*workload)->steps(), static_cast<uint64_t>(kMaxSteps)) << where;
       ASSERT_TRUE((*workload)->Step().ok()) << where;
     }
-    ExpectSameChunks((*recovered)->PersistedChunks(), (*replay)->PersistedChunks(), where);
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectSameChunks((*recovered)->PersistedChunks(), (*replay)->PersistedChunks(), where));
     const std::vector<NameEntry> names = (*recovered)->ListNames("");
     ASSERT_EQ(names, (*replay)->ListNames("")) << where;
 

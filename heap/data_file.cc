@@ -67,8 +67,9 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Create(const std::string& pa
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create data file ", path));
   std::unique_ptr<DataFile> file(new DataFile(path, fd, 0, DetectBacking(fd)));
-  if (size > 0) {
-    if (absl::Status s = file->Grow(size); !s.ok()) return s;
+  if (absl::Status s = file->Grow(size); !s.ok()) {
+    unlink(path.c_str());  // nothing half-made stays behind
+    return s;
   }
   return file;
 }

@@ -25,7 +25,8 @@ const char* BackingKindName(BackingKind kind);
 
 class DataFile {
  public:
-  // Creates `path` (which must not exist) and reserves `size` bytes.
+  // Creates `path` (which must not exist) and reserves `size` bytes. On
+  // failure no file is left at `path`.
   static absl::StatusOr<std::unique_ptr<DataFile>> Create(const std::string& path,
                                                           uint64_t size);
   // Opens an existing data file for reading and writing.

@@ -277,25 +277,25 @@ absl::Status Heap::PersistLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SyncResult> Heap::Sync(ClientId client, absl::Span<const LeaseReport> reports) {
+absl::StatusOr<SyncResult> Heap::ReportAndPersist(ClientId client,
+                                                   absl::Span<const LeaseReport> reports,
+                                                   bool release) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::vector<LeaseCorrection>> corrections =
-      directory_->Report(client, reports, /*release=*/false);
+      directory_->Report(client, reports, release);
   if (!corrections.ok()) return corrections.status();
   directory_->Commit(client);
+  if (release) directory_->Reclaim(client);  // leases the client did not report
   if (absl::Status s = PersistLocked(); !s.ok()) return s;
   return SyncResult{epoch_, *std::move(corrections)};
 }
 
+absl::StatusOr<SyncResult> Heap::Sync(ClientId client, absl::Span<const LeaseReport> reports) {
+  return ReportAndPersist(client, reports, /*release=*/false);
+}
+
 absl::StatusOr<SyncResult> Heap::Detach(ClientId client, absl::Span<const LeaseReport> reports) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::vector<LeaseCorrection>> corrections =
-      directory_->Report(client, reports, /*release=*/true);
-  if (!corrections.ok()) return corrections.status();
-  directory_->Commit(client);
-  directory_->Reclaim(client);  // leases the client did not report
-  if (absl::Status s = PersistLocked(); !s.ok()) return s;
-  return SyncResult{epoch_, *std::move(corrections)};
+  return ReportAndPersist(client, reports, /*release=*/true);
 }
 
 ReclaimResult Heap::Reclaim(ClientId client) {

@@ -131,6 +131,11 @@ class Heap {
   // Grows the data file by at least `chunks` chunks.
   absl::Status GrowLocked(uint32_t chunks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync and Detach: record the reports (ending the leases with `release`),
+  // commit the client's large runs, persist an epoch.
+  absl::StatusOr<SyncResult> ReportAndPersist(ClientId client,
+                                              absl::Span<const LeaseReport> reports,
+                                              bool release);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }
 
   const std::string dir_;

@@ -35,7 +35,15 @@ absl::StatusOr<uint64_t> HeapSession::Allocate(uint64_t size) {
   if (size <= kMaxSmallSize) return pool_.Allocate(SizeClassFor(size));
   absl::StatusOr<uint64_t> offset = heap_->AllocateLarge(client_, size);
   if (!offset.ok()) return offset;
-  if (absl::Status s = MapCapacity(); !s.ok()) return s;
+  if (absl::Status s = MapCapacity(); !s.ok()) {
+    // The caller never sees the object: give it back.
+    const ObjectRef object{*offset, size};
+    if (absl::Status freed = heap_->Free(client_, absl::MakeConstSpan(&object, 1)); !freed.ok()) {
+      return absl::Status(s.code(), absl::StrCat(s.message(), "; then freeing the object at ",
+                                                 *offset, " failed: ", freed.message()));
+    }
+    return s;
+  }
   return offset;
 }
 
@@ -54,8 +62,12 @@ absl::Status HeapSession::Deallocate(uint64_t offset) {
 
 absl::StatusOr<uint64_t> HeapSession::Sync() {
   if (absl::Status s = mapping_->Flush(); !s.ok()) return s;
-  absl::StatusOr<SyncResult> result = heap_->Sync(client_, pool_.TakeDirtyReports());
-  if (!result.ok()) return result.status();
+  const std::vector<LeaseReport> reports = pool_.TakeDirtyReports();
+  absl::StatusOr<SyncResult> result = heap_->Sync(client_, reports);
+  if (!result.ok()) {
+    pool_.Redirty(reports);  // report them again at the next sync
+    return result.status();
+  }
   pool_.ApplyCorrections(result->corrections);
   return result->epoch;
 }

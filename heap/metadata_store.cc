@@ -44,6 +44,16 @@ absl::Status WriteWithTornPoint(int fd, const std::string& bytes, const std::str
   return WriteAll(fd, bytes.data() + half, bytes.size() - half, what);
 }
 
+// True if a well-formed frame starts anywhere in `bytes` after `pos`.
+bool FrameStartsAfter(absl::string_view bytes, size_t pos, absl::string_view file) {
+  for (size_t at = pos + 1; at + kFrameHeaderSize <= bytes.size(); ++at) {
+    uint32_t magic;
+    std::memcpy(&magic, bytes.data() + at, sizeof(magic));
+    if (magic == kFrameMagic && DecodeFrame(bytes.substr(at), file).ok()) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open metadata file ", path));
@@ -76,8 +86,9 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes,
-                                 const char* fault_prefix) {
+absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                                 const std::string& bytes, const char* fault_prefix) {
+  const std::string path = absl::StrCat(dir, "/", name);
   const std::string tmp = path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
@@ -95,8 +106,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
     return status;
   }
   FaultPoint(absl::StrCat(fault_prefix, ".after_rename").c_str());
-  const std::string dir = path.substr(0, path.find_last_of('/'));
-  return SyncDirectory(dir.empty() ? "." : dir);
+  return SyncDirectory(dir);
 }
 
 std::string MetadataStore::LogPath(uint64_t generation) const {
@@ -161,15 +171,9 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
     absl::StatusOr<DecodedFrame> record_frame =
         DecodeFrame(absl::string_view(log_bytes).substr(pos), log_path);
     if (!record_frame.ok()) {
-      // Only a record that runs to the end of the file can be torn by a
-      // crash; anything else is corruption.
-      uint32_t length = 0;
-      if (log_bytes.size() - pos >= kFrameHeaderSize) {
-        std::memcpy(&length, log_bytes.data() + pos + 8, 4);
-      }
-      const bool reaches_end = log_bytes.size() - pos < kFrameHeaderSize ||
-                               pos + kFrameHeaderSize + length >= log_bytes.size();
-      if (!reaches_end) {
+      // A crash can tear only the last append: a bad record followed by a
+      // good one is corruption, even if its length field claims the rest.
+      if (FrameStartsAfter(log_bytes, pos, log_path)) {
         return absl::DataLossError(absl::StrCat(record_frame.status().message(),
                                                 " (record at byte ", pos, " of ",
                                                 log_bytes.size(), ")"));
@@ -249,8 +253,7 @@ absl::Status MetadataStore::Append(const EpochRecord& record) {
 absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
   checkpoint.log_generation = generation_ + 1;
   const std::string bytes = EncodeCheckpoint(checkpoint);
-  if (absl::Status s = WriteFileAtomically(absl::StrCat(dir_, "/", kCheckpointFile), bytes,
-                                           "checkpoint");
+  if (absl::Status s = WriteFileAtomically(dir_, kCheckpointFile, bytes, "checkpoint");
       !s.ok()) {
     return s;
   }

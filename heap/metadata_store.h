@@ -54,7 +54,8 @@ class MetadataStore {
   // to its previous end; the caller must write a checkpoint next.
   absl::Status Append(const EpochRecord& record);
 
-  // Writes `checkpoint` as the new base and starts a new, empty log.
+  // Writes `checkpoint` as the new base and starts a new, empty log. On
+  // failure the caller must write a checkpoint again before appending.
   absl::Status WriteCheckpoint(Checkpoint checkpoint);
 
   // True when the log has grown large next to the last checkpoint, so
@@ -77,10 +78,11 @@ class MetadataStore {
   uint64_t checkpoint_log_bytes_ = kDefaultCheckpointLogBytes;
 };
 
-// Writes `bytes` to `path` via a temporary file, fsyncs it, renames it into
-// place and fsyncs the directory. `fault_prefix` names its fault points.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes,
-                                 const char* fault_prefix);
+// Writes `bytes` to `dir`/`name` via a temporary file, fsyncs it, renames it
+// into place and fsyncs `dir`. On failure the temporary file is removed.
+// `fault_prefix` names its fault points.
+absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                                 const std::string& bytes, const char* fault_prefix);
 
 // Fsyncs the directory `dir` (to make renames and creations durable).
 absl::Status SyncDirectory(const std::string& dir);

@@ -99,6 +99,27 @@ TEST(MetadataStoreTest, CorruptionBeforeTheEndIsDataLossNamingTheFile) {
   EXPECT_NE(store.status().message().find(log), std::string::npos) << store.status();
 }
 
+TEST(MetadataStoreTest, CorruptLengthBeforeGoodRecordsIsDataLossNotATornTail) {
+  TestDir dir;
+  {
+    auto store = MetadataStore::Create(dir.path(), Initial());
+    ASSERT_TRUE(store.ok());
+    for (uint64_t e = 1; e <= 3; ++e) ASSERT_TRUE((*store)->Append(Record(e, e)).ok());
+  }
+  // Record 1's length field now claims more bytes than the file holds, so
+  // it looks like a torn write; records 2 and 3 after it prove otherwise.
+  const std::string log = dir.Sub("log.1");
+  {
+    std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('\x7f');
+  }
+  RecoveredMetadata recovered;
+  auto store = MetadataStore::Open(dir.path(), &recovered);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+  EXPECT_NE(store.status().message().find(log), std::string::npos) << store.status();
+}
+
 TEST(MetadataStoreTest, CorruptOrMissingCheckpointIsReported) {
   TestDir dir;
   ASSERT_TRUE(MetadataStore::Create(dir.path(), Initial()).ok());
