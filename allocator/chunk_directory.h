@@ -19,7 +19,7 @@
 //     a free slot; clients_[c].leased holds exactly the chunks leased by c;
 //   - remote_frees are allocated slots of leased chunks, without repeats;
 //   - every pin is a live object start.
-// Not thread-safe: the owning Heap serializes calls.
+// Not thread-safe: the owning PersistentHeap serializes calls.
 #ifndef HEAPD_ALLOCATOR_CHUNK_DIRECTORY_H_
 #define HEAPD_ALLOCATOR_CHUNK_DIRECTORY_H_
 

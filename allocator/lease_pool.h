@@ -30,7 +30,7 @@
 
 namespace heapd {
 
-// Where a pool gets chunks from: the daemon over RPC, or an in-process Heap.
+// Where a pool gets chunks from: the daemon over RPC, or an in-process PersistentHeap.
 class LeaseSource {
  public:
   virtual ~LeaseSource() = default;

@@ -31,10 +31,10 @@ double NsPer(Clock::duration d, uint64_t n) {
 
 std::string ScratchParent() { return access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp"; }
 
-std::unique_ptr<Heap> NewHeap(const TestDir& dir, uint64_t max_size) {
+std::unique_ptr<PersistentHeap> NewHeap(const TestDir& dir, uint64_t max_size) {
   HeapConfig config;
   config.max_size = max_size;
-  auto heap = Heap::Create(dir.Sub("h"), config);
+  auto heap = PersistentHeap::Create(dir.Sub("h"), config);
   if (!heap.ok()) std::abort();
   return *std::move(heap);
 }
@@ -47,7 +47,7 @@ constexpr uint64_t kB1Objects = 10'000'000;
 
 void BM_B1_Heapd(benchmark::State& state) {
   TestDir dir(ScratchParent());
-  std::unique_ptr<Heap> heap = NewHeap(dir, uint64_t{1} << 30);
+  std::unique_ptr<PersistentHeap> heap = NewHeap(dir, uint64_t{1} << 30);
   std::vector<uint64_t> offsets(kB1Objects);
   if (state.range(0) == 1) {
     auto session = HeapSession::Start(heap.get(), 2, 16);
@@ -132,7 +132,7 @@ using FreeOrder = std::array<uint8_t, kB2Batch>;
 
 void BM_B2_Heapd(benchmark::State& state) {
   TestDir dir(ScratchParent());
-  std::unique_ptr<Heap> heap = NewHeap(dir, uint64_t{1} << 30);
+  std::unique_ptr<PersistentHeap> heap = NewHeap(dir, uint64_t{1} << 30);
   RunB2(state, [&](int t) {
     // One session per thread, detached when the thread's round ends.
     auto started = HeapSession::Start(heap.get(), static_cast<ClientId>(t + 1));

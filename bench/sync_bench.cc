@@ -18,7 +18,7 @@ void BM_B7_SyncAfterOneAllocation(benchmark::State& state) {
   TestDir dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
   HeapConfig config;
   config.max_size = uint64_t{1} << 30;
-  auto heap = Heap::Create(dir.Sub("h"), config);
+  auto heap = PersistentHeap::Create(dir.Sub("h"), config);
   if (!heap.ok()) std::abort();
   auto session = HeapSession::Start(heap->get(), 1, 16);
   for (uint64_t i = 0; i < live; ++i) {

@@ -53,7 +53,7 @@ void KillAtHit(const char* point) {
 
 [[noreturn]] void RunChild(const std::string& path, uint64_t seed, int kill_hit,
                            bool checkpoints_only, int kill_step, int report_fd) {
-  auto heap = Heap::Open(path, Options());
+  auto heap = PersistentHeap::Open(path, Options());
   if (!heap.ok()) _exit(2);
   auto workload = RandomWorkload::Start(heap->get(), seed, 1, 300, kSyncsPerMille);
   if (!workload.ok()) _exit(3);
@@ -94,7 +94,7 @@ void ExpectSameChunks(const std::vector<ChunkRecord>& got, const std::vector<Chu
   }
 }
 
-uint64_t FirstWord(const Heap& heap, uint64_t offset) {
+uint64_t FirstWord(const PersistentHeap& heap, uint64_t offset) {
   uint64_t word = 0;
   EXPECT_EQ(pread(heap.data_fd(), &word, sizeof(word), static_cast<off_t>(offset)), 8);
   return word;
@@ -113,7 +113,7 @@ TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
     const std::string where = absl::StrCat("run ", run, " (seed ", seed, ", hit ", kill_hit,
                                            ", step ", kill_step, ")");
     const std::string path = root.Sub(absl::StrCat("heap", run));
-    ASSERT_TRUE(Heap::Create(path, Config(), Options()).ok());
+    ASSERT_TRUE(PersistentHeap::Create(path, Config(), Options()).ok());
 
     int report[2];
     ASSERT_EQ(pipe(report), 0);
@@ -132,14 +132,14 @@ TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
         << where << ": child ended with status " << status;
     ++kills_by_point[point.substr(0, point.find('\n'))];
 
-    auto recovered = Heap::Open(path, Options());
+    auto recovered = PersistentHeap::Open(path, Options());
     ASSERT_TRUE(recovered.ok()) << where << ": " << recovered.status();
     ASSERT_TRUE((*recovered)->CheckInvariants().ok()) << where;
     const uint64_t epoch = (*recovered)->epoch();
 
     // Replay the same operations on a fresh heap up to that epoch.
     const std::string replay_path = root.Sub(absl::StrCat("replay", run));
-    auto replay = Heap::Create(replay_path, Config(), Options());
+    auto replay = PersistentHeap::Create(replay_path, Config(), Options());
     ASSERT_TRUE(replay.ok());
     auto workload = RandomWorkload::Start(replay->get(), seed, 1, 300, kSyncsPerMille);
     ASSERT_TRUE(workload.ok());

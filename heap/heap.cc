@@ -29,7 +29,7 @@ std::string ParentOf(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Heap>> Heap::Create(const std::string& dir,
+absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std::string& dir,
                                                    HeapConfig config, HeapOptions options) {
   if (config.max_size < kChunkSize || config.max_size % kChunkSize != 0 ||
       config.max_size / kChunkSize > UINT32_MAX) {
@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Heap>> Heap::Create(const std::string& dir,
   return Open(dir, options);
 }
 
-absl::StatusOr<std::unique_ptr<Heap>> Heap::Open(const std::string& dir,
+absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::string& dir,
                                                  HeapOptions options) {
   const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
   const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Heap>> Heap::Open(const std::string& dir,
     return store.status();
   }
   // The heap owns lock_fd from here on; closing it releases the lock.
-  std::unique_ptr<Heap> heap(new Heap(dir, recovered.state.config, lock_fd));
+  std::unique_ptr<PersistentHeap> heap(new PersistentHeap(dir, recovered.state.config, lock_fd));
   absl::MutexLock lock(&heap->mu_);
   heap->store_ = *std::move(store);
   absl::StatusOr<std::unique_ptr<DataFile>> data =
@@ -139,19 +139,26 @@ absl::StatusOr<std::unique_ptr<Heap>> Heap::Open(const std::string& dir,
   return heap;
 }
 
-Heap::~Heap() { close(lock_fd_); }
+PersistentHeap::~PersistentHeap() { close(lock_fd_); }
 
-uint64_t Heap::capacity_bytes() const {
+absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
+  const std::string path = absl::StrCat(dir_, "/", kDataFile);
+  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  return fd;
+}
+
+uint64_t PersistentHeap::capacity_bytes() const {
   absl::MutexLock lock(&mu_);
   return uint64_t{directory_->capacity_chunks()} * kChunkSize;
 }
 
-uint64_t Heap::epoch() const {
+uint64_t PersistentHeap::epoch() const {
   absl::MutexLock lock(&mu_);
   return epoch_;
 }
 
-absl::Status Heap::GrowLocked(uint32_t chunks) {
+absl::Status PersistentHeap::GrowLocked(uint32_t chunks) {
   const uint64_t capacity = directory_->capacity_chunks();
   const uint64_t step = std::max<uint64_t>({chunks, kMinGrowChunks, capacity / 8});
   const uint64_t target = std::min(capacity + step, max_chunks());
@@ -168,7 +175,7 @@ absl::Status Heap::GrowLocked(uint32_t chunks) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<LeaseGrant>> Heap::LeaseChunks(ClientId client,
+absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId client,
                                                           uint32_t size_class,
                                                           uint32_t count) {
   absl::MutexLock lock(&mu_);
@@ -179,7 +186,7 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::LeaseChunks(ClientId client,
   return directory_->Lease(client, size_class, count);
 }
 
-absl::StatusOr<uint64_t> Heap::AllocateLarge(ClientId client, uint64_t size) {
+absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size) {
   absl::MutexLock lock(&mu_);
   if (size == 0 || size > config_.max_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -195,12 +202,12 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(ClientId client, uint64_t size) {
   return directory_->AllocateLarge(client, size);
 }
 
-absl::Status Heap::Free(ClientId client, absl::Span<const ObjectRef> objects) {
+absl::Status PersistentHeap::Free(ClientId client, absl::Span<const ObjectRef> objects) {
   absl::MutexLock lock(&mu_);
   return directory_->Free(client, objects);
 }
 
-absl::Status Heap::Bind(ClientId client, const NameEntry& entry) {
+absl::Status PersistentHeap::Bind(ClientId client, const NameEntry& entry) {
   if (absl::Status s = ValidateName(entry.name); !s.ok()) return s;
   if (absl::Status s = ValidateName(entry.type_name, "type name"); !s.ok()) return s;
   if (entry.size == 0) {
@@ -219,13 +226,13 @@ absl::Status Heap::Bind(ClientId client, const NameEntry& entry) {
   return names_.Bind(entry);
 }
 
-absl::StatusOr<NameEntry> Heap::Lookup(absl::string_view name) const {
+absl::StatusOr<NameEntry> PersistentHeap::Lookup(absl::string_view name) const {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return names_.Lookup(name);
 }
 
-absl::StatusOr<NameEntry> Heap::Unbind(absl::string_view name) {
+absl::StatusOr<NameEntry> PersistentHeap::Unbind(absl::string_view name) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<NameEntry> entry = names_.Unbind(name);
@@ -233,12 +240,12 @@ absl::StatusOr<NameEntry> Heap::Unbind(absl::string_view name) {
   return entry;
 }
 
-std::vector<NameEntry> Heap::ListNames(absl::string_view prefix, size_t limit) const {
+std::vector<NameEntry> PersistentHeap::ListNames(absl::string_view prefix, size_t limit) const {
   absl::MutexLock lock(&mu_);
   return names_.List(prefix, limit);
 }
 
-absl::Status Heap::PersistLocked() {
+absl::Status PersistentHeap::PersistLocked() {
   // Object contents first: a name must never reach disk before its object.
   if (absl::Status s = data_->Flush(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
@@ -277,7 +284,7 @@ absl::Status Heap::PersistLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SyncResult> Heap::ReportAndPersist(ClientId client,
+absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
                                                    absl::Span<const LeaseReport> reports,
                                                    bool release) {
   absl::MutexLock lock(&mu_);
@@ -290,20 +297,30 @@ absl::StatusOr<SyncResult> Heap::ReportAndPersist(ClientId client,
   return SyncResult{epoch_, *std::move(corrections)};
 }
 
-absl::StatusOr<SyncResult> Heap::Sync(ClientId client, absl::Span<const LeaseReport> reports) {
+absl::StatusOr<SyncResult> PersistentHeap::Sync(ClientId client, absl::Span<const LeaseReport> reports) {
   return ReportAndPersist(client, reports, /*release=*/false);
 }
 
-absl::StatusOr<SyncResult> Heap::Detach(ClientId client, absl::Span<const LeaseReport> reports) {
+absl::StatusOr<SyncResult> PersistentHeap::Detach(ClientId client, absl::Span<const LeaseReport> reports) {
   return ReportAndPersist(client, reports, /*release=*/true);
 }
 
-ReclaimResult Heap::Reclaim(ClientId client) {
+absl::Status PersistentHeap::ReturnLeases(ClientId client, absl::Span<const LeaseReport> reports) {
+  absl::MutexLock lock(&mu_);
+  return directory_->Report(client, reports, /*release=*/true).status();
+}
+
+size_t PersistentHeap::LeaseCount(ClientId client) const {
+  absl::MutexLock lock(&mu_);
+  return directory_->LeaseCount(client);
+}
+
+ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   absl::MutexLock lock(&mu_);
   return directory_->Reclaim(client);
 }
 
-HeapStats Heap::Stats() const {
+HeapStats PersistentHeap::Stats() const {
   absl::MutexLock lock(&mu_);
   HeapStats stats;
   stats.epoch = epoch_;
@@ -317,7 +334,7 @@ HeapStats Heap::Stats() const {
   return stats;
 }
 
-absl::Status Heap::CheckInvariants() const {
+absl::Status PersistentHeap::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = directory_->CheckInvariants(); !s.ok()) return s;
   if (data_->size() < uint64_t{directory_->capacity_chunks()} * kChunkSize) {
@@ -330,7 +347,7 @@ absl::Status Heap::CheckInvariants() const {
 
 namespace heapd {
 
-std::vector<ChunkRecord> Heap::PersistedChunks() const {
+std::vector<ChunkRecord> PersistentHeap::PersistedChunks() const {
   absl::MutexLock lock(&mu_);
   std::vector<ChunkRecord> records = directory_->AllRecords();
   records.erase(std::remove_if(records.begin(), records.end(),

@@ -1,4 +1,4 @@
-// Heap: one persistent heap, as the daemon serves it. It owns the heap's
+// PersistentHeap: one persistent heap, as the daemon serves it. It owns the heap's
 // directory (data file, metadata files, lock), the chunk directory and the
 // names, and persists them at sync points.
 //
@@ -54,25 +54,25 @@ struct SyncResult {
   std::vector<LeaseCorrection> corrections;
 };
 
-class Heap {
+class PersistentHeap {
  public:
   // Creates a heap in the new directory `dir` (made atomically: a crash
   // leaves no half-made heap there). ALREADY_EXISTS if `dir` exists.
   // config.max_size must be a positive multiple of 2 MiB.
-  static absl::StatusOr<std::unique_ptr<Heap>> Create(const std::string& dir,
+  static absl::StatusOr<std::unique_ptr<PersistentHeap>> Create(const std::string& dir,
                                                       HeapConfig config,
                                                       HeapOptions options = {});
 
   // Opens the heap in `dir` at its last committed epoch. FAILED_PRECONDITION
   // if another process has it open; DATA_LOSS naming the file if its
   // metadata is corrupt.
-  static absl::StatusOr<std::unique_ptr<Heap>> Open(const std::string& dir,
+  static absl::StatusOr<std::unique_ptr<PersistentHeap>> Open(const std::string& dir,
                                                     HeapOptions options = {});
 
   // Closes without syncing: what was not synced is rolled back on reopen.
-  ~Heap();
-  Heap(const Heap&) = delete;
-  Heap& operator=(const Heap&) = delete;
+  ~PersistentHeap();
+  PersistentHeap(const PersistentHeap&) = delete;
+  PersistentHeap& operator=(const PersistentHeap&) = delete;
 
   // Leases up to `count` chunks of `size_class`, growing the data file when
   // none is free. RESOURCE_EXHAUSTED when the heap is at its maximum size or
@@ -107,6 +107,13 @@ class Heap {
   // commits and persists (a detach).
   absl::StatusOr<SyncResult> Detach(ClientId client, absl::Span<const LeaseReport> reports);
 
+  // Ends the client's leases of the reported chunks (it returns them with
+  // their bitmaps), without persisting. All-or-nothing as Sync's reports.
+  absl::Status ReturnLeases(ClientId client, absl::Span<const LeaseReport> reports);
+
+  // Chunks `client` leases now.
+  size_t LeaseCount(ClientId client) const;
+
   // Ends a dead client's session: leases back at their last reported state,
   // uncommitted large runs freed. Not persisted until the next sync.
   ReclaimResult Reclaim(ClientId client);
@@ -121,11 +128,14 @@ class Heap {
   const std::string& dir() const { return dir_; }
   const HeapConfig& config() const { return config_; }
   int data_fd() const { return data_->fd(); }
+  // Opens the data file anew (read-only unless `writable`) for a client;
+  // the caller owns the fd.
+  absl::StatusOr<int> OpenDataFile(bool writable) const;
   uint64_t capacity_bytes() const;
   uint64_t epoch() const;
 
  private:
-  Heap(std::string dir, HeapConfig config, int lock_fd)
+  PersistentHeap(std::string dir, HeapConfig config, int lock_fd)
       : dir_(std::move(dir)), config_(config), lock_fd_(lock_fd) {}
 
   // Grows the data file by at least `chunks` chunks.

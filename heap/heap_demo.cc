@@ -18,7 +18,7 @@
 
 namespace {
 
-using heapd::Heap;
+using heapd::PersistentHeap;
 using heapd::HeapSession;
 
 // Lives in the heap: offsets, never pointers, so any process can map it.
@@ -41,7 +41,7 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::Status Build(Heap* heap) {
+absl::Status Build(PersistentHeap* heap) {
   auto session = HeapSession::Start(heap, 1);
   if (!session.ok()) return session.status();
   constexpr uint64_t kEdges = 1 << 20;
@@ -66,7 +66,7 @@ absl::Status Build(Heap* heap) {
   return (*session)->Detach();
 }
 
-absl::Status Check(Heap* heap) {
+absl::Status Check(PersistentHeap* heap) {
   absl::StatusOr<heapd::NameEntry> entry = heap->Lookup(kName);
   if (!entry.ok()) return entry.status();
   if (entry->type_name != kType) {
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     config.max_size = uint64_t{1} << 30;
     config.owner_uid = getuid();
     config.owner_gid = getgid();
-    auto heap = Heap::Create(dir, config);
+    auto heap = PersistentHeap::Create(dir, config);
     if (!heap.ok()) return Fail(heap.status());
     std::printf("created heap %s; building a graph in it\n", dir.c_str());
     if (absl::Status s = Build(heap->get()); !s.ok()) return Fail(s);
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     std::printf("heap %s exists: attaching without re-ingesting\n", dir.c_str());
   }
   // Reopen as a later job would.
-  auto heap = Heap::Open(dir);
+  auto heap = PersistentHeap::Open(dir);
   if (!heap.ok()) return Fail(heap.status());
   if (absl::Status s = Check(heap->get()); !s.ok()) return Fail(s);
   const heapd::HeapStats stats = (*heap)->Stats();

@@ -17,23 +17,32 @@
 namespace heapd {
 
 absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t max_size,
-                                                              uint64_t size, bool writable) {
+                                                              uint64_t size, bool writable,
+                                                              uint64_t prefix_bytes) {
   if (size > max_size) {
     return absl::InvalidArgumentError(absl::StrCat("cannot map ", size, " bytes in a ",
                                                    max_size, "-byte reservation"));
   }
-  void* reserved = mmap(nullptr, max_size, PROT_NONE,
+  void* reserved = mmap(nullptr, prefix_bytes + max_size, PROT_NONE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) {
-    return ErrnoStatus(errno, absl::StrCat("reserve ", max_size, " bytes of address space"));
+    return ErrnoStatus(errno, absl::StrCat("reserve ", prefix_bytes + max_size,
+                                           " bytes of address space"));
   }
-  std::unique_ptr<HeapMapping> mapping(
-      new HeapMapping(fd, static_cast<char*>(reserved), max_size, writable));
+  if (prefix_bytes != 0 &&
+      mmap(reserved, prefix_bytes, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    const int error = errno;
+    munmap(reserved, prefix_bytes + max_size);
+    return ErrnoStatus(error, "map the heap's per-process header");
+  }
+  std::unique_ptr<HeapMapping> mapping(new HeapMapping(
+      fd, static_cast<char*>(reserved) + prefix_bytes, max_size, prefix_bytes, writable));
   if (absl::Status s = mapping->Extend(size); !s.ok()) return s;
   return mapping;
 }
 
-HeapMapping::~HeapMapping() { munmap(base_, max_size_); }
+HeapMapping::~HeapMapping() { munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_); }
 
 absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
   const int prot = writable_ ? PROT_READ | PROT_WRITE : PROT_READ;

@@ -21,10 +21,13 @@ namespace heapd {
 class HeapMapping {
  public:
   // Maps the first `size` bytes of `fd` in a reservation of `max_size`
-  // bytes; read-only when !writable (stray stores fault).
-  // REQUIRES: size <= max_size; both multiples of the page size.
+  // bytes; read-only when !writable (stray stores fault). With
+  // `prefix_bytes`, that much private read-write memory sits just before
+  // base() (the client keeps its per-process header there).
+  // REQUIRES: size <= max_size; all three multiples of the page size.
   static absl::StatusOr<std::unique_ptr<HeapMapping>> Map(int fd, uint64_t max_size,
-                                                          uint64_t size, bool writable);
+                                                          uint64_t size, bool writable,
+                                                          uint64_t prefix_bytes = 0);
   ~HeapMapping();
   HeapMapping(const HeapMapping&) = delete;
   HeapMapping& operator=(const HeapMapping&) = delete;
@@ -42,13 +45,15 @@ class HeapMapping {
   bool map_sync() const { return map_sync_; }
 
  private:
-  HeapMapping(int fd, char* base, uint64_t max_size, bool writable)
-      : fd_(fd), base_(base), max_size_(max_size), writable_(writable) {}
+  HeapMapping(int fd, char* base, uint64_t max_size, uint64_t prefix_bytes, bool writable)
+      : fd_(fd), base_(base), max_size_(max_size), prefix_bytes_(prefix_bytes),
+        writable_(writable) {}
   absl::Status MapRange(uint64_t begin, uint64_t end);
 
   int fd_;  // not owned
   char* base_;
   uint64_t max_size_;
+  uint64_t prefix_bytes_;
   uint64_t size_ = 0;
   bool writable_;
   bool map_sync_ = false;

@@ -54,6 +54,22 @@ TEST(HeapMappingTest, ReadOnlyMappingFaultsOnWrite) {
   close(ro);
 }
 
+TEST(HeapMappingTest, PrefixIsPrivateMemoryJustBeforeTheBase) {
+  TestDir dir;
+  auto file = DataFile::Create(dir.Sub("data"), 2 * kMiB);
+  ASSERT_TRUE(file.ok());
+  const uint64_t prefix = 4096;
+  auto a = HeapMapping::Map((*file)->fd(), 4 * kMiB, 2 * kMiB, true, prefix);
+  auto b = HeapMapping::Map((*file)->fd(), 4 * kMiB, 2 * kMiB, true, prefix);
+  ASSERT_TRUE(a.ok() && b.ok());
+  (*a)->base()[-1] = 'a';
+  (*b)->base()[-1] = 'b';
+  (*a)->base()[0] = 'x';
+  EXPECT_EQ((*a)->base()[-1], 'a');  // private per mapping
+  EXPECT_EQ((*b)->base()[0], 'x');   // the file is shared
+  ASSERT_TRUE((*a)->Extend(2 * kMiB).ok());
+}
+
 TEST(HeapMappingTest, RejectsASizeBeyondTheReservation) {
   TestDir dir;
   auto file = DataFile::Create(dir.Sub("data"), 2 * kMiB);

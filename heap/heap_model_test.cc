@@ -16,7 +16,7 @@ TEST(HeapModelTest, MillionRandomOperationsMatchTheModel) {
   TestDir dir(ScratchParent());
   HeapConfig config;
   config.max_size = 4096 * kChunkSize;
-  auto heap = Heap::Create(dir.Sub("h"), config);
+  auto heap = PersistentHeap::Create(dir.Sub("h"), config);
   ASSERT_TRUE(heap.ok()) << heap.status();
   auto workload = RandomWorkload::Start(heap->get(), /*seed=*/20261122, /*sessions=*/2,
                                         /*live_target=*/3000);
@@ -34,7 +34,7 @@ TEST(HeapModelTest, MillionRandomOperationsMatchTheModel) {
   const std::vector<NameEntry> names = (*heap)->ListNames("");
   workload->reset();
   heap->reset();
-  auto reopened = Heap::Open(dir.Sub("h"));
+  auto reopened = PersistentHeap::Open(dir.Sub("h"));
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   EXPECT_EQ((*reopened)->Stats().directory.live_objects, before.directory.live_objects);
   EXPECT_EQ((*reopened)->ListNames(""), names);

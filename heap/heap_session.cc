@@ -4,12 +4,12 @@
 
 namespace heapd {
 
-HeapSession::HeapSession(Heap* heap, ClientId client, uint32_t lease_batch)
+HeapSession::HeapSession(PersistentHeap* heap, ClientId client, uint32_t lease_batch)
     : heap_(heap),
       client_(client),
       pool_(this, heap->config().max_size / kChunkSize, lease_batch) {}
 
-absl::StatusOr<std::unique_ptr<HeapSession>> HeapSession::Start(Heap* heap, ClientId client,
+absl::StatusOr<std::unique_ptr<HeapSession>> HeapSession::Start(PersistentHeap* heap, ClientId client,
                                                                 uint32_t lease_batch) {
   if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
   std::unique_ptr<HeapSession> session(new HeapSession(heap, client, lease_batch));

@@ -1,5 +1,5 @@
-// HeapSession: one client's session on a Heap in the same process — a lease
-// pool for small objects, large objects and foreign frees through the Heap,
+// HeapSession: one client's session on a PersistentHeap in the same process — a lease
+// pool for small objects, large objects and foreign frees through the PersistentHeap,
 // and a mapping of the data file. This is the client protocol without the
 // RPCs: the daemon's client library runs the same steps over gRPC. Used by
 // the demo, the crash and model tests and the in-process benchmarks.
@@ -23,7 +23,7 @@ class HeapSession : private LeaseSource {
  public:
   // Starts session `client` on `heap` (which outlives the session) and maps
   // the heap. REQUIRES: client ids are unique among the heap's sessions.
-  static absl::StatusOr<std::unique_ptr<HeapSession>> Start(Heap* heap, ClientId client,
+  static absl::StatusOr<std::unique_ptr<HeapSession>> Start(PersistentHeap* heap, ClientId client,
                                                              uint32_t lease_batch = 4);
 
   // Allocates `size` bytes and returns the object's offset.
@@ -52,11 +52,11 @@ class HeapSession : private LeaseSource {
   const LeasePool& pool() const { return pool_; }
 
  private:
-  HeapSession(Heap* heap, ClientId client, uint32_t lease_batch);
+  HeapSession(PersistentHeap* heap, ClientId client, uint32_t lease_batch);
   absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
                                                       uint32_t count) override;
 
-  Heap* heap_;
+  PersistentHeap* heap_;
   ClientId client_;
   LeasePool pool_;
   std::unique_ptr<HeapMapping> mapping_;

@@ -16,7 +16,7 @@ HeapConfig Config(uint64_t chunks) {
 
 TEST(HeapSessionTest, TwoSessionsShareObjectsThroughTheHeap) {
   TestDir dir;
-  auto heap = Heap::Create(dir.Sub("h"), Config(64));
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(64));
   ASSERT_TRUE(heap.ok());
   auto writer = HeapSession::Start(heap->get(), 1);
   auto reader = HeapSession::Start(heap->get(), 2);
@@ -49,7 +49,7 @@ TEST(HeapSessionTest, TwoSessionsShareObjectsThroughTheHeap) {
 
 TEST(HeapSessionTest, BadFreesAreRejected) {
   TestDir dir;
-  auto heap = Heap::Create(dir.Sub("h"), Config(8));
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(8));
   auto session = HeapSession::Start(heap->get(), 1);
   const uint64_t a = *(*session)->Allocate(64);
   EXPECT_EQ((*session)->Allocate(0).status().code(), absl::StatusCode::kInvalidArgument);

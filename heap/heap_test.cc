@@ -28,12 +28,12 @@ TEST(HeapTest, CreateThenOpenKeepsConfigAndRefusesDuplicates) {
   TestDir dir;
   const std::string path = dir.Sub("h");
   {
-    auto heap = Heap::Create(path, Config(16));
+    auto heap = PersistentHeap::Create(path, Config(16));
     ASSERT_TRUE(heap.ok()) << heap.status();
     EXPECT_EQ((*heap)->epoch(), 0u);
-    EXPECT_EQ(Heap::Create(path, Config(16)).status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(PersistentHeap::Create(path, Config(16)).status().code(), absl::StatusCode::kAlreadyExists);
   }
-  auto heap = Heap::Open(path);
+  auto heap = PersistentHeap::Open(path);
   ASSERT_TRUE(heap.ok()) << heap.status();
   EXPECT_EQ((*heap)->config().max_size, 16 * kChunkSize);
   EXPECT_EQ((*heap)->config().mode, 0640u);
@@ -43,26 +43,26 @@ TEST(HeapTest, CreateThenOpenKeepsConfigAndRefusesDuplicates) {
 
 TEST(HeapTest, BadConfigIsInvalidArgument) {
   TestDir dir;
-  EXPECT_EQ(Heap::Create(dir.Sub("a"), Config(0)).status().code(),
+  EXPECT_EQ(PersistentHeap::Create(dir.Sub("a"), Config(0)).status().code(),
             absl::StatusCode::kInvalidArgument);
   HeapConfig odd = Config(4);
   odd.max_size += 4096;
-  EXPECT_EQ(Heap::Create(dir.Sub("b"), odd).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PersistentHeap::Create(dir.Sub("b"), odd).status().code(), absl::StatusCode::kInvalidArgument);
   HeapConfig mode = Config(4);
   mode.mode = 01777;
-  EXPECT_EQ(Heap::Create(dir.Sub("c"), mode).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Heap::Open(dir.Sub("missing")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(PersistentHeap::Create(dir.Sub("c"), mode).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PersistentHeap::Open(dir.Sub("missing")).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(HeapTest, SecondOpenIsRefusedWhileLocked) {
   TestDir dir;
-  auto heap = Heap::Create(dir.Sub("h"), Config(4));
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(4));
   ASSERT_TRUE(heap.ok());
-  auto second = Heap::Open(dir.Sub("h"));
+  auto second = PersistentHeap::Open(dir.Sub("h"));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(second.status().message().find("open in another process"), std::string::npos);
   heap->reset();
-  EXPECT_TRUE(Heap::Open(dir.Sub("h")).ok());
+  EXPECT_TRUE(PersistentHeap::Open(dir.Sub("h")).ok());
 }
 
 TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
@@ -70,7 +70,7 @@ TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
   const std::string path = dir.Sub("h");
   uint64_t kept = 0, lost = 0, big = 0;
   {
-    auto heap = Heap::Create(path, Config(64));
+    auto heap = PersistentHeap::Create(path, Config(64));
     ASSERT_TRUE(heap.ok());
     auto session = HeapSession::Start(heap->get(), 1);
     ASSERT_TRUE(session.ok());
@@ -84,7 +84,7 @@ TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
     ASSERT_TRUE((*heap)->Bind(1, Name("late", lost, 100)).ok());
     // No sync: the heap closes as if the daemon crashed.
   }
-  auto heap = Heap::Open(path);
+  auto heap = PersistentHeap::Open(path);
   ASSERT_TRUE(heap.ok()) << heap.status();
   EXPECT_EQ((*heap)->epoch(), 1u);
   absl::StatusOr<NameEntry> root = (*heap)->Lookup("root");
@@ -105,7 +105,7 @@ TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
 
 TEST(HeapTest, NamesPinObjectsAndValidateInput) {
   TestDir dir;
-  auto heap = Heap::Create(dir.Sub("h"), Config(16));
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(16));
   ASSERT_TRUE(heap.ok());
   auto session = HeapSession::Start(heap->get(), 1);
   const uint64_t object = *(*session)->Allocate(64);
@@ -136,7 +136,7 @@ TEST(HeapTest, NamesPinObjectsAndValidateInput) {
 
 TEST(HeapTest, FullHeapIsResourceExhaustedAndStillUsable) {
   TestDir dir;
-  auto heap = Heap::Create(dir.Sub("h"), Config(4));
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(4));
   ASSERT_TRUE(heap.ok());
   auto session = HeapSession::Start(heap->get(), 1);
   ASSERT_TRUE((*session)->Allocate(3 * kChunkSize).ok());
@@ -155,7 +155,7 @@ TEST(HeapTest, FullHeapIsResourceExhaustedAndStillUsable) {
 
 TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
   TestDir dir;
-  auto heap = Heap::Create(dir.Sub("h"), Config(32));
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(32));
   ASSERT_TRUE(heap.ok());
   auto dead = HeapSession::Start(heap->get(), 7);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE((*dead)->Allocate(48).ok());
@@ -180,13 +180,13 @@ TEST(HeapTest, ShortDataFileIsDataLoss) {
   TestDir dir;
   const std::string path = dir.Sub("h");
   {
-    auto heap = Heap::Create(path, Config(32));
+    auto heap = PersistentHeap::Create(path, Config(32));
     auto session = HeapSession::Start(heap->get(), 1);
     ASSERT_TRUE((*session)->Allocate(20 * kChunkSize).ok());
     ASSERT_TRUE((*session)->Sync().ok());
   }
   ASSERT_EQ(truncate((path + "/data").c_str(), 4 * kChunkSize), 0);
-  auto heap = Heap::Open(path);
+  auto heap = PersistentHeap::Open(path);
   EXPECT_EQ(heap.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(heap.status().message().find(path + "/data"), std::string::npos);
 }
@@ -196,7 +196,7 @@ TEST(HeapTest, ManySyncsRollIntoCheckpointsAndReopen) {
   const std::string path = dir.Sub("h");
   std::vector<uint64_t> live;
   {
-    auto heap = Heap::Create(path, Config(256));
+    auto heap = PersistentHeap::Create(path, Config(256));
     auto session = HeapSession::Start(heap->get(), 1);
     // Each sync writes a 4 KiB bitmap; enough syncs to pass the 8 MiB
     // checkpoint threshold at least once.
@@ -206,7 +206,7 @@ TEST(HeapTest, ManySyncsRollIntoCheckpointsAndReopen) {
     }
     EXPECT_LT((*heap)->Stats().metadata_log_bytes, 9u << 20);
   }
-  auto heap = Heap::Open(path);
+  auto heap = PersistentHeap::Open(path);
   ASSERT_TRUE(heap.ok()) << heap.status();
   EXPECT_EQ((*heap)->epoch(), 3000u);
   EXPECT_EQ((*heap)->Stats().directory.live_objects, 3000u);

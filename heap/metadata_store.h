@@ -9,7 +9,7 @@
 // a torn record at the log's end (a crash inside a sync) is cut off, so the
 // heap opens at the last completed sync. Corruption anywhere else is
 // DATA_LOSS naming the file.
-// Not thread-safe: the owning Heap serializes calls.
+// Not thread-safe: the owning PersistentHeap serializes calls.
 #ifndef HEAPD_HEAP_METADATA_STORE_H_
 #define HEAPD_HEAP_METADATA_STORE_H_
 

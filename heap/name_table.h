@@ -3,7 +3,7 @@
 // persisted epoch so a sync writes only those.
 //
 // Names are 1..255 bytes without control characters; type names likewise.
-// Not thread-safe: the owning Heap serializes calls.
+// Not thread-safe: the owning PersistentHeap serializes calls.
 #ifndef HEAPD_HEAP_NAME_TABLE_H_
 #define HEAPD_HEAP_NAME_TABLE_H_
 

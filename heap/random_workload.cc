@@ -22,7 +22,7 @@ uint64_t RandomWorkload::Tag(const std::string& name) {
   return std::hash<std::string>()(name) | 1;
 }
 
-absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(Heap* heap, uint64_t seed,
+absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(PersistentHeap* heap, uint64_t seed,
                                                                       int sessions,
                                                                       size_t live_target,
                                                                       int syncs_per_mille) {

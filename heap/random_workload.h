@@ -24,7 +24,7 @@ class RandomWorkload {
   // Starts `sessions` sessions (client ids 1..sessions) on `heap`, which
   // outlives the workload. `live_target` is about how many objects stay
   // live; `syncs_per_mille` is how often a step syncs every session.
-  static absl::StatusOr<std::unique_ptr<RandomWorkload>> Start(Heap* heap, uint64_t seed,
+  static absl::StatusOr<std::unique_ptr<RandomWorkload>> Start(PersistentHeap* heap, uint64_t seed,
                                                                int sessions,
                                                                size_t live_target,
                                                                int syncs_per_mille = 5);
@@ -57,7 +57,7 @@ class RandomWorkload {
     uint64_t tag;  // the first word the workload last wrote (size >= 8)
   };
 
-  RandomWorkload(Heap* heap, uint64_t seed, size_t live_target, int syncs_per_mille)
+  RandomWorkload(PersistentHeap* heap, uint64_t seed, size_t live_target, int syncs_per_mille)
       : heap_(heap), rng_(seed), live_target_(live_target), syncs_per_mille_(syncs_per_mille) {}
 
   absl::Status Allocate(int s);
@@ -70,7 +70,7 @@ class RandomWorkload {
   std::map<uint64_t, Object>::iterator RandomObject();
   bool LeasedBy(int s, uint64_t offset) const;
 
-  Heap* heap_;
+  PersistentHeap* heap_;
   std::mt19937_64 rng_;
   size_t live_target_;
   int syncs_per_mille_;

@@ -1,0 +1,134 @@
+#include "daemon/fd_server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "daemon/unix_listener.h"
+#include "spdlog/spdlog.h"
+
+namespace heapd {
+namespace {
+
+constexpr absl::Duration kTokenWait = absl::Seconds(10);
+
+void SendError(int fd, const std::string& message) {
+  const std::string reply = "E" + message;
+  send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+}
+
+bool SendFd(int socket, int fd) {
+  char status = 'K';
+  iovec iov{&status, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &iov;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof(control);
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+  return sendmsg(socket, &message, MSG_NOSIGNAL) == 1;
+}
+
+}  // namespace
+
+FdServer::FdServer(int listen_fd, Callbacks callbacks)
+    : listen_fd_(listen_fd),
+      wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      callbacks_(std::move(callbacks)),
+      thread_([this] { Run(); }) {}
+
+FdServer::~FdServer() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+  for (const auto& [fd, connection] : connections_) close(fd);
+  close(wake_fd_);
+  close(listen_fd_);
+}
+
+void FdServer::Run() {
+  std::vector<pollfd> polled;
+  absl::Time last_tick = absl::Now();
+  for (;;) {
+    polled.clear();
+    polled.push_back({wake_fd_, POLLIN, 0});
+    polled.push_back({listen_fd_, POLLIN, 0});
+    for (const auto& [fd, connection] : connections_) polled.push_back({fd, POLLIN, 0});
+    const int ready = poll(polled.data(), polled.size(), 1000);
+    if (ready < 0 && errno != EINTR) {
+      spdlog::error("poll on the fd socket failed: {}", std::strerror(errno));
+      return;
+    }
+    if (polled[0].revents != 0) return;  // stopping
+    if (polled[1].revents != 0) AcceptAll();
+    const absl::Time now = absl::Now();
+    for (size_t i = 2; i < polled.size(); ++i) {
+      const int fd = polled[i].fd;
+      Connection& connection = connections_.at(fd);
+      bool keep = true;
+      if (polled[i].revents != 0) {
+        keep = OnReadable(fd, connection);
+      } else if (connection.session == 0 && now - connection.accepted > kTokenWait) {
+        SendError(fd, "no token within the time allowed");
+        keep = false;
+      }
+      if (keep) continue;
+      const ClientId session = connection.session;
+      close(fd);
+      connections_.erase(fd);
+      if (session != 0) callbacks_.closed(session);
+    }
+    if (now - last_tick >= absl::Seconds(1)) {
+      last_tick = now;
+      callbacks_.tick();
+    }
+  }
+}
+
+void FdServer::AcceptAll() {
+  for (;;) {
+    const int fd = AcceptUnix(listen_fd_);
+    if (fd < 0) return;
+    absl::StatusOr<Caller> caller = PeerOf(fd);
+    if (!caller.ok()) {
+      close(fd);
+      continue;
+    }
+    connections_[fd] = Connection{*caller, absl::Now(), "", 0};
+  }
+}
+
+bool FdServer::OnReadable(int fd, Connection& connection) {
+  char buffer[kTokenLength];
+  const size_t want = connection.session == 0 ? kTokenLength - connection.token.size()
+                                              : sizeof(buffer);
+  const ssize_t n = recv(fd, buffer, want, 0);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n <= 0) return false;  // closed: the session ends
+  if (connection.session != 0) return false;  // nothing more is expected
+  connection.token.append(buffer, static_cast<size_t>(n));
+  if (connection.token.size() < kTokenLength) return true;
+  absl::StatusOr<Grant> grant = callbacks_.redeem(connection.token, connection.caller);
+  if (!grant.ok()) {
+    spdlog::warn("fd socket: refused a token from {}: {}", connection.caller.ToString(),
+                 grant.status().ToString());
+    SendError(fd, std::string(grant.status().message()));
+    return false;
+  }
+  const bool sent = SendFd(fd, grant->fd);
+  close(grant->fd);
+  connection.session = grant->session;
+  return sent;  // if the client is gone already, its session ends now
+}
+
+}  // namespace heapd

@@ -1,0 +1,70 @@
+// FdServer: the heapd.fd.sock endpoint. A client that attached sends its
+// one-time token (kTokenLength bytes); the server answers with one status
+// byte — 'K' with the heap's data fd attached (SCM_RIGHTS), or 'E' followed
+// by the error text, after which it closes the connection. A connection that
+// got its fd stays open for the session: when the client closes it (or
+// dies), the server reports the session closed.
+//
+// One thread polls the listening socket and every connection; connections
+// that send no token within kTokenWait are dropped. Callbacks run on that
+// thread.
+#ifndef HEAPD_DAEMON_FD_SERVER_H_
+#define HEAPD_DAEMON_FD_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "allocator/lease_types.h"
+#include "daemon/caller.h"
+
+namespace heapd {
+
+inline constexpr size_t kTokenLength = 32;
+
+class FdServer {
+ public:
+  struct Grant {
+    ClientId session = 0;
+    int fd = -1;  // sent, then closed by the server
+  };
+  struct Callbacks {
+    std::function<absl::StatusOr<Grant>(const std::string& token, const Caller& caller)> redeem;
+    std::function<void(ClientId session)> closed;
+    std::function<void()> tick;  // about once a second
+  };
+
+  // Takes ownership of `listen_fd`.
+  FdServer(int listen_fd, Callbacks callbacks);
+  ~FdServer();  // stops the thread and closes every connection
+
+  FdServer(const FdServer&) = delete;
+  FdServer& operator=(const FdServer&) = delete;
+
+ private:
+  struct Connection {
+    Caller caller;
+    absl::Time accepted;
+    std::string token;       // bytes received so far
+    ClientId session = 0;    // set once the fd was sent
+  };
+
+  void Run();
+  void AcceptAll();
+  // Handles readable `fd`; returns false when the connection is to be closed.
+  bool OnReadable(int fd, Connection& connection);
+
+  const int listen_fd_;
+  const int wake_fd_;
+  Callbacks callbacks_;
+  std::map<int, Connection> connections_;  // owned by the thread
+  std::thread thread_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_DAEMON_FD_SERVER_H_

@@ -1,0 +1,54 @@
+// GrpcListener: serves gRPC on heapd.sock with caller credentials. It
+// accepts connections itself, records each one's SO_PEERCRED under its fd
+// number, and hands the fd to the gRPC server (AddInsecureChannelFromFd).
+// In a handler, ServerContext::peer() is "fd:N"; CallerOf maps it back.
+//
+// fd numbers are reused after gRPC closes a connection: the entry is
+// overwritten at the next accept of that number, before gRPC sees the fd,
+// so a lookup always finds the connection's own peer.
+#ifndef HEAPD_DAEMON_GRPC_LISTENER_H_
+#define HEAPD_DAEMON_GRPC_LISTENER_H_
+
+#include <map>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/caller.h"
+#include "grpcpp/server.h"
+
+namespace heapd {
+
+class GrpcListener {
+ public:
+  // Takes ownership of `listen_fd`; `server` is started and outlives this.
+  GrpcListener(int listen_fd, grpc::Server* server);
+  ~GrpcListener();
+
+  // Stops accepting connections; CallerOf keeps working for the accepted
+  // ones (in-flight calls finish after this).
+  void StopAccepting();
+
+  GrpcListener(const GrpcListener&) = delete;
+  GrpcListener& operator=(const GrpcListener&) = delete;
+
+  // The credentials of the connection `peer` (ServerContext::peer()).
+  // UNAUTHENTICATED if it is not one this listener accepted.
+  absl::StatusOr<Caller> CallerOf(const std::string& peer) const;
+
+ private:
+  void Run();
+
+  const int listen_fd_;
+  const int wake_fd_;
+  bool stopped_ = false;
+  grpc::Server* const server_;
+  mutable absl::Mutex mu_;
+  std::map<int, Caller> callers_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_DAEMON_GRPC_LISTENER_H_

@@ -1,0 +1,211 @@
+// heapd: the node-local daemon. Serves every heap under --state_dir over
+// gRPC on RUNTIME_DIR/heapd.sock and passes data fds on
+// RUNTIME_DIR/heapd.fd.sock. SIGTERM or SIGINT: stop accepting, finish
+// in-flight calls (5 s at most), sync every heap, exit 0.
+#include <grp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
+#include "daemon/default_paths.h"
+#include "daemon/fd_server.h"
+#include "daemon/grpc_listener.h"
+#include "daemon/health_service.h"
+#include "daemon/heap_registry.h"
+#include "daemon/heapd_service.h"
+#include "daemon/metrics.h"
+#include "daemon/session_table.h"
+#include "daemon/unix_listener.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/server_builder.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, state_dir, "",
+          "directory of the heaps (default: /var/lib/heapd for root, else "
+          "$XDG_STATE_HOME/heapd or ~/.local/state/heapd)");
+ABSL_FLAG(std::string, runtime_dir, "",
+          "directory of heapd.sock and heapd.fd.sock (default: /run/heapd for root, else "
+          "$XDG_RUNTIME_DIR/heapd or /tmp/heapd-UID)");
+ABSL_FLAG(std::string, metrics_address, "",
+          "HOST:PORT for Prometheus metrics over HTTP (empty: no metrics endpoint)");
+ABSL_FLAG(std::string, admin_group, "",
+          "group (name or gid) whose members may administer every heap, besides root");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
+ABSL_FLAG(uint64_t, default_max_size, uint64_t{16} << 30,
+          "maximum size in bytes of a heap created without one");
+ABSL_FLAG(int, attach_token_seconds, 10,
+          "how long a client has to fetch the heap's fd after Attach");
+
+namespace heapd {
+namespace {
+
+absl::StatusOr<std::optional<uint32_t>> ResolveGroup(const std::string& group) {
+  if (group.empty()) return std::optional<uint32_t>();
+  uint32_t gid;
+  if (absl::SimpleAtoi(group, &gid)) return std::optional<uint32_t>(gid);
+  const struct group* entry = getgrnam(group.c_str());
+  if (entry == nullptr) return absl::NotFoundError("--admin_group: no group named " + group);
+  return std::optional<uint32_t>(entry->gr_gid);
+}
+
+// Sends `state` to systemd's $NOTIFY_SOCKET, if set.
+void NotifySystemd(const char* state) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (path == nullptr || path[0] == '\0') return;
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const size_t length = std::strlen(path);
+  if (length >= sizeof(address.sun_path)) return;
+  std::memcpy(address.sun_path, path, length);
+  if (address.sun_path[0] == '@') address.sun_path[0] = '\0';  // abstract namespace
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sendto(fd, state, std::strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&address),
+         static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + length));
+  close(fd);
+}
+
+int Run() {
+  const std::string state_dir =
+      absl::GetFlag(FLAGS_state_dir).empty() ? DefaultStateDir() : absl::GetFlag(FLAGS_state_dir);
+  const std::string runtime_dir = absl::GetFlag(FLAGS_runtime_dir).empty()
+                                      ? DefaultRuntimeDir()
+                                      : absl::GetFlag(FLAGS_runtime_dir);
+  absl::StatusOr<std::optional<uint32_t>> admin_gid = ResolveGroup(absl::GetFlag(FLAGS_admin_group));
+  if (!admin_gid.ok()) {
+    spdlog::critical("{}", admin_gid.status().ToString());
+    return 2;
+  }
+  std::error_code error;
+  std::filesystem::create_directories(runtime_dir, error);
+  if (error) {
+    spdlog::critical("cannot create runtime directory {}: {}", runtime_dir, error.message());
+    return 1;
+  }
+  chmod(runtime_dir.c_str(), 0755);  // clients of every user reach the sockets
+
+  // Signals are taken by sigwait below; threads started from here on
+  // inherit the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps = HeapRegistry::Open(state_dir);
+  if (!heaps.ok()) {
+    spdlog::critical("{}", heaps.status().ToString());
+    return 1;
+  }
+  const std::string grpc_path = runtime_dir + "/" + kGrpcSocketName;
+  const std::string fd_path = runtime_dir + "/" + kFdSocketName;
+  absl::StatusOr<int> grpc_fd = ListenUnix(grpc_path);
+  absl::StatusOr<int> fd_fd = grpc_fd.ok() ? ListenUnix(fd_path) : grpc_fd;
+  if (!grpc_fd.ok() || !fd_fd.ok()) {
+    spdlog::critical("{}", (grpc_fd.ok() ? fd_fd : grpc_fd).status().ToString());
+    return 1;
+  }
+  std::unique_ptr<Metrics> metrics;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> started = Metrics::Start(address);
+    if (!started.ok()) {
+      spdlog::critical("{}", started.status().ToString());
+      return 1;
+    }
+    metrics = *std::move(started);
+  }
+
+  SessionTable sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)));
+  std::unique_ptr<GrpcListener> listener;
+  ServiceOptions options;
+  options.admin_gid = *admin_gid;
+  options.default_max_size = absl::GetFlag(FLAGS_default_max_size);
+  HeapdService service(
+      heaps->get(), &sessions,
+      [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);
+  HealthService health;
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  builder.RegisterService(&health);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    spdlog::critical("the gRPC server did not start");
+    return 1;
+  }
+  listener = std::make_unique<GrpcListener>(*grpc_fd, server.get());
+
+  FdServer::Callbacks callbacks;
+  callbacks.redeem = [&sessions](const std::string& token,
+                                 const Caller& caller) -> absl::StatusOr<FdServer::Grant> {
+    absl::StatusOr<std::shared_ptr<Session>> session = sessions.Redeem(token, caller);
+    if (!session.ok()) return session.status();
+    absl::StatusOr<int> fd =
+        (*session)->heap->heap->OpenDataFile(/*writable=*/!(*session)->read_only);
+    if (!fd.ok()) {
+      HeapdService::EndSession(sessions.Take((*session)->id), "its data fd could not be opened");
+      return fd.status();
+    }
+    return FdServer::Grant{(*session)->id, *fd};
+  };
+  callbacks.closed = [&sessions](ClientId id) {
+    if (std::shared_ptr<Session> session = sessions.Take(id)) {
+      HeapdService::EndSession(session, "its fd-socket connection closed without a detach");
+    }
+  };
+  callbacks.tick = [&sessions] {
+    for (const std::shared_ptr<Session>& session : sessions.TakeExpired(absl::Now())) {
+      HeapdService::EndSession(session, "it did not fetch its fd in time");
+    }
+  };
+  auto fd_server = std::make_unique<FdServer>(*fd_fd, std::move(callbacks));
+
+  spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(), state_dir,
+               grpc_path, fd_path);
+  NotifySystemd("READY=1");
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("{}: stopping", strsignal(signal_number));
+  NotifySystemd("STOPPING=1");
+  health.SetShuttingDown();
+  listener->StopAccepting();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  fd_server.reset();
+  unlink(grpc_path.c_str());
+  unlink(fd_path.c_str());
+  const absl::Status synced = (*heaps)->SyncAll();
+  spdlog::info("heapd stopped{}", synced.ok() ? "; every heap synced" : "; a sync failed");
+  return synced.ok() ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace heapd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("heapd: node-local daemon serving persistent heaps");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("heapd"));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  return heapd::Run();
+}

@@ -1,0 +1,570 @@
+#include "daemon/heapd_service.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/size_class.h"
+#include "spdlog/spdlog.h"
+
+namespace heapd {
+namespace {
+
+// Bounds on one request, so a hostile client cannot make the daemon do
+// unbounded work in one call.
+constexpr uint32_t kMaxLeasesPerWant = 64;
+constexpr int kMaxFreesPerCall = 1 << 16;
+constexpr int kMaxLookupsPerAttach = 64;
+constexpr uint64_t kMaxHeapSize = uint64_t{1} << 46;  // 64 TiB of address space
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+v1::BackingKind ToProto(BackingKind kind) {
+  switch (kind) {
+    case BackingKind::kDax:
+      return v1::BACKING_DAX;
+    case BackingKind::kTmpfs:
+      return v1::BACKING_TMPFS;
+    case BackingKind::kFile:
+      return v1::BACKING_FILE;
+  }
+  return v1::BACKING_UNKNOWN;
+}
+
+void ToProto(const NameEntry& entry, v1::NameEntry* out) {
+  out->set_name(entry.name);
+  out->set_offset(entry.offset);
+  out->set_size(entry.size);
+  out->set_type_name(entry.type_name);
+  out->set_owner_uid(entry.owner_uid);
+  out->set_created_unix_ns(entry.created_unix_ns);
+}
+
+void ToProto(const LeaseGrant& grant, v1::LeaseGrant* out) {
+  out->set_chunk(grant.chunk);
+  out->set_size_class(grant.size_class);
+  out->mutable_words()->Add(grant.words.begin(), grant.words.end());
+}
+
+void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out) {
+  out->set_chunk(correction.chunk);
+  out->mutable_freed_slots()->Add(correction.freed_slots.begin(), correction.freed_slots.end());
+  out->mutable_kept_slots()->Add(correction.kept_slots.begin(), correction.kept_slots.end());
+}
+
+std::vector<LeaseReport> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports) {
+  std::vector<LeaseReport> out;
+  out.reserve(reports.size());
+  for (const v1::LeaseReport& report : reports) {
+    out.push_back({report.chunk(), {report.words().begin(), report.words().end()}});
+  }
+  return out;
+}
+
+absl::Status ValidateWants(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants) {
+  if (wants.size() > static_cast<int>(kNumSizeClasses)) {
+    return absl::InvalidArgumentError(absl::StrCat(wants.size(), " lease requests in one call; at most ",
+                                                   kNumSizeClasses));
+  }
+  for (const v1::LeaseWant& want : wants) {
+    if (want.size_class() >= kNumSizeClasses) {
+      return absl::InvalidArgumentError(absl::StrCat("size class ", want.size_class(),
+                                                     " does not exist (0..",
+                                                     kNumSizeClasses - 1, ")"));
+    }
+    if (want.count() == 0 || want.count() > kMaxLeasesPerWant) {
+      return absl::InvalidArgumentError(absl::StrCat("lease count ", want.count(),
+                                                     " is not in 1..", kMaxLeasesPerWant));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Leases what `wants` asks for to `client`.
+absl::Status LeaseAll(PersistentHeap& heap, ClientId client,
+                      const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants,
+                      google::protobuf::RepeatedPtrField<v1::LeaseGrant>* out) {
+  for (const v1::LeaseWant& want : wants) {
+    absl::StatusOr<std::vector<LeaseGrant>> grants =
+        heap.LeaseChunks(client, want.size_class(), want.count());
+    if (!grants.ok()) return grants.status();
+    for (const LeaseGrant& grant : *grants) ToProto(grant, out->Add());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void HeapdService::EndSession(const std::shared_ptr<Session>& session, const char* why) {
+  absl::MutexLock lock(&session->mu);
+  if (session->ended) return;
+  session->ended = true;
+  const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
+  spdlog::info("session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
+               "uncommitted large objects",
+               session->id, session->heap->name, session->caller.ToString(), why,
+               reclaimed.leases, reclaimed.large_runs);
+}
+
+grpc::Status HeapdService::Serve(grpc::ServerContext* context,
+                                 const std::function<absl::Status(const Caller&)>& body) {
+  absl::StatusOr<Caller> caller = caller_of_(context->peer());
+  if (!caller.ok()) return ToGrpc(caller.status());
+  return ToGrpc(body(*caller));
+}
+
+absl::Status HeapdService::OnSession(uint64_t id, const Caller& caller, bool writes,
+                                     const std::function<absl::Status(Session&)>& body) {
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id, caller);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mu);
+  if (s.ended) return absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended"));
+  if (writes && s.read_only) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id, " attached heap ", s.heap->name, " read-only"));
+  }
+  return body(s);
+}
+
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::HeapFor(const std::string& name,
+                                                                  const Caller& caller,
+                                                                  Access access) {
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(name);
+  if (!served.ok()) return served;
+  if (!MayAccess(caller, (*served)->heap->config(), access)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        caller.ToString(), " may not ", access == Access::kWrite ? "write" : "read", " heap ",
+        name));
+  }
+  return served;
+}
+
+void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapInfo* info) const {
+  const HeapConfig& config = served.heap->config();
+  info->set_name(served.name);
+  info->set_max_size(config.max_size);
+  info->set_owner_uid(config.owner_uid);
+  info->set_owner_gid(config.owner_gid);
+  info->set_mode(config.mode);
+  info->set_created_unix_ns(config.created_unix_ns);
+  info->set_clients(static_cast<uint32_t>(sessions_->CountOn(served.name)));
+  if (!with_usage) {
+    info->set_capacity_bytes(served.heap->capacity_bytes());
+    info->set_epoch(served.heap->epoch());
+    return;
+  }
+  const HeapStats stats = served.heap->Stats();
+  info->set_capacity_bytes(stats.capacity_bytes);
+  info->set_epoch(stats.epoch);
+  info->set_backing(ToProto(stats.backing));
+  info->set_allocated_bytes(stats.directory.allocated_bytes);
+  info->set_live_objects(stats.directory.live_objects);
+  info->set_names(static_cast<uint32_t>(stats.names));
+  info->set_last_sync_unix_ns(stats.last_sync_unix_ns);
+}
+
+void HeapdService::FillClient(const Session& session, v1::ClientInfo* info) const {
+  info->set_session(session.id);
+  info->set_heap(session.heap->name);
+  info->set_uid(session.caller.uid);
+  info->set_gid(session.caller.gid);
+  info->set_pid(session.caller.pid);
+  info->set_read_only(session.read_only);
+  info->set_leased_chunks(static_cast<uint32_t>(session.heap->heap->LeaseCount(session.id)));
+  info->set_attached_unix_ns(absl::ToUnixNanos(session.attached));
+  info->set_connected(sessions_->Connected(session.id));
+}
+
+grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
+                                      const v1::CreateHeapRequest* request, v1::HeapInfo* info) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    v1::AttachRequest as_attach;
+    as_attach.set_heap(request->name());
+    as_attach.set_create_max_size(request->max_size());
+    as_attach.set_create_mode(request->mode());
+    if (absl::Status s = ValidateHeapName(request->name()); !s.ok()) return s;
+    if (heaps_->Get(request->name()).ok()) {
+      return absl::AlreadyExistsError(absl::StrCat("heap ", request->name(), " already exists"));
+    }
+    as_attach.set_create_if_missing(true);
+    bool created = false;
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served = GetOrCreate(as_attach, caller, &created);
+    if (!served.ok()) return served.status();
+    if (!created) {
+      return absl::AlreadyExistsError(absl::StrCat("heap ", request->name(), " already exists"));
+    }
+    FillInfo(**served, /*with_usage=*/true, info);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::GetOrCreate(
+    const v1::AttachRequest& request, const Caller& caller, bool* created) {
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request.heap());
+  if (served.ok() || served.status().code() != absl::StatusCode::kNotFound ||
+      !request.create_if_missing()) {
+    return served;
+  }
+  uint64_t max_size = request.create_max_size() == 0 ? options_.default_max_size
+                                                     : request.create_max_size();
+  if (max_size > kMaxHeapSize) {
+    return absl::InvalidArgumentError(absl::StrCat("heap maximum size ", max_size,
+                                                   " is above the limit of ", kMaxHeapSize));
+  }
+  max_size = (max_size + kChunkSize - 1) / kChunkSize * kChunkSize;
+  HeapConfig config;
+  config.max_size = max_size;
+  config.owner_uid = caller.uid;
+  config.owner_gid = caller.gid;
+  config.mode = request.create_mode() == 0 ? 0600 : request.create_mode();
+  served = heaps_->Create(request.heap(), config);
+  if (served.ok()) {
+    *created = true;
+    spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}", request.heap(),
+                 caller.ToString(), max_size, config.mode);
+  } else if (served.status().code() == absl::StatusCode::kAlreadyExists) {
+    return heaps_->Get(request.heap());  // another caller created it first
+  }
+  return served;
+}
+
+grpc::Status HeapdService::ListHeaps(grpc::ServerContext* context,
+                                     const v1::ListHeapsRequest* request,
+                                     v1::ListHeapsResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    for (const std::shared_ptr<ServedHeap>& served : heaps_->List()) {
+      if (!MayAccess(caller, served->heap->config(), Access::kRead) && !IsAdmin(caller)) continue;
+      FillInfo(*served, /*with_usage=*/true, response->add_heaps());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
+                                    const v1::StatHeapRequest* request, v1::HeapStats* stats) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+        HeapFor(request->heap(), caller, Access::kRead);
+    if (!served.ok()) return served.status();
+    FillInfo(**served, /*with_usage=*/true, stats->mutable_info());
+    const HeapStats heap = (*served)->heap->Stats();
+    const DirectoryStats& d = heap.directory;
+    stats->set_capacity_chunks(d.capacity_chunks);
+    stats->set_free_chunks(d.free_chunks);
+    stats->set_small_chunks(d.small_chunks);
+    stats->set_leased_chunks(d.leased_chunks);
+    stats->set_large_chunks(d.large_chunks);
+    stats->set_large_objects(d.large_objects);
+    stats->set_metadata_log_bytes(heap.metadata_log_bytes);
+    for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
+      if (d.by_class[c].chunks == 0) continue;
+      v1::SizeClassStats* out = stats->add_size_classes();
+      out->set_size_class(c);
+      out->set_slot_size(ClassSize(c));
+      out->set_chunks(d.by_class[c].chunks);
+      out->set_live_objects(d.by_class[c].live_objects);
+    }
+    for (const std::shared_ptr<Session>& session : sessions_->List()) {
+      if (session->heap == *served) FillClient(*session, stats->add_clients());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
+                                      const v1::RemoveHeapRequest* request,
+                                      v1::RemoveHeapResponse*) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    absl::MutexLock lock(&attach_mu_);
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
+    if (served.ok() && (*served)->heap->config().owner_uid != caller.uid && !IsAdmin(caller)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller.ToString(), " may not remove heap ", request->heap(), " of uid ",
+          (*served)->heap->config().owner_uid, " (only its owner or an admin may)"));
+    }
+    if (!served.ok() && !IsAdmin(caller)) return served.status();  // broken: admins only
+    if (const size_t clients = sessions_->CountOn(request->heap()); clients != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", request->heap(), " has ", clients, " clients attached; detach them first"));
+    }
+    served = absl::NotFoundError("released");  // drop our reference before closing it
+    if (absl::Status s = heaps_->Remove(request->heap()); !s.ok()) return s;
+    spdlog::info("heap {} removed by {}", request->heap(), caller.ToString());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
+                                  v1::AttachResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
+    if (absl::Status s = ValidateWants(request->leases()); !s.ok()) return s;
+    if (request->read_only() && request->leases_size() != 0) {
+      return absl::InvalidArgumentError("a read-only attach cannot lease chunks");
+    }
+    if (request->lookup_size() > kMaxLookupsPerAttach) {
+      return absl::InvalidArgumentError(absl::StrCat(request->lookup_size(),
+                                                     " names to look up; at most ",
+                                                     kMaxLookupsPerAttach));
+    }
+    for (const std::string& name : request->lookup()) {
+      if (absl::Status s = ValidateName(name); !s.ok()) return s;
+    }
+    absl::MutexLock lock(&attach_mu_);
+    bool created = false;
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served = GetOrCreate(*request, caller, &created);
+    if (!served.ok()) return served.status();
+    const Access access = request->read_only() ? Access::kRead : Access::kWrite;
+    if (!MayAccess(caller, (*served)->heap->config(), access)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller.ToString(), " may not attach heap ", request->heap(),
+          request->read_only() ? " read-only" : " read-write", " (owner uid ",
+          (*served)->heap->config().owner_uid, ", mode 0",
+          absl::Hex((*served)->heap->config().mode), ")"));
+    }
+    SessionTable::Started started = sessions_->Start(*served, caller, request->read_only());
+    PersistentHeap& heap = *(*served)->heap;
+    if (absl::Status s = LeaseAll(heap, started.session->id, request->leases(),
+                                  response->mutable_grants());
+        !s.ok()) {
+      EndSession(sessions_->Take(started.session->id), "its attach failed");
+      return s;
+    }
+    for (const std::string& name : request->lookup()) {
+      if (absl::StatusOr<NameEntry> entry = heap.Lookup(name); entry.ok()) {
+        ToProto(*entry, response->add_found());
+      }
+    }
+    response->set_session(started.session->id);
+    response->set_fd_token(started.token);
+    response->set_created(created);
+    FillInfo(**served, /*with_usage=*/false, response->mutable_heap());
+    spdlog::info("session {} attached heap {} {} ({})", started.session->id, request->heap(),
+                 request->read_only() ? "read-only" : "read-write", caller.ToString());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
+                                  v1::DetachResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Session>> found = sessions_->Get(request->session(), caller);
+    if (!found.ok()) return found.status();
+    std::shared_ptr<Session> session = sessions_->Take(request->session());
+    if (session == nullptr) {
+      return absl::NotFoundError(absl::StrCat("session ", request->session(), " already ended"));
+    }
+    absl::MutexLock lock(&session->mu);
+    if (session->ended) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", request->session(), " has ended"));
+    }
+    session->ended = true;
+    PersistentHeap& heap = *session->heap->heap;
+    if (session->read_only) {
+      spdlog::info("session {} detached heap {} ({})", session->id, session->heap->name,
+                   caller.ToString());
+      response->set_epoch(heap.epoch());
+      return absl::OkStatus();
+    }
+    absl::StatusOr<SyncResult> result = heap.Detach(session->id, FromProto(request->reports()));
+    if (!result.ok()) {
+      const ReclaimResult reclaimed = heap.Reclaim(session->id);
+      spdlog::warn("session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
+                   "last sync",
+                   session->id, session->heap->name, result.status().ToString(),
+                   reclaimed.leases);
+      return absl::Status(result.status().code(),
+                          absl::StrCat(result.status().message(), "; session ", session->id,
+                                       " ended with its leases at their last sync"));
+    }
+    response->set_epoch(result->epoch);
+    spdlog::info("session {} detached heap {} at epoch {} ({})", session->id,
+                 session->heap->name, result->epoch, caller.ToString());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::ListClients(grpc::ServerContext* context,
+                                       const v1::ListClientsRequest* request,
+                                       v1::ListClientsResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    if (!request->heap().empty()) {
+      if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
+    }
+    const bool admin = IsAdmin(caller);
+    for (const std::shared_ptr<Session>& session : sessions_->List()) {
+      if (!request->heap().empty() && session->heap->name != request->heap()) continue;
+      if (!admin && session->caller.uid != caller.uid) continue;  // others' are admin-only
+      FillClient(*session, response->add_clients());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
+                                       const v1::LeaseChunksRequest* request,
+                                       v1::LeaseChunksResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    if (absl::Status s = ValidateWants(request->wants()); !s.ok()) return s;
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      PersistentHeap& heap = *session.heap->heap;
+      absl::Status status = LeaseAll(heap, session.id, request->wants(), response->mutable_grants());
+      if (!status.ok() && response->grants_size() != 0) {
+        // Give back what the earlier wants got: the call changes nothing.
+        std::vector<LeaseReport> back;
+        for (const v1::LeaseGrant& grant : response->grants()) {
+          back.push_back({grant.chunk(), {grant.words().begin(), grant.words().end()}});
+        }
+        (void)heap.ReturnLeases(session.id, back);
+        response->clear_grants();
+      }
+      response->set_capacity_bytes(heap.capacity_bytes());
+      return status;
+    });
+  });
+}
+
+grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
+                                        const v1::ReturnChunksRequest* request,
+                                        v1::ReturnChunksResponse*) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      return session.heap->heap->ReturnLeases(session.id, FromProto(request->reports()));
+    });
+  });
+}
+
+grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
+                                         const v1::AllocateLargeRequest* request,
+                                         v1::AllocateLargeResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    if (request->size() == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      PersistentHeap& heap = *session.heap->heap;
+      if (request->size() > heap.config().max_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cannot allocate ", request->size(), " bytes in heap ", session.heap->name,
+            " of maximum size ", heap.config().max_size));
+      }
+      absl::StatusOr<uint64_t> offset = heap.AllocateLarge(session.id, request->size());
+      if (!offset.ok()) return offset.status();
+      response->set_offset(*offset);
+      response->set_capacity_bytes(heap.capacity_bytes());
+      return absl::OkStatus();
+    });
+  });
+}
+
+grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequest* request,
+                                v1::FreeResponse*) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    if (request->objects_size() > kMaxFreesPerCall) {
+      return absl::InvalidArgumentError(absl::StrCat(request->objects_size(),
+                                                     " objects in one free; at most ",
+                                                     kMaxFreesPerCall));
+    }
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      std::vector<ObjectRef> objects;
+      objects.reserve(request->objects_size());
+      for (const v1::ObjectRef& object : request->objects()) {
+        objects.push_back({object.offset(), object.size()});
+      }
+      absl::Status status = session.heap->heap->Free(session.id, objects);
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("heap ", session.heap->name, ": ",
+                                                        status.message()));
+      }
+      return status;
+    });
+  });
+}
+
+grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequest* request,
+                                v1::SyncResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      PersistentHeap& heap = *session.heap->heap;
+      absl::StatusOr<SyncResult> result = heap.Sync(session.id, FromProto(request->reports()));
+      if (!result.ok()) return result.status();
+      response->set_epoch(result->epoch);
+      for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
+      response->set_capacity_bytes(heap.capacity_bytes());
+      return absl::OkStatus();
+    });
+  });
+}
+
+grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequest* request,
+                                v1::BindResponse*) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      NameEntry entry;
+      entry.name = request->name();
+      entry.offset = request->offset();
+      entry.size = request->size();
+      entry.type_name = request->type_name();
+      entry.owner_uid = caller.uid;
+      entry.created_unix_ns = absl::ToUnixNanos(absl::Now());
+      absl::Status status = session.heap->heap->Bind(session.id, entry);
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("heap ", session.heap->name, ": ",
+                                                        status.message()));
+      }
+      return status;
+    });
+  });
+}
+
+grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
+                                  const v1::LookupRequest* request, v1::NameEntry* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    if (absl::Status s = ValidateName(request->name()); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+        HeapFor(request->heap(), caller, Access::kRead);
+    if (!served.ok()) return served.status();
+    absl::StatusOr<NameEntry> entry = (*served)->heap->Lookup(request->name());
+    if (!entry.ok()) {
+      return absl::Status(entry.status().code(),
+                          absl::StrCat("heap ", request->heap(), ": ", entry.status().message()));
+    }
+    ToProto(*entry, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
+                                  const v1::UnbindRequest* request, v1::NameEntry* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
+      absl::StatusOr<NameEntry> entry = session.heap->heap->Unbind(request->name());
+      if (!entry.ok()) {
+        return absl::Status(entry.status().code(), absl::StrCat("heap ", session.heap->name,
+                                                                ": ", entry.status().message()));
+      }
+      ToProto(*entry, response);
+      return absl::OkStatus();
+    });
+  });
+}
+
+grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
+                                     const v1::ListNamesRequest* request,
+                                     v1::ListNamesResponse* response) {
+  return Serve(context, [&](const Caller& caller) -> absl::Status {
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+        HeapFor(request->heap(), caller, Access::kRead);
+    if (!served.ok()) return served.status();
+    for (const NameEntry& entry : (*served)->heap->ListNames(request->prefix(), request->limit())) {
+      ToProto(entry, response->add_names());
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace heapd

@@ -1,0 +1,97 @@
+// HeapdService: the heapd.v1.Heapd gRPC service. Each call learns its
+// caller from the connection (GrpcListener), validates the whole request
+// before it changes anything, checks the caller's permission on the heap
+// and, for session calls, that the session is the caller's and still open.
+#ifndef HEAPD_DAEMON_HEAPD_SERVICE_H_
+#define HEAPD_DAEMON_HEAPD_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/caller.h"
+#include "daemon/heap_registry.h"
+#include "daemon/session_table.h"
+#include "proto/heapd.grpc.pb.h"
+
+namespace heapd {
+
+struct ServiceOptions {
+  std::optional<uint32_t> admin_gid;
+  uint64_t default_max_size = uint64_t{16} << 30;
+};
+
+class HeapdService final : public v1::Heapd::Service {
+ public:
+  using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
+
+  HeapdService(HeapRegistry* heaps, SessionTable* sessions, CallerLookup caller_of,
+               ServiceOptions options)
+      : heaps_(heaps), sessions_(sessions), caller_of_(std::move(caller_of)),
+        options_(options) {}
+
+  // Ends `session`: its leases return at their last reported state and its
+  // uncommitted large objects are freed. `why` goes to the log.
+  static void EndSession(const std::shared_ptr<Session>& session, const char* why);
+
+  grpc::Status CreateHeap(grpc::ServerContext*, const v1::CreateHeapRequest*,
+                          v1::HeapInfo*) override;
+  grpc::Status ListHeaps(grpc::ServerContext*, const v1::ListHeapsRequest*,
+                         v1::ListHeapsResponse*) override;
+  grpc::Status StatHeap(grpc::ServerContext*, const v1::StatHeapRequest*,
+                        v1::HeapStats*) override;
+  grpc::Status RemoveHeap(grpc::ServerContext*, const v1::RemoveHeapRequest*,
+                          v1::RemoveHeapResponse*) override;
+  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*,
+                      v1::AttachResponse*) override;
+  grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*,
+                      v1::DetachResponse*) override;
+  grpc::Status ListClients(grpc::ServerContext*, const v1::ListClientsRequest*,
+                           v1::ListClientsResponse*) override;
+  grpc::Status LeaseChunks(grpc::ServerContext*, const v1::LeaseChunksRequest*,
+                           v1::LeaseChunksResponse*) override;
+  grpc::Status ReturnChunks(grpc::ServerContext*, const v1::ReturnChunksRequest*,
+                            v1::ReturnChunksResponse*) override;
+  grpc::Status AllocateLarge(grpc::ServerContext*, const v1::AllocateLargeRequest*,
+                             v1::AllocateLargeResponse*) override;
+  grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest*, v1::FreeResponse*) override;
+  grpc::Status Sync(grpc::ServerContext*, const v1::SyncRequest*, v1::SyncResponse*) override;
+  grpc::Status Bind(grpc::ServerContext*, const v1::BindRequest*, v1::BindResponse*) override;
+  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*, v1::NameEntry*) override;
+  grpc::Status Unbind(grpc::ServerContext*, const v1::UnbindRequest*, v1::NameEntry*) override;
+  grpc::Status ListNames(grpc::ServerContext*, const v1::ListNamesRequest*,
+                         v1::ListNamesResponse*) override;
+
+ private:
+  // Runs `body` for the caller of `context`; absl errors become gRPC ones.
+  grpc::Status Serve(grpc::ServerContext* context,
+                     const std::function<absl::Status(const Caller&)>& body);
+  // Runs `body` on session `id` of `caller` under the session's lock.
+  // FAILED_PRECONDITION if the session ended, or if it is read-only and
+  // `writes`.
+  absl::Status OnSession(uint64_t id, const Caller& caller, bool writes,
+                         const std::function<absl::Status(Session&)>& body);
+  // Heap `name` if `caller` may `access` it.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name,
+                                                      const Caller& caller, Access access);
+  absl::StatusOr<std::shared_ptr<ServedHeap>> GetOrCreate(const v1::AttachRequest& request,
+                                                          const Caller& caller, bool* created);
+  void FillClient(const Session& session, v1::ClientInfo* info) const;
+  void FillInfo(const ServedHeap& served, bool with_usage, v1::HeapInfo* info) const;
+  bool IsAdmin(const Caller& caller) const { return heapd::IsAdmin(caller, options_.admin_gid); }
+
+  HeapRegistry* const heaps_;
+  SessionTable* const sessions_;
+  const CallerLookup caller_of_;
+  const ServiceOptions options_;
+  // Held by Attach and RemoveHeap: no session starts on a heap being removed.
+  absl::Mutex attach_mu_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_DAEMON_HEAPD_SERVICE_H_
