@@ -1,0 +1,408 @@
+#include "client/heap.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/size_class.h"
+
+namespace heapd {
+namespace {
+
+// Foreign frees sent to the daemon in one call.
+constexpr size_t kFreeBatch = 256;
+// Lease reports per Sync call (a report of a chunk of 8-byte objects is
+// 32 KiB; this keeps a call well under the message limit).
+constexpr size_t kReportsPerSync = 1024;
+
+std::atomic<uint64_t> next_serial{1};
+
+LeaseGrant FromProto(const v1::LeaseGrant& grant) {
+  return {grant.chunk(), grant.size_class(), {grant.words().begin(), grant.words().end()}};
+}
+
+void ToProto(const LeaseReport& report, v1::LeaseReport* out) {
+  out->set_chunk(report.chunk);
+  out->mutable_words()->Add(report.words.begin(), report.words.end());
+}
+
+NameEntry FromProto(const v1::NameEntry& entry) {
+  return {entry.name(),       entry.offset(),    entry.size(),
+          entry.type_name(), entry.owner_uid(), entry.created_unix_ns()};
+}
+
+}  // namespace
+
+// One thread's lease pool. Its owner thread allocates and frees under
+// `lock`; other threads take it to free an object of this cache or to sync.
+struct Heap::ThreadCache final : LeaseSource {
+  ThreadCache(Heap* heap, uint64_t max_chunks, uint32_t lease_batch)
+      : heap(heap), pool(this, max_chunks, lease_batch) {}
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
+                                                      uint32_t count) override {
+    return heap->Lease(this, size_class, count);
+  }
+
+  Heap* const heap;
+  SpinLock lock;
+  LeasePool pool;
+};
+
+Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session,
+           uint32_t lease_batch)
+    : client_(client),
+      name_(std::move(name)),
+      read_only_(read_only),
+      session_(session),
+      lease_batch_(lease_batch == 0 ? 1 : lease_batch),
+      serial_(next_serial.fetch_add(1)) {}
+
+absl::Status Heap::Start(const v1::AttachResponse& attached) {
+  const uint64_t max_size = attached.heap().max_size();
+  absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
+      HeapMapping::Map(data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_,
+                       kProcessHeaderBytes);
+  if (!mapping.ok()) return mapping.status();
+  mapping_ = *std::move(mapping);
+  mapped_bytes_ = mapping_->size();
+  *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
+  const uint64_t max_chunks = max_size / kChunkSize;
+  chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
+  absl::MutexLock lock(&prefetched_mu_);
+  for (const v1::NameEntry& entry : attached.found()) prefetched_[entry.name()] = FromProto(entry);
+  return absl::OkStatus();
+}
+
+Heap::~Heap() {
+  if (!detached_) {
+    if (absl::Status s = detach(); !s.ok()) {
+      std::fprintf(stderr, "heapd: detaching heap %s failed: %s\n", name_.c_str(),
+                   s.ToString().c_str());
+    }
+  }
+  if (fd_connection_ >= 0) close(fd_connection_);
+  if (data_fd_ >= 0) close(data_fd_);
+}
+
+Heap::ThreadCache* Heap::CacheOfThisThread() {
+  struct LastUsed {
+    uint64_t serial = 0;
+    ThreadCache* cache = nullptr;
+  };
+  static thread_local LastUsed last;
+  if (last.serial != serial_) last = {serial_, NewCacheForThisThread()};
+  return last.cache;
+}
+
+Heap::ThreadCache* Heap::NewCacheForThisThread() {
+  absl::MutexLock lock(&caches_mu_);
+  std::unique_ptr<ThreadCache>& cache = caches_[std::this_thread::get_id()];
+  if (cache == nullptr) {
+    cache = std::make_unique<ThreadCache>(this, mapping_->max_size() / kChunkSize, lease_batch_);
+  }
+  return cache.get();
+}
+
+absl::Status Heap::MapUpTo(uint64_t capacity) {
+  if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&mapping_mu_);
+  if (absl::Status s = mapping_->Extend(capacity); !s.ok()) return s;
+  mapped_bytes_.store(mapping_->size(), std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t size_class,
+                                                    uint32_t count) {
+  v1::LeaseChunksRequest request;
+  request.set_session(session_);
+  v1::LeaseWant* want = request.add_wants();
+  want->set_size_class(size_class);
+  want->set_count(count);
+  v1::LeaseChunksResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(client_->stub().LeaseChunks(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
+  std::vector<LeaseGrant> grants;
+  grants.reserve(response.grants_size());
+  for (const v1::LeaseGrant& grant : response.grants()) grants.push_back(FromProto(grant));
+  AdoptGrants(cache, grants);
+  return grants;
+}
+
+void Heap::AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants) {
+  for (const LeaseGrant& grant : grants) {
+    chunk_owner_[grant.chunk].store(cache, std::memory_order_release);
+  }
+}
+
+absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
+  if (read_only_) {
+    return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
+  }
+  if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  if (align == 0 || (align & (align - 1)) != 0 || align > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", align, " is not a power of two up to 4096"));
+  }
+  if (size <= kMaxSmallSize) {
+    uint32_t size_class = SizeClassFor(size);
+    // Slots of a class are aligned to the largest power of two dividing its
+    // size (chunks are 2 MiB aligned).
+    while (size_class < kNumSizeClasses && ClassSize(size_class) % align != 0) ++size_class;
+    if (size_class < kNumSizeClasses) {
+      ThreadCache* cache = CacheOfThisThread();
+      cache->lock.lock();
+      absl::StatusOr<uint64_t> offset = cache->pool.Allocate(size_class);
+      cache->lock.unlock();
+      if (!offset.ok()) return offset.status();
+      return base() + *offset;
+    }
+  }
+  absl::StatusOr<uint64_t> offset = AllocateLarge(size);
+  if (!offset.ok()) return offset.status();
+  return base() + *offset;
+}
+
+absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
+  v1::AllocateLargeRequest request;
+  request.set_session(session_);
+  request.set_size(size);
+  v1::AllocateLargeResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(client_->stub().AllocateLarge(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) {
+    v1::ObjectRef object;
+    object.set_offset(response.offset());
+    (void)FreeRemotely({object});  // the caller never sees it
+    return s;
+  }
+  return response.offset();
+}
+
+absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
+  if (read_only_) {
+    return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
+  }
+  const char* address = static_cast<const char*>(p);
+  if (address < base() || address >= base() + mapped_bytes_.load(std::memory_order_acquire)) {
+    return absl::InvalidArgumentError(absl::StrCat("address 0x", absl::Hex(reinterpret_cast<uintptr_t>(p)), " is not in heap ", name_));
+  }
+  const uint64_t offset = offset_of(p);
+  if (ThreadCache* owner = chunk_owner_[offset >> kChunkShift].load(std::memory_order_acquire)) {
+    owner->lock.lock();
+    const LocalFree result = owner->pool.Free(offset);
+    std::string why;
+    if (result == LocalFree::kNotLive) why = owner->pool.DescribeNotLive(offset);
+    owner->lock.unlock();
+    if (result == LocalFree::kFreed) return absl::OkStatus();
+    if (result == LocalFree::kNotLive) {
+      return absl::InvalidArgumentError(absl::StrCat("heap ", name_, ": ", why));
+    }
+  }
+  v1::ObjectRef object;
+  object.set_offset(offset);
+  object.set_size(size_hint);
+  if (size_hint > kMaxSmallSize) return FreeRemotely({object});
+  absl::MutexLock lock(&frees_mu_);
+  pending_frees_.push_back(object);
+  if (pending_frees_.size() < kFreeBatch) return absl::OkStatus();
+  std::vector<v1::ObjectRef> batch;
+  batch.swap(pending_frees_);
+  return FreeRemotely(std::move(batch));
+}
+
+absl::Status Heap::FreeRemotely(std::vector<v1::ObjectRef> objects) {
+  if (objects.empty()) return absl::OkStatus();
+  auto send = [this](auto begin, auto end) {
+    v1::FreeRequest request;
+    request.set_session(session_);
+    request.mutable_objects()->Add(begin, end);
+    v1::FreeResponse response;
+    grpc::ClientContext context;
+    return FromGrpc(client_->stub().Free(&context, request, &response));
+  };
+  absl::Status status = send(objects.begin(), objects.end());
+  if (status.ok() || objects.size() == 1 ||
+      (status.code() != absl::StatusCode::kInvalidArgument &&
+       status.code() != absl::StatusCode::kFailedPrecondition)) {
+    return status;
+  }
+  // A batch is all or nothing: free the others one by one and report the
+  // first bad one.
+  absl::Status first;
+  for (auto it = objects.begin(); it != objects.end(); ++it) first.Update(send(it, it + 1));
+  return first;
+}
+
+absl::Status Heap::FlushFrees() {
+  std::vector<v1::ObjectRef> batch;
+  {
+    absl::MutexLock lock(&frees_mu_);
+    batch.swap(pending_frees_);
+  }
+  return FreeRemotely(std::move(batch));
+}
+
+absl::Status Heap::SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* response) {
+  size_t sent = 0;
+  do {
+    v1::SyncRequest request;
+    request.set_session(session_);
+    const size_t end = std::min(reports.size(), sent + kReportsPerSync);
+    for (; sent < end; ++sent) ToProto(reports[sent], request.add_reports());
+    v1::SyncResponse part;
+    grpc::ClientContext context;
+    if (absl::Status s = FromGrpc(client_->stub().Sync(&context, request, &part)); !s.ok()) {
+      return s;
+    }
+    response->set_epoch(part.epoch());
+    response->set_capacity_bytes(part.capacity_bytes());
+    for (v1::LeaseCorrection& c : *part.mutable_corrections()) {
+      *response->add_corrections() = std::move(c);
+    }
+  } while (sent < reports.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Heap::sync() {
+  if (read_only_) {
+    return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
+  }
+  if (absl::Status s = mapping_->Flush(); !s.ok()) return s;
+  absl::Status frees = FlushFrees();
+  std::vector<ThreadCache*> caches;
+  {
+    absl::MutexLock lock(&caches_mu_);
+    for (const auto& [thread, cache] : caches_) caches.push_back(cache.get());
+  }
+  std::vector<std::vector<LeaseReport>> by_cache(caches.size());
+  std::vector<LeaseReport> reports;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    caches[i]->lock.lock();
+    by_cache[i] = caches[i]->pool.TakeDirtyReports();
+    caches[i]->lock.unlock();
+    reports.insert(reports.end(), by_cache[i].begin(), by_cache[i].end());
+  }
+  v1::SyncResponse response;
+  if (absl::Status s = SendSync(std::move(reports), &response); !s.ok()) {
+    for (size_t i = 0; i < caches.size(); ++i) {
+      caches[i]->lock.lock();
+      caches[i]->pool.Redirty(by_cache[i]);  // report them at the next sync
+      caches[i]->lock.unlock();
+    }
+    return s;
+  }
+  for (const v1::LeaseCorrection& c : response.corrections()) {
+    ThreadCache* owner = chunk_owner_[c.chunk()].load(std::memory_order_acquire);
+    if (owner == nullptr) continue;
+    const LeaseCorrection correction{c.chunk(),
+                                     {c.freed_slots().begin(), c.freed_slots().end()},
+                                     {c.kept_slots().begin(), c.kept_slots().end()}};
+    owner->lock.lock();
+    owner->pool.ApplyCorrections(absl::MakeConstSpan(&correction, 1));
+    owner->lock.unlock();
+  }
+  if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
+  if (!frees.ok()) return frees;
+  return response.epoch();
+}
+
+absl::Status Heap::detach() {
+  if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
+  detached_ = true;
+  absl::Status status;
+  v1::DetachRequest request;
+  request.set_session(session_);
+  if (!read_only_) {
+    status.Update(mapping_->Flush());
+    status.Update(FlushFrees());
+    absl::MutexLock lock(&caches_mu_);
+    for (const auto& [thread, cache] : caches_) {
+      for (const LeaseReport& report : cache->pool.ReleaseAll()) {
+        ToProto(report, request.add_reports());
+      }
+    }
+  }
+  v1::DetachResponse response;
+  grpc::ClientContext context;
+  status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));
+  mapping_.reset();
+  close(fd_connection_);
+  fd_connection_ = -1;
+  return status;
+}
+
+absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t size,
+                        const std::string& type_name) {
+  v1::BindRequest request;
+  request.set_session(session_);
+  request.set_name(name);
+  request.set_offset(offset_of(object));
+  request.set_size(size);
+  request.set_type_name(type_name);
+  v1::BindResponse response;
+  grpc::ClientContext context;
+  return FromGrpc(client_->stub().Bind(&context, request, &response));
+}
+
+absl::Status Heap::Unbind(const std::string& name) {
+  {
+    absl::MutexLock lock(&prefetched_mu_);
+    prefetched_.erase(name);
+  }
+  v1::UnbindRequest request;
+  request.set_session(session_);
+  request.set_name(name);
+  v1::NameEntry response;
+  grpc::ClientContext context;
+  return FromGrpc(client_->stub().Unbind(&context, request, &response));
+}
+
+absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,
+                                 uint64_t size) {
+  NameEntry entry;
+  bool prefetched = false;
+  {
+    absl::MutexLock lock(&prefetched_mu_);
+    if (auto it = prefetched_.find(name); it != prefetched_.end()) {
+      entry = std::move(it->second);  // as of attach; used once
+      prefetched_.erase(it);
+      prefetched = true;
+    }
+  }
+  if (!prefetched) {
+    v1::LookupRequest request;
+    request.set_heap(name_);
+    request.set_name(name);
+    v1::NameEntry response;
+    grpc::ClientContext context;
+    if (absl::Status s = FromGrpc(client_->stub().Lookup(&context, request, &response)); !s.ok()) {
+      return s;
+    }
+    entry = FromProto(response);
+  }
+  if (entry.type_name != type_name) {
+    return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
+                                                      " binds a ", entry.type_name, ", not a ",
+                                                      type_name));
+  }
+  if (entry.size < size) {
+    return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
+                                                      " binds ", entry.size, " bytes; a ",
+                                                      type_name, " needs ", size));
+  }
+  const uint64_t end = entry.offset + entry.size;
+  if (absl::Status s = MapUpTo((end + kChunkSize - 1) / kChunkSize * kChunkSize); !s.ok()) {
+    return s;
+  }
+  return base() + entry.offset;
+}
+
+}  // namespace heapd

@@ -1,0 +1,214 @@
+// heapd::Heap: one attached heap in this process — mapped at a reserved
+// address range, growing in place, with allocation, named objects and sync.
+//
+// Allocation: each thread carves small objects (up to 1 MiB) out of chunks
+// it leases from the daemon in batches; allocate and deallocate of those
+// make no system call and no RPC. Large objects are one RPC each. Freeing
+// an object of another thread goes to that thread's cache; freeing one in a
+// chunk this process does not lease (another process allocated it) is
+// batched to the daemon, which validates it.
+//
+// Consistency: allocations, frees and names become persistent at sync(),
+// detach() or (for a bound object) construct(); after a crash the heap
+// opens at the last sync. Object contents are written in place and reach
+// the file at sync (msync) at the latest.
+//
+// Thread-safe, except that nothing may run concurrently with detach() or
+// the destructor. A read-only heap is mapped PROT_READ: allocation fails and
+// a stray store faults.
+//
+// Every process maps the heap at its own address: link objects with offset
+// pointers (boost::interprocess::offset_ptr, as heapd::allocator does).
+#ifndef HEAPD_CLIENT_HEAP_H_
+#define HEAPD_CLIENT_HEAP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/lease_pool.h"
+#include "client/client.h"
+#include "client/spin_lock.h"
+#include "client/type_name.h"
+#include "heap/heap_mapping.h"
+#include "heap/name_table.h"
+
+namespace heapd {
+
+// Lives in private memory just before the mapped heap, at the same distance
+// from every object in every process: a heapd::allocator stored in the heap
+// reaches its process's Heap through it with an offset pointer.
+struct ProcessHeader {
+  static constexpr uint64_t kMagic = 0x6865617064504831;  // "heapdPH1"
+  uint64_t magic;
+  class Heap* heap;
+};
+inline constexpr uint64_t kProcessHeaderBytes = 4096;
+
+class Heap {
+ public:
+  ~Heap();  // detaches if detach() was not called; errors go to stderr
+  Heap(const Heap&) = delete;
+  Heap& operator=(const Heap&) = delete;
+
+  // Allocates `size` bytes aligned to `align` (a power of two up to 4096).
+  // RESOURCE_EXHAUSTED when the heap or its file system is full,
+  // FAILED_PRECONDITION on a read-only heap.
+  absl::StatusOr<void*> allocate(uint64_t size, uint64_t align = 8);
+
+  // Frees the object at `p`. INVALID_ARGUMENT if `p` is not in the heap or
+  // (for objects of this process) not a live object; frees of other
+  // processes' objects are validated by the daemon when the batch is sent,
+  // and their errors are returned by that call (or by sync()). `size_hint`
+  // (0: unknown) lets objects above 1 MiB go to the daemon at once.
+  absl::Status deallocate(void* p, uint64_t size_hint = 0);
+
+  // construct<T>(name)(args...): allocates a T, constructs it and binds
+  // `name` to it. ALREADY_EXISTS if the name is taken (nothing is left
+  // allocated).
+  template <typename T>
+  class Constructor {
+   public:
+    template <typename... Args>
+    absl::StatusOr<T*> operator()(Args&&... args) {
+      absl::StatusOr<void*> memory = heap_->allocate(sizeof(T), alignof(T));
+      if (!memory.ok()) return memory.status();
+      T* object;
+      try {
+        object = new (*memory) T(std::forward<Args>(args)...);
+      } catch (...) {
+        (void)heap_->deallocate(*memory, sizeof(T));
+        throw;
+      }
+      absl::Status bound = heap_->Bind(name_, object, sizeof(T), TypeName<T>());
+      if (!bound.ok()) {
+        object->~T();
+        (void)heap_->deallocate(object, sizeof(T));
+        return bound;
+      }
+      return object;
+    }
+
+   private:
+    friend class Heap;
+    Constructor(Heap* heap, std::string name) : heap_(heap), name_(std::move(name)) {}
+    Heap* heap_;
+    std::string name_;
+  };
+  template <typename T>
+  Constructor<T> construct(std::string name) {
+    return Constructor<T>(this, std::move(name));
+  }
+
+  // The T bound to `name`. NOT_FOUND if unbound; FAILED_PRECONDITION if the
+  // name binds another type.
+  template <typename T>
+  absl::StatusOr<T*> find(const std::string& name) {
+    absl::StatusOr<void*> object = Find(name, TypeName<T>(), sizeof(T));
+    if (!object.ok()) return object.status();
+    return static_cast<T*>(*object);
+  }
+
+  // Unbinds `name`, destroys the T it bound and frees it.
+  template <typename T>
+  absl::Status destroy(const std::string& name) {
+    absl::StatusOr<T*> object = find<T>(name);
+    if (!object.ok()) return object.status();
+    if (absl::Status s = Unbind(name); !s.ok()) return s;
+    (*object)->~T();
+    return deallocate(*object, sizeof(T));
+  }
+
+  // Makes this process's allocations, frees and object contents persistent;
+  // returns the heap's new epoch.
+  absl::StatusOr<uint64_t> sync();
+
+  // Syncs, returns every leased chunk and ends the session. The heap's
+  // memory is unmapped: no pointer into it may be used afterwards.
+  absl::Status detach();
+
+  // Offsets and addresses in this process's mapping.
+  char* base() const { return mapping_->base(); }
+  uint64_t offset_of(const void* p) const {
+    return static_cast<uint64_t>(static_cast<const char*>(p) - base());
+  }
+  template <typename T = void>
+  T* at(uint64_t offset) const {
+    return reinterpret_cast<T*>(base() + offset);
+  }
+
+  const std::string& name() const { return name_; }
+  bool read_only() const { return read_only_; }
+  uint64_t session() const { return session_; }
+  uint64_t max_size() const { return mapping_->max_size(); }
+  ProcessHeader* process_header() const {
+    return reinterpret_cast<ProcessHeader*>(base() - kProcessHeaderBytes);
+  }
+
+  // Unbinds `name`; NOT_FOUND if unbound.
+  absl::Status Unbind(const std::string& name);
+  // Binds `name` to the `size`-byte object at `object` of type `type_name`.
+  absl::Status Bind(const std::string& name, const void* object, uint64_t size,
+                    const std::string& type_name);
+  // The object bound to `name`, checked to be a `type_name` of `size` bytes.
+  absl::StatusOr<void*> Find(const std::string& name, const std::string& type_name,
+                             uint64_t size);
+
+ private:
+  friend class Client;
+  struct ThreadCache;
+
+  Heap(Client* client, std::string name, bool read_only, uint64_t session, uint32_t lease_batch);
+  // Maps the heap (data_fd_ is set) and takes what Attach returned.
+  absl::Status Start(const v1::AttachResponse& attached);
+
+  ThreadCache* CacheOfThisThread();
+  ThreadCache* NewCacheForThisThread();
+  absl::StatusOr<std::vector<LeaseGrant>> Lease(ThreadCache* cache, uint32_t size_class,
+                                                uint32_t count);
+  void AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants);
+  absl::Status MapUpTo(uint64_t capacity);
+  absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
+  absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
+  absl::Status FlushFrees();
+  absl::Status SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* response);
+
+  Client* const client_;
+  const std::string name_;
+  const bool read_only_;
+  const uint64_t session_;
+  const uint32_t lease_batch_;
+  const uint64_t serial_;  // tells heaps apart in thread-local lookups
+  int data_fd_ = -1;
+  int fd_connection_ = -1;  // heapd.fd.sock, open for the whole session
+  bool detached_ = false;
+
+  absl::Mutex mapping_mu_;  // growth of the mapping
+  std::unique_ptr<HeapMapping> mapping_;
+  std::atomic<uint64_t> mapped_bytes_{0};
+
+  absl::Mutex caches_mu_;
+  std::map<std::thread::id, std::unique_ptr<ThreadCache>> caches_ ABSL_GUARDED_BY(caches_mu_);
+  // Which thread cache leases each chunk (null: none of this process).
+  std::unique_ptr<std::atomic<ThreadCache*>[]> chunk_owner_;
+
+  absl::Mutex frees_mu_;
+  std::vector<v1::ObjectRef> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
+
+  // Names looked up at attach, served by Find without a call.
+  absl::Mutex prefetched_mu_;
+  std::map<std::string, NameEntry> prefetched_ ABSL_GUARDED_BY(prefetched_mu_);
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_CLIENT_HEAP_H_

@@ -1,0 +1,250 @@
+// heapctl: administer the node's heapd.
+//
+//   heapctl [--socket=PATH] [--json] heap create NAME [--max_size=BYTES] [--mode=0640]
+//   heapctl heap ls | heap stat NAME | heap rm NAME
+//   heapctl names ls HEAP [--prefix=P]
+//   heapctl clients ls [--heap=NAME]
+//
+// Output is a table for people, or the response as JSON (protobuf's JSON
+// mapping of heapd.v1) with --json. On error: one line on stderr naming the
+// reason, exit status 1 (2 for a usage error).
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "google/protobuf/util/json_util.h"
+
+ABSL_FLAG(std::string, socket, "", "heapd's socket (default: $HEAPD_SOCKET or heapd's default)");
+ABSL_FLAG(bool, json, false, "print the response as JSON");
+ABSL_FLAG(uint64_t, max_size, 0, "heap create: maximum size in bytes (0: the daemon's default)");
+ABSL_FLAG(std::string, mode, "0600", "heap create: permission bits, octal");
+ABSL_FLAG(std::string, prefix, "", "names ls: only names starting with this");
+ABSL_FLAG(std::string, heap, "", "clients ls: only clients of this heap");
+
+namespace heapd {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: heapctl [--socket=PATH] [--json] COMMAND\n"
+    "  heap create NAME [--max_size=BYTES] [--mode=0600]\n"
+    "  heap ls\n"
+    "  heap stat NAME\n"
+    "  heap rm NAME\n"
+    "  names ls HEAP [--prefix=P]\n"
+    "  clients ls [--heap=NAME]";
+
+const char* BackingName(v1::BackingKind kind) {
+  switch (kind) {
+    case v1::BACKING_DAX:
+      return "dax";
+    case v1::BACKING_TMPFS:
+      return "tmpfs";
+    case v1::BACKING_FILE:
+      return "file";
+    default:
+      return "?";
+  }
+}
+
+std::string Time(int64_t unix_ns) {
+  if (unix_ns == 0) return "-";
+  const time_t seconds = static_cast<time_t>(unix_ns / 1000000000);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", std::localtime(&seconds));
+  return text;
+}
+
+std::string Bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "heapctl: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "heapctl: %s\n%s\n", why.c_str(), kUsage);
+  return 2;
+}
+
+// Prints `message` as JSON; returns 0.
+int PrintJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  std::fputs(json.c_str(), stdout);
+  if (json.empty() || json.back() != '\n') std::fputc('\n', stdout);
+  return 0;
+}
+
+void PrintHeapRow(const v1::HeapInfo& heap) {
+  std::printf("%-24s %10s %10s %10s %8llu %7u %6u %5u %04o %-5s %s\n", heap.name().c_str(),
+              Bytes(heap.max_size()).c_str(), Bytes(heap.capacity_bytes()).c_str(),
+              Bytes(heap.allocated_bytes()).c_str(),
+              static_cast<unsigned long long>(heap.epoch()), heap.clients(), heap.names(),
+              heap.owner_uid(), heap.mode(), BackingName(heap.backing()),
+              Time(heap.last_sync_unix_ns()).c_str());
+}
+
+void PrintHeapHeader() {
+  std::printf("%-24s %10s %10s %10s %8s %7s %6s %5s %4s %-5s %s\n", "HEAP", "MAX", "RESERVED",
+              "ALLOCATED", "EPOCH", "CLIENTS", "NAMES", "UID", "MODE", "KIND", "LAST SYNC");
+}
+
+void PrintClients(const google::protobuf::RepeatedPtrField<v1::ClientInfo>& clients) {
+  std::printf("%-8s %-24s %6s %6s %8s %-3s %7s %s\n", "SESSION", "HEAP", "UID", "GID", "PID",
+              "RW", "LEASED", "ATTACHED");
+  for (const v1::ClientInfo& c : clients) {
+    std::printf("%-8llu %-24s %6u %6u %8d %-3s %7u %s%s\n",
+                static_cast<unsigned long long>(c.session()), c.heap().c_str(), c.uid(), c.gid(),
+                c.pid(), c.read_only() ? "ro" : "rw", c.leased_chunks(),
+                Time(c.attached_unix_ns()).c_str(), c.connected() ? "" : " (no fd yet)");
+  }
+}
+
+int Run(const std::vector<std::string>& args) {
+  if (args.size() < 2) return Usage("missing command");
+  const std::string what = args[0] + " " + args[1];
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(absl::GetFlag(FLAGS_socket));
+  if (!client.ok()) return Fail(client.status());
+  v1::Heapd::Stub& stub = (*client)->stub();
+  grpc::ClientContext context;
+  const bool json = absl::GetFlag(FLAGS_json);
+  auto need_name = [&](const char* which) { return args.size() == 3 ? "" : which; };
+
+  if (what == "heap create") {
+    if (*need_name("heap create needs NAME")) return Usage(need_name("heap create needs NAME"));
+    uint32_t mode;
+    if (!absl::numbers_internal::safe_strtou32_base(absl::GetFlag(FLAGS_mode), &mode, 8) ||
+        mode > 0777) {
+      return Usage("--mode must be octal permission bits, e.g. 0640");
+    }
+    v1::CreateHeapRequest request;
+    request.set_name(args[2]);
+    request.set_max_size(absl::GetFlag(FLAGS_max_size));
+    request.set_mode(mode);
+    v1::HeapInfo info;
+    if (absl::Status s = FromGrpc(stub.CreateHeap(&context, request, &info)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(info);
+    std::printf("created heap %s (maximum %s, mode %04o)\n", info.name().c_str(),
+                Bytes(info.max_size()).c_str(), info.mode());
+    return 0;
+  }
+  if (what == "heap ls") {
+    v1::ListHeapsResponse response;
+    if (absl::Status s = FromGrpc(stub.ListHeaps(&context, {}, &response)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(response);
+    PrintHeapHeader();
+    for (const v1::HeapInfo& heap : response.heaps()) PrintHeapRow(heap);
+    return 0;
+  }
+  if (what == "heap stat") {
+    if (*need_name("x")) return Usage("heap stat needs NAME");
+    v1::StatHeapRequest request;
+    request.set_heap(args[2]);
+    v1::HeapStats stats;
+    if (absl::Status s = FromGrpc(stub.StatHeap(&context, request, &stats)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(stats);
+    PrintHeapHeader();
+    PrintHeapRow(stats.info());
+    std::printf("\nchunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects; "
+                "%llu live objects; metadata log %s\n",
+                stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(),
+                stats.leased_chunks(), stats.large_chunks(),
+                static_cast<unsigned long long>(stats.large_objects()),
+                static_cast<unsigned long long>(stats.info().live_objects()),
+                Bytes(stats.metadata_log_bytes()).c_str());
+    if (stats.size_classes_size() != 0) {
+      std::printf("\n%-6s %9s %7s %12s %9s\n", "CLASS", "SLOT", "CHUNKS", "LIVE", "OCCUPIED");
+      for (const v1::SizeClassStats& c : stats.size_classes()) {
+        const double slots = static_cast<double>(c.chunks()) * (2 << 20) / c.slot_size();
+        std::printf("%-6u %9llu %7u %12llu %8.1f%%\n", c.size_class(),
+                    static_cast<unsigned long long>(c.slot_size()), c.chunks(),
+                    static_cast<unsigned long long>(c.live_objects()),
+                    100.0 * c.live_objects() / slots);
+      }
+    }
+    if (stats.clients_size() != 0) {
+      std::printf("\n");
+      PrintClients(stats.clients());
+    }
+    return 0;
+  }
+  if (what == "heap rm") {
+    if (*need_name("x")) return Usage("heap rm needs NAME");
+    v1::RemoveHeapRequest request;
+    request.set_heap(args[2]);
+    v1::RemoveHeapResponse response;
+    if (absl::Status s = FromGrpc(stub.RemoveHeap(&context, request, &response)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(response);
+    std::printf("removed heap %s\n", args[2].c_str());
+    return 0;
+  }
+  if (what == "names ls") {
+    if (*need_name("x")) return Usage("names ls needs HEAP");
+    v1::ListNamesRequest request;
+    request.set_heap(args[2]);
+    request.set_prefix(absl::GetFlag(FLAGS_prefix));
+    v1::ListNamesResponse response;
+    if (absl::Status s = FromGrpc(stub.ListNames(&context, request, &response)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(response);
+    std::printf("%-32s %14s %12s %6s %-19s %s\n", "NAME", "OFFSET", "SIZE", "UID", "CREATED",
+                "TYPE");
+    for (const v1::NameEntry& e : response.names()) {
+      std::printf("%-32s %14llu %12llu %6u %-19s %s\n", e.name().c_str(),
+                  static_cast<unsigned long long>(e.offset()),
+                  static_cast<unsigned long long>(e.size()), e.owner_uid(),
+                  Time(e.created_unix_ns()).c_str(), e.type_name().c_str());
+    }
+    return 0;
+  }
+  if (what == "clients ls") {
+    v1::ListClientsRequest request;
+    request.set_heap(absl::GetFlag(FLAGS_heap));
+    v1::ListClientsResponse response;
+    if (absl::Status s = FromGrpc(stub.ListClients(&context, request, &response)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(response);
+    PrintClients(response.clients());
+    return 0;
+  }
+  return Usage("unknown command '" + what + "'");
+}
+
+}  // namespace
+}  // namespace heapd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(heapd::kUsage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  return heapd::Run(std::vector<std::string>(positional.begin() + 1, positional.end()));
+}
