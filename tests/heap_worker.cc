@@ -1,0 +1,313 @@
+// heap_worker: a client process for the multi-process tests. Each mode does
+// one thing a real job step would and prints "ok ..." on success, or the
+// error and exits 3.
+//
+//   heap_worker SOCKET HEAP alloc ID COUNT      allocate COUNT objects (2 threads),
+//                                               fill them, bind "worker-ID", detach
+//   heap_worker SOCKET HEAP verify ID           read-only: check worker ID's objects
+//   heap_worker SOCKET HEAP free-half ID        free every other object of worker ID
+//                                               (another process's), then free one twice
+//   heap_worker SOCKET HEAP alloc-forever ID    allocate 1000, bind, sync, print
+//                                               "synced", then allocate until killed
+//   heap_worker SOCKET HEAP put NAME VALUE      bind NAME to a new uint64_t VALUE
+//   heap_worker SOCKET HEAP get NAME            read-only: print "value V" of NAME
+//   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
+//   heap_worker SOCKET HEAP attach ro|rw        attach, print "ok" or the status
+//   heap_worker SOCKET HEAP raw-attach          Attach only; print the fd token,
+//                                               hold the session until stdin closes
+//   heap_worker SOCKET - redeem TOKEN           present TOKEN on heapd.fd.sock
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "boost/interprocess/offset_ptr.hpp"
+#include "client/client.h"
+#include "client/heap.h"
+#include "daemon/default_paths.h"
+
+namespace heapd {
+namespace {
+
+// What a worker leaves in the heap: its objects' offsets.
+struct WorkerRecord {
+  uint64_t id;
+  uint64_t count;
+  boost::interprocess::offset_ptr<uint64_t> offsets;
+};
+
+uint64_t SizeOf(uint64_t index) {
+  if (index % 997 == 0) return (3 << 20) + index;  // a large object now and then
+  return 8 + (index * 37) % 2000;
+}
+
+uint64_t Stamp(uint64_t id, uint64_t index) { return (id << 40) | index; }
+
+int Fail(const absl::Status& status) {
+  std::printf("error %s\n", status.ToString().c_str());
+  return 3;
+}
+
+std::unique_ptr<Client> ConnectOrDie(const std::string& socket) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket);
+  if (!client.ok()) {
+    Fail(client.status());
+    std::exit(3);
+  }
+  return *std::move(client);
+}
+
+int Alloc(Client& client, const std::string& heap_name, uint64_t id, uint64_t count) {
+  AttachOptions options;
+  options.create_if_missing = true;
+  options.max_size = uint64_t{4} << 30;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<void*> table = (*heap)->allocate(count * sizeof(uint64_t));
+  if (!table.ok()) return Fail(table.status());
+  uint64_t* offsets = static_cast<uint64_t*>(*table);
+  // Two threads allocate halves; the second frees the scratch objects the
+  // first made (cross-thread frees in one process).
+  std::vector<void*> scratch(count / 2 / 10);
+  absl::Status errors[2];
+  auto work = [&](int thread) {
+    for (uint64_t i = thread; i < count; i += 2) {
+      absl::StatusOr<void*> object = (*heap)->allocate(SizeOf(i));
+      if (!object.ok()) {
+        errors[thread] = object.status();
+        return;
+      }
+      uint64_t* words = static_cast<uint64_t*>(*object);
+      words[0] = Stamp(id, i);
+      words[SizeOf(i) / 8 - 1] = Stamp(id, i);
+      offsets[i] = (*heap)->offset_of(*object);
+      if (thread == 0 && i / 2 % 10 == 0 && i / 20 < scratch.size()) {
+        absl::StatusOr<void*> extra = (*heap)->allocate(48);
+        if (extra.ok()) scratch[i / 20] = *extra;
+      }
+    }
+  };
+  std::thread second(work, 1);
+  work(0);
+  second.join();
+  for (const absl::Status& error : errors) {
+    if (!error.ok()) return Fail(error);
+  }
+  std::thread freer([&] {
+    for (void* p : scratch) {
+      if (p == nullptr) continue;
+      if (absl::Status s = (*heap)->deallocate(p); !s.ok()) errors[1] = s;
+    }
+  });
+  freer.join();
+  if (!errors[1].ok()) return Fail(errors[1]);
+  absl::StatusOr<WorkerRecord*> record = (*heap)->construct<WorkerRecord>(
+      "worker-" + std::to_string(id))(WorkerRecord{id, count, offsets});
+  if (!record.ok()) return Fail(record.status());
+  if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+  if (absl::Status s = (*heap)->detach(); !s.ok()) return Fail(s);
+  std::printf("ok allocated %llu\n", static_cast<unsigned long long>(count));
+  return 0;
+}
+
+int Verify(Client& client, const std::string& heap_name, uint64_t id) {
+  AttachOptions options;
+  options.read_only = true;
+  options.prefetch_names = {"worker-" + std::to_string(id)};
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<WorkerRecord*> record =
+      (*heap)->find<WorkerRecord>("worker-" + std::to_string(id));
+  if (!record.ok()) return Fail(record.status());
+  uint64_t checked = 0;
+  for (uint64_t i = 0; i < (*record)->count; ++i) {
+    const uint64_t offset = (*record)->offsets[i];
+    if (offset == 0) continue;  // freed by free-half
+    const uint64_t* words = (*heap)->at<uint64_t>(offset);
+    if (words[0] != Stamp(id, i) || words[SizeOf(i) / 8 - 1] != Stamp(id, i)) {
+      std::printf("error object %llu of worker %llu at %llu is corrupt\n",
+                  static_cast<unsigned long long>(i), static_cast<unsigned long long>(id),
+                  static_cast<unsigned long long>(offset));
+      return 3;
+    }
+    ++checked;
+  }
+  std::printf("ok verified %llu\n", static_cast<unsigned long long>(checked));
+  return 0;
+}
+
+int FreeHalf(Client& client, const std::string& heap_name, uint64_t id) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<WorkerRecord*> record =
+      (*heap)->find<WorkerRecord>("worker-" + std::to_string(id));
+  if (!record.ok()) return Fail(record.status());
+  uint64_t freed = 0;
+  uint64_t last = 0;
+  for (uint64_t i = 0; i < (*record)->count; i += 2) {
+    last = (*record)->offsets[i];
+    if (absl::Status s = (*heap)->deallocate((*heap)->at(last), SizeOf(i)); !s.ok()) {
+      return Fail(s);
+    }
+    (*record)->offsets[i] = 0;
+    ++freed;
+  }
+  if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+  // A double free of another process's object: rejected by the daemon.
+  absl::Status again = (*heap)->deallocate((*heap)->at(last));
+  if (again.ok()) again = (*heap)->sync().status();
+  std::printf("ok freed %llu; double free: %s\n", static_cast<unsigned long long>(freed),
+              again.ToString().c_str());
+  return 0;
+}
+
+int AllocForever(Client& client, const std::string& heap_name, uint64_t id) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  for (int i = 0; i < 1000; ++i) {
+    if (absl::StatusOr<void*> p = (*heap)->allocate(64); !p.ok()) return Fail(p.status());
+  }
+  absl::StatusOr<uint64_t*> marker =
+      (*heap)->construct<uint64_t>("pre-" + std::to_string(id))(id);
+  if (!marker.ok()) return Fail(marker.status());
+  if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+  std::printf("synced\n");
+  std::fflush(stdout);
+  for (uint64_t i = 0;; ++i) {
+    absl::StatusOr<void*> p = (*heap)->allocate(SizeOf(i) % 4096 + 8);
+    if (!p.ok()) return Fail(p.status());
+    if (i % 100000 == 0) {
+      absl::StatusOr<void*> large = (*heap)->allocate(5 << 20);  // uncommitted large runs
+      if (!large.ok()) return Fail(large.status());
+    }
+  }
+}
+
+int ReadOnlyWrite(Client& client, const std::string& heap_name, const std::string& name) {
+  AttachOptions options;
+  options.read_only = true;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
+  if (!object.ok()) return Fail(object.status());
+  std::printf("read %llu; writing\n", static_cast<unsigned long long>(**object));
+  std::fflush(stdout);
+  *const_cast<volatile uint64_t*>(*object) = 0xdead;  // must fault
+  std::printf("error the store did not fault\n");
+  return 3;
+}
+
+int Put(Client& client, const std::string& heap_name, const std::string& name, uint64_t value) {
+  AttachOptions options;
+  options.create_if_missing = true;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<uint64_t*> object = (*heap)->construct<uint64_t>(name)(value);
+  if (!object.ok()) return Fail(object.status());
+  if (absl::Status s = (*heap)->detach(); !s.ok()) return Fail(s);
+  std::printf("ok put\n");
+  return 0;
+}
+
+int Get(Client& client, const std::string& heap_name, const std::string& name) {
+  AttachOptions options;
+  options.read_only = true;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
+  if (!object.ok()) return Fail(object.status());
+  std::printf("value %llu\n", static_cast<unsigned long long>(**object));
+  return 0;
+}
+
+int Attach(Client& client, const std::string& heap_name, bool read_only) {
+  AttachOptions options;
+  options.read_only = read_only;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  std::printf("ok attached session %llu\n", static_cast<unsigned long long>((*heap)->session()));
+  return 0;
+}
+
+int RawAttach(Client& client, const std::string& heap_name) {
+  v1::AttachRequest request;
+  request.set_heap(heap_name);
+  v1::AttachResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(client.stub().Attach(&context, request, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  std::printf("token %s session %llu\n", response.fd_token().c_str(),
+              static_cast<unsigned long long>(response.session()));
+  std::fflush(stdout);
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  return 0;
+}
+
+int Redeem(const std::string& socket, const std::string& token) {
+  const std::string path = FdSocketBeside(socket);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    std::printf("error connect %s\n", path.c_str());
+    return 3;
+  }
+  (void)!write(fd, token.data(), token.size());
+  char reply[512] = {};
+  const ssize_t n = read(fd, reply, sizeof(reply) - 1);
+  if (n > 0 && reply[0] == 'K') {
+    std::printf("ok got an fd\n");
+    return 0;
+  }
+  std::printf("refused: %s\n", n > 0 ? reply + 1 : "(closed)");
+  return 4;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: heap_worker SOCKET HEAP MODE [ARGS]\n");
+    return 2;
+  }
+  const std::string socket = argv[1];
+  const std::string heap = argv[2];
+  const std::string mode = argv[3];
+  const std::string arg = argc > 4 ? argv[4] : "";
+  uint64_t id = 0;
+  (void)absl::SimpleAtoi(arg, &id);
+  if (mode == "redeem") return Redeem(socket, arg);
+  std::unique_ptr<Client> client = ConnectOrDie(socket);
+  if (mode == "alloc") {
+    uint64_t count = 0;
+    if (argc < 6 || !absl::SimpleAtoi(argv[5], &count)) return 2;
+    return Alloc(*client, heap, id, count);
+  }
+  if (mode == "verify") return Verify(*client, heap, id);
+  if (mode == "free-half") return FreeHalf(*client, heap, id);
+  if (mode == "alloc-forever") return AllocForever(*client, heap, id);
+  if (mode == "ro-write") return ReadOnlyWrite(*client, heap, arg);
+  if (mode == "put") {
+    uint64_t value = 0;
+    if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;
+    return Put(*client, heap, arg, value);
+  }
+  if (mode == "get") return Get(*client, heap, arg);
+  if (mode == "attach") return Attach(*client, heap, arg == "ro");
+  if (mode == "raw-attach") return RawAttach(*client, heap);
+  return 2;
+}
+
+}  // namespace
+}  // namespace heapd
+
+int main(int argc, char** argv) { return heapd::Main(argc, argv); }

@@ -1,0 +1,172 @@
+// Several real client processes on one real heapd: concurrent allocation,
+// names, reading each other's objects, frees across processes, a client
+// killed mid-allocation, heapd killed and restarted, and a read-only client
+// that writes.
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/test_daemon.h"
+
+namespace heapd {
+namespace {
+
+constexpr char kHeap[] = "shared";
+
+class MultiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_.Start();
+    worker_ = Runfile("tests/heap_worker");
+  }
+
+  std::vector<std::string> Worker(std::vector<std::string> args) const {
+    std::vector<std::string> argv = {worker_, daemon_.socket(), kHeap};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  v1::HeapStats Stat() {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_.socket());
+    EXPECT_TRUE(client.ok()) << client.status();
+    v1::StatHeapRequest request;
+    request.set_heap(kHeap);
+    v1::HeapStats stats;
+    grpc::ClientContext context;
+    const absl::Status status = FromGrpc((*client)->stub().StatHeap(&context, request, &stats));
+    EXPECT_TRUE(status.ok()) << status;
+    return stats;
+  }
+
+  // Starts `count` alloc workers at once and waits for them all.
+  void AllocConcurrently(int first_id, int count, int objects) {
+    std::vector<std::unique_ptr<Child>> workers;
+    for (int id = first_id; id < first_id + count; ++id) {
+      workers.push_back(std::make_unique<Child>(
+          Worker({"alloc", std::to_string(id), std::to_string(objects)})));
+    }
+    for (auto& worker : workers) {
+      const ChildResult result = worker->Wait();
+      ASSERT_TRUE(result.Exited(0)) << result.output << daemon_.Log();
+      EXPECT_NE(result.output.find("ok allocated"), std::string::npos) << result.output;
+    }
+  }
+
+  void VerifyAll(int first_id, int count) {
+    for (int id = first_id; id < first_id + count; ++id) {
+      const ChildResult result = RunChild(Worker({"verify", std::to_string(id)}));
+      ASSERT_TRUE(result.Exited(0)) << result.output;
+      EXPECT_NE(result.output.find("ok verified"), std::string::npos);
+    }
+  }
+
+  TestDaemon daemon_;
+  std::string worker_;
+};
+
+TEST_F(MultiProcessTest, ClientsAllocateConcurrentlyAndReadEachOthersObjects) {
+  constexpr int kObjects = 20000;
+  AllocConcurrently(1, 4, kObjects);
+  VerifyAll(1, 4);
+  const v1::HeapStats stats = Stat();
+  // Every object, table and record of every worker is live; scratch objects
+  // were freed (by another thread); no leases remain.
+  const uint64_t large_per_worker = (kObjects + 996) / 997;
+  EXPECT_EQ(stats.info().live_objects(), 4u * (kObjects + 2));
+  EXPECT_EQ(stats.large_objects(), 4u * large_per_worker);
+  EXPECT_EQ(stats.leased_chunks(), 0u);
+  EXPECT_EQ(stats.info().clients(), 0u);
+  EXPECT_EQ(stats.info().names(), 4u);
+}
+
+TEST_F(MultiProcessTest, AProcessFreesAnothersObjectsAndADoubleFreeIsRejected) {
+  AllocConcurrently(1, 1, 4000);
+  const uint64_t before = Stat().info().live_objects();
+  const ChildResult freed = RunChild(Worker({"free-half", "1"}));
+  ASSERT_TRUE(freed.Exited(0)) << freed.output;
+  EXPECT_NE(freed.output.find("ok freed 2000"), std::string::npos) << freed.output;
+  EXPECT_NE(freed.output.find("double free: INVALID_ARGUMENT"), std::string::npos)
+      << freed.output;
+  EXPECT_EQ(Stat().info().live_objects(), before - 2000);
+  VerifyAll(1, 1);  // the other half is intact
+}
+
+TEST_F(MultiProcessTest, AClientKilledMidAllocationLeaksNothingAndOthersGoOn) {
+  AllocConcurrently(1, 1, 2000);
+  const v1::HeapStats before = Stat();
+  Child doomed(Worker({"alloc-forever", "9"}));
+  ASSERT_TRUE(doomed.WaitForOutput("synced")) << daemon_.Log();
+  // Another client works meanwhile.
+  Child other(Worker({"alloc", "2", "3000"}));
+  usleep(200 * 1000);  // let the doomed one allocate past its sync
+  doomed.Kill(SIGKILL);
+  ASSERT_TRUE(doomed.Wait().KilledBy(SIGKILL));
+  const ChildResult other_result = other.Wait();
+  ASSERT_TRUE(other_result.Exited(0)) << other_result.output;
+  // The daemon reclaims the dead session when its fd connection closes.
+  v1::HeapStats after;
+  for (int i = 0; i < 100; ++i) {
+    after = Stat();
+    if (after.info().clients() == 0) break;
+    usleep(20 * 1000);
+  }
+  EXPECT_EQ(after.info().clients(), 0u);
+  EXPECT_EQ(after.leased_chunks(), 0u);
+  // What remains is what the dead client had synced (1000 objects and its
+  // marker) plus worker 2's, and nothing it allocated afterwards.
+  EXPECT_EQ(after.info().live_objects(), before.info().live_objects() + 1001 + 3002);
+  EXPECT_NE(daemon_.Log().find("fd-socket connection closed without a detach"),
+            std::string::npos);
+  VerifyAll(1, 2);
+}
+
+TEST_F(MultiProcessTest, HeapdKilledAndRestartedOpensEveryHeapAtItsLastSync) {
+  AllocConcurrently(1, 2, 5000);
+  const v1::HeapStats before = Stat();
+  daemon_.Crash();
+  daemon_.Start();
+  const v1::HeapStats after = Stat();
+  EXPECT_EQ(after.info().live_objects(), before.info().live_objects());
+  EXPECT_EQ(after.info().allocated_bytes(), before.info().allocated_bytes());
+  EXPECT_EQ(after.info().names(), before.info().names());
+  EXPECT_GE(after.info().epoch(), before.info().epoch());
+  VerifyAll(1, 2);
+  AllocConcurrently(3, 1, 1000);  // and it keeps working
+  VerifyAll(1, 3);
+}
+
+TEST_F(MultiProcessTest, ClientWithUnsyncedWorkSurvivesAsLastSyncWhenHeapdIsKilled) {
+  AllocConcurrently(1, 1, 1000);
+  Child doomed(Worker({"alloc-forever", "5"}));
+  ASSERT_TRUE(doomed.WaitForOutput("synced"));
+  usleep(100 * 1000);
+  daemon_.Crash();
+  doomed.Kill(SIGKILL);
+  doomed.Wait();
+  daemon_.Start();
+  const v1::HeapStats after = Stat();
+  EXPECT_EQ(after.info().live_objects(), 1002u + 1001u);
+  EXPECT_EQ(after.info().names(), 2u);
+  VerifyAll(1, 1);
+}
+
+TEST_F(MultiProcessTest, AReadOnlyClientThatWritesFaultsAndTheHeapIsUnchanged) {
+  ASSERT_TRUE(RunChild(Worker({"put", "answer", "42"})).Exited(0));
+  const v1::HeapStats before = Stat();
+  Child writer(Worker({"ro-write", "answer"}));
+  ASSERT_TRUE(writer.WaitForOutput("read 42; writing")) << daemon_.Log();
+  const ChildResult result = writer.Wait();
+  EXPECT_TRUE(result.KilledBy(SIGSEGV)) << result.output;
+  const ChildResult read = RunChild(Worker({"get", "answer"}));
+  EXPECT_NE(read.output.find("value 42"), std::string::npos) << read.output;
+  const v1::HeapStats after = Stat();
+  EXPECT_EQ(after.info().live_objects(), before.info().live_objects());
+  EXPECT_EQ(after.info().clients(), 0u);
+}
+
+}  // namespace
+}  // namespace heapd
