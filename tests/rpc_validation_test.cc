@@ -1,0 +1,262 @@
+// Every heapd.v1 call against a real daemon with bad input: the right
+// status, a message naming what is wrong, and no change to the heap.
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include "client/client.h"
+#include "client/heap.h"
+#include "gtest/gtest.h"
+#include "tests/test_daemon.h"
+
+namespace heapd {
+namespace {
+
+using absl::StatusCode;
+
+class RpcValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_.Start();
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_.socket());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    v1::CreateHeapRequest create;
+    create.set_name("h");
+    create.set_max_size(64 << 20);
+    v1::HeapInfo info;
+    ASSERT_TRUE(Call(&v1::Heapd::Stub::CreateHeap, create, &info).ok());
+  }
+
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (v1::Heapd::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                            Response*),
+                    const Request& request, Response* response) {
+    grpc::ClientContext context;
+    return FromGrpc((client_->stub().*method)(&context, request, response));
+  }
+
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (v1::Heapd::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                            Response*),
+                    const Request& request) {
+    Response response;
+    return Call(method, request, &response);
+  }
+
+  v1::HeapStats Stat() {
+    v1::StatHeapRequest request;
+    request.set_heap("h");
+    v1::HeapStats stats;
+    EXPECT_TRUE(Call(&v1::Heapd::Stub::StatHeap, request, &stats).ok());
+    stats.mutable_info()->clear_last_sync_unix_ns();
+    stats.mutable_info()->clear_epoch();
+    return stats;
+  }
+
+  // Attaches heap "h" read-write through the raw API; returns the response.
+  v1::AttachResponse RawAttach(int lease_class = -1) {
+    v1::AttachRequest request;
+    request.set_heap("h");
+    if (lease_class >= 0) {
+      v1::LeaseWant* want = request.add_leases();
+      want->set_size_class(lease_class);
+      want->set_count(1);
+    }
+    v1::AttachResponse response;
+    EXPECT_TRUE(Call(&v1::Heapd::Stub::Attach, request, &response).ok());
+    return response;
+  }
+
+  ChildResult Redeem(const std::string& token) {
+    return RunChild({Runfile("tests/heap_worker"), daemon_.socket(), "-", "redeem", token});
+  }
+
+  static void ExpectError(const absl::Status& status, StatusCode code, const std::string& says) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_NE(status.message().find(says), absl::string_view::npos) << status;
+  }
+
+  TestDaemon daemon_{{"--attach_token_seconds=1"}};
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(RpcValidationTest, HeapCalls) {
+  v1::CreateHeapRequest create;
+  create.set_name("../etc");
+  ExpectError(Call(&v1::Heapd::Stub::CreateHeap, create), StatusCode::kInvalidArgument, "../etc");
+  create.set_name("h");
+  ExpectError(Call(&v1::Heapd::Stub::CreateHeap, create), StatusCode::kAlreadyExists, "h");
+  create.set_name("big");
+  create.set_max_size(uint64_t{1} << 60);
+  ExpectError(Call(&v1::Heapd::Stub::CreateHeap, create), StatusCode::kInvalidArgument,
+              "maximum size");
+  create.set_max_size(0);
+  create.set_mode(01777);
+  ExpectError(Call(&v1::Heapd::Stub::CreateHeap, create), StatusCode::kInvalidArgument, "mode");
+  v1::StatHeapRequest stat;
+  stat.set_heap("missing");
+  ExpectError(Call(&v1::Heapd::Stub::StatHeap, stat), StatusCode::kNotFound, "missing");
+  v1::RemoveHeapRequest remove;
+  remove.set_heap("");
+  ExpectError(Call(&v1::Heapd::Stub::RemoveHeap, remove), StatusCode::kInvalidArgument, "empty");
+  v1::ListHeapsResponse heaps;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::ListHeaps, v1::ListHeapsRequest(), &heaps).ok());
+  ASSERT_EQ(heaps.heaps_size(), 1);  // nothing was created by the failed calls
+}
+
+TEST_F(RpcValidationTest, AttachAndSessionCalls) {
+  const v1::HeapStats before = Stat();
+  v1::AttachRequest attach;
+  attach.set_heap("nope");
+  ExpectError(Call(&v1::Heapd::Stub::Attach, attach), StatusCode::kNotFound, "nope");
+  attach.set_heap("h");
+  attach.add_leases()->set_size_class(64);
+  attach.mutable_leases(0)->set_count(1);
+  ExpectError(Call(&v1::Heapd::Stub::Attach, attach), StatusCode::kInvalidArgument,
+              "size class 64");
+  attach.mutable_leases(0)->set_size_class(3);
+  attach.mutable_leases(0)->set_count(0);
+  ExpectError(Call(&v1::Heapd::Stub::Attach, attach), StatusCode::kInvalidArgument,
+              "lease count 0");
+  attach.mutable_leases(0)->set_count(1);
+  attach.set_read_only(true);
+  ExpectError(Call(&v1::Heapd::Stub::Attach, attach), StatusCode::kInvalidArgument, "read-only");
+
+  v1::LeaseChunksRequest lease;
+  lease.set_session(0);
+  ExpectError(Call(&v1::Heapd::Stub::LeaseChunks, lease), StatusCode::kInvalidArgument,
+              "session 0");
+  lease.set_session(12345);
+  ExpectError(Call(&v1::Heapd::Stub::LeaseChunks, lease), StatusCode::kNotFound, "12345");
+  v1::ListClientsResponse clients;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::ListClients, v1::ListClientsRequest(), &clients).ok());
+  EXPECT_EQ(clients.clients_size(), 0);  // no failed attach left a session
+  EXPECT_EQ(Stat().DebugString(), before.DebugString());
+}
+
+TEST_F(RpcValidationTest, AllocationCallsRejectBadInputAndChangeNothing) {
+  const v1::AttachResponse session = RawAttach(/*lease_class=*/0);
+  ASSERT_EQ(session.grants_size(), 1);
+  const uint32_t leased = session.grants(0).chunk();
+  // One live large object to free twice.
+  v1::AllocateLargeRequest large;
+  large.set_session(session.session());
+  large.set_size(0);
+  ExpectError(Call(&v1::Heapd::Stub::AllocateLarge, large), StatusCode::kInvalidArgument,
+              "0 bytes");
+  large.set_size(uint64_t{1} << 40);
+  ExpectError(Call(&v1::Heapd::Stub::AllocateLarge, large), StatusCode::kInvalidArgument,
+              "maximum size");
+  large.set_size(3 << 20);
+  v1::AllocateLargeResponse allocated;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::AllocateLarge, large, &allocated).ok());
+  v1::SyncRequest sync;
+  sync.set_session(session.session());
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Sync, sync).ok());
+  const v1::HeapStats before = Stat();
+
+  v1::FreeRequest free;
+  free.set_session(session.session());
+  free.add_objects()->set_offset(uint64_t{1} << 40);
+  ExpectError(Call(&v1::Heapd::Stub::Free, free), StatusCode::kInvalidArgument, "outside");
+  free.mutable_objects(0)->set_offset(allocated.offset() + 8);
+  ExpectError(Call(&v1::Heapd::Stub::Free, free), StatusCode::kInvalidArgument,
+              std::to_string(allocated.offset() + 8));
+  // A batch with one bad object frees none of it.
+  free.mutable_objects(0)->set_offset(allocated.offset());
+  free.add_objects()->set_offset(allocated.offset() + 4096);
+  EXPECT_EQ(Call(&v1::Heapd::Stub::Free, free).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stat().DebugString(), before.DebugString());
+
+  // Reports for a chunk the session does not lease, or of the wrong size.
+  v1::LeaseReport* report = sync.add_reports();
+  report->set_chunk(leased + 7);
+  report->mutable_words()->Add(session.grants(0).words().begin(),
+                               session.grants(0).words().end());
+  ExpectError(Call(&v1::Heapd::Stub::Sync, sync), StatusCode::kFailedPrecondition,
+              std::to_string(leased + 7));
+  report->set_chunk(leased);
+  report->mutable_words()->RemoveLast();
+  EXPECT_EQ(Call(&v1::Heapd::Stub::Sync, sync).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stat().DebugString(), before.DebugString());
+
+  // Names.
+  v1::BindRequest bind;
+  bind.set_session(session.session());
+  bind.set_name(std::string("bad\nname"));
+  bind.set_offset(allocated.offset());
+  bind.set_size(3 << 20);
+  bind.set_type_name("blob");
+  EXPECT_EQ(Call(&v1::Heapd::Stub::Bind, bind).code(), StatusCode::kInvalidArgument);
+  bind.set_name("blob");
+  bind.set_offset(allocated.offset() + (4 << 20));  // free memory
+  EXPECT_EQ(Call(&v1::Heapd::Stub::Bind, bind).code(), StatusCode::kFailedPrecondition);
+  bind.set_offset(allocated.offset());
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Bind, bind).ok());
+  ExpectError(Call(&v1::Heapd::Stub::Bind, bind), StatusCode::kAlreadyExists, "blob");
+  // A bound object cannot be freed.
+  free.clear_objects();
+  free.add_objects()->set_offset(allocated.offset());
+  EXPECT_EQ(Call(&v1::Heapd::Stub::Free, free).code(), StatusCode::kFailedPrecondition);
+  v1::LookupRequest lookup;
+  lookup.set_heap("h");
+  lookup.set_name("nothing");
+  ExpectError(Call(&v1::Heapd::Stub::Lookup, lookup), StatusCode::kNotFound, "nothing");
+  v1::UnbindRequest unbind;
+  unbind.set_session(session.session());
+  unbind.set_name("blob");
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Unbind, unbind).ok());
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Free, free).ok());
+  ExpectError(Call(&v1::Heapd::Stub::Free, free), StatusCode::kInvalidArgument,
+              std::to_string(allocated.offset()));
+  // Removing a heap with a client attached.
+  v1::RemoveHeapRequest remove;
+  remove.set_heap("h");
+  ExpectError(Call(&v1::Heapd::Stub::RemoveHeap, remove), StatusCode::kFailedPrecondition,
+              "clients attached");
+}
+
+TEST_F(RpcValidationTest, ReadOnlySessionsCannotWrite) {
+  v1::AttachRequest attach;
+  attach.set_heap("h");
+  attach.set_read_only(true);
+  v1::AttachResponse session;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Attach, attach, &session).ok());
+  v1::AllocateLargeRequest large;
+  large.set_session(session.session());
+  large.set_size(1 << 21);
+  ExpectError(Call(&v1::Heapd::Stub::AllocateLarge, large), StatusCode::kFailedPrecondition,
+              "read-only");
+  v1::LeaseChunksRequest lease;
+  lease.set_session(session.session());
+  ExpectError(Call(&v1::Heapd::Stub::LeaseChunks, lease), StatusCode::kFailedPrecondition,
+              "read-only");
+}
+
+TEST_F(RpcValidationTest, TokensAreOneTimeAndExpire) {
+  const v1::AttachResponse first = RawAttach();
+  EXPECT_TRUE(Redeem(first.fd_token()).Exited(0));
+  const ChildResult reused = Redeem(first.fd_token());
+  EXPECT_TRUE(reused.Exited(4)) << reused.output;
+  EXPECT_NE(reused.output.find("unknown, used or expired"), std::string::npos);
+  // The redeeming process exited: its connection closed and the session ended.
+  // A token never redeemed expires (1 s here) and its session ends too.
+  const v1::AttachResponse second = RawAttach(/*lease_class=*/5);
+  ASSERT_EQ(second.grants_size(), 1);
+  v1::ListClientsResponse clients;
+  for (int i = 0; i < 60; ++i) {
+    clients.Clear();
+    ASSERT_TRUE(Call(&v1::Heapd::Stub::ListClients, v1::ListClientsRequest(), &clients).ok());
+    if (clients.clients_size() == 0) break;
+    usleep(100 * 1000);
+  }
+  EXPECT_EQ(clients.clients_size(), 0);
+  EXPECT_FALSE(Redeem(second.fd_token()).Exited(0));
+  EXPECT_EQ(Stat().leased_chunks(), 0u);
+  EXPECT_NE(daemon_.Log().find("did not fetch its fd in time"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace heapd
