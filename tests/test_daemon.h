@@ -39,7 +39,9 @@ class Child {
   // true if it appeared.
   bool WaitForOutput(const std::string& text, int timeout_ms = 30000);
   void Kill(int signal);
-  ChildResult Wait();  // reads the rest of the output and reaps
+  ChildResult Wait();
+  // What the child printed so far (as read by WaitForOutput).
+  const std::string& output() const { return output_; }  // reads the rest of the output and reaps
 
  private:
   pid_t pid_ = -1;
