@@ -1,11 +1,16 @@
 #include "client/heap.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
+#include "client/growth_fault_handler.h"
+#include "heap/data_file.h"
 
 namespace heapd {
 namespace {
@@ -67,6 +72,8 @@ absl::Status Heap::Start(const v1::AttachResponse& attached) {
   mapping_ = *std::move(mapping);
   mapped_bytes_ = mapping_->size();
   *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
+  fault_slot_ = RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_,
+                                            &mapped_bytes_);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
@@ -333,6 +340,7 @@ absl::Status Heap::detach() {
   v1::DetachResponse response;
   grpc::ClientContext context;
   status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));
+  UnregisterHeapForGrowthFaults(fault_slot_);
   mapping_.reset();
   close(fd_connection_);
   fd_connection_ = -1;
@@ -398,10 +406,15 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
                                                       " binds ", entry.size, " bytes; a ",
                                                       type_name, " needs ", size));
   }
-  const uint64_t end = entry.offset + entry.size;
-  if (absl::Status s = MapUpTo((end + kChunkSize - 1) / kChunkSize * kChunkSize); !s.ok()) {
-    return s;
+  // Map what other clients grew the heap by, so the object and what it
+  // links to are reachable without faults.
+  struct stat st;
+  if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
+  if (entry.offset + entry.size > static_cast<uint64_t>(st.st_size)) {
+    return absl::DataLossError(absl::StrCat("name '", name, "' in heap ", name_,
+                                            " binds bytes beyond the data file"));
   }
+  if (absl::Status s = MapUpTo(static_cast<uint64_t>(st.st_size)); !s.ok()) return s;
   return base() + entry.offset;
 }
 

@@ -19,6 +19,8 @@
 //
 // Every process maps the heap at its own address: link objects with offset
 // pointers (boost::interprocess::offset_ptr, as heapd::allocator does).
+// Objects that other processes allocate after this one mapped the heap are
+// mapped on first touch (growth_fault_handler.h).
 #ifndef HEAPD_CLIENT_HEAP_H_
 #define HEAPD_CLIENT_HEAP_H_
 
@@ -190,6 +192,7 @@ class Heap {
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
   int data_fd_ = -1;
   int fd_connection_ = -1;  // heapd.fd.sock, open for the whole session
+  int fault_slot_ = -1;     // see growth_fault_handler.h
   bool detached_ = false;
 
   absl::Mutex mapping_mu_;  // growth of the mapping

@@ -1,0 +1,27 @@
+// GrowthFaultHandler: lets a process follow pointers into parts of a heap
+// that other processes grew after this one last mapped it. A heap is mapped
+// up to the size this process knows; an object another client allocated in
+// newer chunks lies beyond that, inside the PROT_NONE reservation. The
+// SIGSEGV handler installed here maps the data file up to its current size
+// (fstat) when a fault lands in a registered reservation beyond the mapped
+// part, and the faulting access is retried. Any other fault goes to the
+// previous handler, or kills the process as it would have.
+#ifndef HEAPD_CLIENT_GROWTH_FAULT_HANDLER_H_
+#define HEAPD_CLIENT_GROWTH_FAULT_HANDLER_H_
+
+#include <atomic>
+#include <cstdint>
+
+namespace heapd {
+
+// Registers the reservation [base, base + max_size) whose first `*mapped`
+// bytes map `fd` (with PROT_READ, plus PROT_WRITE if `writable`). The
+// handler raises `*mapped` when it maps more. Returns a slot for
+// Unregister, or -1 if every slot is taken (then faults stay faults).
+int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
+                                std::atomic<uint64_t>* mapped);
+void UnregisterHeapForGrowthFaults(int slot);
+
+}  // namespace heapd
+
+#endif  // HEAPD_CLIENT_GROWTH_FAULT_HANDLER_H_
