@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -80,6 +81,11 @@ Client::Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel)
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
                                                         int timeout_ms) {
   const std::string path = socket_path.empty() ? DefaultSocketPath() : socket_path;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(absl::StrCat("no heapd socket at ", path,
+                                               " (is heapd running? see --socket, HEAPD_SOCKET)"));
+  }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(kMaxMessageBytes);
   arguments.SetMaxSendMessageSize(kMaxMessageBytes);

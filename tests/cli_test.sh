@@ -1,0 +1,102 @@
+#!/bin/bash
+# The admin and user journeys from a shell, against a real heapd: the
+# example programs (ingest a graph, query it read-only from another
+# process), heapctl with and without --json, grpcurl through server
+# reflection (list, describe, health, a stats call, a malformed request),
+# and a clean SIGTERM.
+set -u
+HEAPD=$PWD/daemon/heapd
+HEAPCTL=$PWD/client/heapctl
+INGEST=$PWD/client/examples/graph_ingest
+QUERY=$PWD/client/examples/graph_query
+GRPCURL=$(command -v grpcurl || ls /usr/local/bin/grpcurl "$HOME/go/bin/grpcurl" 2>/dev/null | head -1)
+
+DIR=$(mktemp -d /tmp/heapd-cli-XXXXXX)
+PID=
+cleanup() {
+  [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+FAILURES=0
+fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+expect_in() {  # expect_in WHAT TEXT: TEXT contains WHAT
+  case "$2" in *"$1"*) ;; *) fail "expected '$1' in: $2" ;; esac
+}
+
+"$HEAPD" --state_dir="$DIR/state" --runtime_dir="$DIR/run" 2>"$DIR/heapd.log" &
+PID=$!
+export HEAPD_SOCKET=$DIR/run/heapd.sock
+for _ in $(seq 100); do [ -S "$DIR/run/heapd.fd.sock" ] && break; sleep 0.05; done
+
+# Journey 1: ingest, then a second program attaches read-only and queries.
+out=$("$INGEST" --heap=graph --scale=12 --edges=20000 2>&1) || fail "graph_ingest: $out"
+expect_in "ingested 20000 edges" "$out"
+out=$("$QUERY" --heap=graph 2>&1) || fail "graph_query: $out"
+expect_in "20000 edges (recorded 20000)" "$out"
+out=$("$INGEST" --heap=graph --scale=12 --edges=10 2>&1) && fail "a second ingest under the same name succeeded"
+expect_in "ALREADY_EXISTS" "$out"
+
+# heapctl.
+out=$("$HEAPCTL" heap create other --max_size=$((64 << 20)) --mode=0640) || fail "heap create: $out"
+expect_in "created heap other" "$out"
+out=$("$HEAPCTL" heap ls)
+expect_in "graph" "$out"
+expect_in "other" "$out"
+out=$("$HEAPCTL" --json heap stat graph)
+expect_in '"names": 1' "$out"
+expect_in '"backing":' "$out"
+out=$("$HEAPCTL" names ls graph)
+expect_in "heapd::examples::Graph/v1" "$out"
+out=$("$HEAPCTL" --json clients ls) || fail "clients ls: $out"
+out=$("$HEAPCTL" heap stat nope 2>&1) && fail "stat of a missing heap succeeded"
+expect_in "NOT_FOUND" "$out"
+[ "$(echo "$out" | wc -l)" -eq 1 ] || fail "error is not one line: $out"
+out=$("$HEAPCTL" heap frobnicate 2>&1)
+[ $? -eq 2 ] || fail "a usage error did not exit 2"
+out=$("$HEAPCTL" --socket="$DIR/none.sock" heap ls 2>&1) && fail "no daemon, yet success"
+expect_in "UNAVAILABLE" "$out"
+out=$("$HEAPCTL" heap rm other) || fail "heap rm: $out"
+
+# grpcurl through server reflection.
+if [ -z "$GRPCURL" ]; then
+  echo "SKIPPED grpcurl checks: grpcurl is not installed (tools/setup.sh installs it)"
+else
+  G=("$GRPCURL" -plaintext -unix)
+  S=$HEAPD_SOCKET
+  out=$("${G[@]}" "$S" list 2>&1)
+  expect_in "heapd.v1.Heapd" "$out"
+  expect_in "grpc.health.v1.Health" "$out"
+  out=$("${G[@]}" "$S" describe heapd.v1.Heapd 2>&1)
+  expect_in "rpc Attach ( .heapd.v1.AttachRequest ) returns ( .heapd.v1.AttachResponse )" "$out"
+  out=$("${G[@]}" "$S" describe heapd.v1.HeapStats 2>&1)
+  expect_in "repeated .heapd.v1.SizeClassStats size_classes" "$out"
+  out=$("${G[@]}" "$S" grpc.health.v1.Health/Check 2>&1)
+  expect_in '"status": "SERVING"' "$out"
+  out=$("${G[@]}" -d '{"heap":"graph"}' "$S" heapd.v1.Heapd/StatHeap 2>&1)
+  expect_in '"live_objects"' "$out"
+  out=$("${G[@]}" -d '{"heap":"no such/heap"}' "$S" heapd.v1.Heapd/StatHeap 2>&1)
+  expect_in "Code: InvalidArgument" "$out"
+  expect_in "no such/heap" "$out"
+  out=$("${G[@]}" -d '{"session":"0","size":"4096"}' "$S" heapd.v1.Heapd/AllocateLarge 2>&1)
+  expect_in "Code: InvalidArgument" "$out"
+  out=$("${G[@]}" -d '{"heap":"graph","lookup":["graph"],"read_only":true}' "$S" heapd.v1.Heapd/Attach 2>&1)
+  expect_in '"fd_token"' "$out"
+  expect_in '"type_name": "heapd::examples::Graph/v1"' "$out"
+fi
+
+# SIGTERM: every heap synced, exit 0, sockets gone.
+kill -TERM "$PID"
+wait "$PID"
+rc=$?
+PID=
+[ $rc -eq 0 ] || fail "heapd exited $rc on SIGTERM"
+expect_in "every heap synced" "$(cat "$DIR/heapd.log")"
+expect_in "heap other removed by uid" "$(cat "$DIR/heapd.log")"
+[ -e "$DIR/run/heapd.sock" ] && fail "heapd.sock is left behind"
+
+if [ $FAILURES -ne 0 ]; then
+  echo "--- heapd log"; cat "$DIR/heapd.log"
+  exit 1
+fi
+echo "PASS"
