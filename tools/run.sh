@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what heapd needs, builds it and runs it on its embedded defaults.
-# Until the daemon lands (issue 3) this runs the persistent heap core's
-# end-to-end demo: create a heap, build a graph in it, sync, reopen, find it.
+# Installs what heapd needs, builds it and runs the daemon on its embedded
+# defaults (as root: /var/lib/heapd and /run/heapd; otherwise
+# ~/.local/state/heapd and $XDG_RUNTIME_DIR/heapd or /tmp/heapd-UID).
+# Extra arguments go to heapd, e.g. --state_dir=/dev/shm/heapd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-bazel build //heap:heap_demo
-exec bazel-bin/heap/heap_demo "$@"
+bazel build -c opt //daemon:heapd //client:heapctl //client/examples:all
+exec bazel-bin/daemon/heapd "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian package that heapd's build and tests need.
-# Idempotent and non-interactive: packages already present are left alone.
+# Installs every Debian package that heapd's build and tests need, and
+# grpcurl (built with Go) for the grpcurl test. Idempotent and
+# non-interactive: what is already present is left alone.
 set -euo pipefail
 
 packages=(
@@ -26,4 +27,17 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# grpcurl, pinned, into /usr/local/bin. Go comes from the machine, else from
+# Debian. A failure here only skips the grpcurl checks (they say so).
+GRPCURL_VERSION=v1.9.4
+if ! command -v grpcurl >/dev/null && [[ ! -x /usr/local/bin/grpcurl ]] && [[ $(id -u) -eq 0 ]]; then
+  if ! command -v go >/dev/null && [[ ! -x /usr/local/go/bin/go ]]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends golang-go ca-certificates
+  fi
+  GO=$(command -v go || echo /usr/local/go/bin/go)
+  echo "setup: building grpcurl ${GRPCURL_VERSION} with $("$GO" version)"
+  GOBIN=/usr/local/bin "$GO" install "github.com/fullstorydev/grpcurl/cmd/grpcurl@${GRPCURL_VERSION}" ||
+    echo "setup: grpcurl could not be built; the grpcurl checks will be skipped" >&2
 fi

@@ -1,0 +1,479 @@
+// Benchmarks B2 (2 processes), B3, B4, B5 and attach+find of the design
+// brief, through the client library against a real heapd (started here, on
+// /dev/shm), each next to its in-process std::allocator baseline measured in
+// the same run. Prints the median of --reps runs of every figure.
+//
+//   daemon_bench --heapd=PATH [--reps=5] [--only=b2,b3,b4,b5]
+//
+// Multi-process figures use child processes of this binary (--child=...)
+// that start together at an agreed CLOCK_MONOTONIC instant.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/allocator.h"
+#include "client/client.h"
+#include "client/examples/graph.h"
+#include "client/examples/rmat.h"
+#include "client/heap.h"
+
+ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
+ABSL_FLAG(int, reps, 5, "runs of each figure; medians are printed");
+ABSL_FLAG(std::string, only, "b2,b3,b4,b5", "which benchmarks");
+// Child mode (internal).
+ABSL_FLAG(std::string, child, "", "internal: b2, b4 or b5");
+ABSL_FLAG(std::string, socket, "", "internal");
+ABSL_FLAG(std::string, heap, "", "internal");
+ABSL_FLAG(int64_t, start_at_ns, 0, "internal: CLOCK_MONOTONIC start");
+ABSL_FLAG(int, part, 0, "internal: which part of the edges (B4)");
+ABSL_FLAG(std::string, out, "", "internal: where a B5 child writes its latencies");
+
+extern char** environ;
+
+namespace heapd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kScale = 18;
+constexpr uint64_t kEdges = uint64_t{1} << 22;
+constexpr uint64_t kSeed = 2026;
+
+int64_t MonotonicNs() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+}
+
+void WaitUntil(int64_t ns) {
+  while (MonotonicNs() < ns) {
+  }
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "daemon_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value, const std::string& what) {
+  if (!value.ok()) Die(what, value.status());
+  return *std::move(value);
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Edges(uint64_t begin, uint64_t end) {
+  RmatGenerator rmat(kScale, kSeed);
+  std::vector<std::pair<uint64_t, uint64_t>> edges;
+  edges.reserve(end - begin);
+  for (uint64_t i = 0; i < end; ++i) {
+    auto edge = rmat.Next();
+    if (i >= begin) edges.push_back(edge);
+  }
+  return edges;
+}
+
+// Runs this binary with `args`; returns its pid, stdout to `out_path`.
+pid_t SpawnSelf(const std::vector<std::string>& args, const std::string& out_path) {
+  std::vector<std::string> argv = {"/proc/self/exe"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> raw;
+  for (std::string& a : argv) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid;
+  if (posix_spawn(&pid, raw[0], &actions, nullptr, raw.data(), environ) != 0) std::abort();
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Starts `count` children with `args` at a common instant; returns what each printed.
+std::vector<std::string> RunChildren(int count, const std::vector<std::string>& args,
+                                     const std::string& scratch, int64_t delay_ms) {
+  const int64_t start = MonotonicNs() + delay_ms * 1000000;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::string> child = args;
+    child.push_back(absl::StrCat("--start_at_ns=", start));
+    child.push_back(absl::StrCat("--part=", i));
+    child.push_back(absl::StrCat("--out=", scratch, "/lat.", i));
+    pids.push_back(SpawnSelf(child, absl::StrCat(scratch, "/out.", i)));
+  }
+  std::vector<std::string> outputs;
+  for (int i = 0; i < count; ++i) {
+    int status;
+    waitpid(pids[i], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "child %d failed: %s\n", i,
+                   ReadFile(absl::StrCat(scratch, "/out.", i)).c_str());
+      std::exit(1);
+    }
+    outputs.push_back(ReadFile(absl::StrCat(scratch, "/out.", i)));
+  }
+  return outputs;
+}
+
+// "key=value key=value" -> map.
+std::map<std::string, double> Parse(const std::string& line) {
+  std::map<std::string, double> values;
+  for (absl::string_view field : absl::StrSplit(line, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(field, '=');
+    values[kv.first] = std::atof(kv.second.c_str());
+  }
+  return values;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Figures by name, one value per rep.
+std::map<std::string, std::vector<double>> figures;
+std::vector<std::string> order;
+void Record(const std::string& name, double value) {
+  if (figures.count(name) == 0) order.push_back(name);
+  figures[name].push_back(value);
+}
+
+// ---- B2: allocate 100 x 64 B, free in random order, 100,000 rounds.
+constexpr int kB2Batch = 100;
+constexpr int kB2Rounds = 100000;
+
+template <typename Alloc, typename Free>
+double B2Loop(Alloc&& alloc, Free&& free, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::array<uint8_t, kB2Batch>> orders(64);
+  for (auto& o : orders) {
+    std::iota(o.begin(), o.end(), 0);
+    std::shuffle(o.begin(), o.end(), rng);
+  }
+  std::array<void*, kB2Batch> live;
+  const Clock::time_point t0 = Clock::now();
+  for (int r = 0; r < kB2Rounds; ++r) {
+    for (int i = 0; i < kB2Batch; ++i) live[i] = alloc();
+    for (uint8_t i : orders[r % orders.size()]) free(live[i]);
+  }
+  return Seconds(Clock::now() - t0) * 1e9 / (double{kB2Rounds} * kB2Batch);
+}
+
+double B2Heapd(Heap& heap, uint64_t seed) {
+  return B2Loop([&] { return Check(heap.allocate(64), "allocate"); },
+                [&](void* p) {
+                  if (absl::Status s = heap.deallocate(p); !s.ok()) Die("deallocate", s);
+                },
+                seed);
+}
+
+double B2Std(uint64_t seed) {
+  std::allocator<std::array<char, 64>> a;
+  return B2Loop([&] { return static_cast<void*>(a.allocate(1)); },
+                [&](void* p) { a.deallocate(static_cast<std::array<char, 64>*>(p), 1); }, seed);
+}
+
+// Runs `threads` threads of `body(t)` returning ns/pair; returns the mean
+// and the aggregate pairs per second.
+template <typename Body>
+std::pair<double, double> B2Threads(int threads, Body&& body) {
+  std::vector<double> ns(threads);
+  std::vector<std::thread> workers;
+  const Clock::time_point t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) workers.emplace_back([&, t] { ns[t] = body(t); });
+  for (auto& w : workers) w.join();
+  const double wall = Seconds(Clock::now() - t0);
+  return {std::accumulate(ns.begin(), ns.end(), 0.0) / threads,
+          threads * double{kB2Rounds} * kB2Batch / wall / 1e6};
+}
+
+void RunB2(Client& client, const std::string& scratch) {
+  AttachOptions create;
+  create.create_if_missing = true;
+  std::unique_ptr<Heap> heap = Check(client.Attach("b2", create), "attach b2");
+  B2Heapd(*heap, 99);  // warm: leases in place
+  auto one = B2Threads(1, [&](int t) { return B2Heapd(*heap, t); });
+  auto two = B2Threads(2, [&](int t) { return B2Heapd(*heap, t); });
+  Check(heap->sync(), "sync");
+  heap.reset();
+  auto std_one = B2Threads(1, [](int t) { return B2Std(t); });
+  auto std_two = B2Threads(2, [](int t) { return B2Std(t); });
+  const std::vector<std::string> outputs = RunChildren(
+      2, {"--child=b2", "--socket=" + client.socket_path(), "--heap=b2"}, scratch, 500);
+  double end = 0, start = 0, ns = 0;
+  for (const std::string& out : outputs) {
+    auto v = Parse(out);
+    end = std::max(end, v["end"]);
+    start = v["start"];
+    ns += v["pair_ns"] / 2;
+  }
+  const double two_proc_mpairs = 2 * double{kB2Rounds} * kB2Batch / ((end - start) / 1e9) / 1e6;
+  Record("B2 heapd 1 thread ns/pair", one.first);
+  Record("B2 heapd 2 threads Mpairs/s", two.second);
+  Record("B2 heapd 2 threads speedup", two.second / one.second);
+  Record("B2 heapd 2 processes ns/pair", ns);
+  Record("B2 heapd 2 processes Mpairs/s", two_proc_mpairs);
+  Record("B2 heapd 2 processes speedup", two_proc_mpairs / one.second);
+  Record("B2 std::allocator 1 thread ns/pair", std_one.first);
+  Record("B2 std::allocator 2 threads speedup", std_two.second / std_one.second);
+}
+
+int B2Child() {
+  auto client = Check(Client::Connect(absl::GetFlag(FLAGS_socket)), "connect");
+  std::unique_ptr<Heap> heap = Check(client->Attach(absl::GetFlag(FLAGS_heap)), "attach");
+  B2Heapd(*heap, 98);  // warm, before the common start
+  WaitUntil(absl::GetFlag(FLAGS_start_at_ns));
+  const double ns = B2Heapd(*heap, absl::GetFlag(FLAGS_part));
+  const int64_t end = MonotonicNs();
+  std::printf("pair_ns=%f start=%lld end=%lld\n", ns,
+              static_cast<long long>(absl::GetFlag(FLAGS_start_at_ns)),
+              static_cast<long long>(end));
+  return 0;
+}
+
+// ---- B3 / B4: R-MAT edges into an adjacency list.
+template <typename Graph>
+double Ingest(Graph& graph, const std::vector<std::pair<uint64_t, uint64_t>>& edges) {
+  const Clock::time_point t0 = Clock::now();
+  for (const auto& [source, destination] : edges) graph.AddEdge(source, destination);
+  graph.edges += edges.size();
+  return Seconds(Clock::now() - t0);
+}
+
+void RemoveHeap(Client& client, const std::string& name) {
+  v1::RemoveHeapRequest request;
+  request.set_heap(name);
+  v1::RemoveHeapResponse response;
+  grpc::ClientContext context;
+  (void)client.stub().RemoveHeap(&context, request, &response);
+}
+
+void RunB3(Client& client, const std::vector<std::pair<uint64_t, uint64_t>>& edges) {
+  RemoveHeap(client, "b3");
+  AttachOptions create;
+  create.create_if_missing = true;
+  create.max_size = uint64_t{8} << 30;
+  std::unique_ptr<Heap> heap = Check(client.Attach("b3", create), "attach b3");
+  Graph* graph = Check(heap->construct<Graph>("graph")(allocator<char>(*heap)), "construct");
+  const double ingest = Ingest(*graph, edges);
+  const Clock::time_point t0 = Clock::now();
+  Check(heap->sync(), "sync");
+  if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+  const double close = Seconds(Clock::now() - t0);
+  heap.reset();
+
+  const Clock::time_point t1 = Clock::now();
+  AttachOptions reopen;
+  reopen.read_only = true;
+  reopen.prefetch_names = {"graph"};
+  std::unique_ptr<Heap> again = Check(client.Attach("b3", reopen), "reattach");
+  Graph* found = Check(again->find<Graph>("graph"), "find");
+  const double attach_find = Seconds(Clock::now() - t1);
+  if (found->edges != edges.size()) Die("check", absl::DataLossError("edge count"));
+  const Clock::time_point t2 = Clock::now();
+  std::unique_ptr<Client> fresh = Check(Client::Connect(client.socket_path()), "connect");
+  const double connect = Seconds(Clock::now() - t2);
+  again.reset();
+
+  AdjacencyList<std::allocator<char>> dram{std::allocator<char>()};
+  const double baseline = Ingest(dram, edges);
+
+  Record("B3 heapd Medges/s", edges.size() / ingest / 1e6);
+  Record("B3 std::allocator (DRAM) Medges/s", edges.size() / baseline / 1e6);
+  Record("B3 heapd / DRAM", baseline / ingest);
+  Record("B3 sync+detach ms", close * 1e3);
+  Record("B3 attach+find ms (read-only, name prefetched)", attach_find * 1e3);
+  Record("B3 connect ms", connect * 1e3);
+}
+
+void RunB4(Client& client, const std::string& scratch) {
+  RemoveHeap(client, "b4");
+  AttachOptions create;
+  create.create_if_missing = true;
+  create.max_size = uint64_t{8} << 30;
+  Check(client.Attach("b4", create), "create b4");  // detached at once
+  const std::vector<std::string> outputs = RunChildren(
+      2, {"--child=b4", "--socket=" + client.socket_path(), "--heap=b4"}, scratch, 4000);
+  double end = 0, start = 0, sum = 0;
+  for (const std::string& out : outputs) {
+    auto v = Parse(out);
+    end = std::max(end, v["end"]);
+    start = v["start"];
+    sum += v["edges"];
+  }
+  Record("B4 heapd 2 processes Medges/s (aggregate)", sum / ((end - start) / 1e9) / 1e6);
+}
+
+int B4Child() {
+  const int part = absl::GetFlag(FLAGS_part);
+  const auto edges = Edges(part * kEdges / 2, (part + 1) * kEdges / 2);
+  auto client = Check(Client::Connect(absl::GetFlag(FLAGS_socket)), "connect");
+  std::unique_ptr<Heap> heap = Check(client->Attach(absl::GetFlag(FLAGS_heap)), "attach");
+  WaitUntil(absl::GetFlag(FLAGS_start_at_ns));
+  if (MonotonicNs() > absl::GetFlag(FLAGS_start_at_ns) + 1000000) {
+    std::fprintf(stderr, "b4 child %d started late\n", part);
+    return 1;
+  }
+  Graph* graph = Check(
+      heap->construct<Graph>(absl::StrCat("graph-", part))(allocator<char>(*heap)), "construct");
+  Ingest(*graph, edges);
+  const int64_t end = MonotonicNs();
+  std::printf("edges=%zu start=%lld end=%lld\n", edges.size(),
+              static_cast<long long>(absl::GetFlag(FLAGS_start_at_ns)),
+              static_cast<long long>(end));
+  return heap->detach().ok() ? 0 : 1;
+}
+
+// ---- B5: named-object Lookup latency with concurrent clients.
+constexpr double kB5Seconds = 2.0;
+
+void RunB5(Client& client, const std::string& scratch) {
+  {
+    AttachOptions create;
+    create.create_if_missing = true;
+    std::unique_ptr<Heap> heap = Check(client.Attach("b5", create), "attach b5");
+    if (!heap->find<uint64_t>("answer").ok()) Check(heap->construct<uint64_t>("answer")(42), "x");
+  }
+  for (int clients : {1, 4, 16}) {
+    RunChildren(clients, {"--child=b5", "--socket=" + client.socket_path(), "--heap=b5"},
+                scratch, 300 + 30 * clients);
+    std::vector<uint32_t> all;
+    for (int i = 0; i < clients; ++i) {
+      std::ifstream in(absl::StrCat(scratch, "/lat.", i), std::ios::binary);
+      in.seekg(0, std::ios::end);
+      const size_t bytes = static_cast<size_t>(in.tellg());
+      in.seekg(0);
+      std::vector<uint32_t> samples(bytes / 4);
+      in.read(reinterpret_cast<char*>(samples.data()), static_cast<std::streamsize>(bytes));
+      all.insert(all.end(), samples.begin(), samples.end());
+    }
+    std::sort(all.begin(), all.end());
+    const std::string prefix = absl::StrCat("B5 ", clients, " client", clients > 1 ? "s" : "");
+    Record(prefix + " p50 us", all[all.size() / 2] / 1e3);
+    Record(prefix + " p99 us", all[all.size() * 99 / 100] / 1e3);
+    Record(prefix + " calls/s", all.size() / kB5Seconds);
+  }
+}
+
+int B5Child() {
+  auto client = Check(Client::Connect(absl::GetFlag(FLAGS_socket)), "connect");
+  v1::LookupRequest request;
+  request.set_heap(absl::GetFlag(FLAGS_heap));
+  request.set_name("answer");
+  std::vector<uint32_t> latencies;
+  latencies.reserve(1 << 20);
+  WaitUntil(absl::GetFlag(FLAGS_start_at_ns));
+  const int64_t stop = absl::GetFlag(FLAGS_start_at_ns) + static_cast<int64_t>(kB5Seconds * 1e9);
+  for (int64_t now = MonotonicNs(); now < stop;) {
+    v1::NameEntry entry;
+    grpc::ClientContext context;
+    const grpc::Status status = client->stub().Lookup(&context, request, &entry);
+    if (!status.ok() || entry.offset() == UINT64_MAX) Die("lookup", FromGrpc(status));
+    const int64_t done = MonotonicNs();
+    latencies.push_back(static_cast<uint32_t>(std::min<int64_t>(done - now, UINT32_MAX)));
+    now = done;
+  }
+  std::ofstream(absl::GetFlag(FLAGS_out), std::ios::binary)
+      .write(reinterpret_cast<const char*>(latencies.data()),
+             static_cast<std::streamsize>(latencies.size() * 4));
+  return 0;
+}
+
+// ---- The daemon.
+struct Daemon {
+  pid_t pid = -1;
+  std::string dir;
+  std::string socket() const { return dir + "/run/heapd.sock"; }
+  ~Daemon() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+    std::string command = "rm -rf " + dir;
+    (void)!std::system(command.c_str());
+  }
+};
+
+int Main() {
+  Daemon daemon;
+  char pattern[] = "/dev/shm/heapd-bench-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) {
+    std::perror("mkdtemp /dev/shm");
+    return 1;
+  }
+  daemon.dir = pattern;
+  const std::string heapd = absl::GetFlag(FLAGS_heapd);
+  std::vector<std::string> argv = {heapd, "--state_dir=" + daemon.dir + "/state",
+                                   "--runtime_dir=" + daemon.dir + "/run", "--log_level=warn"};
+  std::vector<char*> raw;
+  for (std::string& a : argv) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  if (posix_spawn(&daemon.pid, raw[0], nullptr, nullptr, raw.data(), environ) != 0) {
+    std::fprintf(stderr, "cannot start %s\n", heapd.c_str());
+    return 1;
+  }
+  std::unique_ptr<Client> client;
+  for (int i = 0; i < 200 && client == nullptr; ++i) {
+    usleep(20000);
+    if (auto c = Client::Connect(daemon.socket(), 1000); c.ok()) client = *std::move(c);
+  }
+  if (client == nullptr) return 1;
+  const std::string only = absl::GetFlag(FLAGS_only);
+  const bool b3 = only.find("b3") != std::string::npos;
+  const auto edges = b3 ? Edges(0, kEdges) : std::vector<std::pair<uint64_t, uint64_t>>();
+  for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+    if (only.find("b2") != std::string::npos) RunB2(*client, daemon.dir);
+    if (b3) RunB3(*client, edges);
+    if (only.find("b4") != std::string::npos) RunB4(*client, daemon.dir);
+    if (only.find("b5") != std::string::npos) RunB5(*client, daemon.dir);
+    std::fprintf(stderr, "rep %d done\n", rep + 1);
+  }
+  std::printf("%-52s %12s   (runs)\n", "figure", "median");
+  for (const std::string& name : order) {
+    std::string runs;
+    for (double v : figures[name]) runs += absl::StrFormat(" %.3g", v);
+    std::printf("%-52s %12.3f  %s\n", name.c_str(), Median(figures[name]), runs.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace heapd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string child = absl::GetFlag(FLAGS_child);
+  if (child == "b2") return heapd::B2Child();
+  if (child == "b4") return heapd::B4Child();
+  if (child == "b5") return heapd::B5Child();
+  return heapd::Main();
+}
