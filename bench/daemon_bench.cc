@@ -220,13 +220,13 @@ void RunB2(Client& client, const std::string& scratch) {
   AttachOptions create;
   create.create_if_missing = true;
   std::unique_ptr<Heap> heap = Check(client.Attach("b2", create), "attach b2");
+  auto std_one = B2Threads(1, [](int t) { return B2Std(t); });
+  auto std_two = B2Threads(2, [](int t) { return B2Std(t); });
   B2Heapd(*heap, 99);  // warm: leases in place
   auto one = B2Threads(1, [&](int t) { return B2Heapd(*heap, t); });
   auto two = B2Threads(2, [&](int t) { return B2Heapd(*heap, t); });
   Check(heap->sync(), "sync");
   heap.reset();
-  auto std_one = B2Threads(1, [](int t) { return B2Std(t); });
-  auto std_two = B2Threads(2, [](int t) { return B2Std(t); });
   const std::vector<std::string> outputs = RunChildren(
       2, {"--child=b2", "--socket=" + client.socket_path(), "--heap=b2"}, scratch, 500);
   double end = 0, start = 0, ns = 0;

@@ -70,6 +70,8 @@ absl::Status Heap::Start(const v1::AttachResponse& attached) {
                        kProcessHeaderBytes);
   if (!mapping.ok()) return mapping.status();
   mapping_ = *std::move(mapping);
+  base_ = mapping_->base();
+  max_size_ = max_size;
   mapped_bytes_ = mapping_->size();
   *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
   fault_slot_ = RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_,
@@ -158,8 +160,10 @@ absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
   if (size <= kMaxSmallSize) {
     uint32_t size_class = SizeClassFor(size);
     // Slots of a class are aligned to the largest power of two dividing its
-    // size (chunks are 2 MiB aligned).
-    while (size_class < kNumSizeClasses && ClassSize(size_class) % align != 0) ++size_class;
+    // size (chunks are 2 MiB aligned); every class is 8-byte aligned.
+    while (align > 8 && size_class < kNumSizeClasses && ClassSize(size_class) % align != 0) {
+      ++size_class;
+    }
     if (size_class < kNumSizeClasses) {
       ThreadCache* cache = CacheOfThisThread();
       cache->lock.lock();
@@ -197,8 +201,10 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
+  // Any address of the reservation is checked further by the pool or the
+  // daemon; this only keeps the owner lookup in bounds.
   const char* address = static_cast<const char*>(p);
-  if (address < base() || address >= base() + mapped_bytes_.load(std::memory_order_acquire)) {
+  if (address < base_ || address >= base_ + max_size_) {
     return absl::InvalidArgumentError(absl::StrCat("address 0x", absl::Hex(reinterpret_cast<uintptr_t>(p)), " is not in heap ", name_));
   }
   const uint64_t offset = offset_of(p);

@@ -139,7 +139,7 @@ class Heap {
   absl::Status detach();
 
   // Offsets and addresses in this process's mapping.
-  char* base() const { return mapping_->base(); }
+  char* base() const { return base_; }
   uint64_t offset_of(const void* p) const {
     return static_cast<uint64_t>(static_cast<const char*>(p) - base());
   }
@@ -151,7 +151,7 @@ class Heap {
   const std::string& name() const { return name_; }
   bool read_only() const { return read_only_; }
   uint64_t session() const { return session_; }
-  uint64_t max_size() const { return mapping_->max_size(); }
+  uint64_t max_size() const { return max_size_; }
   ProcessHeader* process_header() const {
     return reinterpret_cast<ProcessHeader*>(base() - kProcessHeaderBytes);
   }
@@ -197,6 +197,8 @@ class Heap {
 
   absl::Mutex mapping_mu_;  // growth of the mapping
   std::unique_ptr<HeapMapping> mapping_;
+  char* base_ = nullptr;    // mapping_->base(), kept here for the fast path
+  uint64_t max_size_ = 0;
   std::atomic<uint64_t> mapped_bytes_{0};
 
   absl::Mutex caches_mu_;
