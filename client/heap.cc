@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include <cstdio>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
@@ -331,18 +332,32 @@ absl::Status Heap::detach() {
   if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
   detached_ = true;
   absl::Status status;
-  v1::DetachRequest request;
-  request.set_session(session_);
+  std::vector<LeaseReport> reports;
   if (!read_only_) {
     status.Update(mapping_->Flush());
     status.Update(FlushFrees());
     absl::MutexLock lock(&caches_mu_);
     for (const auto& [thread, cache] : caches_) {
-      for (const LeaseReport& report : cache->pool.ReleaseAll()) {
-        ToProto(report, request.add_reports());
-      }
+      std::vector<LeaseReport> released = cache->pool.ReleaseAll();
+      std::move(released.begin(), released.end(), std::back_inserter(reports));
     }
   }
+  // All but the last kReportsPerSync leases go back with ReturnChunks (to
+  // keep messages small); Detach returns the rest and persists them all.
+  size_t sent = 0;
+  while (status.ok() && reports.size() - sent > kReportsPerSync) {
+    v1::ReturnChunksRequest request;
+    request.set_session(session_);
+    for (const size_t end = sent + kReportsPerSync; sent < end; ++sent) {
+      ToProto(reports[sent], request.add_reports());
+    }
+    v1::ReturnChunksResponse response;
+    grpc::ClientContext context;
+    status.Update(FromGrpc(client_->stub().ReturnChunks(&context, request, &response)));
+  }
+  v1::DetachRequest request;
+  request.set_session(session_);
+  for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
   v1::DetachResponse response;
   grpc::ClientContext context;
   status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));

@@ -218,6 +218,22 @@ TEST_F(RpcValidationTest, AllocationCallsRejectBadInputAndChangeNothing) {
               "clients attached");
 }
 
+TEST_F(RpcValidationTest, ReturnedChunksAreNoLongerTheSessions) {
+  const v1::AttachResponse session = RawAttach(/*lease_class=*/2);
+  ASSERT_EQ(session.grants_size(), 1);
+  v1::ReturnChunksRequest give_back;
+  give_back.set_session(session.session());
+  v1::LeaseReport* report = give_back.add_reports();
+  report->set_chunk(session.grants(0).chunk());
+  report->mutable_words()->Add(session.grants(0).words().begin(),
+                               session.grants(0).words().end());
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::ReturnChunks, give_back).ok());
+  EXPECT_EQ(Stat().leased_chunks(), 0u);
+  // Twice: the chunk is not the session's any more.
+  ExpectError(Call(&v1::Heapd::Stub::ReturnChunks, give_back), StatusCode::kFailedPrecondition,
+              std::to_string(session.grants(0).chunk()));
+}
+
 TEST_F(RpcValidationTest, ReadOnlySessionsCannotWrite) {
   v1::AttachRequest attach;
   attach.set_heap("h");
