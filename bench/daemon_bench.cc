@@ -50,6 +50,7 @@ ABSL_FLAG(std::string, heap, "", "internal");
 ABSL_FLAG(int64_t, start_at_ns, 0, "internal: CLOCK_MONOTONIC start");
 ABSL_FLAG(int, part, 0, "internal: which part of the edges (B4)");
 ABSL_FLAG(std::string, out, "", "internal: where a B5 child writes its latencies");
+ABSL_FLAG(std::string, via, "find", "internal: B5 through Heap::find or the gRPC Lookup call");
 
 extern char** environ;
 
@@ -363,29 +364,39 @@ void RunB5(Client& client, const std::string& scratch) {
     std::unique_ptr<Heap> heap = Check(client.Attach("b5", create), "attach b5");
     if (!heap->find<uint64_t>("answer").ok()) Check(heap->construct<uint64_t>("answer")(42), "x");
   }
-  for (int clients : {1, 4, 16}) {
-    RunChildren(clients, {"--child=b5", "--socket=" + client.socket_path(), "--heap=b5"},
-                scratch, 300 + 30 * clients);
-    std::vector<uint32_t> all;
-    for (int i = 0; i < clients; ++i) {
-      std::ifstream in(absl::StrCat(scratch, "/lat.", i), std::ios::binary);
-      in.seekg(0, std::ios::end);
-      const size_t bytes = static_cast<size_t>(in.tellg());
-      in.seekg(0);
-      std::vector<uint32_t> samples(bytes / 4);
-      in.read(reinterpret_cast<char*>(samples.data()), static_cast<std::streamsize>(bytes));
-      all.insert(all.end(), samples.begin(), samples.end());
+  for (const char* via : {"find", "grpc"}) {
+    for (int clients : {1, 4, 16}) {
+      RunChildren(clients,
+                  {"--child=b5", "--socket=" + client.socket_path(), "--heap=b5",
+                   std::string("--via=") + via},
+                  scratch, 300 + 30 * clients);
+      std::vector<uint32_t> all;
+      for (int i = 0; i < clients; ++i) {
+        std::ifstream in(absl::StrCat(scratch, "/lat.", i), std::ios::binary);
+        in.seekg(0, std::ios::end);
+        const size_t bytes = static_cast<size_t>(in.tellg());
+        in.seekg(0);
+        std::vector<uint32_t> samples(bytes / 4);
+        in.read(reinterpret_cast<char*>(samples.data()), static_cast<std::streamsize>(bytes));
+        all.insert(all.end(), samples.begin(), samples.end());
+      }
+      std::sort(all.begin(), all.end());
+      const std::string prefix =
+          absl::StrCat("B5 ", std::string(via) == "find" ? "Heap::find" : "gRPC Lookup", " ",
+                       clients, " client", clients > 1 ? "s" : "");
+      Record(prefix + " p50 us", all[all.size() / 2] / 1e3);
+      Record(prefix + " p99 us", all[all.size() * 99 / 100] / 1e3);
+      Record(prefix + " calls/s", all.size() / kB5Seconds);
     }
-    std::sort(all.begin(), all.end());
-    const std::string prefix = absl::StrCat("B5 ", clients, " client", clients > 1 ? "s" : "");
-    Record(prefix + " p50 us", all[all.size() / 2] / 1e3);
-    Record(prefix + " p99 us", all[all.size() * 99 / 100] / 1e3);
-    Record(prefix + " calls/s", all.size() / kB5Seconds);
   }
 }
 
 int B5Child() {
   auto client = Check(Client::Connect(absl::GetFlag(FLAGS_socket)), "connect");
+  AttachOptions read_only;
+  read_only.read_only = true;
+  std::unique_ptr<Heap> heap = Check(client->Attach(absl::GetFlag(FLAGS_heap), read_only), "attach");
+  const bool via_find = absl::GetFlag(FLAGS_via) == "find";
   v1::LookupRequest request;
   request.set_heap(absl::GetFlag(FLAGS_heap));
   request.set_name("answer");
@@ -394,10 +405,15 @@ int B5Child() {
   WaitUntil(absl::GetFlag(FLAGS_start_at_ns));
   const int64_t stop = absl::GetFlag(FLAGS_start_at_ns) + static_cast<int64_t>(kB5Seconds * 1e9);
   for (int64_t now = MonotonicNs(); now < stop;) {
-    v1::NameEntry entry;
-    grpc::ClientContext context;
-    const grpc::Status status = client->stub().Lookup(&context, request, &entry);
-    if (!status.ok() || entry.offset() == UINT64_MAX) Die("lookup", FromGrpc(status));
+    if (via_find) {
+      if (*Check(heap->find<uint64_t>("answer"), "find") != 42) std::abort();
+    } else {
+      v1::NameEntry entry;
+      grpc::ClientContext context;
+      if (absl::Status s = FromGrpc(client->stub().Lookup(&context, request, &entry)); !s.ok()) {
+        Die("lookup", s);
+      }
+    }
     const int64_t done = MonotonicNs();
     latencies.push_back(static_cast<uint32_t>(std::min<int64_t>(done - now, UINT32_MAX)));
     now = done;

@@ -1,16 +1,19 @@
 #include "client/heap.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "client/growth_fault_handler.h"
+#include "daemon/default_paths.h"
 #include "heap/data_file.h"
 
 namespace heapd {
@@ -394,6 +397,51 @@ absl::Status Heap::Unbind(const std::string& name) {
   return FromGrpc(client_->stub().Unbind(&context, request, &response));
 }
 
+absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
+  if (name.size() + 1 > kMaxFdRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name of ", name.size(), " bytes is too long"));
+  }
+  const uint32_t length = static_cast<uint32_t>(name.size() + 1);
+  std::string frame(reinterpret_cast<const char*>(&length), 4);
+  frame += 'L';
+  frame += name;
+  absl::MutexLock lock(&fd_mu_);
+  auto io_error = [this](const char* what) {
+    return absl::UnavailableError(absl::StrCat(what, " heapd's connection of heap ", name_,
+                                               " failed: ", std::strerror(errno)));
+  };
+  for (size_t sent = 0; sent < frame.size();) {
+    const ssize_t n = send(fd_connection_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return io_error("writing to");
+    sent += static_cast<size_t>(n);
+  }
+  auto read_exactly = [this](char* into, size_t bytes) {
+    for (size_t got = 0; got < bytes;) {
+      const ssize_t n = recv(fd_connection_, into + got, bytes - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  };
+  uint32_t reply_length = 0;
+  if (!read_exactly(reinterpret_cast<char*>(&reply_length), 4) || reply_length == 0 ||
+      reply_length > (1u << 20)) {
+    return io_error("reading from");
+  }
+  std::string reply(reply_length, '\0');
+  if (!read_exactly(reply.data(), reply_length)) return io_error("reading from");
+  if (reply[0] != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply[0]), reply.substr(1));
+  }
+  v1::NameEntry entry;
+  if (!entry.ParseFromArray(reply.data() + 1, static_cast<int>(reply.size() - 1))) {
+    return absl::InternalError("heapd sent a malformed name entry");
+  }
+  return FromProto(entry);
+}
+
 absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,
                                  uint64_t size) {
   NameEntry entry;
@@ -407,15 +455,9 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
     }
   }
   if (!prefetched) {
-    v1::LookupRequest request;
-    request.set_heap(name_);
-    request.set_name(name);
-    v1::NameEntry response;
-    grpc::ClientContext context;
-    if (absl::Status s = FromGrpc(client_->stub().Lookup(&context, request, &response)); !s.ok()) {
-      return s;
-    }
-    entry = FromProto(response);
+    absl::StatusOr<NameEntry> found = LookupOnFdSocket(name);
+    if (!found.ok()) return found.status();
+    entry = *std::move(found);
   }
   if (entry.type_name != type_name) {
     return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,

@@ -183,6 +183,9 @@ class Heap {
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
   absl::Status FlushFrees();
   absl::Status SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* response);
+  // Looks `name` up over the session's heapd.fd.sock connection: one small
+  // request and answer, no gRPC.
+  absl::StatusOr<NameEntry> LookupOnFdSocket(const std::string& name);
 
   Client* const client_;
   const std::string name_;
@@ -192,6 +195,7 @@ class Heap {
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
   int data_fd_ = -1;
   int fd_connection_ = -1;  // heapd.fd.sock, open for the whole session
+  absl::Mutex fd_mu_;       // one request at a time on fd_connection_
   int fault_slot_ = -1;     // see growth_fault_handler.h
   bool detached_ = false;
 

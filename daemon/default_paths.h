@@ -6,12 +6,15 @@
 #ifndef HEAPD_DAEMON_DEFAULT_PATHS_H_
 #define HEAPD_DAEMON_DEFAULT_PATHS_H_
 
+#include <cstdint>
 #include <string>
 
 namespace heapd {
 
 inline constexpr char kGrpcSocketName[] = "heapd.sock";
 inline constexpr char kFdSocketName[] = "heapd.fd.sock";
+// Largest request frame on a session's heapd.fd.sock connection (fd_server.h).
+inline constexpr uint32_t kMaxFdRequestBytes = 4096;
 
 std::string DefaultStateDir();
 std::string DefaultRuntimeDir();

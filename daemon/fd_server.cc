@@ -104,18 +104,48 @@ void FdServer::AcceptAll() {
       close(fd);
       continue;
     }
-    connections_[fd] = Connection{*caller, absl::Now(), "", 0};
+    Connection& connection = connections_[fd];
+    connection.caller = *caller;
+    connection.accepted = absl::Now();
   }
 }
 
-bool FdServer::OnReadable(int fd, Connection& connection) {
-  char buffer[kTokenLength];
-  const size_t want = connection.session == 0 ? kTokenLength - connection.token.size()
-                                              : sizeof(buffer);
-  const ssize_t n = recv(fd, buffer, want, 0);
+bool FdServer::OnRequests(int fd, Connection& connection) {
+  char buffer[kMaxRequestBytes];
+  const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (n <= 0) return false;  // closed: the session ends
-  if (connection.session != 0) return false;  // nothing more is expected
+  std::string& inbox = connection.inbox;
+  inbox.append(buffer, static_cast<size_t>(n));
+  size_t done = 0;
+  while (inbox.size() - done >= 4) {
+    uint32_t length;
+    std::memcpy(&length, inbox.data() + done, 4);
+    if (length > kMaxRequestBytes) return false;  // not our protocol
+    if (inbox.size() - done - 4 < length) break;
+    const std::string reply =
+        callbacks_.request(connection.session, absl::string_view(inbox).substr(done + 4, length));
+    const uint32_t reply_length = static_cast<uint32_t>(reply.size());
+    std::string frame(reinterpret_cast<const char*>(&reply_length), 4);
+    frame += reply;
+    // A client that does not read its answers loses its connection (and
+    // session) rather than stall the others.
+    if (send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+        static_cast<ssize_t>(frame.size())) {
+      return false;
+    }
+    done += 4 + length;
+  }
+  inbox.erase(0, done);
+  return true;
+}
+
+bool FdServer::OnReadable(int fd, Connection& connection) {
+  if (connection.session != 0) return OnRequests(fd, connection);
+  char buffer[kTokenLength];
+  const ssize_t n = recv(fd, buffer, kTokenLength - connection.token.size(), 0);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n <= 0) return false;  // closed before a token
   connection.token.append(buffer, static_cast<size_t>(n));
   if (connection.token.size() < kTokenLength) return true;
   absl::StatusOr<Grant> grant = callbacks_.redeem(connection.token, connection.caller);

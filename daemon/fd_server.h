@@ -5,6 +5,11 @@
 // got its fd stays open for the session: when the client closes it (or
 // dies), the server reports the session closed.
 //
+// On that connection the client may then send requests, each framed as a
+// 4-byte little-endian length and that many bytes (at most
+// kMaxRequestBytes); each is answered in order with a frame of the same
+// form. This is the session's fast path for name lookups (no gRPC).
+//
 // One thread polls the listening socket and every connection; connections
 // that send no token within kTokenWait are dropped. Callbacks run on that
 // thread.
@@ -21,10 +26,12 @@
 #include "absl/time/time.h"
 #include "allocator/lease_types.h"
 #include "daemon/caller.h"
+#include "daemon/default_paths.h"
 
 namespace heapd {
 
 inline constexpr size_t kTokenLength = 32;
+inline constexpr uint32_t kMaxRequestBytes = kMaxFdRequestBytes;
 
 class FdServer {
  public:
@@ -36,6 +43,8 @@ class FdServer {
     std::function<absl::StatusOr<Grant>(const std::string& token, const Caller& caller)> redeem;
     std::function<void(ClientId session)> closed;
     std::function<void()> tick;  // about once a second
+    // Answers one request of a session's connection.
+    std::function<std::string(ClientId session, absl::string_view request)> request;
   };
 
   // Takes ownership of `listen_fd`.
@@ -50,6 +59,7 @@ class FdServer {
     Caller caller;
     absl::Time accepted;
     std::string token;       // bytes received so far
+    std::string inbox;       // request bytes not yet answered
     ClientId session = 0;    // set once the fd was sent
   };
 
@@ -57,6 +67,7 @@ class FdServer {
   void AcceptAll();
   // Handles readable `fd`; returns false when the connection is to be closed.
   bool OnReadable(int fd, Connection& connection);
+  bool OnRequests(int fd, Connection& connection);
 
   const int listen_fd_;
   const int wake_fd_;

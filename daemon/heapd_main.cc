@@ -177,6 +177,9 @@ int Run() {
       HeapdService::EndSession(session, "it did not fetch its fd in time");
     }
   };
+  callbacks.request = [&sessions](ClientId id, absl::string_view request) {
+    return HeapdService::AnswerFdRequest(sessions, id, request);
+  };
   auto fd_server = std::make_unique<FdServer>(*fd_fd, std::move(callbacks));
 
   spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(), state_dir,

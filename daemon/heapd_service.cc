@@ -110,6 +110,30 @@ void HeapdService::EndSession(const std::shared_ptr<Session>& session, const cha
                reclaimed.leases, reclaimed.large_runs);
 }
 
+std::string HeapdService::AnswerFdRequest(const SessionTable& sessions, ClientId id,
+                                          absl::string_view request) {
+  auto answer = [](const absl::Status& status) {
+    return std::string(1, static_cast<char>(status.code())) + std::string(status.message());
+  };
+  if (request.empty() || request[0] != 'L') {
+    return answer(absl::InvalidArgumentError("unknown fd-socket request"));
+  }
+  const absl::string_view name = request.substr(1);
+  if (absl::Status s = ValidateName(name); !s.ok()) return answer(s);
+  std::shared_ptr<Session> session = sessions.Find(id);
+  if (session == nullptr) {
+    return answer(absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended")));
+  }
+  absl::StatusOr<NameEntry> entry = session->heap->heap->Lookup(name);
+  if (!entry.ok()) {
+    return answer(absl::Status(entry.status().code(), absl::StrCat("heap ", session->heap->name,
+                                                                   ": ", entry.status().message())));
+  }
+  v1::NameEntry out;
+  ToProto(*entry, &out);
+  return std::string(1, '\0') + out.SerializeAsString();
+}
+
 grpc::Status HeapdService::Serve(grpc::ServerContext* context,
                                  const std::function<absl::Status(const Caller&)>& body) {
   absl::StatusOr<Caller> caller = caller_of_(context->peer());

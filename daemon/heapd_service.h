@@ -38,6 +38,12 @@ class HeapdService final : public v1::Heapd::Service {
   // uncommitted large objects are freed. `why` goes to the log.
   static void EndSession(const std::shared_ptr<Session>& session, const char* why);
 
+  // Answers a request on a session's fd-socket connection (fd_server.h).
+  // 'L' + name: a lookup; the answer is one status-code byte (0: OK) and a
+  // serialized v1::NameEntry, or the code and the error message.
+  static std::string AnswerFdRequest(const SessionTable& sessions, ClientId session,
+                                     absl::string_view request);
+
   grpc::Status CreateHeap(grpc::ServerContext*, const v1::CreateHeapRequest*,
                           v1::HeapInfo*) override;
   grpc::Status ListHeaps(grpc::ServerContext*, const v1::ListHeapsRequest*,

@@ -47,6 +47,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionTable::Get(ClientId id,
   return it->second.session;
 }
 
+std::shared_ptr<Session> SessionTable::Find(ClientId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.session;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionTable::Redeem(const std::string& token,
                                                               const Caller& caller) {
   absl::MutexLock lock(&mu_);

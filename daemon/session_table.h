@@ -56,6 +56,9 @@ class SessionTable {
   // PERMISSION_DENIED if another user attached it.
   absl::StatusOr<std::shared_ptr<Session>> Get(ClientId id, const Caller& caller) const;
 
+  // The session `id`, for its own fd-socket connection; null if it ended.
+  std::shared_ptr<Session> Find(ClientId id) const;
+
   // Redeems a token on the fd socket. NOT_FOUND if unknown, used or
   // expired; PERMISSION_DENIED if `caller` is not the attaching user (the
   // token stays valid for its owner).

@@ -1,6 +1,10 @@
 // Every heapd.v1 call against a real daemon with bad input: the right
 // status, a message naming what is wrong, and no change to the heap.
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <memory>
 #include <string>
@@ -232,6 +236,53 @@ TEST_F(RpcValidationTest, ReturnedChunksAreNoLongerTheSessions) {
   // Twice: the chunk is not the session's any more.
   ExpectError(Call(&v1::Heapd::Stub::ReturnChunks, give_back), StatusCode::kFailedPrecondition,
               std::to_string(session.grants(0).chunk()));
+}
+
+// The session's fd-socket connection answers framed requests; junk gets an
+// error, a frame that is not the protocol ends the connection and session.
+TEST_F(RpcValidationTest, FdSocketRequestsAreValidated) {
+  const v1::AttachResponse session = RawAttach();
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, daemon_.fd_socket().c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(write(fd, session.fd_token().data(), 32), 32);
+  char status = 0;
+  ASSERT_EQ(read(fd, &status, 1), 1);  // the fd itself is discarded with the message
+  ASSERT_EQ(status, 'K');
+  auto ask = [fd](const std::string& body) {
+    const uint32_t length = static_cast<uint32_t>(body.size());
+    std::string frame(reinterpret_cast<const char*>(&length), 4);
+    frame += body;
+    EXPECT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+    uint32_t reply_length = 0;
+    if (read(fd, &reply_length, 4) != 4) return std::string("(closed)");
+    std::string reply(reply_length, '\0');
+    EXPECT_EQ(read(fd, reply.data(), reply_length), static_cast<ssize_t>(reply_length));
+    return reply;
+  };
+  std::string reply = ask("X");
+  EXPECT_EQ(reply[0], static_cast<char>(StatusCode::kInvalidArgument)) << reply;
+  reply = ask("Lno such name");
+  EXPECT_EQ(reply[0], static_cast<char>(StatusCode::kNotFound)) << reply;
+  EXPECT_NE(reply.find("no such name"), std::string::npos) << reply;
+  reply = ask(std::string("Lbad\nname"));
+  EXPECT_EQ(reply[0], static_cast<char>(StatusCode::kInvalidArgument)) << reply;
+  // A length beyond the protocol's limit: the daemon hangs up.
+  const uint32_t huge = 1 << 30;
+  ASSERT_EQ(write(fd, &huge, 4), 4);
+  char byte;
+  EXPECT_EQ(read(fd, &byte, 1), 0);
+  close(fd);
+  v1::ListClientsResponse clients;
+  for (int i = 0; i < 50; ++i) {
+    clients.Clear();
+    ASSERT_TRUE(Call(&v1::Heapd::Stub::ListClients, v1::ListClientsRequest(), &clients).ok());
+    if (clients.clients_size() == 0) break;
+    usleep(20 * 1000);
+  }
+  EXPECT_EQ(clients.clients_size(), 0);
 }
 
 TEST_F(RpcValidationTest, ReadOnlySessionsCannotWrite) {
