@@ -190,7 +190,12 @@ double B2Loop(Alloc&& alloc, Free&& free, uint64_t seed) {
 }
 
 double B2Heapd(Heap& heap, uint64_t seed) {
-  return B2Loop([&] { return Check(heap.allocate(64), "allocate"); },
+  return B2Loop(
+      [&] {
+        absl::StatusOr<void*> p = heap.allocate(64);
+        if (!p.ok()) Die("allocate", p.status());
+        return *p;
+      },
                 [&](void* p) {
                   if (absl::Status s = heap.deallocate(p); !s.ok()) Die("deallocate", s);
                 },

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "client/growth_fault_handler.h"
+#include "client/owner_gate.h"
 #include "daemon/default_paths.h"
 #include "heap/data_file.h"
 
@@ -43,8 +44,11 @@ NameEntry FromProto(const v1::NameEntry& entry) {
 
 }  // namespace
 
-// One thread's lease pool. Its owner thread allocates and frees under
-// `lock`; other threads take it to free an object of this cache or to sync.
+// One thread's lease pool. The owner thread allocates and frees in it
+// inside `gate` (OwnerScope: no atomic read-modify-write); sync and detach
+// visit it (VisitorScope). Other threads never touch `pool`: their frees of
+// its objects wait in `remote_frees` until the owner or a visitor applies
+// them.
 struct Heap::ThreadCache final : LeaseSource {
   ThreadCache(Heap* heap, uint64_t max_chunks, uint32_t lease_batch)
       : heap(heap), pool(this, max_chunks, lease_batch) {}
@@ -54,9 +58,31 @@ struct Heap::ThreadCache final : LeaseSource {
   }
 
   Heap* const heap;
-  SpinLock lock;
-  LeasePool pool;
+  OwnerGate gate;
+  LeasePool pool;  // inside `gate` only
+
+  SpinLock remote_lock;
+  std::vector<uint64_t> remote_frees;  // under remote_lock
+  std::atomic<bool> has_remote_frees{false};
 };
+
+void Heap::ApplyRemoteFrees(ThreadCache* cache) {
+  std::vector<uint64_t> frees;
+  cache->remote_lock.lock();
+  frees.swap(cache->remote_frees);
+  cache->has_remote_frees.store(false, std::memory_order_relaxed);
+  cache->remote_lock.unlock();
+  for (uint64_t offset : frees) {
+    const LocalFree result = cache->pool.Free(offset);
+    if (result == LocalFree::kFreed) continue;
+    const std::string why = result == LocalFree::kNotLive
+                                ? cache->pool.DescribeNotLive(offset)
+                                : absl::StrCat("offset ", offset, " is in no leased chunk");
+    absl::MutexLock lock(&deferred_mu_);
+    deferred_error_.Update(absl::InvalidArgumentError(
+        absl::StrCat("heap ", name_, ": a free from another thread was rejected: ", why)));
+  }
+}
 
 Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session,
            uint32_t lease_batch)
@@ -170,9 +196,9 @@ absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
     }
     if (size_class < kNumSizeClasses) {
       ThreadCache* cache = CacheOfThisThread();
-      cache->lock.lock();
+      OwnerScope inside(cache->gate);
+      if (cache->has_remote_frees.load(std::memory_order_relaxed)) ApplyRemoteFrees(cache);
       absl::StatusOr<uint64_t> offset = cache->pool.Allocate(size_class);
-      cache->lock.unlock();
       if (!offset.ok()) return offset.status();
       return base() + *offset;
     }
@@ -213,14 +239,22 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
   }
   const uint64_t offset = offset_of(p);
   if (ThreadCache* owner = chunk_owner_[offset >> kChunkShift].load(std::memory_order_acquire)) {
-    owner->lock.lock();
-    const LocalFree result = owner->pool.Free(offset);
-    std::string why;
-    if (result == LocalFree::kNotLive) why = owner->pool.DescribeNotLive(offset);
-    owner->lock.unlock();
+    ThreadCache* mine = CacheOfThisThread();
+    if (owner != mine) {
+      // Another thread's object: that thread (or the next sync) frees it;
+      // a bad one is reported by the next sync().
+      owner->remote_lock.lock();
+      owner->remote_frees.push_back(offset);
+      owner->has_remote_frees.store(true, std::memory_order_relaxed);
+      owner->remote_lock.unlock();
+      return absl::OkStatus();
+    }
+    OwnerScope inside(mine->gate);
+    const LocalFree result = mine->pool.Free(offset);
     if (result == LocalFree::kFreed) return absl::OkStatus();
     if (result == LocalFree::kNotLive) {
-      return absl::InvalidArgumentError(absl::StrCat("heap ", name_, ": ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat("heap ", name_, ": ", mine->pool.DescribeNotLive(offset)));
     }
   }
   v1::ObjectRef object;
@@ -302,17 +336,16 @@ absl::StatusOr<uint64_t> Heap::sync() {
   std::vector<std::vector<LeaseReport>> by_cache(caches.size());
   std::vector<LeaseReport> reports;
   for (size_t i = 0; i < caches.size(); ++i) {
-    caches[i]->lock.lock();
+    VisitorScope visit(caches[i]->gate);
+    ApplyRemoteFrees(caches[i]);
     by_cache[i] = caches[i]->pool.TakeDirtyReports();
-    caches[i]->lock.unlock();
     reports.insert(reports.end(), by_cache[i].begin(), by_cache[i].end());
   }
   v1::SyncResponse response;
   if (absl::Status s = SendSync(std::move(reports), &response); !s.ok()) {
     for (size_t i = 0; i < caches.size(); ++i) {
-      caches[i]->lock.lock();
+      VisitorScope visit(caches[i]->gate);
       caches[i]->pool.Redirty(by_cache[i]);  // report them at the next sync
-      caches[i]->lock.unlock();
     }
     return s;
   }
@@ -322,12 +355,16 @@ absl::StatusOr<uint64_t> Heap::sync() {
     const LeaseCorrection correction{c.chunk(),
                                      {c.freed_slots().begin(), c.freed_slots().end()},
                                      {c.kept_slots().begin(), c.kept_slots().end()}};
-    owner->lock.lock();
+    VisitorScope visit(owner->gate);
     owner->pool.ApplyCorrections(absl::MakeConstSpan(&correction, 1));
-    owner->lock.unlock();
   }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
   if (!frees.ok()) return frees;
+  {
+    absl::MutexLock lock(&deferred_mu_);
+    absl::Status deferred = std::exchange(deferred_error_, absl::OkStatus());
+    if (!deferred.ok()) return deferred;
+  }
   return response.epoch();
 }
 
@@ -341,6 +378,8 @@ absl::Status Heap::detach() {
     status.Update(FlushFrees());
     absl::MutexLock lock(&caches_mu_);
     for (const auto& [thread, cache] : caches_) {
+      VisitorScope visit(cache->gate);
+      ApplyRemoteFrees(cache.get());
       std::vector<LeaseReport> released = cache->pool.ReleaseAll();
       std::move(released.begin(), released.end(), std::back_inserter(reports));
     }

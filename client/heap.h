@@ -3,10 +3,11 @@
 //
 // Allocation: each thread carves small objects (up to 1 MiB) out of chunks
 // it leases from the daemon in batches; allocate and deallocate of those
-// make no system call and no RPC. Large objects are one RPC each. Freeing
-// an object of another thread goes to that thread's cache; freeing one in a
-// chunk this process does not lease (another process allocated it) is
-// batched to the daemon, which validates it.
+// make no system call, no RPC and no atomic read-modify-write (owner_gate.h).
+// Large objects are one RPC each. Freeing an object of another thread
+// queues it for that thread's cache; freeing one in a chunk this process
+// does not lease (another process allocated it) is batched to the daemon,
+// which validates it.
 //
 // Consistency: allocations, frees and names become persistent at sync(),
 // detach() or (for a bound object) construct(); after a crash the heap
@@ -68,10 +69,12 @@ class Heap {
   absl::StatusOr<void*> allocate(uint64_t size, uint64_t align = 8);
 
   // Frees the object at `p`. INVALID_ARGUMENT if `p` is not in the heap or
-  // (for objects of this process) not a live object; frees of other
-  // processes' objects are validated by the daemon when the batch is sent,
-  // and their errors are returned by that call (or by sync()). `size_hint`
-  // (0: unknown) lets objects above 1 MiB go to the daemon at once.
+  // (for objects of this thread) not a live object. Frees of other threads'
+  // objects are applied by that thread or the next sync(), and frees of
+  // other processes' objects are validated by the daemon when their batch
+  // is sent: their errors are returned by that call or by sync().
+  // `size_hint` (0: unknown) lets objects above 1 MiB go to the daemon at
+  // once.
   absl::Status deallocate(void* p, uint64_t size_hint = 0);
 
   // construct<T>(name)(args...): allocates a T, constructs it and binds
@@ -178,6 +181,8 @@ class Heap {
   absl::StatusOr<std::vector<LeaseGrant>> Lease(ThreadCache* cache, uint32_t size_class,
                                                 uint32_t count);
   void AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants);
+  // Applies other threads' frees to `cache`. REQUIRES: inside its gate.
+  void ApplyRemoteFrees(ThreadCache* cache);
   absl::Status MapUpTo(uint64_t capacity);
   absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
@@ -209,6 +214,10 @@ class Heap {
   std::map<std::thread::id, std::unique_ptr<ThreadCache>> caches_ ABSL_GUARDED_BY(caches_mu_);
   // Which thread cache leases each chunk (null: none of this process).
   std::unique_ptr<std::atomic<ThreadCache*>[]> chunk_owner_;
+
+  // The first rejected free of another thread's object, for sync().
+  absl::Mutex deferred_mu_;
+  absl::Status deferred_error_ ABSL_GUARDED_BY(deferred_mu_);
 
   absl::Mutex frees_mu_;
   std::vector<v1::ObjectRef> pending_frees_ ABSL_GUARDED_BY(frees_mu_);

@@ -191,6 +191,22 @@ TEST_F(HeapTest, ThreadsAllocateAndFreeEachOthersObjects) {
   EXPECT_EQ(Stat().info().live_objects(), 0u);
 }
 
+TEST_F(HeapTest, ACrossThreadDoubleFreeIsReportedBySync) {
+  std::unique_ptr<Heap> heap = Attach();
+  void* object = *heap->allocate(40);
+  std::thread other([&] {
+    EXPECT_TRUE(heap->deallocate(object).ok());  // queued for the owner
+    EXPECT_TRUE(heap->deallocate(object).ok());  // queued too: found at sync
+  });
+  other.join();
+  absl::StatusOr<uint64_t> synced = heap->sync();
+  EXPECT_EQ(synced.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(synced.status().message().find("another thread"), absl::string_view::npos)
+      << synced.status();
+  ASSERT_TRUE(heap->sync().ok());  // reported once
+  EXPECT_EQ(Stat().info().live_objects(), 0u);
+}
+
 TEST_F(HeapTest, TheAllocatorThrowsBadAllocWhenTheHeapIsFull) {
   std::unique_ptr<Heap> heap = Attach(false, 16 << 20);
   using Vector = boost::container::vector<uint64_t, allocator<uint64_t>>;
