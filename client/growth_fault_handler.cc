@@ -1,17 +1,13 @@
 #include "client/growth_fault_handler.h"
 
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <mutex>
 
-#ifndef MAP_SHARED_VALIDATE
-#define MAP_SHARED_VALIDATE 0x03
-#endif
-#ifndef MAP_SYNC
-#define MAP_SYNC 0x80000
-#endif
+#include "heap/heap_mapping.h"
+
 
 namespace heapd {
 namespace {
@@ -39,16 +35,10 @@ bool MapGrowth(Registered& heap, uint64_t offset) {
   const uint64_t mapped = heap.mapped->load(std::memory_order_acquire);
   if (offset >= size || size > heap.max_size) return false;
   if (size > mapped) {
-    char* base = heap.base.load(std::memory_order_acquire);
-    const int prot = heap.writable ? PROT_READ | PROT_WRITE : PROT_READ;
-    void* want = base + mapped;
-    if (!heap.writable ||
-        mmap(want, size - mapped, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, heap.fd,
-             static_cast<off_t>(mapped)) == MAP_FAILED) {
-      if (mmap(want, size - mapped, prot, MAP_SHARED | MAP_FIXED, heap.fd,
-               static_cast<off_t>(mapped)) == MAP_FAILED) {
-        return false;
-      }
+    bool map_sync = false;
+    if (MapFileAt(heap.base.load(std::memory_order_acquire) + mapped, size - mapped,
+                  heap.writable, heap.fd, mapped, &map_sync) != 0) {
+      return false;
     }
     uint64_t seen = mapped;
     while (seen < size && !heap.mapped->compare_exchange_weak(seen, size)) {
@@ -59,11 +49,15 @@ bool MapGrowth(Registered& heap, uint64_t offset) {
 
 void OnSegv(int signal, siginfo_t* info, void* context) {
   char* address = static_cast<char*>(info->si_addr);
+  const int saved_errno = errno;  // the interrupted code's
   for (Registered& heap : slots) {
     char* base = heap.base.load(std::memory_order_acquire);
     if (base == nullptr || address < base || address >= base + heap.max_size) continue;
     const uint64_t offset = static_cast<uint64_t>(address - base);
-    if (offset >= heap.mapped->load(std::memory_order_acquire) && MapGrowth(heap, offset)) return;
+    const bool mapped = offset >= heap.mapped->load(std::memory_order_acquire) &&
+                        MapGrowth(heap, offset);
+    errno = saved_errno;
+    if (mapped) return;  // the access is retried
     break;
   }
   if (previous.sa_flags & SA_SIGINFO) {

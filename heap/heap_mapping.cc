@@ -44,24 +44,28 @@ absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t m
 
 HeapMapping::~HeapMapping() { munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_); }
 
-absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
-  const int prot = writable_ ? PROT_READ | PROT_WRITE : PROT_READ;
-  void* want = base_ + begin;
-  if (writable_) {
-    void* got = mmap(want, end - begin, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd_,
-                     static_cast<off_t>(begin));
-    if (got != MAP_FAILED) {
-      map_sync_ = true;
-      return absl::OkStatus();
+int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset,
+              bool* map_sync) {
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  if (writable) {
+    if (mmap(at, length, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd,
+             static_cast<off_t>(offset)) != MAP_FAILED) {
+      *map_sync = true;
+      return 0;
     }
-    if (errno != EOPNOTSUPP && errno != EINVAL) {
-      return ErrnoStatus(errno, absl::StrCat("map heap bytes ", begin, "..", end));
-    }
+    if (errno != EOPNOTSUPP && errno != EINVAL) return errno;
   }
-  void* got = mmap(want, end - begin, prot, MAP_SHARED | MAP_FIXED, fd_,
-                   static_cast<off_t>(begin));
-  if (got == MAP_FAILED) {
-    return ErrnoStatus(errno, absl::StrCat("map heap bytes ", begin, "..", end));
+  if (mmap(at, length, prot, MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(offset)) ==
+      MAP_FAILED) {
+    return errno;
+  }
+  return 0;
+}
+
+absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
+  if (const int error = MapFileAt(base_ + begin, end - begin, writable_, fd_, begin, &map_sync_);
+      error != 0) {
+    return ErrnoStatus(error, absl::StrCat("map heap bytes ", begin, "..", end));
   }
   return absl::OkStatus();
 }

@@ -18,6 +18,13 @@
 
 namespace heapd {
 
+// Maps `length` bytes of `fd` from `offset` at exactly `at` (MAP_FIXED):
+// MAP_SHARED_VALIDATE | MAP_SYNC if writable and the kernel accepts it,
+// else MAP_SHARED. Returns 0, or the errno. Sets *map_sync when MAP_SYNC
+// took. Async-signal-safe (the client's fault handler calls it).
+int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset,
+              bool* map_sync);
+
 class HeapMapping {
  public:
   // Maps the first `size` bytes of `fd` in a reservation of `max_size`
