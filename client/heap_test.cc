@@ -103,7 +103,8 @@ TEST_F(HeapTest, PointersIntoGrowthByAnotherClientAreMappedOnFirstTouch) {
   // A touch beyond the data file, or outside any heap, still faults.
   EXPECT_DEATH({ *reinterpret_cast<volatile int*>(reader->base() + reader->max_size() - 8) = 1; },
                "");
-  EXPECT_DEATH({ *reinterpret_cast<volatile int*>(uintptr_t{16}) = 1; }, "");
+  volatile int* volatile nowhere = reinterpret_cast<int*>(uintptr_t{16});
+  EXPECT_DEATH({ *nowhere = 1; }, "");
 }
 
 TEST_F(HeapTest, NamedObjectsAreTypeChecked) {
