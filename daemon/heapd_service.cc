@@ -207,52 +207,32 @@ void HeapdService::FillClient(const Session& session, v1::ClientInfo* info) cons
 grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
                                       const v1::CreateHeapRequest* request, v1::HeapInfo* info) {
   return Serve(context, [&](const Caller& caller) -> absl::Status {
-    v1::AttachRequest as_attach;
-    as_attach.set_heap(request->name());
-    as_attach.set_create_max_size(request->max_size());
-    as_attach.set_create_mode(request->mode());
-    if (absl::Status s = ValidateHeapName(request->name()); !s.ok()) return s;
-    if (heaps_->Get(request->name()).ok()) {
-      return absl::AlreadyExistsError(absl::StrCat("heap ", request->name(), " already exists"));
-    }
-    as_attach.set_create_if_missing(true);
-    bool created = false;
-    absl::StatusOr<std::shared_ptr<ServedHeap>> served = GetOrCreate(as_attach, caller, &created);
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+        NewHeap(request->name(), request->max_size(), request->mode(), caller);
     if (!served.ok()) return served.status();
-    if (!created) {
-      return absl::AlreadyExistsError(absl::StrCat("heap ", request->name(), " already exists"));
-    }
     FillInfo(**served, /*with_usage=*/true, info);
     return absl::OkStatus();
   });
 }
 
-absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::GetOrCreate(
-    const v1::AttachRequest& request, const Caller& caller, bool* created) {
-  absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request.heap());
-  if (served.ok() || served.status().code() != absl::StatusCode::kNotFound ||
-      !request.create_if_missing()) {
-    return served;
-  }
-  uint64_t max_size = request.create_max_size() == 0 ? options_.default_max_size
-                                                     : request.create_max_size();
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::string& name,
+                                                                  uint64_t max_size,
+                                                                  uint32_t mode,
+                                                                  const Caller& caller) {
+  if (max_size == 0) max_size = options_.default_max_size;
   if (max_size > kMaxHeapSize) {
     return absl::InvalidArgumentError(absl::StrCat("heap maximum size ", max_size,
                                                    " is above the limit of ", kMaxHeapSize));
   }
-  max_size = (max_size + kChunkSize - 1) / kChunkSize * kChunkSize;
   HeapConfig config;
-  config.max_size = max_size;
+  config.max_size = (max_size + kChunkSize - 1) / kChunkSize * kChunkSize;
   config.owner_uid = caller.uid;
   config.owner_gid = caller.gid;
-  config.mode = request.create_mode() == 0 ? 0600 : request.create_mode();
-  served = heaps_->Create(request.heap(), config);
+  config.mode = mode == 0 ? 0600 : mode;
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Create(name, config);
   if (served.ok()) {
-    *created = true;
-    spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}", request.heap(),
-                 caller.ToString(), max_size, config.mode);
-  } else if (served.status().code() == absl::StatusCode::kAlreadyExists) {
-    return heaps_->Get(request.heap());  // another caller created it first
+    spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}", name,
+                 caller.ToString(), config.max_size, config.mode);
   }
   return served;
 }
@@ -305,18 +285,20 @@ grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
                                       v1::RemoveHeapResponse*) {
   return Serve(context, [&](const Caller& caller) -> absl::Status {
     absl::MutexLock lock(&attach_mu_);
-    absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
-    if (served.ok() && (*served)->heap->config().owner_uid != caller.uid && !IsAdmin(caller)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          caller.ToString(), " may not remove heap ", request->heap(), " of uid ",
-          (*served)->heap->config().owner_uid, " (only its owner or an admin may)"));
+    const bool admin = IsAdmin(caller);
+    if (absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
+        !served.ok()) {
+      if (!admin) return served.status();  // a heap that failed to open: admins only
+    } else if (const uint32_t owner = (*served)->heap->config().owner_uid;
+               owner != caller.uid && !admin) {
+      return absl::PermissionDeniedError(absl::StrCat(caller.ToString(), " may not remove heap ",
+                                                      request->heap(), " of uid ", owner,
+                                                      " (only its owner or an admin may)"));
     }
-    if (!served.ok() && !IsAdmin(caller)) return served.status();  // broken: admins only
     if (const size_t clients = sessions_->CountOn(request->heap()); clients != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "heap ", request->heap(), " has ", clients, " clients attached; detach them first"));
     }
-    served = absl::NotFoundError("released");  // drop our reference before closing it
     if (absl::Status s = heaps_->Remove(request->heap()); !s.ok()) return s;
     spdlog::info("heap {} removed by {}", request->heap(), caller.ToString());
     return absl::OkStatus();
@@ -341,7 +323,16 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     }
     absl::MutexLock lock(&attach_mu_);
     bool created = false;
-    absl::StatusOr<std::shared_ptr<ServedHeap>> served = GetOrCreate(*request, caller, &created);
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
+    if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
+        request->create_if_missing()) {
+      served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
+                       caller);
+      created = served.ok();
+      if (served.status().code() == absl::StatusCode::kAlreadyExists) {
+        served = heaps_->Get(request->heap());  // a CreateHeap call was first
+      }
+    }
     if (!served.ok()) return served.status();
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
     if (!MayAccess(caller, (*served)->heap->config(), access)) {

@@ -84,8 +84,10 @@ class HeapdService final : public v1::Heapd::Service {
   // Heap `name` if `caller` may `access` it.
   absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name,
                                                       const Caller& caller, Access access);
-  absl::StatusOr<std::shared_ptr<ServedHeap>> GetOrCreate(const v1::AttachRequest& request,
-                                                          const Caller& caller, bool* created);
+  // Creates heap `name` owned by `caller` (max_size 0: the default; mode 0:
+  // 0600). ALREADY_EXISTS if it exists.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,
+                                                      uint32_t mode, const Caller& caller);
   void FillClient(const Session& session, v1::ClientInfo* info) const;
   void FillInfo(const ServedHeap& served, bool with_usage, v1::HeapInfo* info) const;
   bool IsAdmin(const Caller& caller) const { return heapd::IsAdmin(caller, options_.admin_gid); }
