@@ -122,23 +122,21 @@ int Run() {
     spdlog::critical("{}", (grpc_fd.ok() ? fd_fd : grpc_fd).status().ToString());
     return 1;
   }
-  std::unique_ptr<Metrics> metrics;
+  SessionTable sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)));
+  Metrics metrics;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
-    absl::StatusOr<std::unique_ptr<Metrics>> started = Metrics::Start(address);
-    if (!started.ok()) {
-      spdlog::critical("{}", started.status().ToString());
+    if (absl::Status s = metrics.Serve(address, heaps->get(), &sessions); !s.ok()) {
+      spdlog::critical("{}", s.ToString());
       return 1;
     }
-    metrics = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics (port {})", address, metrics.port());
   }
-
-  SessionTable sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)));
   std::unique_ptr<GrpcListener> listener;
   ServiceOptions options;
   options.admin_gid = *admin_gid;
   options.default_max_size = absl::GetFlag(FLAGS_default_max_size);
   HeapdService service(
-      heaps->get(), &sessions,
+      heaps->get(), &sessions, &metrics,
       [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);
   HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -155,26 +153,27 @@ int Run() {
   listener = std::make_unique<GrpcListener>(*grpc_fd, server.get());
 
   FdServer::Callbacks callbacks;
-  callbacks.redeem = [&sessions](const std::string& token,
+  callbacks.redeem = [&sessions, &metrics](const std::string& token,
                                  const Caller& caller) -> absl::StatusOr<FdServer::Grant> {
     absl::StatusOr<std::shared_ptr<Session>> session = sessions.Redeem(token, caller);
     if (!session.ok()) return session.status();
     absl::StatusOr<int> fd =
         (*session)->heap->heap->OpenDataFile(/*writable=*/!(*session)->read_only);
     if (!fd.ok()) {
-      HeapdService::EndSession(sessions.Take((*session)->id), "its data fd could not be opened");
+      HeapdService::EndSession(sessions.Take((*session)->id), "no_data_fd",
+                               "its data fd could not be opened", &metrics);
       return fd.status();
     }
     return FdServer::Grant{(*session)->id, *fd};
   };
-  callbacks.closed = [&sessions](ClientId id) {
-    if (std::shared_ptr<Session> session = sessions.Take(id)) {
-      HeapdService::EndSession(session, "its fd-socket connection closed without a detach");
-    }
+  callbacks.closed = [&sessions, &metrics](ClientId id) {
+    HeapdService::EndSession(sessions.Take(id), "connection_closed",
+                             "its fd-socket connection closed without a detach", &metrics);
   };
-  callbacks.tick = [&sessions] {
+  callbacks.tick = [&sessions, &metrics] {
     for (const std::shared_ptr<Session>& session : sessions.TakeExpired(absl::Now())) {
-      HeapdService::EndSession(session, "it did not fetch its fd in time");
+      HeapdService::EndSession(session, "token_expired", "it did not fetch its fd in time",
+                               &metrics);
     }
   };
   callbacks.request = [&sessions](ClientId id, absl::string_view request) {

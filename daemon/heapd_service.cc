@@ -99,11 +99,14 @@ absl::Status LeaseAll(PersistentHeap& heap, ClientId client,
 
 }  // namespace
 
-void HeapdService::EndSession(const std::shared_ptr<Session>& session, const char* why) {
+void HeapdService::EndSession(const std::shared_ptr<Session>& session, const char* reason,
+                              const char* why, Metrics* metrics) {
+  if (session == nullptr) return;
   absl::MutexLock lock(&session->mu);
   if (session->ended) return;
   session->ended = true;
   const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
+  metrics->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
   spdlog::info("session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
                "uncommitted large objects",
                session->id, session->heap->name, session->caller.ToString(), why,
@@ -134,11 +137,13 @@ std::string HeapdService::AnswerFdRequest(const SessionTable& sessions, ClientId
   return std::string(1, '\0') + out.SerializeAsString();
 }
 
-grpc::Status HeapdService::Serve(grpc::ServerContext* context,
+grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* method,
                                  const std::function<absl::Status(const Caller&)>& body) {
+  const absl::Time start = absl::Now();
   absl::StatusOr<Caller> caller = caller_of_(context->peer());
-  if (!caller.ok()) return ToGrpc(caller.status());
-  return ToGrpc(body(*caller));
+  const absl::Status status = caller.ok() ? body(*caller) : caller.status();
+  metrics_->CountCall(method, status, absl::ToDoubleSeconds(absl::Now() - start));
+  return ToGrpc(status);
 }
 
 absl::Status HeapdService::OnSession(uint64_t id, const Caller& caller, bool writes,
@@ -206,7 +211,7 @@ void HeapdService::FillClient(const Session& session, v1::ClientInfo* info) cons
 
 grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
                                       const v1::CreateHeapRequest* request, v1::HeapInfo* info) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "CreateHeap", [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         NewHeap(request->name(), request->max_size(), request->mode(), caller);
     if (!served.ok()) return served.status();
@@ -240,7 +245,7 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
 grpc::Status HeapdService::ListHeaps(grpc::ServerContext* context,
                                      const v1::ListHeapsRequest* request,
                                      v1::ListHeapsResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ListHeaps", [&](const Caller& caller) -> absl::Status {
     for (const std::shared_ptr<ServedHeap>& served : heaps_->List()) {
       if (!MayAccess(caller, served->heap->config(), Access::kRead) && !IsAdmin(caller)) continue;
       FillInfo(*served, /*with_usage=*/true, response->add_heaps());
@@ -251,7 +256,7 @@ grpc::Status HeapdService::ListHeaps(grpc::ServerContext* context,
 
 grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
                                     const v1::StatHeapRequest* request, v1::HeapStats* stats) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "StatHeap", [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
     if (!served.ok()) return served.status();
@@ -283,7 +288,7 @@ grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
 grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
                                       const v1::RemoveHeapRequest* request,
                                       v1::RemoveHeapResponse*) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "RemoveHeap", [&](const Caller& caller) -> absl::Status {
     absl::MutexLock lock(&attach_mu_);
     const bool admin = IsAdmin(caller);
     if (absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
@@ -307,7 +312,7 @@ grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
 
 grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
                                   v1::AttachResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Attach", [&](const Caller& caller) -> absl::Status {
     if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
     if (absl::Status s = ValidateWants(request->leases()); !s.ok()) return s;
     if (request->read_only() && request->leases_size() != 0) {
@@ -347,7 +352,8 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     if (absl::Status s = LeaseAll(heap, started.session->id, request->leases(),
                                   response->mutable_grants());
         !s.ok()) {
-      EndSession(sessions_->Take(started.session->id), "its attach failed");
+      EndSession(sessions_->Take(started.session->id), "attach_failed", "its attach failed",
+                 metrics_);
       return s;
     }
     for (const std::string& name : request->lookup()) {
@@ -367,7 +373,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
 
 grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                   v1::DetachResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Detach", [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<Session>> found = sessions_->Get(request->session(), caller);
     if (!found.ok()) return found.status();
     std::shared_ptr<Session> session = sessions_->Take(request->session());
@@ -387,9 +393,13 @@ grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::Detach
       response->set_epoch(heap.epoch());
       return absl::OkStatus();
     }
+    const absl::Time start = absl::Now();
     absl::StatusOr<SyncResult> result = heap.Detach(session->id, FromProto(request->reports()));
+    metrics_->CountSync(session->heap->name, result.status(),
+                        absl::ToDoubleSeconds(absl::Now() - start));
     if (!result.ok()) {
       const ReclaimResult reclaimed = heap.Reclaim(session->id);
+      metrics_->CountReclaim("detach_failed", reclaimed.leases, reclaimed.large_runs);
       spdlog::warn("session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
                    "last sync",
                    session->id, session->heap->name, result.status().ToString(),
@@ -408,7 +418,7 @@ grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::Detach
 grpc::Status HeapdService::ListClients(grpc::ServerContext* context,
                                        const v1::ListClientsRequest* request,
                                        v1::ListClientsResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ListClients", [&](const Caller& caller) -> absl::Status {
     if (!request->heap().empty()) {
       if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
     }
@@ -425,7 +435,7 @@ grpc::Status HeapdService::ListClients(grpc::ServerContext* context,
 grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
                                        const v1::LeaseChunksRequest* request,
                                        v1::LeaseChunksResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "LeaseChunks", [&](const Caller& caller) -> absl::Status {
     if (absl::Status s = ValidateWants(request->wants()); !s.ok()) return s;
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       PersistentHeap& heap = *session.heap->heap;
@@ -448,7 +458,7 @@ grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
 grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
                                         const v1::ReturnChunksRequest* request,
                                         v1::ReturnChunksResponse*) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ReturnChunks", [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       return session.heap->heap->ReturnLeases(session.id, FromProto(request->reports()));
     });
@@ -458,7 +468,7 @@ grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
 grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
                                          const v1::AllocateLargeRequest* request,
                                          v1::AllocateLargeResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "AllocateLarge", [&](const Caller& caller) -> absl::Status {
     if (request->size() == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       PersistentHeap& heap = *session.heap->heap;
@@ -478,7 +488,7 @@ grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
 
 grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequest* request,
                                 v1::FreeResponse*) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Free", [&](const Caller& caller) -> absl::Status {
     if (request->objects_size() > kMaxFreesPerCall) {
       return absl::InvalidArgumentError(absl::StrCat(request->objects_size(),
                                                      " objects in one free; at most ",
@@ -492,6 +502,7 @@ grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequ
       }
       absl::Status status = session.heap->heap->Free(session.id, objects);
       if (!status.ok()) {
+        metrics_->CountRejectedFree(status);
         return absl::Status(status.code(), absl::StrCat("heap ", session.heap->name, ": ",
                                                         status.message()));
       }
@@ -502,10 +513,13 @@ grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequ
 
 grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequest* request,
                                 v1::SyncResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Sync", [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       PersistentHeap& heap = *session.heap->heap;
+      const absl::Time start = absl::Now();
       absl::StatusOr<SyncResult> result = heap.Sync(session.id, FromProto(request->reports()));
+      metrics_->CountSync(session.heap->name, result.status(),
+                          absl::ToDoubleSeconds(absl::Now() - start));
       if (!result.ok()) return result.status();
       response->set_epoch(result->epoch);
       for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
@@ -517,7 +531,7 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
 
 grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequest* request,
                                 v1::BindResponse*) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Bind", [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       NameEntry entry;
       entry.name = request->name();
@@ -538,7 +552,7 @@ grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequ
 
 grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
                                   const v1::LookupRequest* request, v1::NameEntry* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Lookup", [&](const Caller& caller) -> absl::Status {
     if (absl::Status s = ValidateName(request->name()); !s.ok()) return s;
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
@@ -555,7 +569,7 @@ grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
 
 grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
                                   const v1::UnbindRequest* request, v1::NameEntry* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Unbind", [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       absl::StatusOr<NameEntry> entry = session.heap->heap->Unbind(request->name());
       if (!entry.ok()) {
@@ -571,7 +585,7 @@ grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
 grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
                                      const v1::ListNamesRequest* request,
                                      v1::ListNamesResponse* response) {
-  return Serve(context, [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ListNames", [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
     if (!served.ok()) return served.status();

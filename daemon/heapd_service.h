@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/caller.h"
 #include "daemon/heap_registry.h"
+#include "daemon/metrics.h"
 #include "daemon/session_table.h"
 #include "proto/heapd.grpc.pb.h"
 
@@ -29,14 +30,17 @@ class HeapdService final : public v1::Heapd::Service {
  public:
   using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
 
-  HeapdService(HeapRegistry* heaps, SessionTable* sessions, CallerLookup caller_of,
-               ServiceOptions options)
-      : heaps_(heaps), sessions_(sessions), caller_of_(std::move(caller_of)),
+  HeapdService(HeapRegistry* heaps, SessionTable* sessions, Metrics* metrics,
+               CallerLookup caller_of, ServiceOptions options)
+      : heaps_(heaps), sessions_(sessions), metrics_(metrics), caller_of_(std::move(caller_of)),
         options_(options) {}
 
-  // Ends `session`: its leases return at their last reported state and its
-  // uncommitted large objects are freed. `why` goes to the log.
-  static void EndSession(const std::shared_ptr<Session>& session, const char* why);
+  // Ends `session`, which did not detach: its leases return at their last
+  // reported state and its uncommitted large objects are freed. `reason`
+  // (one of kReclaimReasons) goes to the metrics, `why` to the log. No-op
+  // for a null or ended session.
+  static void EndSession(const std::shared_ptr<Session>& session, const char* reason,
+                         const char* why, Metrics* metrics);
 
   // Answers a request on a session's fd-socket connection (fd_server.h).
   // 'L' + name: a lookup; the answer is one status-code byte (0: OK) and a
@@ -74,7 +78,7 @@ class HeapdService final : public v1::Heapd::Service {
 
  private:
   // Runs `body` for the caller of `context`; absl errors become gRPC ones.
-  grpc::Status Serve(grpc::ServerContext* context,
+  grpc::Status Serve(grpc::ServerContext* context, const char* method,
                      const std::function<absl::Status(const Caller&)>& body);
   // Runs `body` on session `id` of `caller` under the session's lock.
   // FAILED_PRECONDITION if the session ended, or if it is read-only and
@@ -94,6 +98,7 @@ class HeapdService final : public v1::Heapd::Service {
 
   HeapRegistry* const heaps_;
   SessionTable* const sessions_;
+  Metrics* const metrics_;
   const CallerLookup caller_of_;
   const ServiceOptions options_;
   // Held by Attach and RemoveHeap: no session starts on a heap being removed.

@@ -1,27 +1,237 @@
 #include "daemon/metrics.h"
 
 #include <exception>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/size_class.h"
+#include "daemon/heap_registry.h"
+#include "daemon/session_table.h"
+#include "prometheus/collectable.h"
 #include "prometheus/gauge.h"
+#include "prometheus/metric_family.h"
 
 namespace heapd {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& address) {
-  std::unique_ptr<Metrics> metrics(new Metrics);
-  metrics->registry_ = std::make_shared<prometheus::Registry>();
+// Latency buckets from 20 µs to 10 s, about three per decade.
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3,
+      10e-3, 20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1, 2, 5, 10};
+  return *buckets;
+}
+
+std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }
+
+const char* BackingName(BackingKind kind) {
+  switch (kind) {
+    case BackingKind::kDax:
+      return "dax";
+    case BackingKind::kTmpfs:
+      return "tmpfs";
+    case BackingKind::kFile:
+      return "file";
+  }
+  return "unknown";
+}
+
+// Gauges of every heap's state, read when Prometheus scrapes.
+class HeapStateCollector : public prometheus::Collectable {
+ public:
+  HeapStateCollector(const HeapRegistry* heaps, const SessionTable* sessions)
+      : heaps_(heaps), sessions_(sessions) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    Families f;
+    auto& open = f.Gauge("heapd_heaps_open", "Heaps the daemon serves.");
+    Add(open, {}, 0);
+    auto& broken = f.Gauge("heapd_heaps_broken", "Heaps that failed to open (corrupt metadata).");
+    Add(broken, {}, static_cast<double>(heaps_->Broken().size()));
+    auto& max_size = f.Gauge("heapd_heap_capacity_bytes", "Maximum size of the heap.");
+    auto& reserved = f.Gauge("heapd_heap_reserved_bytes",
+                             "Bytes of the data file reserved on disk (fallocate).");
+    auto& allocated = f.Gauge("heapd_heap_allocated_bytes",
+                              "Bytes in live objects (slot sizes and large runs).");
+    auto& live = f.Gauge("heapd_heap_live_objects", "Live objects, small and large.");
+    auto& chunks = f.Gauge("heapd_heap_chunks",
+                           "2 MiB chunks by state: free, leased (small, leased to a client), "
+                           "small (not leased), large.");
+    auto& clients = f.Gauge("heapd_heap_clients", "Client sessions attached to the heap.");
+    auto& names = f.Gauge("heapd_heap_names", "Names bound in the heap.");
+    auto& epoch = f.Gauge("heapd_heap_epoch", "Last persisted metadata epoch.");
+    auto& last_sync = f.Gauge("heapd_heap_last_sync_timestamp_seconds",
+                              "Unix time of the heap's last successful sync (0: none since "
+                              "the daemon started).");
+    auto& backing = f.Gauge("heapd_heap_backing_info",
+                            "The heap's storage kind (dax, tmpfs, file); always 1.");
+    auto& class_chunks = f.Gauge("heapd_size_class_chunks",
+                                 "Small-object chunks of a size class.");
+    auto& class_live = f.Gauge("heapd_size_class_live_objects", "Live objects of a size class.");
+    auto& class_occupancy = f.Gauge(
+        "heapd_size_class_occupancy_ratio",
+        "Live slots over all slots in the chunks of a size class (1 - fragmentation).");
+    double heap_count = 0;
+    for (const std::shared_ptr<ServedHeap>& served : heaps_->List()) {
+      ++heap_count;
+      const HeapStats stats = served->heap->Stats();
+      const DirectoryStats& d = stats.directory;
+      const std::string& h = served->name;
+      Add(max_size, {{"heap", h}}, static_cast<double>(stats.max_size));
+      Add(reserved, {{"heap", h}}, static_cast<double>(stats.capacity_bytes));
+      Add(allocated, {{"heap", h}}, static_cast<double>(d.allocated_bytes));
+      Add(live, {{"heap", h}}, static_cast<double>(d.live_objects));
+      Add(chunks, {{"heap", h}, {"state", "free"}}, d.free_chunks);
+      Add(chunks, {{"heap", h}, {"state", "leased"}}, d.leased_chunks);
+      Add(chunks, {{"heap", h}, {"state", "small"}}, d.small_chunks - d.leased_chunks);
+      Add(chunks, {{"heap", h}, {"state", "large"}}, d.large_chunks);
+      Add(clients, {{"heap", h}}, static_cast<double>(sessions_->CountOn(h)));
+      Add(names, {{"heap", h}}, static_cast<double>(stats.names));
+      Add(epoch, {{"heap", h}}, static_cast<double>(stats.epoch));
+      Add(last_sync, {{"heap", h}}, stats.last_sync_unix_ns / 1e9);
+      Add(backing, {{"heap", h}, {"kind", BackingName(stats.backing)}}, 1);
+      for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
+        const SizeClassUsage& usage = d.by_class[c];
+        if (usage.chunks == 0) continue;
+        const std::vector<prometheus::ClientMetric::Label> labels = {
+            {"heap", h}, {"size_class", std::to_string(ClassSize(c))}};
+        Add(class_chunks, labels, usage.chunks);
+        Add(class_live, labels, static_cast<double>(usage.live_objects));
+        Add(class_occupancy, labels,
+            static_cast<double>(usage.live_objects) /
+                (static_cast<double>(usage.chunks) * SlotsPerChunk(c)));
+      }
+    }
+    open.metric[0].gauge.value = heap_count;
+    return std::move(f.families);
+  }
+
+ private:
+  struct Families {
+    Families() { families.reserve(32); }  // more than Collect makes: references stay valid
+    std::vector<prometheus::MetricFamily> families;
+    prometheus::MetricFamily& Gauge(const char* name, const char* help) {
+      families.push_back({name, help, prometheus::MetricType::Gauge, {}});
+      return families.back();
+    }
+  };
+  static void Add(prometheus::MetricFamily& family,
+                  std::vector<prometheus::ClientMetric::Label> labels, double value) {
+    prometheus::ClientMetric metric;
+    metric.label = std::move(labels);
+    metric.gauge.value = value;
+    family.metric.push_back(std::move(metric));
+  }
+
+  const HeapRegistry* heaps_;
+  const SessionTable* sessions_;
+};
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      calls_(prometheus::BuildCounter()
+                 .Name("heapd_rpc_calls_total")
+                 .Help("gRPC calls served, by method and status code.")
+                 .Register(*registry_)),
+      call_seconds_(prometheus::BuildHistogram()
+                        .Name("heapd_rpc_duration_seconds")
+                        .Help("Time to serve a gRPC call, by method.")
+                        .Register(*registry_)),
+      sync_seconds_(prometheus::BuildHistogram()
+                        .Name("heapd_sync_duration_seconds")
+                        .Help("Time to persist an epoch of a heap (client syncs and detaches).")
+                        .Register(*registry_)),
+      sync_failures_(prometheus::BuildCounter()
+                         .Name("heapd_sync_failures_total")
+                         .Help("Syncs of a heap that failed (I/O errors, full disks).")
+                         .Register(*registry_)),
+      sessions_reclaimed_(prometheus::BuildCounter()
+                              .Name("heapd_sessions_reclaimed_total")
+                              .Help("Client sessions ended without a detach, by reason.")
+                              .Register(*registry_)),
+      chunks_reclaimed_(prometheus::BuildCounter()
+                            .Name("heapd_leases_reclaimed_total")
+                            .Help("Leased chunks taken back from clients that ended "
+                                  "without detaching.")
+                            .Register(*registry_)),
+      large_objects_reclaimed_(prometheus::BuildCounter()
+                                   .Name("heapd_large_objects_reclaimed_total")
+                                   .Help("Uncommitted large objects freed when their client "
+                                         "ended without detaching.")
+                                   .Register(*registry_)),
+      frees_rejected_(prometheus::BuildCounter()
+                          .Name("heapd_frees_rejected_total")
+                          .Help("Frees the daemon refused, by status code (INVALID_ARGUMENT: "
+                                "double free, interior or outside pointer; "
+                                "FAILED_PRECONDITION: bound or uncommitted object).")
+                          .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("heapd_build_info")
-      .Help("heapd's version; always 1")
-      .Register(*metrics->registry_)
+      .Help("heapd's version; always 1.")
+      .Register(*registry_)
       .Add({{"version", kVersion}})
       .Set(1);
-  try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError("cannot serve metrics on " + address + ": " + e.what());
+  prometheus::BuildGauge()
+      .Name("heapd_start_time_seconds")
+      .Help("Unix time the daemon started.")
+      .Register(*registry_)
+      .Add({})
+      .Set(absl::ToUnixNanos(absl::Now()) / 1e9);
+  // Series that alerts and dashboards read exist from the start, at 0.
+  chunks_reclaimed_.Add({});
+  large_objects_reclaimed_.Add({});
+  for (const char* reason : kReclaimReasons) sessions_reclaimed_.Add({{"reason", reason}});
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition}) {
+    frees_rejected_.Add({{"code", CodeName(code)}});
   }
-  metrics->exposer_->RegisterCollectable(metrics->registry_);
-  return metrics;
+}
+
+absl::Status Metrics::Serve(const std::string& address, const HeapRegistry* heaps,
+                            const SessionTable* sessions) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
+                                               e.what()));
+  }
+  heap_state_ = std::make_shared<HeapStateCollector>(heaps, sessions);
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(heap_state_);
+  return absl::OkStatus();
+}
+
+int Metrics::port() const {
+  if (exposer_ == nullptr) return 0;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports[0];
+}
+
+void Metrics::CountCall(const char* method, const absl::Status& status, double seconds) {
+  calls_.Add({{"method", method}, {"code", CodeName(status.code())}}).Increment();
+  call_seconds_.Add({{"method", method}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::CountSync(const std::string& heap, const absl::Status& status, double seconds) {
+  prometheus::Counter& failures = sync_failures_.Add({{"heap", heap}});  // exists at 0
+  if (!status.ok()) {
+    failures.Increment();
+    return;
+  }
+  sync_seconds_.Add({{"heap", heap}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::CountReclaim(const char* reason, uint32_t chunks, uint32_t large_objects) {
+  sessions_reclaimed_.Add({{"reason", reason}}).Increment();
+  chunks_reclaimed_.Add({}).Increment(chunks);
+  large_objects_reclaimed_.Add({}).Increment(large_objects);
+}
+
+void Metrics::CountRejectedFree(const absl::Status& status) {
+  frees_rejected_.Add({{"code", CodeName(status.code())}}).Increment();
 }
 
 }  // namespace heapd

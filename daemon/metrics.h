@@ -1,30 +1,73 @@
-// Metrics: heapd's Prometheus endpoint (text exposition over HTTP).
+// Metrics: heapd's Prometheus metrics and their HTTP endpoint.
+//
+// Counters and histograms are updated by the daemon as things happen (calls,
+// syncs, reclaimed sessions, rejected frees). Per-heap and per-size-class
+// state is read from the heaps at scrape time (HeapStateCollector), so it is
+// never stale and costs nothing between scrapes.
+//
+// Labels are bounded: method and status code, heap name, size class, reason
+// and kind. Never object names, uids or pids.
 #ifndef HEAPD_DAEMON_METRICS_H_
 #define HEAPD_DAEMON_METRICS_H_
 
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "prometheus/counter.h"
 #include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
 namespace heapd {
 
 inline constexpr char kVersion[] = "0.3.0";
 
+// Why a session ended without a detach (label of heapd_sessions_reclaimed_total).
+inline constexpr const char* kReclaimReasons[] = {"connection_closed", "token_expired",
+                                                  "attach_failed", "detach_failed",
+                                                  "no_data_fd"};
+
+class HeapRegistry;
+class SessionTable;
+
 class Metrics {
  public:
-  // Serves metrics on `address` (HOST:PORT). UNAVAILABLE if it cannot bind.
-  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& address);
+  Metrics();
+
+  // Serves the metrics, with the heaps' state, on `address` (HOST:PORT; port
+  // 0 picks one). UNAVAILABLE if it cannot bind.
+  absl::Status Serve(const std::string& address, const HeapRegistry* heaps,
+                     const SessionTable* sessions);
+  // The port served on (after Serve).
+  int port() const;
+
+  // One gRPC call of `method` that ended with `status` after `seconds`.
+  void CountCall(const char* method, const absl::Status& status, double seconds);
+  // A sync of `heap` (by a client, a detach or at shutdown).
+  void CountSync(const std::string& heap, const absl::Status& status, double seconds);
+  // A session that ended without detaching (`reason` one of
+  // kReclaimReasons); what was taken back.
+  void CountReclaim(const char* reason, uint32_t chunks, uint32_t large_objects);
+  // A free the daemon refused.
+  void CountRejectedFree(const absl::Status& status);
 
   prometheus::Registry& registry() { return *registry_; }
 
  private:
-  Metrics() = default;
-
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Collectable> heap_state_;
+  prometheus::Family<prometheus::Counter>& calls_;
+  prometheus::Family<prometheus::Histogram>& call_seconds_;
+  prometheus::Family<prometheus::Histogram>& sync_seconds_;
+  prometheus::Family<prometheus::Counter>& sync_failures_;
+  prometheus::Family<prometheus::Counter>& sessions_reclaimed_;
+  prometheus::Family<prometheus::Counter>& chunks_reclaimed_;
+  prometheus::Family<prometheus::Counter>& large_objects_reclaimed_;
+  prometheus::Family<prometheus::Counter>& frees_rejected_;
 };
 
 }  // namespace heapd

@@ -9,6 +9,8 @@
 //                                               (another process's), then free one twice
 //   heap_worker SOCKET HEAP alloc-forever ID    allocate 1000, bind, sync, print
 //                                               "synced", then allocate until killed
+//   heap_worker SOCKET HEAP hold ID             allocate 1000, bind "pre-ID", sync, print
+//                                               "synced", then stay attached, idle
 //   heap_worker SOCKET HEAP put NAME VALUE      bind NAME to a new uint64_t VALUE
 //   heap_worker SOCKET HEAP get NAME            read-only: print "value V" of NAME
 //   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
@@ -168,7 +170,7 @@ int FreeHalf(Client& client, const std::string& heap_name, uint64_t id) {
   return 0;
 }
 
-int AllocForever(Client& client, const std::string& heap_name, uint64_t id) {
+int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool idle = false) {
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
   if (!heap.ok()) return Fail(heap.status());
   for (int i = 0; i < 1000; ++i) {
@@ -180,6 +182,7 @@ int AllocForever(Client& client, const std::string& heap_name, uint64_t id) {
   if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
   std::printf("synced\n");
   std::fflush(stdout);
+  while (idle) pause();
   for (uint64_t i = 0;; ++i) {
     absl::StatusOr<void*> p = (*heap)->allocate(SizeOf(i) % 4096 + 8);
     if (!p.ok()) return Fail(p.status());
@@ -295,6 +298,7 @@ int Main(int argc, char** argv) {
   if (mode == "verify") return Verify(*client, heap, id);
   if (mode == "free-half") return FreeHalf(*client, heap, id);
   if (mode == "alloc-forever") return AllocForever(*client, heap, id);
+  if (mode == "hold") return AllocForever(*client, heap, id, /*idle=*/true);
   if (mode == "ro-write") return ReadOnlyWrite(*client, heap, arg);
   if (mode == "put") {
     uint64_t value = 0;

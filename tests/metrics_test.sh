@@ -1,0 +1,132 @@
+#!/bin/bash
+# heapd's metrics for real: values compared with what the test did and with
+# heapctl's stats; `promtool check metrics` on the exposition; the alert
+# rules checked and unit-tested with promtool; the Grafana dashboard parsed
+# and its metric names found in the exposition; and a real Prometheus server
+# on loopback scraping heapd with deploy/prometheus's configuration.
+set -u
+HEAPD=$PWD/daemon/heapd
+HEAPCTL=$PWD/client/heapctl
+WORKER=$PWD/tests/heap_worker
+DEPLOY=$PWD/deploy
+DIR=$(mktemp -d /tmp/heapd-metrics-XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+FAILURES=0
+fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+
+"$HEAPD" --state_dir="$DIR/state" --runtime_dir="$DIR/run" --metrics_address=127.0.0.1:0 \
+  2>"$DIR/heapd.log" &
+PIDS+=($!)
+S=$DIR/run/heapd.sock
+for _ in $(seq 100); do [ -S "$DIR/run/heapd.fd.sock" ] && break; sleep 0.05; done
+PORT=$(grep -o 'port [0-9]*' "$DIR/heapd.log" | head -1 | cut -d' ' -f2)
+[ -n "$PORT" ] || { echo "no metrics port in the log"; cat "$DIR/heapd.log"; exit 1; }
+
+scrape() {  # the exposition, without HTTP headers
+  exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+  sed '1,/^\r$/d' <&3
+  exec 3<&-
+}
+value() {  # value METRIC_WITH_LABELS: its value in the last scrape
+  grep -v '^#' "$DIR/metrics.txt" | grep -F "$1 " | head -1 | awk '{print $NF}'
+}
+expect_value() {  # expect_value METRIC EXPECTED
+  local got
+  got=$(value "$1")
+  [ "$got" = "$2" ] || fail "$1 is '$got', expected $2"
+}
+
+# What the test does, to be seen in the metrics:
+"$WORKER" "$S" h alloc 1 3000 >/dev/null || fail "alloc worker"                 # attach 1
+"$WORKER" "$S" h free-half 1 | grep -q "double free: INVALID_ARGUMENT" ||        # attach 2
+  fail "free-half worker"
+"$WORKER" "$S" h alloc-forever 2 >"$DIR/w2" &                                     # attach 3, killed
+W2=$!
+PIDS+=($W2)
+"$WORKER" "$S" h hold 3 >"$DIR/w3" &                                              # attach 4, stays
+PIDS+=($!)
+for _ in $(seq 200); do grep -q synced "$DIR/w2" && grep -q synced "$DIR/w3" && break; sleep 0.05; done
+kill -9 "$W2"
+wait "$W2" 2>/dev/null
+for _ in $(seq 100); do
+  scrape >"$DIR/metrics.txt"
+  [ "$(value 'heapd_heap_clients{heap="h"}')" = "1" ] && break
+  sleep 0.05
+done
+
+expect_value 'heapd_heap_clients{heap="h"}' 1
+expect_value 'heapd_heaps_open' 1
+expect_value 'heapd_rpc_calls_total{code="OK",method="Attach"}' 4
+expect_value 'heapd_rpc_calls_total{code="INVALID_ARGUMENT",method="Free"}' 1
+expect_value 'heapd_frees_rejected_total{code="INVALID_ARGUMENT"}' 1
+expect_value 'heapd_sessions_reclaimed_total{reason="connection_closed"}' 1
+expect_value 'heapd_heap_names{heap="h"}' 3   # worker-1, pre-2, pre-3
+expect_value 'heapd_build_info{version="0.3.0"}' 1
+stat=$("$HEAPCTL" --socket="$S" --json heap stat h)
+for pair in live_objects:heapd_heap_live_objects allocated_bytes:heapd_heap_allocated_bytes \
+            capacity_bytes:heapd_heap_reserved_bytes max_size:heapd_heap_capacity_bytes; do
+  field=${pair%%:*}
+  want=$(echo "$stat" | grep -m1 "\"$field\"" | tr -dc '0-9')
+  expect_value "${pair#*:}{heap=\"h\"}" "$want"
+done
+leased=$(value 'heapd_heap_chunks{heap="h",state="leased"}')
+[ "$leased" -gt 0 ] || fail "no leased chunks while a client allocates"
+[ "$(value 'heapd_leases_reclaimed_total')" -gt 0 ] || fail "the killed client's leases were not counted"
+grep -q '^heapd_rpc_duration_seconds_bucket{method="Attach",le="2e-05"}' "$DIR/metrics.txt" ||
+  fail "no 20 us latency bucket"
+grep -q '^heapd_sync_duration_seconds_count{heap="h"}' "$DIR/metrics.txt" || fail "no sync histogram"
+
+# The exposition lints clean.
+lint=$(promtool check metrics <"$DIR/metrics.txt" 2>&1) || fail "promtool check metrics failed: $lint"
+[ -z "$lint" ] || fail "promtool check metrics warns: $lint"
+
+# Alert rules and their unit tests.
+promtool check rules "$DEPLOY/prometheus/alerts.yml" >/dev/null || fail "promtool check rules"
+out=$(cd "$DEPLOY/prometheus" && promtool test rules alerts_test.yml 2>&1) || fail "promtool test rules: $out"
+
+# The dashboard parses, and every metric it queries is exposed.
+python3 -m json.tool "$DEPLOY/grafana/heapd-dashboard.json" >/dev/null || fail "dashboard JSON"
+for name in $(grep -o 'heapd_[a-z_]*' "$DEPLOY/grafana/heapd-dashboard.json" | sort -u); do
+  grep -q "^${name}[{ ]" "$DIR/metrics.txt" || fail "dashboard metric $name is not exposed"
+done
+
+# A real Prometheus scrapes heapd.
+if ! command -v prometheus >/dev/null; then
+  echo "SKIPPED the Prometheus scrape: prometheus is not installed (tools/setup.sh installs it)"
+else
+  mkdir -p "$DIR/prom"
+  sed -e "s/localhost:9464/127.0.0.1:$PORT/" -e 's/scrape_interval: 15s/scrape_interval: 1s/' \
+    "$DEPLOY/prometheus/prometheus.yml" >"$DIR/prom/prometheus.yml"
+  cp "$DEPLOY/prometheus/alerts.yml" "$DIR/prom/"
+  PPORT=$((20000 + RANDOM % 20000))
+  prometheus --config.file="$DIR/prom/prometheus.yml" --storage.tsdb.path="$DIR/prom/data" \
+    --web.listen-address="127.0.0.1:$PPORT" >"$DIR/prom/log" 2>&1 &
+  PIDS+=($!)
+  want=$(value 'heapd_heap_live_objects{heap="h"}')
+  got=
+  for _ in $(seq 150); do
+    got=$(promtool query instant "http://127.0.0.1:$PPORT" 'heapd_heap_live_objects{heap="h"}' 2>/dev/null |
+      sed -n 's/.*=> \([0-9.e+]*\) @.*/\1/p')
+    [ -n "$got" ] && break
+    sleep 0.2
+  done
+  [ "$got" = "$want" ] || {
+    fail "Prometheus has heapd_heap_live_objects '$got', heapd says $want"
+    promtool query instant "http://127.0.0.1:$PPORT" 'heapd_heap_live_objects{heap="h"}'
+    tail "$DIR/prom/log"
+  }
+  up=$(promtool query instant "http://127.0.0.1:$PPORT" 'up{job="heapd"}' 2>/dev/null | sed -n 's/.*=> \([0-9]*\) @.*/\1/p')
+  [ "$up" = "1" ] || fail "Prometheus sees up{job=heapd} = '$up'"
+fi
+
+if [ $FAILURES -ne 0 ]; then
+  echo "--- heapd log"; cat "$DIR/heapd.log"
+  exit 1
+fi
+echo PASS
