@@ -171,7 +171,8 @@ int Run(const std::vector<std::string>& args) {
     if (json) return PrintJson(stats);
     PrintHeapHeader();
     PrintHeapRow(stats.info());
-    std::printf("\nchunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects; "
+    std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
+    std::printf("chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects; "
                 "%llu live objects; metadata log %s\n",
                 stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(),
                 stats.leased_chunks(), stats.large_chunks(),

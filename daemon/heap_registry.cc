@@ -60,7 +60,9 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::stri
       continue;
     }
     spdlog::info("opened heap {} at epoch {}", name, (*heap)->epoch());
-    registry->heaps_.emplace(name, std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap)}));
+    const bool reflink = ReflinkSupported(entry.path());
+    registry->heaps_.emplace(
+        name, std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap), reflink}));
   }
   if (error) return ErrnoStatus(error.value(), absl::StrCat("list ", heaps_dir));
   return registry;
@@ -76,7 +78,8 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(const std::stri
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
       PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", name), config);
   if (!heap.ok()) return heap.status();
-  auto served = std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap)});
+  const bool reflink = ReflinkSupported((*heap)->dir());
+  auto served = std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap), reflink});
   heaps_.emplace(name, served);
   return served;
 }

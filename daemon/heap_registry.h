@@ -29,6 +29,7 @@ absl::Status ValidateHeapName(absl::string_view name);
 struct ServedHeap {
   std::string name;
   std::unique_ptr<PersistentHeap> heap;
+  bool reflink = false;  // its file system can clone files (cheap snapshots)
 };
 
 class HeapRegistry {

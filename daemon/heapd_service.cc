@@ -181,6 +181,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_owner_gid(config.owner_gid);
   info->set_mode(config.mode);
   info->set_created_unix_ns(config.created_unix_ns);
+  info->set_reflink(served.reflink);
   info->set_clients(static_cast<uint32_t>(sessions_->CountOn(served.name)));
   if (!with_usage) {
     info->set_capacity_bytes(served.heap->capacity_bytes());

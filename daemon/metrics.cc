@@ -25,18 +25,6 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
 
 std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }
 
-const char* BackingName(BackingKind kind) {
-  switch (kind) {
-    case BackingKind::kDax:
-      return "dax";
-    case BackingKind::kTmpfs:
-      return "tmpfs";
-    case BackingKind::kFile:
-      return "file";
-  }
-  return "unknown";
-}
-
 // Gauges of every heap's state, read when Prometheus scrapes.
 class HeapStateCollector : public prometheus::Collectable {
  public:
@@ -65,7 +53,8 @@ class HeapStateCollector : public prometheus::Collectable {
                               "Unix time of the heap's last successful sync (0: none since "
                               "the daemon started).");
     auto& backing = f.Gauge("heapd_heap_backing_info",
-                            "The heap's storage kind (dax, tmpfs, file); always 1.");
+                            "The heap's storage kind (dax, tmpfs, file) and whether its file "
+                            "system can clone files (reflink); always 1.");
     auto& class_chunks = f.Gauge("heapd_size_class_chunks",
                                  "Small-object chunks of a size class.");
     auto& class_live = f.Gauge("heapd_size_class_live_objects", "Live objects of a size class.");
@@ -90,7 +79,10 @@ class HeapStateCollector : public prometheus::Collectable {
       Add(names, {{"heap", h}}, static_cast<double>(stats.names));
       Add(epoch, {{"heap", h}}, static_cast<double>(stats.epoch));
       Add(last_sync, {{"heap", h}}, stats.last_sync_unix_ns / 1e9);
-      Add(backing, {{"heap", h}, {"kind", BackingName(stats.backing)}}, 1);
+      Add(backing,
+          {{"heap", h}, {"kind", BackingKindName(stats.backing)},
+           {"reflink", served->reflink ? "true" : "false"}},
+          1);
       for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
         const SizeClassUsage& usage = d.by_class[c];
         if (usage.chunks == 0) continue;

@@ -1,7 +1,9 @@
 #include "heap/data_file.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/magic.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -107,6 +109,28 @@ absl::Status DataFile::Grow(uint64_t new_size) {
 absl::Status DataFile::Flush() {
   if (fdatasync(fd_) != 0) return ErrnoStatus(errno, absl::StrCat("fdatasync data file ", path_));
   return absl::OkStatus();
+}
+
+}  // namespace heapd
+
+namespace heapd {
+
+bool ReflinkSupported(const std::string& dir) {
+  const std::string source = dir + "/.reflink-probe.src";
+  const std::string target = dir + "/.reflink-probe.dst";
+  const int from = open(source.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int to = open(target.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool supported = false;
+  if (from >= 0 && to >= 0) {
+    const char block[4096] = {1};
+    supported = write(from, block, sizeof(block)) == static_cast<ssize_t>(sizeof(block)) &&
+                ioctl(to, FICLONE, from) == 0;
+  }
+  if (from >= 0) close(from);
+  if (to >= 0) close(to);
+  unlink(source.c_str());
+  unlink(target.c_str());
+  return supported;
 }
 
 }  // namespace heapd

@@ -62,6 +62,11 @@ class DataFile {
 // Returns the backing kind of the open file `fd`.
 BackingKind DetectBacking(int fd);
 
+// True if the file system holding directory `dir` can share extents between
+// files (FICLONE: XFS with reflink, Btrfs), so a snapshot costs no copy.
+// Probes with two small temporary files it removes.
+bool ReflinkSupported(const std::string& dir);
+
 // Returns an error status for a failed system call: `what` and strerror(err).
 absl::Status ErrnoStatus(int err, const std::string& what);
 

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 
@@ -72,6 +74,15 @@ TEST(DataFileTest, RefusedGrowIsResourceExhaustedAndChangesNothing) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(DataFileTest, ReflinkProbeLeavesNothingAndSaysNoOnTmpfs) {
+  TestDir dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "");
+  const bool tmpfs = access("/dev/shm", W_OK) == 0;
+  const bool reflink = ReflinkSupported(dir.path());
+  if (tmpfs) EXPECT_FALSE(reflink);  // tmpfs cannot clone files
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  EXPECT_FALSE(ReflinkSupported(dir.Sub("missing")));
 }
 
 }  // namespace
