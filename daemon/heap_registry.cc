@@ -10,36 +10,6 @@
 #include "spdlog/spdlog.h"
 
 namespace heapd {
-namespace {
-
-constexpr size_t kMaxHeapNameLength = 64;
-
-bool IsNameChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-         c == '-';
-}
-
-}  // namespace
-
-absl::Status ValidateHeapName(absl::string_view name) {
-  if (name.empty()) return absl::InvalidArgumentError("heap name is empty");
-  if (name.size() > kMaxHeapNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat("heap name '", name.substr(0, 16),
-                                                   "...' is longer than ", kMaxHeapNameLength,
-                                                   " bytes"));
-  }
-  if (name[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat("heap name '", name, "' starts with '.'"));
-  }
-  for (char c : name) {
-    if (!IsNameChar(c)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "heap name '", absl::CHexEscape(name), "' has a character outside [A-Za-z0-9._-]"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir) {
   const std::string heaps_dir = absl::StrCat(state_dir, "/heaps");
   std::error_code error;

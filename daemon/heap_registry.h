@@ -18,12 +18,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "heap/heap.h"
+#include "heap/heap_name.h"
 
 namespace heapd {
-
-// OK if `name` may name a heap: 1..64 of [A-Za-z0-9._-], not starting with
-// '.'; INVALID_ARGUMENT saying why otherwise.
-absl::Status ValidateHeapName(absl::string_view name);
 
 // A heap the daemon serves. Shared by the registry and the sessions on it.
 struct ServedHeap {

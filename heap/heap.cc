@@ -320,6 +320,14 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   return directory_->Reclaim(client);
 }
 
+absl::Status PersistentHeap::WithFilesAtRest(
+    const std::function<absl::Status(const std::string& dir, int data_fd, uint64_t epoch)>&
+        copy) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = data_->Flush(); !s.ok()) return s;
+  return copy(dir_, data_->fd(), epoch_);
+}
+
 HeapStats PersistentHeap::Stats() const {
   absl::MutexLock lock(&mu_);
   HeapStats stats;

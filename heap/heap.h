@@ -14,6 +14,7 @@
 #define HEAPD_HEAP_HEAP_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,15 @@ class PersistentHeap {
   // Ends a dead client's session: leases back at their last reported state,
   // uncommitted large runs freed. Not persisted until the next sync.
   ReclaimResult Reclaim(ClientId client);
+
+  // Runs `copy(dir, data_fd, epoch)` with the heap's files at rest: the
+  // data file made durable first, and no sync, checkpoint or other metadata
+  // write until `copy` returns, so the metadata files in `dir` are exactly
+  // those of committed epoch `epoch`. (Clients may still store into their
+  // objects through their mappings; the caller arranges quiet.)
+  absl::Status WithFilesAtRest(
+      const std::function<absl::Status(const std::string& dir, int data_fd, uint64_t epoch)>&
+          copy);
 
   HeapStats Stats() const;
   absl::Status CheckInvariants() const;

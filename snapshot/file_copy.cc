@@ -1,0 +1,119 @@
+#include "snapshot/file_copy.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "heap/data_file.h"
+
+namespace heapd {
+namespace {
+
+// Copies [offset, offset + length) with copy_file_range, falling back to
+// pread/pwrite where the kernel cannot (e.g. across file system types).
+// Returns 0 or the errno.
+int CopyRange(int from, int to, uint64_t offset, uint64_t length) {
+  loff_t in = static_cast<loff_t>(offset);
+  loff_t out = static_cast<loff_t>(offset);
+  while (length > 0) {
+    const ssize_t n = copy_file_range(from, &in, to, &out, length, 0);
+    if (n > 0) {
+      length -= static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n == 0) return EIO;  // the source shrank under us
+    if (errno == EINTR) continue;
+    if (errno != EXDEV && errno != ENOSYS && errno != EINVAL && errno != EOPNOTSUPP) return errno;
+    std::vector<char> buffer(1 << 20);
+    while (length > 0) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(length, buffer.size()));
+      const ssize_t got = pread(from, buffer.data(), want, in);
+      if (got <= 0) return got == 0 ? EIO : errno;
+      for (ssize_t done = 0; done < got;) {
+        const ssize_t put = pwrite(to, buffer.data() + done, static_cast<size_t>(got - done),
+                                   out + done);
+        if (put < 0) return errno;
+        done += put;
+      }
+      in += got;
+      out += got;
+      length -= static_cast<uint64_t>(got);
+    }
+  }
+  return 0;
+}
+
+// Copies the data regions of `from` (size `size`); 0 or the errno. EINVAL
+// if the file system cannot tell data from holes.
+int CopySparse(int from, int to, uint64_t size, uint64_t* written) {
+  off_t offset = 0;
+  while (static_cast<uint64_t>(offset) < size) {
+    const off_t data = lseek(from, offset, SEEK_DATA);
+    if (data < 0) return errno == ENXIO ? 0 : errno;  // ENXIO: only a hole remains
+    const off_t hole = lseek(from, data, SEEK_HOLE);
+    if (hole < 0) return errno;
+    if (const int error = CopyRange(from, to, static_cast<uint64_t>(data),
+                                    static_cast<uint64_t>(hole - data));
+        error != 0) {
+      return error;
+    }
+    *written += static_cast<uint64_t>(hole - data);
+    offset = hole;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* CopyMethodName(CopyMethod method) {
+  switch (method) {
+    case CopyMethod::kReflink:
+      return "reflink";
+    case CopyMethod::kSparse:
+      return "sparse";
+    case CopyMethod::kPlain:
+      return "plain";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CopyResult> CopyFileContents(int from_fd, const std::string& to_path) {
+  struct stat st;
+  if (fstat(from_fd, &st) != 0) return ErrnoStatus(errno, "stat the data file to copy");
+  const int to = open(to_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (to < 0) return ErrnoStatus(errno, absl::StrCat("create ", to_path));
+  CopyResult result;
+  result.size = static_cast<uint64_t>(st.st_size);
+  auto fail = [&](int error, const std::string& what) {
+    close(to);
+    unlink(to_path.c_str());
+    return ErrnoStatus(error, absl::StrCat(what, " ", to_path));
+  };
+  if (ioctl(to, FICLONE, from_fd) == 0) {
+    result.method = CopyMethod::kReflink;
+  } else {
+    // Not a clone (other file system, or none that clones): copy, keeping
+    // holes when the file system can show them. The target is cut to size
+    // first so that trailing holes stay holes.
+    if (ftruncate(to, st.st_size) != 0) return fail(errno, "size");
+    int error = CopySparse(from_fd, to, result.size, &result.bytes_written);
+    result.method = CopyMethod::kSparse;
+    if (error == EINVAL || error == EOPNOTSUPP) {
+      result.method = CopyMethod::kPlain;
+      result.bytes_written = result.size;
+      error = CopyRange(from_fd, to, 0, result.size);
+    }
+    if (error != 0) return fail(error, "copy data to");
+  }
+  if (fsync(to) != 0) return fail(errno, "fsync");
+  close(to);
+  return result;
+}
+
+}  // namespace heapd
