@@ -1,6 +1,7 @@
 #include "daemon/caller.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <fstream>
@@ -49,6 +50,16 @@ bool MayAccess(const Caller& caller, const HeapConfig& config, Access access) {
   if (caller.uid == config.owner_uid) return (config.mode & (bit << 6)) != 0;
   if (InGroup(caller, config.owner_gid)) return (config.mode & (bit << 3)) != 0;
   return (config.mode & bit) != 0;
+}
+
+bool MayAccessPath(const Caller& caller, const std::string& path, Access access) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return false;
+  HeapConfig as_file;
+  as_file.owner_uid = st.st_uid;
+  as_file.owner_gid = st.st_gid;
+  as_file.mode = st.st_mode & 0777;
+  return MayAccess(caller, as_file, access);
 }
 
 bool IsAdmin(const Caller& caller, std::optional<uint32_t> admin_gid) {

@@ -36,10 +36,14 @@ absl::StatusOr<Caller> PeerOf(int fd);
 // group of its process (read from /proc/PID/status).
 bool InGroup(const Caller& caller, uint32_t gid);
 
-enum class Access { kRead = 4, kWrite = 2 };
+enum class Access { kRead = 4, kWrite = 2, kSearch = 1 };
 
 // True if `caller` may `access` a heap with `config`'s owner and mode.
 bool MayAccess(const Caller& caller, const HeapConfig& config, Access access);
+
+// True if `caller` may `access` the directory or file `path` by its mode
+// bits (as the kernel would, without ACLs).
+bool MayAccessPath(const Caller& caller, const std::string& path, Access access);
 
 // True if `caller` is root or in `admin_gid`.
 bool IsAdmin(const Caller& caller, std::optional<uint32_t> admin_gid);

@@ -135,6 +135,12 @@ int Run() {
   ServiceOptions options;
   options.admin_gid = *admin_gid;
   options.default_max_size = absl::GetFlag(FLAGS_default_max_size);
+  options.snapshot_dir = state_dir + "/snapshots";
+  std::filesystem::create_directories(options.snapshot_dir, error);
+  if (error) {
+    spdlog::critical("cannot create {}: {}", options.snapshot_dir, error.message());
+    return 1;
+  }
   HeapdService service(
       heaps->get(), &sessions, &metrics,
       [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);

@@ -1,10 +1,16 @@
 #include "daemon/heapd_service.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
+#include "snapshot/snapshot.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {
@@ -522,6 +528,7 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
       metrics_->CountSync(session.heap->name, result.status(),
                           absl::ToDoubleSeconds(absl::Now() - start));
       if (!result.ok()) return result.status();
+      session.last_sync_unix_ns = absl::ToUnixNanos(start);
       response->set_epoch(result->epoch);
       for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
       response->set_capacity_bytes(heap.capacity_bytes());
@@ -593,6 +600,167 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
     for (const NameEntry& entry : (*served)->heap->ListNames(request->prefix(), request->limit())) {
       ToProto(entry, response->add_names());
     }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::string> HeapdService::SnapshotTarget(const std::string& target,
+                                                         const Caller& caller,
+                                                         Access access) const {
+  if (target.empty()) return options_.snapshot_dir;
+  if (target[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapshot directory '", target, "' is not an absolute path"));
+  }
+  std::error_code error;
+  const std::filesystem::path canonical = std::filesystem::canonical(target, error);
+  if (error || !std::filesystem::is_directory(canonical, error)) {
+    return absl::NotFoundError(absl::StrCat("snapshot directory ", target, " does not exist"));
+  }
+  if (!MayAccessPath(caller, canonical, access) ||
+      !MayAccessPath(caller, canonical, Access::kSearch)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(caller.ToString(), " may not ", access == Access::kWrite ? "write" : "read",
+                     " snapshot directory ", target));
+  }
+  return canonical.string();
+}
+
+absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time since,
+                                          absl::Time deadline) const {
+  const int64_t since_ns = absl::ToUnixNanos(since);
+  for (;;) {
+    std::string laggards;
+    for (const std::shared_ptr<Session>& session : sessions_->List()) {
+      if (session->heap.get() != &heap || session->read_only) continue;
+      if (session->last_sync_unix_ns.load() >= since_ns) continue;
+      absl::StrAppend(&laggards, laggards.empty() ? "" : ", ", "session ", session->id, " (pid ",
+                      session->caller.pid, ")");
+    }
+    if (laggards.empty()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", heap.name, " is not at a consistent point: ", laggards,
+          " did not sync or detach in time"));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
+                                          const v1::CreateSnapshotRequest* request,
+                                          v1::SnapshotManifest* response) {
+  return Serve(context, "CreateSnapshot", [&](const Caller& caller) -> absl::Status {
+    const absl::Time start = absl::Now();
+    absl::Status status = [&]() -> absl::Status {
+      if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
+      absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+          HeapFor(request->heap(), caller, Access::kRead);
+      if (!served.ok()) return served.status();
+      absl::StatusOr<std::string> target =
+          SnapshotTarget(request->target_dir(), caller, Access::kWrite);
+      if (!target.ok()) return target.status();
+      if (absl::Status s = WaitForWriters(**served, start,
+                                          start + absl::Milliseconds(request->wait_ms()));
+          !s.ok()) {
+        return s;
+      }
+      v1::HeapInfo source;
+      FillInfo(**served, /*with_usage=*/true, &source);
+      SnapshotRequest snapshot{request->name(), *target,
+                               {request->labels().begin(), request->labels().end()}};
+      absl::StatusOr<v1::SnapshotManifest> manifest =
+          heapd::CreateSnapshot(*(*served)->heap, (*served)->name, source, snapshot);
+      if (!manifest.ok()) return manifest.status();
+      // The snapshot belongs to whoever asked for it (they may remove it).
+      const std::string dir = absl::StrCat(*target, "/", request->name());
+      std::error_code error;
+      (void)!chown(dir.c_str(), caller.uid, caller.gid);
+      for (const auto& file : std::filesystem::directory_iterator(dir, error)) {
+        (void)!chown(file.path().c_str(), caller.uid, caller.gid);
+      }
+      *response = *std::move(manifest);
+      spdlog::info("snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied)",
+                   request->name(), request->heap(), response->epoch(), caller.ToString(),
+                   *target, response->copy_method(), response->bytes_written());
+      return absl::OkStatus();
+    }();
+    metrics_->CountSnapshot(status, absl::ToDoubleSeconds(absl::Now() - start),
+                            response->bytes_written());
+    if (!status.ok()) {
+      spdlog::warn("snapshot {} of heap {} by {} failed: {}", request->name(), request->heap(),
+                   caller.ToString(), status.ToString());
+    }
+    return status;
+  });
+}
+
+grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
+                                         const v1::ListSnapshotsRequest* request,
+                                         v1::ListSnapshotsResponse* response) {
+  return Serve(context, "ListSnapshots", [&](const Caller& caller) -> absl::Status {
+    absl::StatusOr<std::string> target =
+        SnapshotTarget(request->target_dir(), caller, Access::kRead);
+    if (!target.ok()) return target.status();
+    std::error_code error;
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(*target, error)) {
+      const std::string name = entry.path().filename();
+      if (entry.is_directory(error) && ValidateHeapName(name, "snapshot").ok()) {
+        names.push_back(name);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& name : names) {
+      absl::StatusOr<v1::SnapshotManifest> manifest = ReadManifest(*target + "/" + name);
+      if (manifest.ok()) *response->add_snapshots() = *std::move(manifest);
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
+                                          const v1::SnapshotRef* request,
+                                          v1::SnapshotManifest* response) {
+  return Serve(context, "VerifySnapshot", [&](const Caller& caller) -> absl::Status {
+    if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
+    absl::StatusOr<std::string> target =
+        SnapshotTarget(request->target_dir(), caller, Access::kRead);
+    if (!target.ok()) return target.status();
+    const std::string dir = *target + "/" + request->name();
+    if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
+    absl::StatusOr<v1::SnapshotManifest> manifest = ReadManifest(dir);
+    if (!manifest.ok()) return manifest.status();
+    *response = *std::move(manifest);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
+                                          const v1::SnapshotRef* request,
+                                          v1::RemoveSnapshotResponse*) {
+  return Serve(context, "RemoveSnapshot", [&](const Caller& caller) -> absl::Status {
+    if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
+    absl::StatusOr<std::string> target =
+        SnapshotTarget(request->target_dir(), caller, Access::kWrite);
+    if (!target.ok()) return target.status();
+    const std::string dir = *target + "/" + request->name();
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !ReadManifest(dir).ok()) {
+      return absl::NotFoundError(absl::StrCat("no snapshot ", dir));
+    }
+    if (st.st_uid != caller.uid && !IsAdmin(caller)) {
+      return absl::PermissionDeniedError(absl::StrCat(caller.ToString(), " may not remove snapshot ",
+                                                      dir, " of uid ", st.st_uid));
+    }
+    // Renamed away first: a crash while deleting leaves no half snapshot.
+    const std::string doomed = absl::StrCat(*target, "/.", request->name(), ".removing");
+    std::error_code error;
+    std::filesystem::remove_all(doomed, error);
+    std::filesystem::rename(dir, doomed, error);
+    if (error) return absl::InternalError(absl::StrCat("rename ", dir, ": ", error.message()));
+    std::filesystem::remove_all(doomed, error);
+    spdlog::info("snapshot {} removed by {}", dir, caller.ToString());
     return absl::OkStatus();
   });
 }

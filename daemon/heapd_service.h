@@ -24,6 +24,7 @@ namespace heapd {
 struct ServiceOptions {
   std::optional<uint32_t> admin_gid;
   uint64_t default_max_size = uint64_t{16} << 30;
+  std::string snapshot_dir;  // the daemon's own snapshot directory
 };
 
 class HeapdService final : public v1::Heapd::Service {
@@ -75,6 +76,14 @@ class HeapdService final : public v1::Heapd::Service {
   grpc::Status Unbind(grpc::ServerContext*, const v1::UnbindRequest*, v1::NameEntry*) override;
   grpc::Status ListNames(grpc::ServerContext*, const v1::ListNamesRequest*,
                          v1::ListNamesResponse*) override;
+  grpc::Status CreateSnapshot(grpc::ServerContext*, const v1::CreateSnapshotRequest*,
+                              v1::SnapshotManifest*) override;
+  grpc::Status ListSnapshots(grpc::ServerContext*, const v1::ListSnapshotsRequest*,
+                             v1::ListSnapshotsResponse*) override;
+  grpc::Status VerifySnapshot(grpc::ServerContext*, const v1::SnapshotRef*,
+                              v1::SnapshotManifest*) override;
+  grpc::Status RemoveSnapshot(grpc::ServerContext*, const v1::SnapshotRef*,
+                              v1::RemoveSnapshotResponse*) override;
 
  private:
   // Runs `body` for the caller of `context`; absl errors become gRPC ones.
@@ -92,6 +101,13 @@ class HeapdService final : public v1::Heapd::Service {
   // 0600). ALREADY_EXISTS if it exists.
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,
                                                       uint32_t mode, const Caller& caller);
+  // The snapshot directory `target` names (empty: the daemon's) if
+  // `caller` may use it for `access` (write: create and remove in it).
+  absl::StatusOr<std::string> SnapshotTarget(const std::string& target, const Caller& caller,
+                                             Access access) const;
+  // Waits until every read-write session on `heap` synced after `since`,
+  // up to `deadline`; FAILED_PRECONDITION naming those that did not.
+  absl::Status WaitForWriters(const ServedHeap& heap, absl::Time since, absl::Time deadline) const;
   void FillClient(const Session& session, v1::ClientInfo* info) const;
   void FillInfo(const ServedHeap& served, bool with_usage, v1::HeapInfo* info) const;
   bool IsAdmin(const Caller& caller) const { return heapd::IsAdmin(caller, options_.admin_gid); }

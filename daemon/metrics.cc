@@ -159,6 +159,18 @@ Metrics::Metrics()
                           .Help("Frees the daemon refused, by status code (INVALID_ARGUMENT: "
                                 "double free, interior or outside pointer; "
                                 "FAILED_PRECONDITION: bound or uncommitted object).")
+                          .Register(*registry_)),
+      snapshots_(prometheus::BuildCounter()
+                     .Name("heapd_snapshots_total")
+                     .Help("Snapshots attempted, by outcome (ok, failed).")
+                     .Register(*registry_)),
+      snapshot_seconds_(prometheus::BuildHistogram()
+                            .Name("heapd_snapshot_duration_seconds")
+                            .Help("Time to take a snapshot, waiting for writers included.")
+                            .Register(*registry_)),
+      snapshot_bytes_(prometheus::BuildCounter()
+                          .Name("heapd_snapshot_bytes_written_total")
+                          .Help("Data bytes copied by snapshots (0 for a reflink clone).")
                           .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("heapd_build_info")
@@ -174,6 +186,10 @@ Metrics::Metrics()
       .Set(absl::ToUnixNanos(absl::Now()) / 1e9);
   // Series that alerts and dashboards read exist from the start, at 0.
   chunks_reclaimed_.Add({});
+  snapshots_.Add({{"outcome", "ok"}});
+  snapshots_.Add({{"outcome", "failed"}});
+  snapshot_seconds_.Add({}, LatencyBuckets());
+  snapshot_bytes_.Add({});
   large_objects_reclaimed_.Add({});
   for (const char* reason : kReclaimReasons) sessions_reclaimed_.Add({{"reason", reason}});
   for (absl::StatusCode code :
@@ -220,6 +236,13 @@ void Metrics::CountReclaim(const char* reason, uint32_t chunks, uint32_t large_o
   sessions_reclaimed_.Add({{"reason", reason}}).Increment();
   chunks_reclaimed_.Add({}).Increment(chunks);
   large_objects_reclaimed_.Add({}).Increment(large_objects);
+}
+
+void Metrics::CountSnapshot(const absl::Status& status, double seconds, uint64_t bytes_written) {
+  snapshots_.Add({{"outcome", status.ok() ? "ok" : "failed"}}).Increment();
+  if (!status.ok()) return;
+  snapshot_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
+  snapshot_bytes_.Add({}).Increment(static_cast<double>(bytes_written));
 }
 
 void Metrics::CountRejectedFree(const absl::Status& status) {

@@ -53,6 +53,8 @@ class Metrics {
   void CountReclaim(const char* reason, uint32_t chunks, uint32_t large_objects);
   // A free the daemon refused.
   void CountRejectedFree(const absl::Status& status);
+  // A snapshot attempt; what it wrote.
+  void CountSnapshot(const absl::Status& status, double seconds, uint64_t bytes_written);
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -68,6 +70,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& chunks_reclaimed_;
   prometheus::Family<prometheus::Counter>& large_objects_reclaimed_;
   prometheus::Family<prometheus::Counter>& frees_rejected_;
+  prometheus::Family<prometheus::Counter>& snapshots_;
+  prometheus::Family<prometheus::Histogram>& snapshot_seconds_;
+  prometheus::Family<prometheus::Counter>& snapshot_bytes_;
 };
 
 }  // namespace heapd

@@ -11,6 +11,7 @@
 #ifndef HEAPD_DAEMON_SESSION_TABLE_H_
 #define HEAPD_DAEMON_SESSION_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +37,8 @@ struct Session {
   const Caller caller;  // the attaching process
   const bool read_only;
   const absl::Time attached = absl::Now();
+  // When its last sync succeeded (0: never); snapshots wait for it.
+  std::atomic<int64_t> last_sync_unix_ns{0};
 
   absl::Mutex mu;
   bool ended ABSL_GUARDED_BY(mu) = false;

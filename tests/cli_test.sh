@@ -9,6 +9,7 @@ HEAPD=$PWD/daemon/heapd
 HEAPCTL=$PWD/client/heapctl
 INGEST=$PWD/client/examples/graph_ingest
 QUERY=$PWD/client/examples/graph_query
+WORKER=$PWD/tests/heap_worker
 GRPCURL=$(command -v grpcurl || ls /usr/local/bin/grpcurl "$HOME/go/bin/grpcurl" 2>/dev/null | head -1)
 
 DIR=$(mktemp -d /tmp/heapd-cli-XXXXXX)
@@ -57,6 +58,33 @@ out=$("$HEAPCTL" heap frobnicate 2>&1)
 out=$("$HEAPCTL" --socket="$DIR/none.sock" heap ls 2>&1) && fail "no daemon, yet success"
 expect_in "UNAVAILABLE" "$out"
 out=$("$HEAPCTL" heap rm other) || fail "heap rm: $out"
+
+# Snapshots: to a directory of the test's (standing for the parallel file
+# system) and to heapd's own.
+mkdir -p "$DIR/pfs"
+out=$("$HEAPCTL" snapshot create graph job42 --to="$DIR/pfs" --label=slurm_job_id=42) ||
+  fail "snapshot create: $out"
+expect_in "snapshot job42 of heap graph" "$out"
+out=$("$HEAPCTL" --json snapshot ls --to="$DIR/pfs")
+expect_in '"slurm_job_id": "42"' "$out"
+expect_in '"heap": "graph"' "$out"
+out=$("$HEAPCTL" snapshot verify job42 --to="$DIR/pfs") || fail "snapshot verify: $out"
+out=$("$HEAPCTL" snapshot create graph job42 --to="$DIR/pfs" 2>&1) && fail "a second job42 was made"
+expect_in "ALREADY_EXISTS" "$out"
+out=$("$HEAPCTL" snapshot create graph x --to=relative/dir 2>&1) && fail "a relative target was taken"
+expect_in "INVALID_ARGUMENT" "$out"
+out=$("$HEAPCTL" snapshot create graph local 2>&1) || fail "snapshot into heapd's directory: $out"
+expect_in "local" "$("$HEAPCTL" snapshot ls)"
+# A writer that does not sync holds a snapshot up until its deadline.
+"$WORKER" "$HEAPD_SOCKET" graph hold 7 >"$DIR/hold" &
+HOLD=$!
+for _ in $(seq 100); do grep -q synced "$DIR/hold" && break; sleep 0.05; done
+out=$("$HEAPCTL" snapshot create graph held --wait_ms=300 2>&1) && fail "a snapshot ignored a writer"
+expect_in "FAILED_PRECONDITION" "$out"
+expect_in "pid $HOLD" "$out"
+kill "$HOLD"; wait "$HOLD" 2>/dev/null
+out=$("$HEAPCTL" snapshot rm job42 --to="$DIR/pfs") || fail "snapshot rm: $out"
+[ -z "$(ls -A "$DIR/pfs")" ] || fail "snapshot rm left: $(ls -A "$DIR/pfs")"
 
 # grpcurl through server reflection.
 if [ -z "$GRPCURL" ]; then
