@@ -46,12 +46,16 @@ expect_value() {  # expect_value METRIC EXPECTED
 "$WORKER" "$S" h alloc 1 3000 >/dev/null || fail "alloc worker"                 # attach 1
 "$WORKER" "$S" h free-half 1 | grep -q "double free: INVALID_ARGUMENT" ||        # attach 2
   fail "free-half worker"
+"$HEAPCTL" --socket="$S" snapshot create h quiet >/dev/null || fail "snapshot without writers"
 "$WORKER" "$S" h alloc-forever 2 >"$DIR/w2" &                                     # attach 3, killed
 W2=$!
 PIDS+=($W2)
 "$WORKER" "$S" h hold 3 >"$DIR/w3" &                                              # attach 4, stays
 PIDS+=($!)
 for _ in $(seq 200); do grep -q synced "$DIR/w2" && grep -q synced "$DIR/w3" && break; sleep 0.05; done
+# A snapshot with writers attached that do not sync again fails at once.
+"$HEAPCTL" --socket="$S" snapshot create h held --wait_ms=0 >/dev/null 2>&1 &&
+  fail "a snapshot did not wait for the writers" 
 kill -9 "$W2"
 wait "$W2" 2>/dev/null
 for _ in $(seq 100); do
@@ -68,6 +72,8 @@ expect_value 'heapd_frees_rejected_total{code="INVALID_ARGUMENT"}' 1
 expect_value 'heapd_sessions_reclaimed_total{reason="connection_closed"}' 1
 expect_value 'heapd_heap_names{heap="h"}' 3   # worker-1, pre-2, pre-3
 expect_value 'heapd_build_info{version="0.3.0"}' 1
+expect_value 'heapd_snapshots_total{outcome="ok"}' 1
+expect_value 'heapd_snapshots_total{outcome="failed"}' 1
 stat=$("$HEAPCTL" --socket="$S" --json heap stat h)
 for pair in live_objects:heapd_heap_live_objects allocated_bytes:heapd_heap_allocated_bytes \
             capacity_bytes:heapd_heap_reserved_bytes max_size:heapd_heap_capacity_bytes; do
