@@ -6,6 +6,7 @@
 //   heapctl clients ls [--heap=NAME]
 //   heapctl snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]
 //   heapctl snapshot ls [--to=DIR] | snapshot verify NAME [--to=DIR] | snapshot rm NAME [--to=DIR]
+//   heapctl snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace]
 //
 // Output is a table for people, or the response as JSON (protobuf's JSON
 // mapping of heapd.v1) with --json. On error: one line on stderr naming the
@@ -29,7 +30,9 @@ ABSL_FLAG(bool, json, false, "print the response as JSON");
 ABSL_FLAG(uint64_t, max_size, 0, "heap create: maximum size in bytes (0: the daemon's default)");
 ABSL_FLAG(std::string, mode, "0600", "heap create: permission bits, octal");
 ABSL_FLAG(std::string, prefix, "", "names ls: only names starting with this");
-ABSL_FLAG(std::string, heap, "", "clients ls: only clients of this heap");
+ABSL_FLAG(std::string, heap, "",
+          "clients ls: only clients of this heap; snapshot restore: the heap to make");
+ABSL_FLAG(bool, replace, false, "snapshot restore: replace the heap if it exists (no clients)");
 ABSL_FLAG(std::string, to, "", "snapshot: target directory (default: heapd's own)");
 ABSL_FLAG(std::vector<std::string>, label, {}, "snapshot create: KEY=VALUE labels");
 ABSL_FLAG(uint32_t, wait_ms, 10000,
@@ -49,7 +52,8 @@ constexpr char kUsage[] =
     "  snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]\n"
     "  snapshot ls [--to=DIR]\n"
     "  snapshot verify NAME [--to=DIR]\n"
-    "  snapshot rm NAME [--to=DIR]";
+    "  snapshot rm NAME [--to=DIR]\n"
+    "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace]";
 
 const char* BackingName(v1::BackingKind kind) {
   switch (kind) {
@@ -289,6 +293,22 @@ int Run(const std::vector<std::string>& args) {
                   static_cast<unsigned long long>(m.epoch()), Bytes(m.data_bytes()).c_str(),
                   m.copy_method().c_str(), Time(m.created_unix_ns()).c_str(), labels.c_str());
     }
+    return 0;
+  }
+  if (what == "snapshot restore") {
+    if (args.size() != 3) return Usage("snapshot restore needs NAME");
+    v1::RestoreSnapshotRequest request;
+    request.set_target_dir(absl::GetFlag(FLAGS_to));
+    request.set_name(args[2]);
+    request.set_heap(absl::GetFlag(FLAGS_heap));
+    request.set_replace(absl::GetFlag(FLAGS_replace));
+    v1::HeapInfo info;
+    if (absl::Status s = FromGrpc(stub.RestoreSnapshot(&context, request, &info)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(info);
+    std::printf("restored heap %s from snapshot %s at epoch %llu\n", info.name().c_str(),
+                args[2].c_str(), static_cast<unsigned long long>(info.epoch()));
     return 0;
   }
   if (what == "snapshot verify" || what == "snapshot rm") {

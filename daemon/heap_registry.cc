@@ -54,6 +54,21 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(const std::stri
   return served;
 }
 
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::OpenNew(const std::string& name) {
+  if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (heaps_.count(name) != 0 || broken_.count(name) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("heap ", name, " already exists"));
+  }
+  const std::string dir = absl::StrCat(heaps_dir_, "/", name);
+  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Open(dir);
+  if (!heap.ok()) return heap.status();
+  const bool reflink = ReflinkSupported(dir);
+  auto served = std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap), reflink});
+  heaps_.emplace(name, served);
+  return served;
+}
+
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view name) const {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);

@@ -38,6 +38,10 @@ class HeapRegistry {
   absl::StatusOr<std::shared_ptr<ServedHeap>> Create(const std::string& name,
                                                      const HeapConfig& config);
 
+  // Opens heap `name` that was just made in heaps_dir() (a restore).
+  // ALREADY_EXISTS if the registry has one of that name.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> OpenNew(const std::string& name);
+
   // The heap `name`; NOT_FOUND if there is none, or the error it failed to
   // open with.
   absl::StatusOr<std::shared_ptr<ServedHeap>> Get(absl::string_view name) const;

@@ -297,24 +297,27 @@ grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
                                       v1::RemoveHeapResponse*) {
   return Serve(context, "RemoveHeap", [&](const Caller& caller) -> absl::Status {
     absl::MutexLock lock(&attach_mu_);
-    const bool admin = IsAdmin(caller);
-    if (absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
-        !served.ok()) {
-      if (!admin) return served.status();  // a heap that failed to open: admins only
-    } else if (const uint32_t owner = (*served)->heap->config().owner_uid;
-               owner != caller.uid && !admin) {
-      return absl::PermissionDeniedError(absl::StrCat(caller.ToString(), " may not remove heap ",
-                                                      request->heap(), " of uid ", owner,
-                                                      " (only its owner or an admin may)"));
-    }
-    if (const size_t clients = sessions_->CountOn(request->heap()); clients != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "heap ", request->heap(), " has ", clients, " clients attached; detach them first"));
-    }
-    if (absl::Status s = heaps_->Remove(request->heap()); !s.ok()) return s;
-    spdlog::info("heap {} removed by {}", request->heap(), caller.ToString());
-    return absl::OkStatus();
+    return RemoveHeapLocked(request->heap(), caller);
   });
+}
+
+absl::Status HeapdService::RemoveHeapLocked(const std::string& name, const Caller& caller) {
+  const bool admin = IsAdmin(caller);
+  if (absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(name); !served.ok()) {
+    if (!admin) return served.status();  // a heap that failed to open: admins only
+  } else if (const uint32_t owner = (*served)->heap->config().owner_uid;
+             owner != caller.uid && !admin) {
+    return absl::PermissionDeniedError(absl::StrCat(caller.ToString(), " may not remove heap ",
+                                                    name, " of uid ", owner,
+                                                    " (only its owner or an admin may)"));
+  }
+  if (const size_t clients = sessions_->CountOn(name); clients != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
+  }
+  if (absl::Status s = heaps_->Remove(name); !s.ok()) return s;
+  spdlog::info("heap {} removed by {}", name, caller.ToString());
+  return absl::OkStatus();
 }
 
 grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
@@ -761,6 +764,47 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
     if (error) return absl::InternalError(absl::StrCat("rename ", dir, ": ", error.message()));
     std::filesystem::remove_all(doomed, error);
     spdlog::info("snapshot {} removed by {}", dir, caller.ToString());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
+                                           const v1::RestoreSnapshotRequest* request,
+                                           v1::HeapInfo* info) {
+  return Serve(context, "RestoreSnapshot", [&](const Caller& caller) -> absl::Status {
+    if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
+    absl::StatusOr<std::string> target =
+        SnapshotTarget(request->target_dir(), caller, Access::kRead);
+    if (!target.ok()) return target.status();
+    const std::string dir = *target + "/" + request->name();
+    if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
+    absl::StatusOr<v1::SnapshotManifest> manifest = ReadManifest(dir);
+    if (!manifest.ok()) return manifest.status();
+    const std::string heap = request->heap().empty() ? manifest->heap() : request->heap();
+    if (absl::Status s = ValidateHeapName(heap); !s.ok()) return s;
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("no snapshot ", dir));
+    if (st.st_uid != caller.uid && manifest->source().owner_uid() != caller.uid &&
+        !IsAdmin(caller)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller.ToString(), " may not restore snapshot ", dir, " (it is not theirs)"));
+    }
+    absl::MutexLock lock(&attach_mu_);
+    if (heaps_->Get(heap).ok()) {
+      if (!request->replace()) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("heap ", heap, " exists; restore with replace to overwrite it"));
+      }
+      if (absl::Status s = RemoveHeapLocked(heap, caller); !s.ok()) return s;
+    }
+    if (absl::Status s = RestoreSnapshotInto(dir, heaps_->heaps_dir() + "/" + heap); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->OpenNew(heap);
+    if (!served.ok()) return served.status();
+    FillInfo(**served, /*with_usage=*/true, info);
+    spdlog::info("heap {} restored by {} from snapshot {} (epoch {})", heap, caller.ToString(),
+                 dir, info->epoch());
     return absl::OkStatus();
   });
 }

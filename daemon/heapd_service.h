@@ -84,6 +84,8 @@ class HeapdService final : public v1::Heapd::Service {
                               v1::SnapshotManifest*) override;
   grpc::Status RemoveSnapshot(grpc::ServerContext*, const v1::SnapshotRef*,
                               v1::RemoveSnapshotResponse*) override;
+  grpc::Status RestoreSnapshot(grpc::ServerContext*, const v1::RestoreSnapshotRequest*,
+                               v1::HeapInfo*) override;
 
  private:
   // Runs `body` for the caller of `context`; absl errors become gRPC ones.
@@ -105,6 +107,9 @@ class HeapdService final : public v1::Heapd::Service {
   // `caller` may use it for `access` (write: create and remove in it).
   absl::StatusOr<std::string> SnapshotTarget(const std::string& target, const Caller& caller,
                                              Access access) const;
+  // Removes heap `name` for `caller` (owner or admin, no clients).
+  // REQUIRES: attach_mu_ held.
+  absl::Status RemoveHeapLocked(const std::string& name, const Caller& caller);
   // Waits until every read-write session on `heap` synced after `since`,
   // up to `deadline`; FAILED_PRECONDITION naming those that did not.
   absl::Status WaitForWriters(const ServedHeap& heap, absl::Time since, absl::Time deadline) const;

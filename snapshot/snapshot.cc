@@ -140,6 +140,41 @@ absl::StatusOr<v1::SnapshotManifest> CreateSnapshot(PersistentHeap& heap,
   return manifest;
 }
 
+absl::Status RestoreSnapshotInto(const std::string& dir, const std::string& heap_dir) {
+  struct stat st;
+  if (stat(heap_dir.c_str(), &st) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat(heap_dir, " already exists"));
+  }
+  const size_t slash = heap_dir.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : heap_dir.substr(0, slash);
+  const std::string building = absl::StrCat(heap_dir, ".restoring-", RandomSuffix());
+  if (mkdir(building.c_str(), 0700) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("create ", building));
+  }
+  auto give_up = [&building](absl::Status status) {
+    std::error_code ignored;
+    std::filesystem::remove_all(building, ignored);
+    return status;
+  };
+  const std::string data = absl::StrCat(dir, "/", kDataFile);
+  const int data_fd = open(data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (data_fd < 0) return give_up(ErrnoStatus(errno, absl::StrCat("open ", data)));
+  absl::StatusOr<CopyResult> copied =
+      CopyFileContents(data_fd, absl::StrCat(building, "/", kDataFile));
+  close(data_fd);
+  if (!copied.ok()) return give_up(copied.status());
+  v1::SnapshotManifest ignored;
+  if (absl::Status s = CopyMetadata(dir, building, &ignored); !s.ok()) return give_up(s);
+  if (absl::Status s = WriteFileAtomically(building, "lock", "", "restore.lock"); !s.ok()) {
+    return give_up(s);
+  }
+  if (absl::Status s = SyncDirectory(building); !s.ok()) return give_up(s);
+  if (renameat2(AT_FDCWD, building.c_str(), AT_FDCWD, heap_dir.c_str(), RENAME_NOREPLACE) != 0) {
+    return give_up(ErrnoStatus(errno, absl::StrCat("rename ", building, " to ", heap_dir)));
+  }
+  return SyncDirectory(parent);
+}
+
 absl::StatusOr<v1::SnapshotManifest> ReadManifest(const std::string& dir) {
   absl::StatusOr<std::string> json = ReadWholeFile(absl::StrCat(dir, "/", kManifest));
   if (!json.ok()) return json.status();

@@ -40,6 +40,12 @@ absl::StatusOr<v1::SnapshotManifest> CreateSnapshot(PersistentHeap& heap,
 // DATA_LOSS if it does not parse.
 absl::StatusOr<v1::SnapshotManifest> ReadManifest(const std::string& dir);
 
+// Makes the new heap directory `heap_dir` from the snapshot in `dir`
+// (cloned or copied like a snapshot; built hidden beside it, fsynced,
+// renamed into place). ALREADY_EXISTS if `heap_dir` exists. The caller
+// verifies the snapshot first.
+absl::Status RestoreSnapshotInto(const std::string& dir, const std::string& heap_dir);
+
 // Checks the snapshot in `dir`: its metadata files against the manifest's
 // CRCs and its data file's size. DATA_LOSS naming the file that differs.
 absl::Status VerifySnapshot(const std::string& dir);

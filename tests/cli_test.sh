@@ -83,6 +83,16 @@ out=$("$HEAPCTL" snapshot create graph held --wait_ms=300 2>&1) && fail "a snaps
 expect_in "FAILED_PRECONDITION" "$out"
 expect_in "pid $HOLD" "$out"
 kill "$HOLD"; wait "$HOLD" 2>/dev/null
+# Restore it as a new heap; the graph is found there, read-only.
+out=$("$HEAPCTL" snapshot restore job42 --to="$DIR/pfs" --heap=graph2) || fail "restore: $out"
+expect_in "restored heap graph2" "$out"
+out=$("$QUERY" --heap=graph2 2>&1) || fail "graph_query on the restored heap: $out"
+expect_in "20000 edges (recorded 20000)" "$out"
+out=$("$HEAPCTL" snapshot restore job42 --to="$DIR/pfs" --heap=graph2 2>&1) &&
+  fail "a restore overwrote a heap without --replace"
+expect_in "ALREADY_EXISTS" "$out"
+"$HEAPCTL" snapshot restore job42 --to="$DIR/pfs" --heap=graph2 --replace >/dev/null ||
+  fail "restore --replace"
 out=$("$HEAPCTL" snapshot rm job42 --to="$DIR/pfs") || fail "snapshot rm: $out"
 [ -z "$(ls -A "$DIR/pfs")" ] || fail "snapshot rm left: $(ls -A "$DIR/pfs")"
 
