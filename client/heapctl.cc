@@ -1,7 +1,7 @@
 // heapctl: administer the node's heapd.
 //
 //   heapctl [--socket=PATH] [--json] heap create NAME [--max_size=BYTES] [--mode=0640]
-//   heapctl heap ls | heap stat NAME | heap rm NAME
+//   heapctl heap ls [--owner=UID] [--quiet] | heap stat NAME | heap rm NAME
 //   heapctl names ls HEAP [--prefix=P]
 //   heapctl clients ls [--heap=NAME]
 //   heapctl snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]
@@ -11,6 +11,7 @@
 // Output is a table for people, or the response as JSON (protobuf's JSON
 // mapping of heapd.v1) with --json. On error: one line on stderr naming the
 // reason, exit status 1 (2 for a usage error).
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <string>
@@ -27,6 +28,9 @@
 
 ABSL_FLAG(std::string, socket, "", "heapd's socket (default: $HEAPD_SOCKET or heapd's default)");
 ABSL_FLAG(bool, json, false, "print the response as JSON");
+ABSL_FLAG(bool, quiet, false,
+          "heap ls: names only; snapshot ls: 'SNAPSHOT HEAP' pairs (for scripts)");
+ABSL_FLAG(int64_t, owner, -1, "heap ls: only heaps of this uid");
 ABSL_FLAG(uint64_t, max_size, 0, "heap create: maximum size in bytes (0: the daemon's default)");
 ABSL_FLAG(std::string, mode, "0600", "heap create: permission bits, octal");
 ABSL_FLAG(std::string, prefix, "", "names ls: only names starting with this");
@@ -44,13 +48,13 @@ namespace {
 constexpr char kUsage[] =
     "usage: heapctl [--socket=PATH] [--json] COMMAND\n"
     "  heap create NAME [--max_size=BYTES] [--mode=0600]\n"
-    "  heap ls\n"
+    "  heap ls [--owner=UID] [--quiet]\n"
     "  heap stat NAME\n"
     "  heap rm NAME\n"
     "  names ls HEAP [--prefix=P]\n"
     "  clients ls [--heap=NAME]\n"
     "  snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]\n"
-    "  snapshot ls [--to=DIR]\n"
+    "  snapshot ls [--to=DIR] [--quiet]\n"
     "  snapshot verify NAME [--to=DIR]\n"
     "  snapshot rm NAME [--to=DIR]\n"
     "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace]";
@@ -169,7 +173,18 @@ int Run(const std::vector<std::string>& args) {
     if (absl::Status s = FromGrpc(stub.ListHeaps(&context, {}, &response)); !s.ok()) {
       return Fail(s);
     }
+    const int64_t owner = absl::GetFlag(FLAGS_owner);
+    if (owner >= 0) {
+      auto* heaps = response.mutable_heaps();
+      heaps->erase(std::remove_if(heaps->begin(), heaps->end(),
+                                  [owner](const v1::HeapInfo& h) { return h.owner_uid() != owner; }),
+                   heaps->end());
+    }
     if (json) return PrintJson(response);
+    if (absl::GetFlag(FLAGS_quiet)) {
+      for (const v1::HeapInfo& heap : response.heaps()) std::printf("%s\n", heap.name().c_str());
+      return 0;
+    }
     PrintHeapHeader();
     for (const v1::HeapInfo& heap : response.heaps()) PrintHeapRow(heap);
     return 0;
@@ -282,6 +297,12 @@ int Run(const std::vector<std::string>& args) {
       return Fail(s);
     }
     if (json) return PrintJson(response);
+    if (absl::GetFlag(FLAGS_quiet)) {
+      for (const v1::SnapshotManifest& m : response.snapshots()) {
+        std::printf("%s %s\n", m.name().c_str(), m.heap().c_str());
+      }
+      return 0;
+    }
     std::printf("%-24s %-24s %8s %10s %-8s %-19s %s\n", "SNAPSHOT", "HEAP", "EPOCH", "SIZE",
                 "METHOD", "CREATED", "LABELS");
     for (const v1::SnapshotManifest& m : response.snapshots()) {
