@@ -97,6 +97,15 @@ absl::StatusOr<v1::SnapshotManifest> CreateSnapshot(PersistentHeap& heap,
   if (stat(final_dir.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrCat("snapshot ", final_dir, " already exists"));
   }
+  // A snapshot of this name that was killed midway left a hidden partial
+  // directory: nothing lists it; clear it now.
+  std::error_code ignored_error;
+  for (const auto& entry : std::filesystem::directory_iterator(request.target_dir, ignored_error)) {
+    if (absl::StartsWith(entry.path().filename().string(),
+                         absl::StrCat(".", request.name, ".partial-"))) {
+      std::filesystem::remove_all(entry.path(), ignored_error);
+    }
+  }
   const std::string building =
       absl::StrCat(request.target_dir, "/.", request.name, ".partial-", RandomSuffix());
   if (mkdir(building.c_str(), 0700) != 0) {

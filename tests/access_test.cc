@@ -97,6 +97,30 @@ TEST_F(AccessTest, AdminCallsNeedRootOrTheOwner) {
   EXPECT_TRUE(RunChild(Heapctl({"heap", "rm", "readable"})).Exited(0));
 }
 
+TEST_F(AccessTest, SnapshotTargetsAreCheckedAgainstTheCaller) {
+  const std::string roots = daemon_.dir().Sub("roots-only");
+  const std::string open = daemon_.dir().Sub("open");
+  std::filesystem::create_directory(roots);
+  std::filesystem::create_directory(open);
+  chmod(roots.c_str(), 0755);
+  chmod(open.c_str(), 0777);
+  ChildResult result =
+      RunChild(AsNobody(Heapctl({"snapshot", "create", "readable", "s", "--to=" + roots})));
+  EXPECT_TRUE(result.Exited(1)) << result.output;
+  EXPECT_NE(result.output.find("PERMISSION_DENIED"), std::string::npos) << result.output;
+  EXPECT_TRUE(std::filesystem::is_empty(roots));
+  // A heap nobody cannot read cannot be snapshotted by nobody.
+  result = RunChild(AsNobody(Heapctl({"snapshot", "create", "private", "s", "--to=" + open})));
+  EXPECT_NE(result.output.find("PERMISSION_DENIED"), std::string::npos) << result.output;
+  // Allowed: the snapshot belongs to nobody, and only nobody (or root) removes it.
+  result = RunChild(AsNobody(Heapctl({"snapshot", "create", "readable", "s", "--to=" + open})));
+  EXPECT_TRUE(result.Exited(0)) << result.output;
+  struct stat st;
+  ASSERT_EQ(stat((open + "/s").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_TRUE(RunChild(AsNobody(Heapctl({"snapshot", "rm", "s", "--to=" + open}))).Exited(0));
+}
+
 TEST_F(AccessTest, ClientsOfOtherUsersAreListedOnlyForAdmins) {
   Child holder(Worker("private", {"raw-attach"}));
   ASSERT_TRUE(holder.WaitForOutput("token"));
