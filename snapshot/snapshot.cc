@@ -172,6 +172,9 @@ absl::Status RestoreSnapshotInto(const std::string& dir, const std::string& heap
       CopyFileContents(data_fd, absl::StrCat(building, "/", kDataFile));
   close(data_fd);
   if (!copied.ok()) return give_up(copied.status());
+  if (absl::Status s = ReserveWholeFile(absl::StrCat(building, "/", kDataFile)); !s.ok()) {
+    return give_up(s);
+  }
   v1::SnapshotManifest ignored;
   if (absl::Status s = CopyMetadata(dir, building, &ignored); !s.ok()) return give_up(s);
   if (absl::Status s = WriteFileAtomically(building, "lock", "", "restore.lock"); !s.ok()) {

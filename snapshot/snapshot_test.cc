@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -196,7 +197,17 @@ TEST(SnapshotTest, OnExt4TheDataIsCopiedSparse) {
         CreateSnapshot(*heap, "h", Source(), {"s", mount_point + "/snaps", {}});
     ASSERT_TRUE(manifest.ok()) << manifest.status();
     EXPECT_EQ(manifest->copy_method(), "sparse");
+    // Space reserved but never written (fallocate) is not copied.
+    EXPECT_LT(manifest->bytes_written(), manifest->data_bytes() / 2);
     EXPECT_EQ(ReadAll(mount_point + "/snaps/s/data"), ReadAll(mount_point + "/h/data"));
+    // A restore reserves the whole data file again, as a heap needs.
+    ASSERT_TRUE(RestoreSnapshotInto(mount_point + "/snaps/s", mount_point + "/r").ok());
+    struct stat st;
+    ASSERT_EQ(stat((mount_point + "/r/data").c_str(), &st), 0);
+    EXPECT_GE(uint64_t(st.st_blocks) * 512, uint64_t(st.st_size));
+    auto restored = PersistentHeap::Open(mount_point + "/r");
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ((*restored)->ListNames(""), heap->ListNames(""));
     EXPECT_TRUE(PersistentHeap::Open(mount_point + "/snaps/s").ok());
   }
   EXPECT_EQ(std::system(("umount " + mount_point).c_str()), 0);
