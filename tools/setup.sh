@@ -9,7 +9,7 @@ packages=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libboost-dev
-  zlib1g-dev util-linux xfsprogs prometheus python3
+  zlib1g-dev util-linux xfsprogs e2fsprogs prometheus python3 slurm-wlm munge
 )
 
 missing=()
