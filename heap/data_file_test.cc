@@ -80,7 +80,9 @@ TEST(DataFileTest, ReflinkProbeLeavesNothingAndSaysNoOnTmpfs) {
   TestDir dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "");
   const bool tmpfs = access("/dev/shm", W_OK) == 0;
   const bool reflink = ReflinkSupported(dir.path());
-  if (tmpfs) EXPECT_FALSE(reflink);  // tmpfs cannot clone files
+  if (tmpfs) {
+    EXPECT_FALSE(reflink);  // tmpfs cannot clone files
+  }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
   EXPECT_FALSE(ReflinkSupported(dir.Sub("missing")));
 }

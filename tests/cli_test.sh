@@ -82,6 +82,14 @@ for _ in $(seq 100); do grep -q synced "$DIR/hold" && break; sleep 0.05; done
 out=$("$HEAPCTL" snapshot create graph held --wait_ms=300 2>&1) && fail "a snapshot ignored a writer"
 expect_in "FAILED_PRECONDITION" "$out"
 expect_in "pid $HOLD" "$out"
+# ... and a snapshot that waits long enough goes ahead once the writer syncs.
+"$HEAPCTL" snapshot create graph waited --wait_ms=20000 >"$DIR/waited" 2>&1 &
+SNAP=$!
+sleep 0.3
+kill -USR1 "$HOLD"
+wait "$SNAP" || fail "a snapshot did not go ahead after the writer synced: $(cat "$DIR/waited")"
+grep -q "synced again" "$DIR/hold" || fail "the writer did not sync again"
+expect_in "snapshot waited of heap graph" "$(cat "$DIR/waited")"
 kill "$HOLD"; wait "$HOLD" 2>/dev/null
 # Restore it as a new heap; the graph is found there, read-only.
 out=$("$HEAPCTL" snapshot restore job42 --to="$DIR/pfs" --heap=graph2) || fail "restore: $out"

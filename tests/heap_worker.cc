@@ -10,7 +10,8 @@
 //   heap_worker SOCKET HEAP alloc-forever ID    allocate 1000, bind, sync, print
 //                                               "synced", then allocate until killed
 //   heap_worker SOCKET HEAP hold ID             allocate 1000, bind "pre-ID", sync, print
-//                                               "synced", then stay attached, idle
+//                                               "synced", then stay attached, idle,
+//                                               syncing again at each SIGUSR1
 //   heap_worker SOCKET HEAP put NAME VALUE      bind NAME to a new uint64_t VALUE
 //   heap_worker SOCKET HEAP get NAME            read-only: print "value V" of NAME
 //   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
@@ -20,7 +21,10 @@
 //   heap_worker SOCKET - redeem TOKEN           present TOKEN on heapd.fd.sock
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <cstdlib>
@@ -170,6 +174,8 @@ int FreeHalf(Client& client, const std::string& heap_name, uint64_t id) {
   return 0;
 }
 
+std::atomic<bool> sync_requested{false};
+
 int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool idle = false) {
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
   if (!heap.ok()) return Fail(heap.status());
@@ -182,7 +188,15 @@ int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool
   if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
   std::printf("synced\n");
   std::fflush(stdout);
-  while (idle) pause();
+  // Idle: sync again at each SIGUSR1 (a writer finishing a phase).
+  while (idle) {
+    if (sync_requested.exchange(false)) {
+      if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+      std::printf("synced again\n");
+      std::fflush(stdout);
+    }
+    usleep(1000);
+  }
   for (uint64_t i = 0;; ++i) {
     absl::StatusOr<void*> p = (*heap)->allocate(SizeOf(i) % 4096 + 8);
     if (!p.ok()) return Fail(p.status());
@@ -298,7 +312,10 @@ int Main(int argc, char** argv) {
   if (mode == "verify") return Verify(*client, heap, id);
   if (mode == "free-half") return FreeHalf(*client, heap, id);
   if (mode == "alloc-forever") return AllocForever(*client, heap, id);
-  if (mode == "hold") return AllocForever(*client, heap, id, /*idle=*/true);
+  if (mode == "hold") {
+    signal(SIGUSR1, [](int) { sync_requested = true; });
+    return AllocForever(*client, heap, id, /*idle=*/true);
+  }
   if (mode == "ro-write") return ReadOnlyWrite(*client, heap, arg);
   if (mode == "put") {
     uint64_t value = 0;
