@@ -629,6 +629,20 @@ absl::StatusOr<std::string> HeapdService::SnapshotTarget(const std::string& targ
   return canonical.string();
 }
 
+absl::StatusOr<std::string> HeapdService::SnapshotDir(const std::string& target,
+                                                      const std::string& name,
+                                                      const Caller& caller, Access access) const {
+  if (absl::Status s = ValidateHeapName(name, "snapshot"); !s.ok()) return s;
+  absl::StatusOr<std::string> dir = SnapshotTarget(target, caller, access);
+  if (!dir.ok()) return dir;
+  return absl::StrCat(*dir, "/", name);
+}
+
+absl::StatusOr<v1::SnapshotManifest> HeapdService::VerifiedManifest(const std::string& dir) {
+  if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
+  return ReadManifest(dir);
+}
+
 absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time since,
                                           absl::Time deadline) const {
   const int64_t since_ns = absl::ToUnixNanos(since);
@@ -726,13 +740,10 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
                                           v1::SnapshotManifest* response) {
   return Serve(context, "VerifySnapshot", [&](const Caller& caller) -> absl::Status {
-    if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
-    absl::StatusOr<std::string> target =
-        SnapshotTarget(request->target_dir(), caller, Access::kRead);
-    if (!target.ok()) return target.status();
-    const std::string dir = *target + "/" + request->name();
-    if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
-    absl::StatusOr<v1::SnapshotManifest> manifest = ReadManifest(dir);
+    absl::StatusOr<std::string> dir =
+        SnapshotDir(request->target_dir(), request->name(), caller, Access::kRead);
+    if (!dir.ok()) return dir.status();
+    absl::StatusOr<v1::SnapshotManifest> manifest = VerifiedManifest(*dir);
     if (!manifest.ok()) return manifest.status();
     *response = *std::move(manifest);
     return absl::OkStatus();
@@ -743,11 +754,10 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
                                           v1::RemoveSnapshotResponse*) {
   return Serve(context, "RemoveSnapshot", [&](const Caller& caller) -> absl::Status {
-    if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
-    absl::StatusOr<std::string> target =
-        SnapshotTarget(request->target_dir(), caller, Access::kWrite);
-    if (!target.ok()) return target.status();
-    const std::string dir = *target + "/" + request->name();
+    absl::StatusOr<std::string> path =
+        SnapshotDir(request->target_dir(), request->name(), caller, Access::kWrite);
+    if (!path.ok()) return path.status();
+    const std::string& dir = *path;
     struct stat st;
     if (stat(dir.c_str(), &st) != 0 || !ReadManifest(dir).ok()) {
       return absl::NotFoundError(absl::StrCat("no snapshot ", dir));
@@ -757,7 +767,8 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
                                                       dir, " of uid ", st.st_uid));
     }
     // Renamed away first: a crash while deleting leaves no half snapshot.
-    const std::string doomed = absl::StrCat(*target, "/.", request->name(), ".removing");
+    const std::string doomed = absl::StrCat(dir.substr(0, dir.find_last_of('/')), "/.",
+                                            request->name(), ".removing");
     std::error_code error;
     std::filesystem::remove_all(doomed, error);
     std::filesystem::rename(dir, doomed, error);
@@ -772,22 +783,19 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
                                            const v1::RestoreSnapshotRequest* request,
                                            v1::HeapInfo* info) {
   return Serve(context, "RestoreSnapshot", [&](const Caller& caller) -> absl::Status {
-    if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
-    absl::StatusOr<std::string> target =
-        SnapshotTarget(request->target_dir(), caller, Access::kRead);
-    if (!target.ok()) return target.status();
-    const std::string dir = *target + "/" + request->name();
-    if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
-    absl::StatusOr<v1::SnapshotManifest> manifest = ReadManifest(dir);
+    absl::StatusOr<std::string> dir =
+        SnapshotDir(request->target_dir(), request->name(), caller, Access::kRead);
+    if (!dir.ok()) return dir.status();
+    absl::StatusOr<v1::SnapshotManifest> manifest = VerifiedManifest(*dir);
     if (!manifest.ok()) return manifest.status();
     const std::string heap = request->heap().empty() ? manifest->heap() : request->heap();
     if (absl::Status s = ValidateHeapName(heap); !s.ok()) return s;
     struct stat st;
-    if (stat(dir.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("no snapshot ", dir));
+    if (stat(dir->c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("no snapshot ", *dir));
     if (st.st_uid != caller.uid && manifest->source().owner_uid() != caller.uid &&
         !IsAdmin(caller)) {
       return absl::PermissionDeniedError(absl::StrCat(
-          caller.ToString(), " may not restore snapshot ", dir, " (it is not theirs)"));
+          caller.ToString(), " may not restore snapshot ", *dir, " (it is not theirs)"));
     }
     absl::MutexLock lock(&attach_mu_);
     if (heaps_->Get(heap).ok()) {
@@ -797,14 +805,14 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
       }
       if (absl::Status s = RemoveHeapLocked(heap, caller); !s.ok()) return s;
     }
-    if (absl::Status s = RestoreSnapshotInto(dir, heaps_->heaps_dir() + "/" + heap); !s.ok()) {
+    if (absl::Status s = RestoreSnapshotInto(*dir, heaps_->heaps_dir() + "/" + heap); !s.ok()) {
       return s;
     }
     absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->OpenNew(heap);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
     spdlog::info("heap {} restored by {} from snapshot {} (epoch {})", heap, caller.ToString(),
-                 dir, info->epoch());
+                 *dir, info->epoch());
     return absl::OkStatus();
   });
 }

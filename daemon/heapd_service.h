@@ -110,6 +110,12 @@ class HeapdService final : public v1::Heapd::Service {
   // Removes heap `name` for `caller` (owner or admin, no clients).
   // REQUIRES: attach_mu_ held.
   absl::Status RemoveHeapLocked(const std::string& name, const Caller& caller);
+  // TARGET/NAME of snapshot `name` (validated) if `caller` may `access`
+  // the target.
+  absl::StatusOr<std::string> SnapshotDir(const std::string& target, const std::string& name,
+                                          const Caller& caller, Access access) const;
+  // The manifest of the snapshot in `dir`, once it verified.
+  static absl::StatusOr<v1::SnapshotManifest> VerifiedManifest(const std::string& dir);
   // Waits until every read-write session on `heap` synced after `since`,
   // up to `deadline`; FAILED_PRECONDITION naming those that did not.
   absl::Status WaitForWriters(const ServedHeap& heap, absl::Time since, absl::Time deadline) const;
