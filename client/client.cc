@@ -107,6 +107,8 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
   request.set_create_max_size(options.max_size);
   request.set_create_mode(options.mode);
   for (const std::string& lookup : options.prefetch_names) request.add_lookup(lookup);
+  request.set_snapshot(options.snapshot);
+  request.set_snapshot_dir(options.snapshot_dir);
   v1::AttachResponse response;
   grpc::ClientContext context;
   if (absl::Status s = FromGrpc(stub_->Attach(&context, request, &response)); !s.ok()) return s;

@@ -32,6 +32,10 @@ struct AttachOptions {
   // Names looked up in the attach call itself: find<T>() of these makes no
   // further call.
   std::vector<std::string> prefetch_names;
+  // Attach the snapshot of this name in `snapshot_dir` (empty: heapd's
+  // snapshot directory) in place, instead of a heap; read_only must be set.
+  std::string snapshot;
+  std::string snapshot_dir;
 };
 
 // gRPC's status as an absl::Status (the codes are the same).
@@ -45,7 +49,7 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path = "",
                                                          int timeout_ms = 5000);
 
-  // Attaches heap `name` and maps it.
+  // Attaches heap `name` (or options.snapshot) and maps it.
   absl::StatusOr<std::unique_ptr<Heap>> Attach(const std::string& name,
                                                const AttachOptions& options = {});
 

@@ -323,7 +323,9 @@ absl::Status HeapdService::RemoveHeapLocked(const std::string& name, const Calle
 grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
                                   v1::AttachResponse* response) {
   return Serve(context, "Attach", [&](const Caller& caller) -> absl::Status {
-    if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
+    if (request->snapshot().empty()) {
+      if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
+    }
     if (absl::Status s = ValidateWants(request->leases()); !s.ok()) return s;
     if (request->read_only() && request->leases_size() != 0) {
       return absl::InvalidArgumentError("a read-only attach cannot lease chunks");
@@ -338,7 +340,19 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     }
     absl::MutexLock lock(&attach_mu_);
     bool created = false;
-    absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(request->heap());
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served;
+    if (!request->snapshot().empty()) {
+      if (!request->read_only() || request->create_if_missing()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapshot ", request->snapshot(), " can only be attached read-only"));
+      }
+      absl::StatusOr<std::string> dir =
+          SnapshotDir(request->snapshot_dir(), request->snapshot(), caller, Access::kRead);
+      if (!dir.ok()) return dir.status();
+      served = OpenSnapshot(*dir, request->snapshot());
+    } else {
+      served = heaps_->Get(request->heap());
+    }
     if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
         request->create_if_missing()) {
       served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
@@ -352,7 +366,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
     if (!MayAccess(caller, (*served)->heap->config(), access)) {
       return absl::PermissionDeniedError(absl::StrCat(
-          caller.ToString(), " may not attach heap ", request->heap(),
+          caller.ToString(), " may not attach heap ", (*served)->name,
           request->read_only() ? " read-only" : " read-write", " (owner uid ",
           (*served)->heap->config().owner_uid, ", mode 0",
           absl::Hex((*served)->heap->config().mode), ")"));
@@ -375,7 +389,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     response->set_fd_token(started.token);
     response->set_created(created);
     FillInfo(**served, /*with_usage=*/false, response->mutable_heap());
-    spdlog::info("session {} attached heap {} {} ({})", started.session->id, request->heap(),
+    spdlog::info("session {} attached heap {} {} ({})", started.session->id, (*served)->name,
                  request->read_only() ? "read-only" : "read-write", caller.ToString());
     return absl::OkStatus();
   });
@@ -641,6 +655,25 @@ absl::StatusOr<std::string> HeapdService::SnapshotDir(const std::string& target,
 absl::StatusOr<v1::SnapshotManifest> HeapdService::VerifiedManifest(const std::string& dir) {
   if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
   return ReadManifest(dir);
+}
+
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::OpenSnapshot(const std::string& dir,
+                                                                       const std::string& name) {
+  for (auto it = open_snapshots_.begin(); it != open_snapshots_.end();) {
+    it = it->second.expired() ? open_snapshots_.erase(it) : std::next(it);
+  }
+  if (auto it = open_snapshots_.find(dir); it != open_snapshots_.end()) {
+    if (std::shared_ptr<ServedHeap> open = it->second.lock()) return open;
+  }
+  absl::StatusOr<v1::SnapshotManifest> manifest = VerifiedManifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Open(dir);
+  if (!heap.ok()) return heap.status();
+  auto served = std::make_shared<ServedHeap>(
+      ServedHeap{absl::StrCat("snapshot:", name), *std::move(heap), false});
+  open_snapshots_[dir] = served;
+  spdlog::info("snapshot {} of heap {} opened for read-only clients", dir, manifest->heap());
+  return served;
 }
 
 absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time since,

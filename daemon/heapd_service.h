@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,8 +129,15 @@ class HeapdService final : public v1::Heapd::Service {
   Metrics* const metrics_;
   const CallerLookup caller_of_;
   const ServiceOptions options_;
+  // The snapshot at `dir` opened as a heap, shared by the read-only
+  // sessions attached to it; it closes with the last of them.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> OpenSnapshot(const std::string& dir,
+                                                           const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_);
+
   // Held by Attach and RemoveHeap: no session starts on a heap being removed.
   absl::Mutex attach_mu_;
+  std::map<std::string, std::weak_ptr<ServedHeap>> open_snapshots_ ABSL_GUARDED_BY(attach_mu_);
 };
 
 }  // namespace heapd

@@ -91,6 +91,12 @@ wait "$SNAP" || fail "a snapshot did not go ahead after the writer synced: $(cat
 grep -q "synced again" "$DIR/hold" || fail "the writer did not sync again"
 expect_in "snapshot waited of heap graph" "$(cat "$DIR/waited")"
 kill "$HOLD"; wait "$HOLD" 2>/dev/null
+# Query the snapshot in place, read-only; a read-write attach is refused.
+out=$("$QUERY" --snapshot=job42 --snapshot_dir="$DIR/pfs" 2>&1) || fail "query a snapshot: $out"
+expect_in "20000 edges (recorded 20000)" "$out"
+"$HEAPCTL" snapshot verify job42 --to="$DIR/pfs" >/dev/null || fail "attaching changed the snapshot"
+out=$("$WORKER" "$HEAPD_SOCKET" graph attach rw 2>&1)   # the heap itself still attaches
+expect_in "ok attached" "$out"
 # Restore it as a new heap; the graph is found there, read-only.
 out=$("$HEAPCTL" snapshot restore job42 --to="$DIR/pfs" --heap=graph2) || fail "restore: $out"
 expect_in "restored heap graph2" "$out"
@@ -126,6 +132,9 @@ else
   expect_in "no such/heap" "$out"
   out=$("${G[@]}" -d '{"session":"0","size":"4096"}' "$S" heapd.v1.Heapd/AllocateLarge 2>&1)
   expect_in "Code: InvalidArgument" "$out"
+  out=$("${G[@]}" -d "{\"snapshot\":\"local\"}" "$S" heapd.v1.Heapd/Attach 2>&1)
+  expect_in "Code: InvalidArgument" "$out"
+  expect_in "read-only" "$out"
   out=$("${G[@]}" -d '{"heap":"graph","lookup":["graph"],"read_only":true}' "$S" heapd.v1.Heapd/Attach 2>&1)
   expect_in '"fd_token"' "$out"
   expect_in '"type_name": "heapd::examples::Graph/v1"' "$out"

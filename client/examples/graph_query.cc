@@ -3,6 +3,7 @@
 // degree distribution's top and a vertex's 2-hop neighbourhood.
 //
 //   graph_query [--socket=PATH] [--heap=graph] [--name=graph] [--vertex=0]
+//               [--snapshot=NAME [--snapshot_dir=DIR]]
 #include <chrono>
 #include <cstdio>
 #include <unordered_set>
@@ -17,6 +18,8 @@ ABSL_FLAG(std::string, socket, "", "heapd's socket (default: $HEAPD_SOCKET or he
 ABSL_FLAG(std::string, heap, "graph", "heap to attach");
 ABSL_FLAG(std::string, name, "graph", "name of the graph");
 ABSL_FLAG(uint64_t, vertex, 0, "vertex whose 2-hop neighbourhood to count");
+ABSL_FLAG(std::string, snapshot, "", "query this snapshot in place instead of the heap");
+ABSL_FLAG(std::string, snapshot_dir, "", "where --snapshot is (default: heapd's directory)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -29,6 +32,8 @@ int main(int argc, char** argv) {
   heapd::AttachOptions options;
   options.read_only = true;
   options.prefetch_names = {absl::GetFlag(FLAGS_name)};
+  options.snapshot = absl::GetFlag(FLAGS_snapshot);
+  options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   auto heap = (*client)->Attach(absl::GetFlag(FLAGS_heap), options);
   if (!heap.ok()) {
     std::fprintf(stderr, "graph_query: %s\n", heap.status().ToString().c_str());
