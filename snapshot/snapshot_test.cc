@@ -7,6 +7,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -213,6 +214,24 @@ TEST(SnapshotTest, OnExt4TheDataIsCopiedSparse) {
   EXPECT_EQ(std::system(("umount " + mount_point).c_str()), 0);
 }
 
+// A real file system too small for the snapshot (a 2 MiB tmpfs, as root).
+TEST(SnapshotTest, ASmallTmpfsTargetFailsCleanly) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  TestDir dir("/tmp");
+  std::unique_ptr<PersistentHeap> heap = MakeHeap(dir.Sub("h"));
+  const std::string small = dir.Sub("small");
+  std::filesystem::create_directory(small);
+  if (std::system(("mount -t tmpfs -o size=2m tmpfs " + small).c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs";
+  }
+  const absl::Status status =
+      CreateSnapshot(*heap, "h", Source(), {"s", small, {}}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_TRUE(DirectoryIsEmpty(small));
+  EXPECT_TRUE(heap->CheckInvariants().ok());
+  EXPECT_EQ(std::system(("umount " + small).c_str()), 0);
+}
+
 // Returns true if every extent of `path` is shared with another file.
 bool AllExtentsShared(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY);
@@ -243,9 +262,16 @@ TEST(SnapshotTest, OnXfsWithReflinkTheDataIsCloned) {
   {
     std::unique_ptr<PersistentHeap> heap = MakeHeap(mount_point + "/h");
     std::filesystem::create_directory(mount_point + "/snaps");
+    struct statvfs before, after;
+    ASSERT_EQ(statvfs(mount_point.c_str(), &before), 0);
     absl::StatusOr<v1::SnapshotManifest> manifest =
         CreateSnapshot(*heap, "h", Source(), {"s", mount_point + "/snaps", {}});
     ASSERT_TRUE(manifest.ok()) << manifest.status();
+    ASSERT_EQ(statvfs(mount_point.c_str(), &after), 0);
+    // Free space barely moves: metadata and the manifest only.
+    const uint64_t used = (before.f_bfree - after.f_bfree) * uint64_t{before.f_frsize};
+    EXPECT_LT(used, uint64_t{1} << 20) << used << " bytes used by a snapshot of "
+                                       << manifest->data_bytes();
     EXPECT_EQ(manifest->copy_method(), "reflink");
     EXPECT_EQ(manifest->bytes_written(), 0u);
     EXPECT_TRUE(AllExtentsShared(mount_point + "/snaps/s/data"));
