@@ -1,7 +1,5 @@
-// SpinLock: a test-and-set lock for the client's per-thread caches. The
-// owning thread takes its own cache's lock on every allocate and free, which
-// is almost never contended (other threads take it only to free an object
-// of that cache or to sync), so one atomic exchange is the whole cost.
+// SpinLock: a test-and-set lock for short critical sections that are rarely
+// contended — the queue of frees other threads leave for a cache's owner.
 // Contended waiters spin briefly, then yield.
 #ifndef HEAPD_CLIENT_SPIN_LOCK_H_
 #define HEAPD_CLIENT_SPIN_LOCK_H_
