@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
@@ -633,6 +634,11 @@ absl::StatusOr<std::string> HeapdService::SnapshotTarget(const std::string& targ
   const std::filesystem::path canonical = std::filesystem::canonical(target, error);
   if (error || !std::filesystem::is_directory(canonical, error)) {
     return absl::NotFoundError(absl::StrCat("snapshot directory ", target, " does not exist"));
+  }
+  const std::string heaps_dir = std::filesystem::weakly_canonical(heaps_->heaps_dir()).string();
+  if (canonical.string() == heaps_dir || absl::StartsWith(canonical.string(), heaps_dir + "/")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot directory ", target, " is inside heapd's heap directory ", heaps_dir));
   }
   if (!MayAccessPath(caller, canonical, access) ||
       !MayAccessPath(caller, canonical, Access::kSearch)) {
