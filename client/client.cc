@@ -98,6 +98,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   return std::unique_ptr<Client>(new Client(path, std::move(channel)));
 }
 
+absl::StatusOr<v1::HeapStats> Client::Stat(const std::string& name) {
+  v1::StatHeapRequest request;
+  request.set_heap(name);
+  v1::HeapStats stats;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(stub_->StatHeap(&context, request, &stats)); !s.ok()) return s;
+  return stats;
+}
+
 absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
                                                      const AttachOptions& options) {
   v1::AttachRequest request;

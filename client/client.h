@@ -53,6 +53,9 @@ class Client {
   absl::StatusOr<std::unique_ptr<Heap>> Attach(const std::string& name,
                                                const AttachOptions& options = {});
 
+  // StatHeap: usage, chunks, size classes and clients of heap `name`.
+  absl::StatusOr<v1::HeapStats> Stat(const std::string& name);
+
   // The generated stub, for calls the typed API does not wrap (admin calls).
   v1::Heapd::Stub& stub() { return *stub_; }
   const std::string& socket_path() const { return socket_path_; }

@@ -219,9 +219,12 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
     return s;
   }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) {
-    v1::ObjectRef object;
+    v1::ObjectRef object;  // the caller never sees it: give it back
     object.set_offset(response.offset());
-    (void)FreeRemotely({object});  // the caller never sees it
+    if (absl::Status freed = FreeRemotely({object}); !freed.ok()) {
+      return absl::Status(s.code(), absl::StrCat(s.message(), "; then freeing the object at ",
+                                                 response.offset(), " failed: ", freed.message()));
+    }
     return s;
   }
   return response.offset();
@@ -508,15 +511,17 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
                                                       " binds ", entry.size, " bytes; a ",
                                                       type_name, " needs ", size));
   }
-  // Map what other clients grew the heap by, so the object and what it
-  // links to are reachable without faults.
-  struct stat st;
-  if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
-  if (entry.offset + entry.size > static_cast<uint64_t>(st.st_size)) {
-    return absl::DataLossError(absl::StrCat("name '", name, "' in heap ", name_,
-                                            " binds bytes beyond the data file"));
+  // An object beyond what this process mapped: map what other clients
+  // grew the heap by (what it links to is mapped on first touch).
+  if (entry.offset + entry.size > mapped_bytes_.load(std::memory_order_acquire)) {
+    struct stat st;
+    if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
+    if (entry.offset + entry.size > static_cast<uint64_t>(st.st_size)) {
+      return absl::DataLossError(absl::StrCat("name '", name, "' in heap ", name_,
+                                              " binds bytes beyond the data file"));
+    }
+    if (absl::Status s = MapUpTo(static_cast<uint64_t>(st.st_size)); !s.ok()) return s;
   }
-  if (absl::Status s = MapUpTo(static_cast<uint64_t>(st.st_size)); !s.ok()) return s;
   return base() + entry.offset;
 }
 

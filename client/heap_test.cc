@@ -34,12 +34,9 @@ class HeapTest : public ::testing::Test {
   }
 
   v1::HeapStats Stat() {
-    v1::StatHeapRequest request;
-    request.set_heap("h");
-    v1::HeapStats stats;
-    grpc::ClientContext context;
-    EXPECT_TRUE(FromGrpc(client_->stub().StatHeap(&context, request, &stats)).ok());
-    return stats;
+    absl::StatusOr<v1::HeapStats> stats = client_->Stat("h");
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? *stats : v1::HeapStats();
   }
 
   TestDaemon daemon_;

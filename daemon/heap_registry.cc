@@ -10,6 +10,11 @@
 #include "spdlog/spdlog.h"
 
 namespace heapd {
+std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, std::unique_ptr<PersistentHeap> heap) {
+  const bool reflink = ReflinkSupported(heap->dir());
+  return std::make_shared<ServedHeap>(ServedHeap{name, std::move(heap), reflink});
+}
+
 absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir) {
   const std::string heaps_dir = absl::StrCat(state_dir, "/heaps");
   std::error_code error;
@@ -30,9 +35,7 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::stri
       continue;
     }
     spdlog::info("opened heap {} at epoch {}", name, (*heap)->epoch());
-    const bool reflink = ReflinkSupported(entry.path());
-    registry->heaps_.emplace(
-        name, std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap), reflink}));
+    registry->heaps_.emplace(name, MakeServedHeap(name, *std::move(heap)));
   }
   if (error) return ErrnoStatus(error.value(), absl::StrCat("list ", heaps_dir));
   return registry;
@@ -48,8 +51,7 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(const std::stri
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
       PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", name), config);
   if (!heap.ok()) return heap.status();
-  const bool reflink = ReflinkSupported((*heap)->dir());
-  auto served = std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap), reflink});
+  std::shared_ptr<ServedHeap> served = MakeServedHeap(name, *std::move(heap));
   heaps_.emplace(name, served);
   return served;
 }
@@ -63,8 +65,7 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::OpenNew(const std::str
   const std::string dir = absl::StrCat(heaps_dir_, "/", name);
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Open(dir);
   if (!heap.ok()) return heap.status();
-  const bool reflink = ReflinkSupported(dir);
-  auto served = std::make_shared<ServedHeap>(ServedHeap{name, *std::move(heap), reflink});
+  std::shared_ptr<ServedHeap> served = MakeServedHeap(name, *std::move(heap));
   heaps_.emplace(name, served);
   return served;
 }

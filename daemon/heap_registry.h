@@ -29,6 +29,9 @@ struct ServedHeap {
   bool reflink = false;  // its file system can clone files (cheap snapshots)
 };
 
+// `heap` served as `name`, with its file system's reflink support probed.
+std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, std::unique_ptr<PersistentHeap> heap);
+
 class HeapRegistry {
  public:
   // Opens every heap under `state_dir`, creating the directories if needed.

@@ -471,7 +471,11 @@ grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
         for (const v1::LeaseGrant& grant : response->grants()) {
           back.push_back({grant.chunk(), {grant.words().begin(), grant.words().end()}});
         }
-        (void)heap.ReturnLeases(session.id, back);
+        if (absl::Status s = heap.ReturnLeases(session.id, back); !s.ok()) {
+          // They stay the session's and come back when it ends.
+          spdlog::warn("session {} on heap {}: returning the chunks of a failed lease: {}",
+                       session.id, session.heap->name, s.ToString());
+        }
         response->clear_grants();
       }
       response->set_capacity_bytes(heap.capacity_bytes());
@@ -731,9 +735,13 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
       // The snapshot belongs to whoever asked for it (they may remove it).
       const std::string dir = absl::StrCat(*target, "/", request->name());
       std::error_code error;
-      (void)!chown(dir.c_str(), caller.uid, caller.gid);
+      bool owned = chown(dir.c_str(), caller.uid, caller.gid) == 0;
       for (const auto& file : std::filesystem::directory_iterator(dir, error)) {
-        (void)!chown(file.path().c_str(), caller.uid, caller.gid);
+        owned = chown(file.path().c_str(), caller.uid, caller.gid) == 0 && owned;
+      }
+      if (!owned || error) {
+        spdlog::warn("snapshot {}: could not give it to uid {} (only root can remove it)", dir,
+                     caller.uid);
       }
       *response = *std::move(manifest);
       spdlog::info("snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied)",
@@ -813,6 +821,7 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
     std::filesystem::rename(dir, doomed, error);
     if (error) return absl::InternalError(absl::StrCat("rename ", dir, ": ", error.message()));
     std::filesystem::remove_all(doomed, error);
+    if (error) spdlog::warn("snapshot {}: deleting {}: {}", dir, doomed, error.message());
     spdlog::info("snapshot {} removed by {}", dir, caller.ToString());
     return absl::OkStatus();
   });

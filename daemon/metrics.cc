@@ -33,8 +33,9 @@ class HeapStateCollector : public prometheus::Collectable {
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     Families f;
-    auto& open = f.Gauge("heapd_heaps_open", "Heaps the daemon serves.");
-    Add(open, {}, 0);
+    const std::vector<std::shared_ptr<ServedHeap>> served_heaps = heaps_->List();
+    Add(f.Gauge("heapd_heaps_open", "Heaps the daemon serves."), {},
+        static_cast<double>(served_heaps.size()));
     auto& broken = f.Gauge("heapd_heaps_broken", "Heaps that failed to open (corrupt metadata).");
     Add(broken, {}, static_cast<double>(heaps_->Broken().size()));
     auto& max_size = f.Gauge("heapd_heap_capacity_bytes", "Maximum size of the heap.");
@@ -61,9 +62,7 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& class_occupancy = f.Gauge(
         "heapd_size_class_occupancy_ratio",
         "Live slots over all slots in the chunks of a size class (1 - fragmentation).");
-    double heap_count = 0;
-    for (const std::shared_ptr<ServedHeap>& served : heaps_->List()) {
-      ++heap_count;
+    for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
       const HeapStats stats = served->heap->Stats();
       const DirectoryStats& d = stats.directory;
       const std::string& h = served->name;
@@ -95,7 +94,6 @@ class HeapStateCollector : public prometheus::Collectable {
                 (static_cast<double>(usage.chunks) * SlotsPerChunk(c)));
       }
     }
-    open.metric[0].gauge.value = heap_count;
     return std::move(f.families);
   }
 

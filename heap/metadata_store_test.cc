@@ -80,19 +80,24 @@ TEST(MetadataStoreTest, TornFinalRecordIsCutOff) {
   EXPECT_EQ(recovered.state.chunks.back().chunk, 3u);
 }
 
-TEST(MetadataStoreTest, CorruptionBeforeTheEndIsDataLossNamingTheFile) {
-  TestDir dir;
+// Writes epochs 1..3 to a new store in `dir`, sets byte `offset` of its
+// log to `byte`, and returns the log's path.
+std::string LogWithCorruptByte(const TestDir& dir, std::streamoff offset, char byte) {
   {
     auto store = MetadataStore::Create(dir.path(), Initial());
-    ASSERT_TRUE(store.ok());
-    for (uint64_t e = 1; e <= 3; ++e) ASSERT_TRUE((*store)->Append(Record(e, e)).ok());
+    EXPECT_TRUE(store.ok());
+    for (uint64_t e = 1; e <= 3; ++e) EXPECT_TRUE((*store)->Append(Record(e, e)).ok());
   }
   const std::string log = dir.Sub("log.1");
-  {
-    std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(30);
-    f.put('\x5a');
-  }
+  std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(offset);
+  f.put(byte);
+  return log;
+}
+
+TEST(MetadataStoreTest, CorruptionBeforeTheEndIsDataLossNamingTheFile) {
+  TestDir dir;
+  const std::string log = LogWithCorruptByte(dir, 30, '\x5a');
   RecoveredMetadata recovered;
   auto store = MetadataStore::Open(dir.path(), &recovered);
   EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss);
@@ -101,19 +106,9 @@ TEST(MetadataStoreTest, CorruptionBeforeTheEndIsDataLossNamingTheFile) {
 
 TEST(MetadataStoreTest, CorruptLengthBeforeGoodRecordsIsDataLossNotATornTail) {
   TestDir dir;
-  {
-    auto store = MetadataStore::Create(dir.path(), Initial());
-    ASSERT_TRUE(store.ok());
-    for (uint64_t e = 1; e <= 3; ++e) ASSERT_TRUE((*store)->Append(Record(e, e)).ok());
-  }
   // Record 1's length field now claims more bytes than the file holds, so
   // it looks like a torn write; records 2 and 3 after it prove otherwise.
-  const std::string log = dir.Sub("log.1");
-  {
-    std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(10);
-    f.put('\x7f');
-  }
+  const std::string log = LogWithCorruptByte(dir, 10, '\x7f');
   RecoveredMetadata recovered;
   auto store = MetadataStore::Open(dir.path(), &recovered);
   EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();

@@ -87,8 +87,9 @@ expect_in "pid $HOLD" "$out"
 # ... and a snapshot that waits long enough goes ahead once the writer syncs.
 "$HEAPCTL" snapshot create graph waited --wait_ms=20000 >"$DIR/waited" 2>&1 &
 SNAP=$!
-sleep 0.3
-kill -USR1 "$HOLD"
+# The writer syncs every 0.2 s until the snapshot is through (a sync before
+# the snapshot's request does not count, so one signal could come too early).
+while kill -0 "$SNAP" 2>/dev/null; do kill -USR1 "$HOLD"; sleep 0.2; done
 wait "$SNAP" || fail "a snapshot did not go ahead after the writer synced: $(cat "$DIR/waited")"
 grep -q "synced again" "$DIR/hold" || fail "the writer did not sync again"
 expect_in "snapshot waited of heap graph" "$(cat "$DIR/waited")"

@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -207,16 +208,25 @@ int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool
   }
 }
 
-int ReadOnlyWrite(Client& client, const std::string& heap_name, const std::string& name) {
+// Attaches `heap_name` read-only and finds the uint64_t bound to `name`.
+absl::StatusOr<std::pair<std::unique_ptr<Heap>, uint64_t*>> FindReadOnly(
+    Client& client, const std::string& heap_name, const std::string& name) {
   AttachOptions options;
   options.read_only = true;
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
-  if (!heap.ok()) return Fail(heap.status());
+  if (!heap.ok()) return heap.status();
   absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
-  if (!object.ok()) return Fail(object.status());
-  std::printf("read %llu; writing\n", static_cast<unsigned long long>(**object));
+  if (!object.ok()) return object.status();
+  return std::make_pair(*std::move(heap), *object);
+}
+
+int ReadOnlyWrite(Client& client, const std::string& heap_name, const std::string& name) {
+  auto found = FindReadOnly(client, heap_name, name);
+  if (!found.ok()) return Fail(found.status());
+  uint64_t* object = found->second;
+  std::printf("read %llu; writing\n", static_cast<unsigned long long>(*object));
   std::fflush(stdout);
-  *const_cast<volatile uint64_t*>(*object) = 0xdead;  // must fault
+  *const_cast<volatile uint64_t*>(object) = 0xdead;  // must fault
   std::printf("error the store did not fault\n");
   return 3;
 }
@@ -234,13 +244,9 @@ int Put(Client& client, const std::string& heap_name, const std::string& name, u
 }
 
 int Get(Client& client, const std::string& heap_name, const std::string& name) {
-  AttachOptions options;
-  options.read_only = true;
-  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
-  if (!heap.ok()) return Fail(heap.status());
-  absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
-  if (!object.ok()) return Fail(object.status());
-  std::printf("value %llu\n", static_cast<unsigned long long>(**object));
+  auto found = FindReadOnly(client, heap_name, name);
+  if (!found.ok()) return Fail(found.status());
+  std::printf("value %llu\n", static_cast<unsigned long long>(*found->second));
   return 0;
 }
 

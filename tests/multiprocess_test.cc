@@ -33,13 +33,9 @@ class MultiProcessTest : public ::testing::Test {
   v1::HeapStats Stat() {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_.socket());
     EXPECT_TRUE(client.ok()) << client.status();
-    v1::StatHeapRequest request;
-    request.set_heap(kHeap);
-    v1::HeapStats stats;
-    grpc::ClientContext context;
-    const absl::Status status = FromGrpc((*client)->stub().StatHeap(&context, request, &stats));
-    EXPECT_TRUE(status.ok()) << status;
-    return stats;
+    absl::StatusOr<v1::HeapStats> stats = (*client)->Stat(kHeap);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? *stats : v1::HeapStats();
   }
 
   // Starts `count` alloc workers at once and waits for them all.

@@ -50,10 +50,9 @@ class RpcValidationTest : public ::testing::Test {
   }
 
   v1::HeapStats Stat() {
-    v1::StatHeapRequest request;
-    request.set_heap("h");
-    v1::HeapStats stats;
-    EXPECT_TRUE(Call(&v1::Heapd::Stub::StatHeap, request, &stats).ok());
+    absl::StatusOr<v1::HeapStats> got = client_->Stat("h");
+    EXPECT_TRUE(got.ok()) << got.status();
+    v1::HeapStats stats = got.ok() ? *got : v1::HeapStats();
     stats.mutable_info()->clear_last_sync_unix_ns();
     stats.mutable_info()->clear_epoch();
     return stats;

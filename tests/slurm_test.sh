@@ -100,8 +100,8 @@ out=$(srun -N1 -J ingest env HEAPD_SOCKET="$DIR/a/run/heapd.sock" \
 case "$out" in *"ingested 200000 edges"*) ;; *) fail "job 1 said: $out" ;; esac
 # Its epilog snapshots the heap to the "shared file system".
 wait_for 30 sh -c "ls '$DIR/pfs/'*/graph-* >/dev/null 2>&1" || fail "no snapshot after job 1"
-cat "$DIR/epilog.log" 2>/dev/null
-grep -q "snapshot graph-" "$DIR/epilog.log" || fail "the epilog logged no snapshot"
+# The epilog logs after the snapshot is renamed into place: wait for it.
+wait_for 10 grep -q "snapshot graph-" "$DIR/epilog.log" || fail "the epilog logged no snapshot"
 
 # Job 2 on "node B": restore first (the helper), then query by name.
 out=$(srun -N1 -J query env HEAPD_SOCKET="$DIR/b/run/heapd.sock" HEAPD_SNAPSHOT_DIR="$DIR/pfs" \
