@@ -238,7 +238,8 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
   // daemon; this only keeps the owner lookup in bounds.
   const char* address = static_cast<const char*>(p);
   if (address < base_ || address >= base_ + max_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("address 0x", absl::Hex(reinterpret_cast<uintptr_t>(p)), " is not in heap ", name_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address 0x", absl::Hex(reinterpret_cast<uintptr_t>(p)), " is not in heap ", name_));
   }
   const uint64_t offset = offset_of(p);
   if (ThreadCache* owner = chunk_owner_[offset >> kChunkShift].load(std::memory_order_acquire)) {
@@ -264,12 +265,14 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
   object.set_offset(offset);
   object.set_size(size_hint);
   if (size_hint > kMaxSmallSize) return FreeRemotely({object});
-  absl::MutexLock lock(&frees_mu_);
-  pending_frees_.push_back(object);
-  if (pending_frees_.size() < kFreeBatch) return absl::OkStatus();
   std::vector<v1::ObjectRef> batch;
-  batch.swap(pending_frees_);
-  return FreeRemotely(std::move(batch));
+  {
+    absl::MutexLock lock(&frees_mu_);
+    pending_frees_.push_back(object);
+    if (pending_frees_.size() < kFreeBatch) return absl::OkStatus();
+    batch.swap(pending_frees_);
+  }
+  return FreeRemotely(std::move(batch));  // outside the lock: other threads queue on
 }
 
 absl::Status Heap::FreeRemotely(std::vector<v1::ObjectRef> objects) {
