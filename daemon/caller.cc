@@ -1,18 +1,20 @@
 #include "daemon/caller.h"
 
 #include <sys/socket.h>
-#include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "heap/data_file.h"
 
 namespace heapd {
+namespace {
+
+// A process has at most NGROUPS_MAX (65536) supplementary groups.
+constexpr size_t kMaxGroups = 65536;
+
+}  // namespace
 
 std::string Caller::ToString() const {
   return absl::StrCat("uid ", uid, " gid ", gid, " pid ", pid);
@@ -24,24 +26,26 @@ absl::StatusOr<Caller> PeerOf(int fd) {
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0) {
     return ErrnoStatus(errno, "read the peer credentials of a connection (SO_PEERCRED)");
   }
-  return Caller{cred.uid, cred.gid, cred.pid};
+  Caller caller{cred.uid, cred.gid, cred.pid, {}};
+  std::vector<gid_t> groups(64);
+  for (;;) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      break;
+    }
+    if (errno != ERANGE || bytes / sizeof(gid_t) > kMaxGroups) {
+      return ErrnoStatus(errno, "read the peer's groups of a connection (SO_PEERGROUPS)");
+    }
+    groups.resize(bytes / sizeof(gid_t));
+  }
+  caller.groups.assign(groups.begin(), groups.end());
+  return caller;
 }
 
 bool InGroup(const Caller& caller, uint32_t gid) {
-  if (caller.gid == gid) return true;
-  std::ifstream status(absl::StrCat("/proc/", caller.pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Groups:", 0) != 0) continue;
-    for (absl::string_view field :
-         absl::StrSplit(absl::string_view(line).substr(7), absl::ByAnyChar(" \t"),
-                        absl::SkipEmpty())) {
-      uint32_t group;
-      if (absl::SimpleAtoi(field, &group) && group == gid) return true;
-    }
-    return false;
-  }
-  return false;
+  return caller.gid == gid ||
+         std::find(caller.groups.begin(), caller.groups.end(), gid) != caller.groups.end();
 }
 
 bool MayAccess(const Caller& caller, const HeapConfig& config, Access access) {
@@ -50,16 +54,6 @@ bool MayAccess(const Caller& caller, const HeapConfig& config, Access access) {
   if (caller.uid == config.owner_uid) return (config.mode & (bit << 6)) != 0;
   if (InGroup(caller, config.owner_gid)) return (config.mode & (bit << 3)) != 0;
   return (config.mode & bit) != 0;
-}
-
-bool MayAccessPath(const Caller& caller, const std::string& path, Access access) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return false;
-  HeapConfig as_file;
-  as_file.owner_uid = st.st_uid;
-  as_file.owner_gid = st.st_gid;
-  as_file.mode = st.st_mode & 0777;
-  return MayAccess(caller, as_file, access);
 }
 
 bool IsAdmin(const Caller& caller, std::optional<uint32_t> admin_gid) {

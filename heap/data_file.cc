@@ -77,33 +77,58 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Create(const std::string& pa
 }
 
 absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open data file ", path));
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
+  const int err = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
+  if (err != 0) {
     close(fd);
-    return ErrnoStatus(err, absl::StrCat("stat data file ", path));
+    return ErrnoStatus(err, absl::StrCat("open data file ", path, " as a regular file"));
   }
   return std::unique_ptr<DataFile>(
       new DataFile(path, fd, static_cast<uint64_t>(st.st_size), DetectBacking(fd)));
 }
 
+absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Adopt(const std::string& label, int fd,
+                                                          uint64_t size) {
+  return std::unique_ptr<DataFile>(new DataFile(label, fd, size, DetectBacking(fd)));
+}
+
 DataFile::~DataFile() { close(fd_); }
 
 absl::Status DataFile::Grow(uint64_t new_size) {
-  if (new_size <= size_) return absl::OkStatus();
-  if (fallocate(fd_, 0, static_cast<off_t>(size_), static_cast<off_t>(new_size - size_)) != 0) {
+  const uint64_t size = this->size();
+  if (new_size <= size) return absl::OkStatus();
+  if (fallocate(fd_, 0, static_cast<off_t>(size), static_cast<off_t>(new_size - size)) != 0) {
     const int err = errno;
     // A failed fallocate may leave blocks past the old end: give them back.
-    if (ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+    if (ftruncate(fd_, static_cast<off_t>(size)) != 0) {
       return ErrnoStatus(errno, absl::StrCat("shrink data file ", path_, " back after a failed grow"));
     }
-    return ErrnoStatus(err, absl::StrCat("reserve ", new_size - size_, " bytes to grow data file ",
+    return ErrnoStatus(err, absl::StrCat("reserve ", new_size - size, " bytes to grow data file ",
                                          path_, " to ", new_size, " bytes"));
   }
-  size_ = new_size;
+  size_.store(new_size, std::memory_order_release);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> DataFile::Repair() {
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat data file ", path_));
+  const uint64_t size = this->size();
+  const uint64_t actual = static_cast<uint64_t>(st.st_size);
+  if (actual == size) return false;
+  if (actual > size) {
+    if (ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("cut data file ", path_, " back to ", size, " bytes"));
+    }
+    return true;
+  }
+  if (fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("extend data file ", path_, " back from ", actual,
+                                           " to ", size, " bytes"));
+  }
+  return true;
 }
 
 absl::Status DataFile::Flush() {

@@ -5,6 +5,7 @@
 #ifndef HEAPD_HEAP_DATA_FILE_H_
 #define HEAPD_HEAP_DATA_FILE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +32,10 @@ class DataFile {
                                                           uint64_t size);
   // Opens an existing data file for reading and writing.
   static absl::StatusOr<std::unique_ptr<DataFile>> Open(const std::string& path);
+  // Takes `fd`, an open regular file of `size` bytes named `label` in
+  // errors (a snapshot's data, read-only): no growth, no repair.
+  static absl::StatusOr<std::unique_ptr<DataFile>> Adopt(const std::string& label, int fd,
+                                                         uint64_t size);
 
   ~DataFile();
   DataFile(const DataFile&) = delete;
@@ -44,8 +49,15 @@ class DataFile {
   // Makes every write to the file durable (fdatasync).
   absl::Status Flush();
 
+  // Puts the file back to size() if someone holding a writable fd (a
+  // client) truncated, collapsed or extended it: cut back, or extended and
+  // reserved again (what was cut off reads as zeros). Returns whether it had
+  // to. Not thread-safe against Grow.
+  absl::StatusOr<bool> Repair();
+
   int fd() const { return fd_; }
-  uint64_t size() const { return size_; }
+  // The size heapd made the file (Create, Grow); thread-safe.
+  uint64_t size() const { return size_.load(std::memory_order_acquire); }
   BackingKind backing() const { return backing_; }
   const std::string& path() const { return path_; }
 
@@ -55,7 +67,7 @@ class DataFile {
 
   std::string path_;
   int fd_;
-  uint64_t size_;
+  std::atomic<uint64_t> size_;
   BackingKind backing_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,9 @@ constexpr char kDataFile[] = "data";
 constexpr char kLockFile[] = "lock";
 // Growth step: at least this many chunks, or an eighth of the heap.
 constexpr uint32_t kMinGrowChunks = 8;
+// Other threads may take what a growth made before this one gets to it;
+// after this many growths the allocation gives up (RESOURCE_EXHAUSTED).
+constexpr int kMaxGrowAttempts = 8;
 
 std::string ParentOf(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -27,29 +31,48 @@ std::string ParentOf(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string RandomHex() {
+  uint64_t random = 0;
+  while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
+  }
+  return absl::StrCat(absl::Hex(random, absl::kZeroPad16));
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std::string& dir,
-                                                   HeapConfig config, HeapOptions options) {
+absl::Status ValidateHeapConfig(const HeapConfig& config) {
   if (config.max_size < kChunkSize || config.max_size % kChunkSize != 0 ||
       config.max_size / kChunkSize > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "heap maximum size ", config.max_size, " is not a positive multiple of ",
-        kChunkSize, " bytes (2 MiB) below 2^32 chunks"));
+        "heap maximum size ", config.max_size, " is not a positive multiple of ", kChunkSize,
+        " bytes (2 MiB) below 2^32 chunks"));
   }
   if (config.mode > 0777) {
-    return absl::InvalidArgumentError(absl::StrCat("heap mode 0", absl::Hex(config.mode),
-                                                   " has bits beyond 0777"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("heap mode 0", absl::Hex(config.mode), " has bits beyond 0777"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std::string& dir,
+                                                                       HeapConfig config,
+                                                                       HeapOptions options) {
+  if (absl::Status s = ValidateHeapConfig(config); !s.ok()) return s;
   if (config.created_unix_ns == 0) config.created_unix_ns = absl::ToUnixNanos(absl::Now());
   struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
+  if (lstat(dir.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " already exists"));
   }
-  // Build the heap in a private directory, then rename it into place.
-  const std::string building = absl::StrCat(dir, ".creating.", getpid());
+  // Build the heap under a hidden name (never a valid heap name, so a crash
+  // leaves nothing that could be served), then rename it into place.
+  const std::string building =
+      absl::StrCat(ParentOf(dir), "/.creating.", BaseName(dir), ".", RandomHex());
   std::error_code ignored;
-  std::filesystem::remove_all(building, ignored);
   if (mkdir(building.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, absl::StrCat("create heap directory ", building));
   }
@@ -58,7 +81,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
     return status;
   };
   const std::string lock_path = absl::StrCat(building, "/", kLockFile);
-  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (lock_fd < 0) return give_up(ErrnoStatus(errno, absl::StrCat("create ", lock_path)));
   close(lock_fd);
   absl::StatusOr<std::unique_ptr<DataFile>> data =
@@ -72,78 +95,127 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   data->reset();
   if (absl::Status s = SyncDirectory(building); !s.ok()) return give_up(s);
   FaultPoint("create.before_rename");
-  if (rename(building.c_str(), dir.c_str()) != 0) {
+  if (renameat2(AT_FDCWD, building.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
-    return give_up(err == ENOTEMPTY || err == EEXIST
-                       ? absl::AlreadyExistsError(absl::StrCat("heap directory ", dir,
-                                                               " already exists"))
-                       : ErrnoStatus(err, absl::StrCat("rename ", building, " to ", dir)));
+    return give_up(err == EEXIST ? absl::AlreadyExistsError(absl::StrCat(
+                                       "heap directory ", dir, " already exists"))
+                                 : ErrnoStatus(err, absl::StrCat("rename ", building, " to ", dir)));
   }
   if (absl::Status s = SyncDirectory(ParentOf(dir)); !s.ok()) return s;
   return Open(dir, options);
 }
 
 absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::string& dir,
-                                                 HeapOptions options) {
+                                                                     HeapOptions options) {
   const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
-  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
-  if (lock_fd < 0) return ErrnoStatus(errno, absl::StrCat("open heap lock ", lock_path));
-  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    close(lock_fd);
-    if (err == EWOULDBLOCK) {
+  UniqueFd lock_fd(open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!lock_fd.valid()) return ErrnoStatus(errno, absl::StrCat("open heap lock ", lock_path));
+  if (flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
       return absl::FailedPreconditionError(
           absl::StrCat("heap ", dir, " is open in another process (", lock_path, " is locked)"));
     }
-    return ErrnoStatus(err, absl::StrCat("lock ", lock_path));
+    return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
   }
   RecoveredMetadata recovered;
-  absl::StatusOr<std::unique_ptr<MetadataStore>> store = MetadataStore::Open(dir, &recovered, options.checkpoint_log_bytes);
-  if (!store.ok()) {
-    close(lock_fd);
-    return store.status();
-  }
-  // The heap owns lock_fd from here on; closing it releases the lock.
-  std::unique_ptr<PersistentHeap> heap(new PersistentHeap(dir, recovered.state.config, lock_fd));
-  absl::MutexLock lock(&heap->mu_);
-  heap->store_ = *std::move(store);
+  absl::StatusOr<std::unique_ptr<MetadataStore>> store =
+      MetadataStore::Open(dir, &recovered, options.checkpoint_log_bytes);
+  if (!store.ok()) return store.status();
   absl::StatusOr<std::unique_ptr<DataFile>> data =
       DataFile::Open(absl::StrCat(dir, "/", kDataFile));
   if (!data.ok()) return data.status();
+  const uint64_t log_bytes = (*store)->log_bytes();
+  std::unique_ptr<PersistentHeap> heap(
+      new PersistentHeap(dir, recovered.state.config, options));
+  heap->lock_fd_ = std::move(lock_fd);  // closing it releases the lock
   heap->data_ = *std::move(data);
-  const uint64_t file_chunks = heap->data_->size() / kChunkSize;
-  if (file_chunks < recovered.state.capacity_chunks) {
-    return absl::DataLossError(absl::StrCat(
-        "data file ", heap->data_->path(), " has ", heap->data_->size(),
-        " bytes; its metadata says ", uint64_t{recovered.state.capacity_chunks} * kChunkSize));
+  heap->store_ = *std::move(store);
+  absl::MutexLock lock(&heap->mu_);
+  if (absl::Status s = heap->LoadLocked(dir, recovered.state, heap->data_->size()); !s.ok()) {
+    return s;
   }
-  // Chunks past the recorded capacity were added after the last sync: free.
-  const uint32_t capacity =
-      static_cast<uint32_t>(std::min<uint64_t>(file_chunks, heap->max_chunks()));
-  absl::StatusOr<std::unique_ptr<ChunkDirectory>> directory =
-      ChunkDirectory::FromRecords(capacity, recovered.state.chunks);
-  if (!directory.ok()) {
-    return absl::DataLossError(absl::StrCat("heap ", dir, ": ", directory.status().message()));
-  }
-  heap->directory_ = *std::move(directory);
-  for (const NameEntry& entry : recovered.state.names) {
-    if (absl::Status s = heap->directory_->Pin(0, {entry.offset, entry.size}); !s.ok()) {
-      return absl::DataLossError(absl::StrCat("heap ", dir, ": name '", entry.name,
-                                              "' binds a dead object: ", s.message()));
-    }
-    if (absl::Status s = heap->names_.Bind(entry); !s.ok()) return s;
-  }
-  heap->names_.TakeChanges();
-  heap->directory_->TakeDirtyRecords();
-  heap->epoch_ = recovered.state.epoch;
+  heap->metadata_log_bytes_ = log_bytes;
   return heap;
 }
 
-PersistentHeap::~PersistentHeap() { close(lock_fd_); }
+absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::OpenSnapshot(
+    const std::string& label, UniqueFd data, const RecoveredMetadata& metadata) {
+  struct stat st;
+  if (fstat(data.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", label));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::DataLossError(absl::StrCat(label, ": its data is not a regular file"));
+  }
+  absl::StatusOr<std::unique_ptr<DataFile>> file =
+      DataFile::Adopt(label, data.release(), static_cast<uint64_t>(st.st_size));
+  if (!file.ok()) return file.status();
+  std::unique_ptr<PersistentHeap> heap(new PersistentHeap("", metadata.state.config, {}));
+  heap->data_ = *std::move(file);
+  absl::MutexLock lock(&heap->mu_);
+  if (absl::Status s = heap->LoadLocked(label, metadata.state, heap->data_->size()); !s.ok()) {
+    return s;
+  }
+  return heap;
+}
+
+absl::Status PersistentHeap::ValidateState(const std::string& label, const Checkpoint& metadata,
+                                           uint64_t data_bytes) {
+  PersistentHeap heap("", metadata.config, {});
+  absl::MutexLock lock(&heap.mu_);
+  return heap.LoadLocked(label, metadata, data_bytes);
+}
+
+absl::Status PersistentHeap::LoadLocked(const std::string& label, const Checkpoint& state,
+                                        uint64_t data_bytes) {
+  if (absl::Status s = ValidateHeapConfig(state.config); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("heap ", label, ": ", s.message()));
+  }
+  const uint64_t file_chunks = data_bytes / kChunkSize;
+  if (file_chunks < state.capacity_chunks || state.capacity_chunks > max_chunks()) {
+    return absl::DataLossError(absl::StrCat(
+        "heap ", label, ": data file ", data_ == nullptr ? "" : data_->path(), " has ",
+        data_bytes, " bytes; its metadata says ", uint64_t{state.capacity_chunks} * kChunkSize,
+        " of at most ", config_.max_size));
+  }
+  // Chunks past the recorded capacity were added after the last sync: free.
+  const uint32_t capacity = static_cast<uint32_t>(std::min<uint64_t>(file_chunks, max_chunks()));
+  absl::StatusOr<std::unique_ptr<ChunkDirectory>> directory =
+      ChunkDirectory::FromRecords(capacity, state.chunks);
+  if (!directory.ok()) {
+    return absl::DataLossError(absl::StrCat("heap ", label, ": ", directory.status().message()));
+  }
+  directory_ = *std::move(directory);
+  for (const NameEntry& entry : state.names) {
+    if (absl::Status s = ValidateName(entry.name); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("heap ", label, ": ", s.message()));
+    }
+    if (absl::Status s = directory_->Pin(0, {entry.offset, entry.size}); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("heap ", label, ": name '", entry.name,
+                                              "' binds a dead object: ", s.message()));
+    }
+    if (absl::Status s = names_.Bind(entry); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("heap ", label, ": ", s.message()));
+    }
+  }
+  names_.TakeChanges();
+  directory_->TakeDirtyRecords();
+  epoch_ = state.epoch;
+  return absl::OkStatus();
+}
+
+PersistentHeap::~PersistentHeap() = default;
 
 absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
+  if (read_only()) {
+    if (writable) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("snapshot ", data_->path(), " is read-only"));
+    }
+    const int fd = fcntl(data_->fd(), F_DUPFD_CLOEXEC, 3);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("duplicate the fd of ", data_->path()));
+    return fd;
+  }
   const std::string path = absl::StrCat(dir_, "/", kDataFile);
-  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
   return fd;
 }
@@ -158,52 +230,101 @@ uint64_t PersistentHeap::epoch() const {
   return epoch_;
 }
 
-absl::Status PersistentHeap::GrowLocked(uint32_t chunks) {
-  const uint64_t capacity = directory_->capacity_chunks();
+absl::Status PersistentHeap::broken() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
+absl::Status PersistentHeap::CheckWritableLocked(const char* what) const {
+  if (read_only()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot ", what, ": snapshot ", data_->path(), " is read-only"));
+  }
+  if (!broken_.ok()) {
+    return absl::Status(broken_.code(), absl::StrCat("cannot ", what, ": ", broken_.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PersistentHeap::RepairDataFileLocked() {
+  absl::StatusOr<bool> repaired = data_->Repair();
+  if (!repaired.ok()) return repaired.status();
+  if (*repaired) data_file_repairs_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status PersistentHeap::Grow(uint32_t chunks, uint32_t capacity_seen) {
+  absl::MutexLock grow_lock(&grow_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckWritableLocked("grow the heap"); !s.ok()) return s;
+    // Another thread grew the heap while this one waited: try that first.
+    if (directory_->capacity_chunks() != capacity_seen) return absl::OkStatus();
+  }
+  const uint64_t capacity = capacity_seen;
   const uint64_t step = std::max<uint64_t>({chunks, kMinGrowChunks, capacity / 8});
   const uint64_t target = std::min(capacity + step, max_chunks());
   if (target < capacity + chunks) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "heap ", dir_, " is full: it needs ", chunks, " more chunks of 2 MiB and has ",
-        directory_->Stats().free_chunks, " free of ", capacity, " (maximum size ",
-        config_.max_size, " bytes)"));
+        "heap ", dir_, " is full: it needs ", chunks, " more chunks of 2 MiB beyond its ",
+        capacity, " (maximum size ", config_.max_size, " bytes)"));
   }
+  if (absl::Status s = RepairDataFileLocked(); !s.ok()) return s;
+  // fallocate with only grow_mu_ held: leases, frees and lookups go on.
   if (absl::Status s = data_->Grow(target * kChunkSize); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));
   }
+  absl::MutexLock lock(&mu_);
   directory_->Grow(static_cast<uint32_t>(target));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId client,
-                                                          uint32_t size_class,
-                                                          uint32_t count) {
-  absl::MutexLock lock(&mu_);
+                                                                    uint32_t size_class,
+                                                                    uint32_t count) {
   if (count == 0) return absl::InvalidArgumentError("lease of 0 chunks");
-  absl::StatusOr<std::vector<LeaseGrant>> grants = directory_->Lease(client, size_class, count);
-  if (!grants.ok() || !grants->empty()) return grants;
-  if (absl::Status s = GrowLocked(count); !s.ok()) return s;
-  return directory_->Lease(client, size_class, count);
+  for (int attempt = 0;; ++attempt) {
+    uint32_t capacity_seen;
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = CheckWritableLocked("lease chunks"); !s.ok()) return s;
+      absl::StatusOr<std::vector<LeaseGrant>> grants =
+          directory_->Lease(client, size_class, count);
+      if (!grants.ok() || !grants->empty() || attempt == kMaxGrowAttempts) return grants;
+      capacity_seen = directory_->capacity_chunks();
+    }
+    if (absl::Status s = Grow(count, capacity_seen); !s.ok()) return s;
+  }
 }
 
 absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size) {
-  absl::MutexLock lock(&mu_);
   if (size == 0 || size > config_.max_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "large allocation of ", size, " bytes in heap ", dir_, " of at most ",
-        config_.max_size, " bytes"));
-  }
-  absl::StatusOr<uint64_t> offset = directory_->AllocateLarge(client, size);
-  if (offset.ok() || offset.status().code() != absl::StatusCode::kResourceExhausted) {
-    return offset;
+    return absl::InvalidArgumentError(absl::StrCat("large allocation of ", size,
+                                                   " bytes in heap ", dir_, " of at most ",
+                                                   config_.max_size, " bytes"));
   }
   const uint32_t chunks = static_cast<uint32_t>((size + kChunkSize - 1) / kChunkSize);
-  if (absl::Status s = GrowLocked(chunks); !s.ok()) return s;
-  return directory_->AllocateLarge(client, size);
+  for (int attempt = 0;; ++attempt) {
+    uint32_t capacity_seen;
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
+      absl::StatusOr<uint64_t> offset = directory_->AllocateLarge(client, size);
+      if (offset.ok() || offset.status().code() != absl::StatusCode::kResourceExhausted ||
+          attempt == kMaxGrowAttempts) {
+        return offset;
+      }
+      capacity_seen = directory_->capacity_chunks();
+    }
+    // A growth by the whole run makes one at the end (with any free chunks
+    // before it).
+    if (absl::Status s = Grow(chunks, capacity_seen); !s.ok()) return s;
+  }
 }
 
 absl::Status PersistentHeap::Free(ClientId client, absl::Span<const ObjectRef> objects) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckWritableLocked("free"); !s.ok()) return s;
   return directory_->Free(client, objects);
 }
 
@@ -214,11 +335,17 @@ absl::Status PersistentHeap::Bind(ClientId client, const NameEntry& entry) {
     return absl::InvalidArgumentError(absl::StrCat("name '", entry.name, "' binds 0 bytes"));
   }
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckWritableLocked("bind a name"); !s.ok()) return s;
   // Check the name first so a taken name pins nothing.
   if (absl::StatusOr<NameEntry> taken = names_.Lookup(entry.name); taken.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("name '", entry.name,
                                                  "' is already bound (offset ", taken->offset,
                                                  ", type ", taken->type_name, ")"));
+  }
+  if (options_.max_names != 0 && names_.size() >= options_.max_names) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot bind '", entry.name, "': the heap holds ", names_.size(),
+                     " names, its limit (--max_names_per_heap)"));
   }
   if (absl::Status s = directory_->Pin(client, {entry.offset, entry.size}); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("cannot bind '", entry.name, "': ", s.message()));
@@ -235,6 +362,7 @@ absl::StatusOr<NameEntry> PersistentHeap::Lookup(absl::string_view name) const {
 absl::StatusOr<NameEntry> PersistentHeap::Unbind(absl::string_view name) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckWritableLocked("unbind a name"); !s.ok()) return s;
   absl::StatusOr<NameEntry> entry = names_.Unbind(name);
   if (entry.ok()) directory_->Unpin(entry->offset);
   return entry;
@@ -245,68 +373,91 @@ std::vector<NameEntry> PersistentHeap::ListNames(absl::string_view prefix, size_
   return names_.List(prefix, limit);
 }
 
-absl::Status PersistentHeap::PersistLocked() {
+absl::Status PersistentHeap::FlushDataLocked() {
+  {
+    absl::MutexLock grow_lock(&grow_mu_);
+    if (absl::Status s = RepairDataFileLocked(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
+    }
+  }
+  absl::Status flushed = data_->Flush();
+  if (flushed.ok()) return flushed;
+  // Never retried: the pages that failed may be clean now and lost.
+  absl::MutexLock lock(&mu_);
+  broken_ = absl::DataLossError(absl::StrCat(
+      "heap ", dir_, " is broken: ", flushed.message(),
+      "; no sync can commit after a failed flush (restart heapd to reopen it at epoch ",
+      epoch_, ")"));
+  return broken_;
+}
+
+absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
+                                                            absl::Span<const LeaseReport> reports,
+                                                            bool release) {
+  absl::MutexLock persist_lock(&persist_mu_);
+  SyncResult result;
+  Checkpoint checkpoint;
+  EpochRecord record;
+  const bool full = checkpoint_next_ || store_ == nullptr || store_->CheckpointDue();
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
+    absl::StatusOr<std::vector<LeaseCorrection>> corrections =
+        directory_->Report(client, reports, release);
+    if (!corrections.ok()) return corrections.status();
+    result.corrections = *std::move(corrections);
+    directory_->Commit(client);
+    if (release) directory_->Reclaim(client);  // leases the client did not report
+    // What this epoch persists, taken now; later changes go to the next.
+    result.epoch = epoch_ + 1;
+    if (full) {
+      directory_->TakeDirtyRecords();
+      names_.TakeChanges();
+      checkpoint.config = config_;
+      checkpoint.epoch = result.epoch;
+      checkpoint.capacity_chunks = directory_->capacity_chunks();
+      checkpoint.chunks = directory_->AllRecords();
+      checkpoint.names = names_.List("");
+    } else {
+      record.epoch = result.epoch;
+      record.capacity_chunks = directory_->capacity_chunks();
+      record.chunks = directory_->TakeDirtyRecords();
+      record.names = names_.TakeChanges();
+    }
+  }
   // Object contents first: a name must never reach disk before its object.
-  if (absl::Status s = data_->Flush(); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
-  }
+  if (absl::Status s = FlushDataLocked(); !s.ok()) return s;
   FaultPoint("sync.after_data_flush");
-  const uint64_t epoch = epoch_ + 1;
-  absl::Status status;
-  if (checkpoint_next_ || store_->CheckpointDue()) {
-    directory_->TakeDirtyRecords();
-    names_.TakeChanges();
-    Checkpoint checkpoint;
-    checkpoint.config = config_;
-    checkpoint.epoch = epoch;
-    checkpoint.capacity_chunks = directory_->capacity_chunks();
-    checkpoint.chunks = directory_->AllRecords();
-    checkpoint.names = names_.List("");
-    status = store_->WriteCheckpoint(std::move(checkpoint));
-  } else {
-    EpochRecord record;
-    record.epoch = epoch;
-    record.capacity_chunks = directory_->capacity_chunks();
-    record.chunks = directory_->TakeDirtyRecords();
-    record.names = names_.TakeChanges();
-    status = store_->Append(record);
-  }
+  const absl::Status status =
+      full ? store_->WriteCheckpoint(std::move(checkpoint)) : store_->Append(record);
   if (!status.ok()) {
     // The changes taken above are still in memory; a full checkpoint at the
     // next sync persists them.
     checkpoint_next_ = true;
-    return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ",
-                                                    status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
   checkpoint_next_ = false;
-  epoch_ = epoch;
-  last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
-  return absl::OkStatus();
-}
-
-absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
-                                                   absl::Span<const LeaseReport> reports,
-                                                   bool release) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::vector<LeaseCorrection>> corrections =
-      directory_->Report(client, reports, release);
-  if (!corrections.ok()) return corrections.status();
-  directory_->Commit(client);
-  if (release) directory_->Reclaim(client);  // leases the client did not report
-  if (absl::Status s = PersistLocked(); !s.ok()) return s;
-  return SyncResult{epoch_, *std::move(corrections)};
+  metadata_log_bytes_ = store_->log_bytes();
+  epoch_ = result.epoch;
+  last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
+  return result;
 }
 
-absl::StatusOr<SyncResult> PersistentHeap::Sync(ClientId client, absl::Span<const LeaseReport> reports) {
+absl::StatusOr<SyncResult> PersistentHeap::Sync(ClientId client,
+                                                absl::Span<const LeaseReport> reports) {
   return ReportAndPersist(client, reports, /*release=*/false);
 }
 
-absl::StatusOr<SyncResult> PersistentHeap::Detach(ClientId client, absl::Span<const LeaseReport> reports) {
+absl::StatusOr<SyncResult> PersistentHeap::Detach(ClientId client,
+                                                  absl::Span<const LeaseReport> reports) {
   return ReportAndPersist(client, reports, /*release=*/true);
 }
 
 absl::Status PersistentHeap::ReturnLeases(ClientId client, absl::Span<const LeaseReport> reports) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckWritableLocked("return leases"); !s.ok()) return s;
   return directory_->Report(client, reports, /*release=*/true).status();
 }
 
@@ -320,25 +471,39 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   return directory_->Reclaim(client);
 }
 
-absl::Status PersistentHeap::WithFilesAtRest(
-    const std::function<absl::Status(const std::string& dir, int data_fd, uint64_t epoch)>&
-        copy) {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = data_->Flush(); !s.ok()) return s;
-  return copy(dir_, data_->fd(), epoch_);
+absl::Status PersistentHeap::WithCommittedState(
+    const std::function<absl::Status(const CommittedState&)>& copy) {
+  absl::MutexLock persist_lock(&persist_mu_);
+  CommittedState state;
+  state.config = config_;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckWritableLocked("snapshot"); !s.ok()) return s;
+    state.epoch = epoch_;
+  }
+  if (absl::Status s = FlushDataLocked(); !s.ok()) return s;
+  absl::StatusOr<std::map<std::string, std::string>> files = store_->ReadCommittedFiles();
+  if (!files.ok()) return files.status();
+  state.metadata_files = *std::move(files);
+  state.data_fd = data_->fd();
+  state.data_bytes = data_->size();
+  return copy(state);
 }
 
 HeapStats PersistentHeap::Stats() const {
-  absl::MutexLock lock(&mu_);
   HeapStats stats;
+  stats.read_only = read_only();
+  stats.data_file_repairs = data_file_repairs_.load(std::memory_order_relaxed);
+  stats.backing = data_->backing();
+  absl::MutexLock lock(&mu_);
   stats.epoch = epoch_;
+  stats.broken = std::string(broken_.message());
   stats.max_size = config_.max_size;
   stats.capacity_bytes = uint64_t{directory_->capacity_chunks()} * kChunkSize;
-  stats.backing = data_->backing();
   stats.directory = directory_->Stats();
   stats.names = names_.size();
   stats.last_sync_unix_ns = last_sync_unix_ns_;
-  stats.metadata_log_bytes = store_->log_bytes();
+  stats.metadata_log_bytes = metadata_log_bytes_;
   return stats;
 }
 
@@ -350,10 +515,6 @@ absl::Status PersistentHeap::CheckInvariants() const {
   }
   return absl::OkStatus();
 }
-
-}  // namespace heapd
-
-namespace heapd {
 
 std::vector<ChunkRecord> PersistentHeap::PersistedChunks() const {
   absl::MutexLock lock(&mu_);

@@ -1,6 +1,6 @@
-// PersistentHeap: one persistent heap, as the daemon serves it. It owns the heap's
-// directory (data file, metadata files, lock), the chunk directory and the
-// names, and persists them at sync points.
+// PersistentHeap: one persistent heap, as the daemon serves it. It owns the
+// heap's directory (data file, metadata files, lock), the chunk directory
+// and the names, and persists them at sync points.
 //
 // Consistency model (docs/consistency.md): persistent state changes only at
 // syncs. Sync makes the data file durable first, then appends one epoch
@@ -9,12 +9,29 @@
 // or when it binds a name to them; when a client dies, Reclaim returns its
 // leases at their last reported state and frees its uncommitted large runs.
 //
-// Thread-safe: every call takes the heap's mutex.
+// A heap whose data file failed to flush is broken: after a failed
+// fdatasync the kernel may have dropped the pages it could not write, so no
+// later sync may commit on top of them. Every later sync and allocation
+// fails naming why; reopening (a restart of heapd) brings the heap back at
+// its last committed epoch.
+//
+// Locks, in the order they are taken (docs/architecture.md):
+//   persist_mu_  one sync or snapshot capture at a time; held across the
+//                data file's fdatasync, the metadata writes and a
+//                snapshot's copy;
+//   grow_mu_     one growth at a time; held across fallocate;
+//   mu_          the chunk directory and names; never held across I/O, so
+//                leases, frees and lookups never wait behind a flush, a copy
+//                or a fallocate.
+//
+// Thread-safe.
 #ifndef HEAPD_HEAP_HEAP_H_
 #define HEAPD_HEAP_HEAP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,11 +47,15 @@
 #include "heap/metadata_format.h"
 #include "heap/metadata_store.h"
 #include "heap/name_table.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
 struct HeapStats {
   uint64_t epoch = 0;
+  bool read_only = false;       // a snapshot opened in place
+  std::string broken;           // why the heap is broken; empty if it is not
+  uint64_t data_file_repairs = 0;  // times a client's truncation was undone
   uint64_t max_size = 0;
   uint64_t capacity_bytes = 0;   // reserved in the data file
   BackingKind backing = BackingKind::kFile;
@@ -48,7 +69,24 @@ struct HeapStats {
 struct HeapOptions {
   // See MetadataStore::kDefaultCheckpointLogBytes.
   uint64_t checkpoint_log_bytes = MetadataStore::kDefaultCheckpointLogBytes;
+  // Most names the heap holds; 0: no limit.
+  uint64_t max_names = 0;
 };
+
+// A heap's committed epoch, captured for a snapshot with the heap's files at
+// rest (see WithCommittedState).
+struct CommittedState {
+  uint64_t epoch = 0;
+  HeapConfig config;
+  // The metadata files of `epoch` by name ("checkpoint", "log.G").
+  std::map<std::string, std::string> metadata_files;
+  int data_fd = -1;          // the data file, durable; owned by the heap
+  uint64_t data_bytes = 0;   // its size
+};
+
+// OK if `config` may describe a heap: max_size a positive multiple of 2 MiB
+// below 2^32 chunks, mode within 0777. INVALID_ARGUMENT saying which.
+absl::Status ValidateHeapConfig(const HeapConfig& config);
 
 struct SyncResult {
   uint64_t epoch = 0;
@@ -69,6 +107,20 @@ class PersistentHeap {
   // metadata is corrupt.
   static absl::StatusOr<std::unique_ptr<PersistentHeap>> Open(const std::string& dir,
                                                     HeapOptions options = {});
+
+  // A read-only heap over a snapshot: its recovered metadata and its data
+  // file `data` (a regular file, read-only), with no directory of its own.
+  // Every call that would change it fails with FAILED_PRECONDITION.
+  // DATA_LOSS if `metadata` does not fit `data` (ValidateState).
+  static absl::StatusOr<std::unique_ptr<PersistentHeap>> OpenSnapshot(
+      const std::string& label, UniqueFd data, const RecoveredMetadata& metadata);
+
+  // OK if `metadata` describes a heap whose data file has `data_bytes`
+  // bytes: a valid config, the capacity within the file and the maximum
+  // size, chunk records that rebuild a consistent directory, names that
+  // bind live objects. DATA_LOSS naming `label` and what is wrong.
+  static absl::Status ValidateState(const std::string& label, const Checkpoint& metadata,
+                                    uint64_t data_bytes);
 
   // Closes without syncing: what was not synced is rolled back on reopen.
   ~PersistentHeap();
@@ -119,14 +171,16 @@ class PersistentHeap {
   // uncommitted large runs freed. Not persisted until the next sync.
   ReclaimResult Reclaim(ClientId client);
 
-  // Runs `copy(dir, data_fd, epoch)` with the heap's files at rest: the
-  // data file made durable first, and no sync, checkpoint or other metadata
-  // write until `copy` returns, so the metadata files in `dir` are exactly
-  // those of committed epoch `epoch`. (Clients may still store into their
-  // objects through their mappings; the caller arranges quiet.)
-  absl::Status WithFilesAtRest(
-      const std::function<absl::Status(const std::string& dir, int data_fd, uint64_t epoch)>&
-          copy);
+  // Runs `copy(state)` with the heap's files at rest: the data file made
+  // durable first, and no sync until `copy` returns, so the data file holds
+  // what the committed epoch's metadata describes. Allocation, frees and
+  // lookups go on meanwhile (they change nothing persistent). (Clients may
+  // still store into their objects through their mappings; the caller
+  // arranges quiet.)
+  absl::Status WithCommittedState(const std::function<absl::Status(const CommittedState&)>& copy);
+
+  // Why the heap is broken (see above); OK if it is not.
+  absl::Status broken() const;
 
   HeapStats Stats() const;
   absl::Status CheckInvariants() const;
@@ -135,8 +189,10 @@ class PersistentHeap {
   // small chunks left out), in chunk order.
   std::vector<ChunkRecord> PersistedChunks() const;
 
+  // The heap's directory; empty for a snapshot opened in place.
   const std::string& dir() const { return dir_; }
   const HeapConfig& config() const { return config_; }
+  bool read_only() const { return store_ == nullptr; }
   int data_fd() const { return data_->fd(); }
   // Opens the data file anew (read-only unless `writable`) for a client;
   // the caller owns the fd.
@@ -145,12 +201,23 @@ class PersistentHeap {
   uint64_t epoch() const;
 
  private:
-  PersistentHeap(std::string dir, HeapConfig config, int lock_fd)
-      : dir_(std::move(dir)), config_(config), lock_fd_(lock_fd) {}
+  PersistentHeap(std::string dir, HeapConfig config, HeapOptions options)
+      : dir_(std::move(dir)), config_(config), options_(options) {}
 
-  // Grows the data file by at least `chunks` chunks.
-  absl::Status GrowLocked(uint32_t chunks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Builds the chunk directory and names from `state`, checked against a
+  // data file of `data_bytes` bytes. DATA_LOSS naming `label`.
+  absl::Status LoadLocked(const std::string& label, const Checkpoint& state,
+                          uint64_t data_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grows the data file by at least `chunks` chunks, unless the capacity is
+  // no longer `capacity_seen` (another thread grew it meanwhile).
+  absl::Status Grow(uint32_t chunks, uint32_t capacity_seen) ABSL_LOCKS_EXCLUDED(mu_);
+  // Undoes a client's ftruncate or extension of the data file (it holds a
+  // writable fd): the file is put back to the size heapd reserved.
+  absl::Status RepairDataFileLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(grow_mu_);
+  // Fails unless the heap may change: not read-only, not broken.
+  absl::Status CheckWritableLocked(const char* what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Flushes the data file (repaired first); a failure breaks the heap.
+  absl::Status FlushDataLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   // Sync and Detach: record the reports (ending the leases with `release`),
   // commit the client's large runs, persist an epoch.
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client,
@@ -160,15 +227,24 @@ class PersistentHeap {
 
   const std::string dir_;
   const HeapConfig config_;
-  const int lock_fd_;
+  const HeapOptions options_;
+  UniqueFd lock_fd_;  // flocked while the heap is open; none for a snapshot
+  std::unique_ptr<DataFile> data_;  // set at open; the file's size under grow_mu_
+
+  mutable absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(grow_mu_, mu_);
+  std::unique_ptr<MetadataStore> store_ ABSL_PT_GUARDED_BY(persist_mu_);  // null: read-only
+  bool checkpoint_next_ ABSL_GUARDED_BY(persist_mu_) = false;
+
+  mutable absl::Mutex grow_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
   mutable absl::Mutex mu_;
-  std::unique_ptr<DataFile> data_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<MetadataStore> store_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<ChunkDirectory> directory_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ChunkDirectory> directory_ ABSL_PT_GUARDED_BY(mu_);
   NameTable names_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_sync_unix_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  bool checkpoint_next_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  uint64_t metadata_log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> data_file_repairs_{0};
 };
 
 }  // namespace heapd

@@ -138,57 +138,45 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Create(
   return store;
 }
 
-absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
-    const std::string& dir, RecoveredMetadata* recovered, uint64_t checkpoint_log_bytes) {
-  const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFile);
-  absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
-  if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
-  absl::StatusOr<DecodedFrame> frame = DecodeFrame(*checkpoint_bytes, checkpoint_path);
+absl::StatusOr<Checkpoint> DecodeCheckpointFile(absl::string_view bytes,
+                                                absl::string_view file) {
+  absl::StatusOr<DecodedFrame> frame = DecodeFrame(bytes, file);
   if (!frame.ok()) return frame.status();
-  if (frame->kind != FrameKind::kCheckpoint || frame->frame_size != checkpoint_bytes->size()) {
-    return absl::DataLossError(absl::StrCat("metadata file ", checkpoint_path,
-                                            " is not a single checkpoint frame"));
+  if (frame->kind != FrameKind::kCheckpoint || frame->frame_size != bytes.size()) {
+    return absl::DataLossError(
+        absl::StrCat("metadata file ", file, " is not a single checkpoint frame"));
   }
-  absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpoint(frame->payload, checkpoint_path);
-  if (!checkpoint.ok()) return checkpoint.status();
+  return DecodeCheckpoint(frame->payload, file);
+}
 
-  std::unique_ptr<MetadataStore> store(new MetadataStore(dir, checkpoint->log_generation));
-  store->checkpoint_bytes_ = checkpoint_bytes->size();
-  store->checkpoint_log_bytes_ = checkpoint_log_bytes;
-  *recovered = RecoveredMetadata{*std::move(checkpoint), 0, 0};
-  Checkpoint& state = recovered->state;
-
-  // Replay the log. A missing log is an empty one (a crash right after the
-  // checkpoint's rename).
-  const std::string log_path = store->LogPath(store->generation_);
-  absl::StatusOr<std::string> log = ReadFile(log_path);
-  if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
-  const std::string log_bytes = log.ok() ? *std::move(log) : std::string();
+absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_view log_bytes,
+                                            absl::string_view log_file, TornTail torn_tail) {
+  RecoveredMetadata recovered{std::move(checkpoint), 0, 0};
+  Checkpoint& state = recovered.state;
   std::map<std::string, NameEntry> names;
   for (NameEntry& e : state.names) names.emplace(e.name, std::move(e));
   size_t pos = 0;
   while (pos < log_bytes.size()) {
-    absl::StatusOr<DecodedFrame> record_frame =
-        DecodeFrame(absl::string_view(log_bytes).substr(pos), log_path);
+    absl::StatusOr<DecodedFrame> record_frame = DecodeFrame(log_bytes.substr(pos), log_file);
     if (!record_frame.ok()) {
       // A crash can tear only the last append: a bad record followed by a
       // good one is corruption, even if its length field claims the rest.
-      if (FrameStartsAfter(log_bytes, pos, log_path)) {
+      if (torn_tail == TornTail::kCorrupt || FrameStartsAfter(log_bytes, pos, log_file)) {
         return absl::DataLossError(absl::StrCat(record_frame.status().message(),
                                                 " (record at byte ", pos, " of ",
                                                 log_bytes.size(), ")"));
       }
-      recovered->torn_bytes = log_bytes.size() - pos;
+      recovered.torn_bytes = log_bytes.size() - pos;
       break;
     }
     if (record_frame->kind != FrameKind::kEpoch) {
-      return absl::DataLossError(absl::StrCat("metadata file ", log_path, ": byte ", pos,
+      return absl::DataLossError(absl::StrCat("metadata file ", log_file, ": byte ", pos,
                                               " holds a frame that is not an epoch record"));
     }
-    absl::StatusOr<EpochRecord> record = DecodeEpochRecord(record_frame->payload, log_path);
+    absl::StatusOr<EpochRecord> record = DecodeEpochRecord(record_frame->payload, log_file);
     if (!record.ok()) return record.status();
     if (record->epoch != state.epoch + 1) {
-      return absl::DataLossError(absl::StrCat("metadata file ", log_path, ": epoch ",
+      return absl::DataLossError(absl::StrCat("metadata file ", log_file, ": epoch ",
                                               record->epoch, " follows epoch ", state.epoch));
     }
     state.epoch = record->epoch;
@@ -196,11 +184,46 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
     for (ChunkRecord& c : record->chunks) state.chunks.push_back(std::move(c));
     for (const std::string& name : record->names.unbound) names.erase(name);
     for (NameEntry& e : record->names.bound) names[e.name] = std::move(e);
-    ++recovered->log_records;
+    ++recovered.log_records;
     pos += record_frame->frame_size;
   }
   state.names.clear();
   for (auto& [name, entry] : names) state.names.push_back(std::move(entry));
+  return recovered;
+}
+
+absl::StatusOr<RecoveredMetadata> RecoverMetadata(absl::string_view checkpoint_bytes,
+                                                  absl::string_view log_bytes,
+                                                  absl::string_view checkpoint_file,
+                                                  absl::string_view log_file,
+                                                  TornTail torn_tail) {
+  absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpointFile(checkpoint_bytes, checkpoint_file);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return ReplayLog(*std::move(checkpoint), log_bytes, log_file, torn_tail);
+}
+
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
+    const std::string& dir, RecoveredMetadata* recovered, uint64_t checkpoint_log_bytes) {
+  const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFile);
+  absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
+  if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
+  absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpointFile(*checkpoint_bytes, checkpoint_path);
+  if (!checkpoint.ok()) return checkpoint.status();
+  std::unique_ptr<MetadataStore> store(new MetadataStore(dir, checkpoint->log_generation));
+  store->checkpoint_bytes_ = checkpoint_bytes->size();
+  store->checkpoint_log_bytes_ = checkpoint_log_bytes;
+
+  // A missing log is an empty one (a crash right after the checkpoint's
+  // rename).
+  const std::string log_path = store->LogPath(store->generation_);
+  absl::StatusOr<std::string> log = ReadFile(log_path);
+  if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
+  const std::string log_bytes = log.ok() ? *std::move(log) : std::string();
+  absl::StatusOr<RecoveredMetadata> state =
+      ReplayLog(*std::move(checkpoint), log_bytes, log_path, TornTail::kCutOff);
+  if (!state.ok()) return state.status();
+  *recovered = *std::move(state);
+  const size_t pos = log_bytes.size() - recovered->torn_bytes;
 
   if (absl::Status s = store->OpenLog(/*create=*/false); !s.ok()) return s;
   if (recovered->torn_bytes > 0) {
@@ -264,6 +287,17 @@ absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
   FaultPoint("checkpoint.new_log");
   if (old_generation > 0) unlink(LogPath(old_generation).c_str());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> MetadataStore::ReadCommittedFiles() const {
+  std::map<std::string, std::string> files;
+  absl::StatusOr<std::string> checkpoint = ReadFile(absl::StrCat(dir_, "/", kCheckpointFile));
+  if (!checkpoint.ok()) return checkpoint.status();
+  files[kCheckpointFile] = *std::move(checkpoint);
+  absl::StatusOr<std::string> log = ReadFile(LogPath(generation_));
+  if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
+  files[absl::StrCat("log.", generation_)] = log.ok() ? *std::move(log) : std::string();
+  return files;
 }
 
 bool MetadataStore::CheckpointDue() const {

@@ -14,6 +14,7 @@
 #define HEAPD_HEAP_METADATA_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,31 @@ struct RecoveredMetadata {
   uint64_t log_records = 0;
   uint64_t torn_bytes = 0;  // bytes of an incomplete final record cut off
 };
+
+// What a record that does not decode at the log's end is.
+enum class TornTail {
+  kCutOff,   // a sync the crash interrupted: recovery ends before it
+  kCorrupt,  // DATA_LOSS: a snapshot is complete, so nothing may be torn
+};
+
+// Decodes the bytes of a checkpoint file (one checkpoint frame).
+absl::StatusOr<Checkpoint> DecodeCheckpointFile(absl::string_view bytes, absl::string_view file);
+
+// The state of `checkpoint` with the records of the log that continues it
+// (`log_bytes`) applied in order.
+absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_view log_bytes,
+                                            absl::string_view log_file, TornTail torn_tail);
+
+// Recovers the state from the bytes of a checkpoint file and of the log
+// that continues it (no I/O; `checkpoint_file` and `log_file` name them in
+// errors). DATA_LOSS for anything that does not decode or does not follow,
+// except a torn last record when `torn_tail` is kCutOff. Bounded: it
+// allocates no more than a few times the input's size.
+absl::StatusOr<RecoveredMetadata> RecoverMetadata(absl::string_view checkpoint_bytes,
+                                                  absl::string_view log_bytes,
+                                                  absl::string_view checkpoint_file,
+                                                  absl::string_view log_file,
+                                                  TornTail torn_tail);
 
 class MetadataStore {
  public:
@@ -63,6 +89,10 @@ class MetadataStore {
   bool CheckpointDue() const;
 
   uint64_t log_bytes() const { return log_bytes_; }
+
+  // The bytes of the files of the last committed epoch, by file name
+  // ("checkpoint", "log.G"): what a snapshot copies.
+  absl::StatusOr<std::map<std::string, std::string>> ReadCommittedFiles() const;
 
  private:
   MetadataStore(std::string dir, uint64_t generation)
