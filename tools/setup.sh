@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian package that heapd's build and tests need, and
+# Installs every Debian package that heapd's build and tests need (clang-14,
+# its libFuzzer and sanitizer runtimes and llvm-14's symbolizer for the
+# fuzzers and sanitizer builds, docs/testing.md), and
 # grpcurl (built with Go) for the grpcurl test. Idempotent and
 # non-interactive: what is already present is left alone.
 set -euo pipefail
@@ -10,6 +12,7 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libboost-dev
   zlib1g-dev util-linux xfsprogs e2fsprogs prometheus python3 slurm-wlm munge
+  clang-14 libclang-rt-14-dev llvm-14
 )
 
 missing=()
