@@ -261,6 +261,18 @@ run_epilog 19 "$JOB_UID" SLURM_JOB_USER=root || fail "the epilog exited non-zero
 grep -q "job 19: nothing to do: job user 'root' is not uid $JOB_UID's name" "$DIR/epilog.log" ||
   fail "the epilog trusted a user name that is not the uid's: $(tail -1 "$DIR/epilog.log")"
 
+# 8. Exit status: run by a user, heapd-restore.sh says when a restore asked
+#    for failed; run by root for a job, it never fails, even when Slurm sets
+#    no SLURM_SCRIPT_CONTEXT.
+out=$(setpriv --reuid=nobody --regid=nogroup --init-groups env -i PATH=/usr/bin:/bin \
+  HEAPD_SOCKET="$DIR/heapd.sock" HEAPD_SNAPSHOT_DIR="$DIR/pfs" HEAPCTL="$DIR/fake/heapctl" \
+  HEAPD_SLURM_CONF=/nonexistent bash "$RESTORE" 'bad name' 2>&1) &&
+  fail "heapd-restore.sh with a bad heap name exited 0: $out"
+env -i PATH=/usr/bin:/bin SLURM_JOB_ID=20 SLURM_JOB_UID="$JOB_UID" HEAPD_SOCKET="$DIR/none.sock" \
+  HEAPD_SNAPSHOT_DIR="$DIR/pfs" HEAPCTL="$DIR/fake/heapctl" HEAPD_PROLOG_LOG="$DIR/prolog.log" \
+  HEAPD_SLURM_CONF=/nonexistent bash "$RESTORE" >/dev/null 2>&1 ||
+  fail "heapd-restore.sh run by root for a job exited non-zero"
+
 [ ! -e "$MARK" ] || fail "a hostile name ran a command (the marker exists)"
 if [ $FAILURES -ne 0 ]; then
   echo "--- epilog log"; cat "$DIR/epilog.log"

@@ -13,7 +13,7 @@
 #     the user (see heapd-slurm-lib.sh), so the restored heaps belong to
 #     the user and root never resolves a path the user controls. It logs to
 #     HEAPD_PROLOG_LOG and always exits 0 (a failing prolog drains the
-#     node).
+#     node); so it does whenever SLURM_SCRIPT_CONTEXT is set.
 #   - as the first step of a job, or by hand: it acts for whoever runs it.
 #     Exit status 0 if every restore asked for worked (or nothing was
 #     there), else 1.
@@ -136,5 +136,6 @@ main() {
 }
 
 main "$@"
-[ -n "${SLURM_SCRIPT_CONTEXT:-}" ] && exit 0
+# Root acting for a job's user is a prolog, whatever Slurm calls it.
+if ((FOR_JOB)) || [ -n "${SLURM_SCRIPT_CONTEXT:-}" ]; then exit 0; fi
 exit $STATUS
