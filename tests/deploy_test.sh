@@ -22,8 +22,14 @@ DIR=$(mktemp -d /tmp/heapd-deploy-XXXXXX)
 chmod 0755 "$DIR"  # the job's user runs the fake heapctl from here
 trap 'rm -rf "$DIR"' EXIT
 UNIT=deploy/systemd/heapd.service
-EPILOG=$PWD/deploy/slurm/heapd-epilog.sh
-RESTORE=$PWD/deploy/slurm/heapd-restore.sh
+# The scripts as installed: root's, in a directory every user can read
+# (Bazel's runfiles are under /root, which the job's user cannot reach).
+mkdir -m 0755 "$DIR/libexec"
+cp deploy/slurm/heapd-epilog.sh deploy/slurm/heapd-restore.sh deploy/slurm/heapd-slurm-lib.sh \
+  "$DIR/libexec/"
+chmod 0755 "$DIR/libexec/"*
+EPILOG=$DIR/libexec/heapd-epilog.sh
+RESTORE=$DIR/libexec/heapd-restore.sh
 
 # --- systemd unit
 if command -v systemd-analyze >/dev/null; then
@@ -56,8 +62,9 @@ caps=$(tr ' ' '\n' <<<"${caps#*=}" | sort | tr '\n' ' ')
 grep -q '^AmbientCapabilities=.' "$UNIT" && fail "the unit grants ambient capabilities"
 grep -Eq '^OOMScoreAdjust=-[0-9]+$' "$UNIT" || fail "no negative OOMScoreAdjust"
 grep -Eq '^LimitNOFILE=[0-9]+$' "$UNIT" || fail "no LimitNOFILE"
-grep -Eq '^ReadWritePaths=.*/var/lib/heapd' "$UNIT" && grep -Eq '^ReadWritePaths=.*/run/heapd' "$UNIT" ||
-  fail "ReadWritePaths does not name /var/lib/heapd and /run/heapd"
+for path in /var/lib/heapd /run/heapd; do
+  grep -Eq "^ReadWritePaths=(.* )?$path( |\$)" "$UNIT" || fail "ReadWritePaths does not name $path"
+done
 grep -Eq '^ExecStart=.* --metrics_address=127\.0\.0\.1:9464( |$)' "$UNIT" ||
   fail "metrics do not listen on 127.0.0.1:9464"
 grep -E '^ExecStart=' "$UNIT" | grep -q '0\.0\.0\.0\|\[::\]' && fail "ExecStart listens on every address"
@@ -70,8 +77,7 @@ done
 # The epilog with no heapd and a log it may write: logs, exits 0.
 out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 HEAPD_SOCKET="$DIR/none.sock" HEAPD_SNAPSHOT_DIR="$DIR/pfs" \
   HEAPCTL=/bin/false HEAPD_EPILOG_LOG="$DIR/epilog0.log" HEAPD_SLURM_CONF=/nonexistent \
-  bash "$EPILOG" 2>&1)
-[ $? -eq 0 ] || fail "the epilog exited non-zero: $out"
+  bash "$EPILOG" 2>&1) || fail "the epilog exited non-zero: $out"
 grep -q "no heapd socket" "$DIR/epilog0.log" || fail "the epilog did not log why it did nothing"
 # Nor does a missing HEAPD_SNAPSHOT_DIR or a broken setting make it fail.
 out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 HEAPD_SOCKET="$DIR/none.sock" HEAPD_SLURM_TIMEOUT=soon \
@@ -178,7 +184,7 @@ removed=$(calls 'snapshot rm' | sed 's/.* -- //; s/ *$//' | sort | tr '\n' ' ')
 sed -n 's/.* -- //p' "$DIR/fake/calls" | tr ' ' '\n' | grep -v '^$' |
   grep -Ev '^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$' && fail "a hostile name reached heapctl"
 for bad in 'x\;\ touch' '\$\(touch' '-rf' '\`touch' 'graph-1\ ' 'graph-8\ graph\;'; do
-  grep -qF -- "skipped: " "$DIR/epilog.log" && grep -qF -- "$bad" "$DIR/epilog.log" ||
+  grep -F -- "skipped: " "$DIR/epilog.log" | grep -qF -- "$bad" ||
     fail "the epilog did not log skipping $bad"
 done
 

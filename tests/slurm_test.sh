@@ -33,8 +33,9 @@ if [ "$(id -u)" -ne 0 ]; then echo "SKIPPED: needs root to run slurmd"; exit 0; 
 for tool in slurmctld slurmd srun sinfo munged setpriv; do
   command -v "$tool" >/dev/null || { echo "SKIPPED: $tool is not installed"; exit 0; }
 done
-getent passwd nobody >/dev/null && getent group nogroup >/dev/null ||
-  { echo "SKIPPED: no user nobody or group nogroup"; exit 0; }
+if ! getent passwd nobody >/dev/null || ! getent group nogroup >/dev/null; then
+  echo "SKIPPED: no user nobody or group nogroup"; exit 0
+fi
 JOB_UID=$(id -u nobody)
 JOB_GID=$(getent group nogroup | cut -d: -f3)
 as_nobody() { setpriv --reuid="$JOB_UID" --regid="$JOB_GID" --init-groups -- "$@"; }
@@ -176,6 +177,7 @@ job() {
   local name=$1; shift
   wait_for 60 sh -c 'sinfo -h -N -o %T 2>/dev/null | grep -qx idle' ||
     echo "the node is not idle: $(node_state)"
+  # shellcheck disable=SC2016 # expanded by the job's shell
   srun --uid=nobody --gid=nogroup --chdir=/ -N1 -J "$name" \
     sh -c 'echo "job $SLURM_JOB_ID as $(id -u)"; exec "$@"' sh "$@" 2>&1
 }

@@ -19,7 +19,7 @@
 set -u
 HEAPD_LOG_TAG="heapd-epilog job ${SLURM_JOB_ID:-?}"
 lib="$(dirname -- "${BASH_SOURCE[0]}")/heapd-slurm-lib.sh"
-# shellcheck source=heapd-slurm-lib.sh
+# shellcheck source-path=SCRIPTDIR source=heapd-slurm-lib.sh
 if ! . "$lib"; then
   echo "heapd-epilog: cannot read $lib; nothing done" >&2
   exit 0

@@ -22,7 +22,7 @@
 set -u
 HEAPD_LOG_TAG=heapd-restore
 lib="$(dirname -- "${BASH_SOURCE[0]}")/heapd-slurm-lib.sh"
-# shellcheck source=heapd-slurm-lib.sh
+# shellcheck source-path=SCRIPTDIR source=heapd-slurm-lib.sh
 if ! . "$lib"; then
   echo "heapd-restore: cannot read $lib; nothing done" >&2
   [ -n "${SLURM_SCRIPT_CONTEXT:-}" ] && exit 0

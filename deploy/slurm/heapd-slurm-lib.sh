@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # JOB_USER, HEAPD_WHY, ... are for the scripts
 # Shared by heapd-epilog.sh and heapd-restore.sh (sourced, not run).
 #
 # These scripts run as root on a shared node, on behalf of a job whose user
@@ -83,8 +85,8 @@ heapd_set_user() {
   if ! [[ $uid =~ ^[0-9]{1,10}$ ]]; then HEAPD_WHY="job uid '$uid' is not a number"; return 1; fi
   local entry
   if ! entry=$(getent passwd "$uid"); then HEAPD_WHY="uid $uid has no passwd entry"; return 1; fi
-  local pw_name pw_x pw_uid pw_gid
-  IFS=: read -r pw_name pw_x pw_uid pw_gid _ <<<"$entry"
+  local pw_name pw_gid
+  IFS=: read -r pw_name _ _ pw_gid _ <<<"$entry"
   if [ -n "$name" ] && [ "$name" != "$pw_name" ]; then
     HEAPD_WHY="job user '$name' is not uid $uid's name ($pw_name)"; return 1
   fi
