@@ -87,6 +87,22 @@ out=$(SLURM_SCRIPT_CONTEXT=prolog_slurmd SLURM_JOB_ID=7 SLURM_JOB_UID=0 \
   HEAPD_SOCKET="$DIR/none.sock" HEAPD_PROLOG_LOG="$DIR/prolog0.log" HEAPD_SLURM_CONF=/nonexistent \
   bash "$RESTORE" 2>&1) || fail "the prolog exited non-zero: $out"
 
+# The settings file: sourced when root alone can write it, else ignored.
+if [ "$(id -u)" -eq 0 ]; then
+  printf 'HEAPD_SOCKET=%s\nHEAPD_EPILOG_LOG=%s\n' "$DIR/conf.sock" "$DIR/conf.log" >"$DIR/heapd-slurm"
+  chmod 0644 "$DIR/heapd-slurm"
+  SLURM_JOB_ID=7 SLURM_JOB_UID=0 HEAPD_SLURM_CONF="$DIR/heapd-slurm" bash "$EPILOG" >/dev/null 2>&1 ||
+    fail "the epilog exited non-zero with a settings file"
+  grep -q "no heapd socket at $DIR/conf.sock" "$DIR/conf.log" 2>/dev/null ||
+    fail "the epilog did not read its settings file"
+  chmod 0666 "$DIR/heapd-slurm"
+  out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 HEAPD_SLURM_CONF="$DIR/heapd-slurm" \
+    HEAPD_EPILOG_LOG="$DIR/epilog0.log" bash "$EPILOG" 2>&1) || fail "the epilog exited non-zero"
+  case "$out" in *"$DIR/heapd-slurm ignored: not root's or writable by others"*) ;;
+    *) fail "the epilog sourced a settings file others can write: $out" ;;
+  esac
+fi
+
 if [ "$(id -u)" -ne 0 ]; then
   echo "SKIPPED the scripts against a fake heapctl: they switch users, which needs root"
   [ $FAILURES -eq 0 ] && echo PASS

@@ -47,7 +47,8 @@ make_user_dir() {
       log "cannot create $dir: $out"; return 1
     elif ! heapd_root_safe_dir "$SNAPSHOT_BASE"; then
       log "cannot create $dir as $JOB_USER ($out), and root will not: $HEAPD_WHY"; return 1
-    elif ! out=$(mkdir -m 0700 -- "$dir" 2>&1 && chown -- "$JOB_UID:$JOB_GID" "$dir" 2>&1); then
+    elif ! out=$(heapd_bounded mkdir -m 0700 -- "$dir" 2>&1 &&
+      heapd_bounded chown -- "$JOB_UID:$JOB_GID" "$dir" 2>&1); then
       log "cannot create $dir as root: $out"; return 1
     else
       log "created $dir for $JOB_USER (as root: $SNAPSHOT_BASE is root's)"

@@ -32,9 +32,17 @@ heapd_load_settings() {
   for var in "${HEAPD_SLURM_SETTINGS[@]}"; do
     [ -n "${!var+set}" ] && from_env[$var]=${!var}
   done
-  local conf=${HEAPD_SLURM_CONF:-/etc/default/heapd-slurm}
-  # shellcheck disable=SC1090
-  [ -r "$conf" ] && . "$conf"
+  local conf=${HEAPD_SLURM_CONF:-/etc/default/heapd-slurm} info
+  # Sourced as root: only a file root alone can write.
+  if [ -r "$conf" ]; then
+    info=$(stat -L -c '%u %a' -- "$conf" 2>/dev/null)
+    if [[ $info =~ ^0\ [0-7]*[0145][0145]$ ]]; then
+      # shellcheck disable=SC1090
+      . "$conf"
+    else
+      echo "heapd-slurm: $conf ignored: not root's or writable by others ($info)" >&2
+    fi
+  fi
   for var in "${!from_env[@]}"; do
     printf -v "$var" '%s' "${from_env[$var]}"
   done
@@ -132,7 +140,11 @@ heapd_failure() {
 # heapd_stat PATH: "UID MODE TYPE" of PATH itself (a symlink is reported as
 # one, never followed). Reading metadata as root is harmless; acting on a
 # path the user controls is what the rules forbid.
-heapd_stat() { stat -c '%u %a %F' -- "$1" 2>/dev/null; }
+heapd_stat() { heapd_bounded stat -c '%u %a %F' -- "$1" 2>/dev/null; }
+
+# heapd_bounded COMMAND ARGS...: COMMAND, killed after HEAPD_SLURM_TIMEOUT
+# (a hung file system must not hang the node either).
+heapd_bounded() { timeout --kill-after=5 "$HEAPD_SLURM_TIMEOUT" "$@"; }
 
 # heapd_root_safe_dir DIR: DIR (absolute, canonical) is a directory owned by
 # root and writable by root only, and every directory above it is owned by
@@ -195,7 +207,8 @@ heapd_snapshot_base() {
   if [[ $HEAPD_SNAPSHOT_DIR != /* ]]; then
     HEAPD_WHY="HEAPD_SNAPSHOT_DIR ($HEAPD_SNAPSHOT_DIR) is not an absolute path"; return 1
   fi
-  if ! SNAPSHOT_BASE=$(realpath -e -- "$HEAPD_SNAPSHOT_DIR" 2>/dev/null) || [ ! -d "$SNAPSHOT_BASE" ]; then
+  if ! SNAPSHOT_BASE=$(heapd_bounded realpath -e -- "$HEAPD_SNAPSHOT_DIR" 2>/dev/null) ||
+    [ ! -d "$SNAPSHOT_BASE" ]; then
     HEAPD_WHY="HEAPD_SNAPSHOT_DIR ($HEAPD_SNAPSHOT_DIR) is not a directory"; return 1
   fi
 }
