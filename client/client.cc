@@ -14,33 +14,59 @@
 #include "client/heap.h"
 #include "daemon/default_paths.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/create_channel_posix.h"
 #include "grpcpp/security/credentials.h"
 #include "heap/data_file.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
 
+// Connects to the heapd socket `path` and checks who serves it: root (the
+// system daemon) or this process's own user (a daemon of its own). Nothing
+// is sent to anyone else: another user could have bound a fake heapd there.
+absl::StatusOr<UniqueFd> ConnectToHeapd(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", path, "' is not 1 to ", sizeof(address.sun_path) - 1,
+                     " bytes"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "create a Unix socket");
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    return absl::UnavailableError(absl::StrCat("no heapd answers on ", path, ": ",
+                                               std::strerror(errno),
+                                               " (is heapd running? see --socket, HEAPD_SOCKET)"));
+  }
+  struct ucred server;
+  socklen_t length = sizeof(server);
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &server, &length) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("read who serves ", path));
+  }
+  if (server.uid != 0 && server.uid != geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        path, " is served by uid ", server.uid, " (pid ", server.pid,
+        "), neither root nor this user: not heapd's; nothing was sent"));
+  }
+  return fd;
+}
+
 // Connects to heapd.fd.sock, redeems `token` and returns the connection and
 // the heap's data fd.
 absl::Status FetchDataFd(const std::string& path, const std::string& token, int* connection,
                          int* data_fd) {
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("fd socket path ", path, " is too long"));
-  }
-  std::memcpy(address.sun_path, path.data(), path.size());
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoStatus(errno, "create a Unix socket");
+  absl::StatusOr<UniqueFd> connected = ConnectToHeapd(path);
+  if (!connected.ok()) return connected.status();
+  const int fd = connected->release();
   auto fail = [fd](absl::Status status) {
     close(fd);
     return status;
   };
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    return fail(ErrnoStatus(errno, absl::StrCat("connect to ", path)));
-  }
   if (send(fd, token.data(), token.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(token.size())) {
     return fail(ErrnoStatus(errno, absl::StrCat("send the fd token on ", path)));
   }
@@ -57,11 +83,20 @@ absl::Status FetchDataFd(const std::string& path, const std::string& token, int*
     return fail(absl::UnavailableError(absl::StrCat("heapd closed ", path, " without an answer")));
   }
   const cmsghdr* header = CMSG_FIRSTHDR(&message);
-  if (reply[0] != 'K' || header == nullptr || header->cmsg_type != SCM_RIGHTS) {
+  if (reply[0] != 'K' || header == nullptr || header->cmsg_level != SOL_SOCKET ||
+      header->cmsg_type != SCM_RIGHTS || header->cmsg_len != CMSG_LEN(sizeof(int))) {
     return fail(absl::PermissionDeniedError(absl::StrCat(
         "heapd refused the fd token: ", std::string(reply + 1, static_cast<size_t>(n - 1)))));
   }
-  std::memcpy(data_fd, CMSG_DATA(header), sizeof(int));
+  UniqueFd received;
+  int raw;
+  std::memcpy(&raw, CMSG_DATA(header), sizeof(int));
+  received.reset(raw);
+  struct stat st;
+  if (fstat(received.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return fail(absl::InternalError("heapd sent a descriptor that is not a regular file"));
+  }
+  *data_fd = received.release();
   *connection = fd;
   return absl::OkStatus();
 }
@@ -81,20 +116,20 @@ Client::Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel)
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
                                                         int timeout_ms) {
   const std::string path = socket_path.empty() ? DefaultSocketPath() : socket_path;
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
-    return absl::UnavailableError(absl::StrCat("no heapd socket at ", path,
-                                               " (is heapd running? see --socket, HEAPD_SOCKET)"));
-  }
+  // The connection is made and its server checked here, then handed to
+  // gRPC: a channel by path would connect (and reconnect) to whoever
+  // serves the path at that moment.
+  absl::StatusOr<UniqueFd> fd = ConnectToHeapd(path);
+  if (!fd.ok()) return fd.status();
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(kMaxMessageBytes);
   arguments.SetMaxSendMessageSize(kMaxMessageBytes);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      "unix:" + path, grpc::InsecureChannelCredentials(), arguments);
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() +
-                                 std::chrono::milliseconds(timeout_ms))) {
-    return absl::UnavailableError(absl::StrCat("no heapd answers on ", path));
-  }
+  // Connected already: a channel made from a descriptor has no
+  // connectivity state to wait for. A daemon that accepted but does not
+  // answer shows at the first call (its deadline is the caller's).
+  (void)timeout_ms;
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomInsecureChannelFromFd("heapd", fd->release(), arguments);
   return std::unique_ptr<Client>(new Client(path, std::move(channel)));
 }
 

@@ -16,6 +16,7 @@
 #include "client/owner_gate.h"
 #include "daemon/default_paths.h"
 #include "heap/data_file.h"
+#include "heap/metadata_format.h"
 
 namespace heapd {
 namespace {
@@ -40,6 +41,42 @@ void ToProto(const LeaseReport& report, v1::LeaseReport* out) {
 NameEntry FromProto(const v1::NameEntry& entry) {
   return {entry.name(),       entry.offset(),    entry.size(),
           entry.type_name(), entry.owner_uid(), entry.created_unix_ns()};
+}
+
+// Every number heapd sends is checked before it is used as an index or an
+// address: a wrong one is an error, never a stray store.
+absl::Status Unexpected(const std::string& heap, const std::string& what) {
+  return absl::InternalError(absl::StrCat("heap ", heap, ": heapd answered ", what));
+}
+
+absl::Status CheckCapacity(const std::string& heap, uint64_t capacity, uint64_t max_size) {
+  if (capacity > max_size || capacity % kChunkSize != 0) {
+    return Unexpected(heap, absl::StrCat("a capacity of ", capacity, " bytes (maximum ",
+                                         max_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGrant(const std::string& heap, const v1::LeaseGrant& grant,
+                        uint32_t size_class, uint64_t capacity) {
+  if (grant.size_class() != size_class ||
+      uint64_t{grant.chunk()} >= capacity / kChunkSize ||
+      static_cast<size_t>(grant.words_size()) !=
+          SlotBitmap::WordCount(SlotsPerChunk(size_class))) {
+    return Unexpected(heap, absl::StrCat("a lease of chunk ", grant.chunk(), " of size class ",
+                                         grant.size_class(), " with ", grant.words_size(),
+                                         " bitmap words for class ", size_class));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckObject(const std::string& heap, uint64_t offset, uint64_t size,
+                         uint64_t max_size) {
+  if (offset >= max_size || size > max_size - offset) {
+    return Unexpected(heap, absl::StrCat("an object of ", size, " bytes at offset ", offset,
+                                         " (maximum size ", max_size, ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -95,6 +132,19 @@ Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session,
 
 absl::Status Heap::Start(const v1::AttachResponse& attached) {
   const uint64_t max_size = attached.heap().max_size();
+  if (max_size == 0 || max_size > kMaxHeapBytes || max_size % kChunkSize != 0 ||
+      attached.session() == 0) {
+    return Unexpected(name_, absl::StrCat("a maximum size of ", max_size, " bytes and session ",
+                                          attached.session()));
+  }
+  if (absl::Status s = CheckCapacity(name_, attached.heap().capacity_bytes(), max_size); !s.ok()) {
+    return s;
+  }
+  for (const v1::NameEntry& entry : attached.found()) {
+    if (absl::Status s = CheckObject(name_, entry.offset(), entry.size(), max_size); !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
       HeapMapping::Map(data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_,
                        kProcessHeaderBytes);
@@ -164,6 +214,14 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
+    return s;
+  }
+  for (const v1::LeaseGrant& grant : response.grants()) {
+    if (absl::Status s = CheckGrant(name_, grant, size_class, response.capacity_bytes()); !s.ok()) {
+      return s;
+    }
+  }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
   std::vector<LeaseGrant> grants;
   grants.reserve(response.grants_size());
@@ -217,6 +275,14 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   if (absl::Status s = FromGrpc(client_->stub().AllocateLarge(&context, request, &response));
       !s.ok()) {
     return s;
+  }
+  if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckObject(name_, response.offset(), size, response.capacity_bytes());
+      !s.ok() || response.offset() % kChunkSize != 0) {
+    return s.ok() ? Unexpected(name_, absl::StrCat("a large object at offset ", response.offset()))
+                  : s;
   }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) {
     v1::ObjectRef object;  // the caller never sees it: give it back
@@ -355,7 +421,13 @@ absl::StatusOr<uint64_t> Heap::sync() {
     }
     return s;
   }
+  if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
+    return s;
+  }
   for (const v1::LeaseCorrection& c : response.corrections()) {
+    if (uint64_t{c.chunk()} >= max_size_ / kChunkSize) {
+      return Unexpected(name_, absl::StrCat("a correction of chunk ", c.chunk()));
+    }
     ThreadCache* owner = chunk_owner_[c.chunk()].load(std::memory_order_acquire);
     if (owner == nullptr) continue;
     const LeaseCorrection correction{c.chunk(),
@@ -478,7 +550,10 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
   std::string reply(reply_length, '\0');
   if (!read_exactly(reply.data(), reply_length)) return io_error("reading from");
   if (reply[0] != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(reply[0]), reply.substr(1));
+    const int code = static_cast<unsigned char>(reply[0]);
+    return absl::Status(code <= 16 ? static_cast<absl::StatusCode>(code)
+                                   : absl::StatusCode::kInternal,
+                        reply.substr(1));
   }
   v1::NameEntry entry;
   if (!entry.ParseFromArray(reply.data() + 1, static_cast<int>(reply.size() - 1))) {
@@ -504,6 +579,7 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
     if (!found.ok()) return found.status();
     entry = *std::move(found);
   }
+  if (absl::Status s = CheckObject(name_, entry.offset, entry.size, max_size_); !s.ok()) return s;
   if (entry.type_name != type_name) {
     return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
                                                       " binds a ", entry.type_name, ", not a ",
@@ -523,7 +599,12 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
       return absl::DataLossError(absl::StrCat("name '", name, "' in heap ", name_,
                                               " binds bytes beyond the data file"));
     }
-    if (absl::Status s = MapUpTo(static_cast<uint64_t>(st.st_size)); !s.ok()) return s;
+    if (absl::Status s = MapUpTo(std::min<uint64_t>(static_cast<uint64_t>(st.st_size) /
+                                                         kChunkSize * kChunkSize,
+                                                     max_size_));
+        !s.ok()) {
+      return s;
+    }
   }
   return base() + entry.offset;
 }

@@ -6,7 +6,7 @@
 //   heapctl clients ls [--heap=NAME]
 //   heapctl snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]
 //   heapctl snapshot ls [--to=DIR] | snapshot verify NAME [--to=DIR] | snapshot rm NAME [--to=DIR]
-//   heapctl snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace]
+//   heapctl snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]
 //
 // Output is a table for people, or the response as JSON (protobuf's JSON
 // mapping of heapd.v1) with --json. On error: one line on stderr naming the
@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, prefix, "", "names ls: only names starting with this");
 ABSL_FLAG(std::string, heap, "",
           "clients ls: only clients of this heap; snapshot restore: the heap to make");
 ABSL_FLAG(bool, replace, false, "snapshot restore: replace the heap if it exists (no clients)");
+ABSL_FLAG(bool, keep_owner, false,
+          "snapshot restore (admins): the heap keeps the snapshot's owner, group and mode "
+          "instead of belonging to the caller");
 ABSL_FLAG(std::string, to, "", "snapshot: target directory (default: heapd's own)");
 ABSL_FLAG(std::vector<std::string>, label, {}, "snapshot create: KEY=VALUE labels");
 ABSL_FLAG(uint32_t, wait_ms, 10000,
@@ -57,7 +60,7 @@ constexpr char kUsage[] =
     "  snapshot ls [--to=DIR] [--quiet]\n"
     "  snapshot verify NAME [--to=DIR]\n"
     "  snapshot rm NAME [--to=DIR]\n"
-    "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace]";
+    "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]";
 
 const char* BackingName(v1::BackingKind kind) {
   switch (kind) {
@@ -323,6 +326,7 @@ int Run(const std::vector<std::string>& args) {
     request.set_name(args[2]);
     request.set_heap(absl::GetFlag(FLAGS_heap));
     request.set_replace(absl::GetFlag(FLAGS_replace));
+    request.set_keep_owner(absl::GetFlag(FLAGS_keep_owner));
     v1::HeapInfo info;
     if (absl::Status s = FromGrpc(stub.RestoreSnapshot(&context, request, &info)); !s.ok()) {
       return Fail(s);

@@ -24,21 +24,22 @@ std::string DefaultStateDir() {
   if (geteuid() == 0) return "/var/lib/heapd";
   if (const std::string xdg = Env("XDG_STATE_HOME"); !xdg.empty()) return xdg + "/heapd";
   if (const std::string home = Env("HOME"); !home.empty()) return home + "/.local/state/heapd";
-  return "/tmp/heapd-state-" + std::to_string(geteuid());
+  return "";
 }
 
 std::string DefaultRuntimeDir() {
-  if (geteuid() == 0) return "/run/heapd";
+  if (geteuid() == 0) return kSystemRuntimeDir;
   if (const std::string xdg = Env("XDG_RUNTIME_DIR"); !xdg.empty()) return xdg + "/heapd";
-  return "/tmp/heapd-" + std::to_string(geteuid());
+  return "";
 }
 
 std::string DefaultSocketPath() {
   if (const std::string env = Env("HEAPD_SOCKET"); !env.empty()) return env;
-  const std::string own = DefaultRuntimeDir() + "/" + kGrpcSocketName;
-  const std::string system = std::string("/run/heapd/") + kGrpcSocketName;
-  if (!Exists(own) && Exists(system)) return system;
-  return own;
+  if (const std::string own = DefaultRuntimeDir(); !own.empty() && geteuid() != 0) {
+    const std::string socket = own + "/" + kGrpcSocketName;
+    if (Exists(socket)) return socket;
+  }
+  return std::string(kSystemRuntimeDir) + "/" + kGrpcSocketName;
 }
 
 std::string FdSocketBeside(const std::string& grpc_socket) {

@@ -2,7 +2,9 @@
 // single user can run the daemon and its clients with no configuration:
 //   root:    /var/lib/heapd and /run/heapd;
 //   others:  $XDG_STATE_HOME/heapd (else ~/.local/state/heapd) and
-//            $XDG_RUNTIME_DIR/heapd (else /tmp/heapd-UID).
+//            $XDG_RUNTIME_DIR/heapd.
+// Never a world-writable place such as /tmp: another user could create the
+// directory first and serve a fake heapd there.
 #ifndef HEAPD_DAEMON_DEFAULT_PATHS_H_
 #define HEAPD_DAEMON_DEFAULT_PATHS_H_
 
@@ -11,16 +13,21 @@
 
 namespace heapd {
 
+inline constexpr char kSystemRuntimeDir[] = "/run/heapd";
 inline constexpr char kGrpcSocketName[] = "heapd.sock";
 inline constexpr char kFdSocketName[] = "heapd.fd.sock";
 // Largest request frame on a session's heapd.fd.sock connection (fd_server.h).
 inline constexpr uint32_t kMaxFdRequestBytes = 4096;
 
+// Empty when there is no safe default (a user without HOME or
+// XDG_RUNTIME_DIR): the daemon then needs the flag.
 std::string DefaultStateDir();
 std::string DefaultRuntimeDir();
 
-// The socket a client uses: $HEAPD_SOCKET, else the default runtime dir's
-// heapd.sock, else /run/heapd/heapd.sock (a system daemon) if that exists.
+// The socket a client uses: $HEAPD_SOCKET, else the user's own daemon's
+// ($XDG_RUNTIME_DIR/heapd/heapd.sock) if it exists, else the system
+// daemon's, /run/heapd/heapd.sock. The client checks who serves it
+// (client/client.h).
 std::string DefaultSocketPath();
 
 // heapd.fd.sock beside the gRPC socket `grpc_socket`.

@@ -41,9 +41,10 @@ bool SendFd(int socket, int fd) {
 
 }  // namespace
 
-FdServer::FdServer(int listen_fd, Callbacks callbacks)
+FdServer::FdServer(int listen_fd, uint32_t max_per_user, Callbacks callbacks)
     : listen_fd_(listen_fd),
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      max_per_user_(max_per_user),
       callbacks_(std::move(callbacks)),
       thread_([this] { Run(); }) {}
 
@@ -59,18 +60,23 @@ FdServer::~FdServer() {
 void FdServer::Run() {
   std::vector<pollfd> polled;
   absl::Time last_tick = absl::Now();
+  absl::Time paused_until = absl::InfinitePast();  // out of descriptors
   for (;;) {
     polled.clear();
     polled.push_back({wake_fd_, POLLIN, 0});
-    polled.push_back({listen_fd_, POLLIN, 0});
+    // While paused the listening socket is not watched: its pending
+    // connection would wake poll at once, again and again.
+    polled.push_back({absl::Now() < paused_until ? -1 : listen_fd_, POLLIN, 0});
     for (const auto& [fd, connection] : connections_) polled.push_back({fd, POLLIN, 0});
-    const int ready = poll(polled.data(), polled.size(), 1000);
+    const int ready = poll(polled.data(), polled.size(), absl::Now() < paused_until ? 100 : 1000);
     if (ready < 0 && errno != EINTR) {
       spdlog::error("poll on the fd socket failed: {}", std::strerror(errno));
       return;
     }
     if (polled[0].revents != 0) return;  // stopping
-    if (polled[1].revents != 0) AcceptAll();
+    if (polled[1].revents != 0 && !AcceptAll()) {
+      paused_until = absl::Now() + absl::Milliseconds(100);
+    }
     const absl::Time now = absl::Now();
     for (size_t i = 2; i < polled.size(); ++i) {
       const int fd = polled[i].fd;
@@ -84,6 +90,7 @@ void FdServer::Run() {
       }
       if (keep) continue;
       const ClientId session = connection.session;
+      if (--per_user_[connection.caller.uid] == 0) per_user_.erase(connection.caller.uid);
       close(fd);
       connections_.erase(fd);
       if (session != 0) callbacks_.closed(session);
@@ -95,15 +102,32 @@ void FdServer::Run() {
   }
 }
 
-void FdServer::AcceptAll() {
+bool FdServer::AcceptAll() {
   for (;;) {
     const int fd = AcceptUnix(listen_fd_);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        spdlog::warn("fd socket: cannot accept ({}); pausing", std::strerror(errno));
+        return false;
+      }
+      return true;
+    }
     absl::StatusOr<Caller> caller = PeerOf(fd);
     if (!caller.ok()) {
       close(fd);
       continue;
     }
+    uint32_t& held = per_user_[caller->uid];
+    if (caller->uid != 0 && held >= max_per_user_) {
+      SendError(fd, "too many connections (--max_connections_per_user)");
+      close(fd);
+      callbacks_.refused();
+      spdlog::warn("fd socket: refused a connection of {}: it holds {}, its limit "
+                   "(--max_connections_per_user)",
+                   caller->ToString(), held);
+      continue;
+    }
+    ++held;
     Connection& connection = connections_[fd];
     connection.caller = *caller;
     connection.accepted = absl::Now();

@@ -12,7 +12,9 @@
 //
 // One thread polls the listening socket and every connection; connections
 // that send no token within kTokenWait are dropped. Callbacks run on that
-// thread.
+// thread. Each user may hold at most `max_per_user` connections (root:
+// any); when the process runs out of descriptors, accepting pauses briefly
+// instead of spinning.
 #ifndef HEAPD_DAEMON_FD_SERVER_H_
 #define HEAPD_DAEMON_FD_SERVER_H_
 
@@ -45,10 +47,12 @@ class FdServer {
     std::function<void()> tick;  // about once a second
     // Answers one request of a session's connection.
     std::function<std::string(ClientId session, absl::string_view request)> request;
+    // A connection refused by the per-user limit.
+    std::function<void()> refused;
   };
 
   // Takes ownership of `listen_fd`.
-  FdServer(int listen_fd, Callbacks callbacks);
+  FdServer(int listen_fd, uint32_t max_per_user, Callbacks callbacks);
   ~FdServer();  // stops the thread and closes every connection
 
   FdServer(const FdServer&) = delete;
@@ -64,15 +68,18 @@ class FdServer {
   };
 
   void Run();
-  void AcceptAll();
+  // Accepts what is pending; false when out of descriptors.
+  bool AcceptAll();
   // Handles readable `fd`; returns false when the connection is to be closed.
   bool OnReadable(int fd, Connection& connection);
   bool OnRequests(int fd, Connection& connection);
 
   const int listen_fd_;
   const int wake_fd_;
+  const uint32_t max_per_user_;
   Callbacks callbacks_;
   std::map<int, Connection> connections_;  // owned by the thread
+  std::map<uint32_t, uint32_t> per_user_;  // connections by uid; owned by the thread
   std::thread thread_;
 };
 

@@ -6,9 +6,18 @@
 // fd numbers are reused after gRPC closes a connection: the entry is
 // overwritten at the next accept of that number, before gRPC sees the fd,
 // so a lookup always finds the connection's own peer.
+//
+// Each user may hold at most `max_per_user` connections (root: any). gRPC
+// closes connections without telling: an entry is live while its fd number
+// still refers to the socket accepted (same inode), which is checked when
+// a user's connections are counted. When the process runs out of
+// descriptors (EMFILE), accepting pauses briefly instead of spinning.
 #ifndef HEAPD_DAEMON_GRPC_LISTENER_H_
 #define HEAPD_DAEMON_GRPC_LISTENER_H_
 
+#include <sys/types.h>
+
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -23,7 +32,9 @@ namespace heapd {
 class GrpcListener {
  public:
   // Takes ownership of `listen_fd`; `server` is started and outlives this.
-  GrpcListener(int listen_fd, grpc::Server* server);
+  // `refused` is called for each connection refused by the limit.
+  GrpcListener(int listen_fd, grpc::Server* server, uint32_t max_per_user,
+               std::function<void()> refused);
   ~GrpcListener();
 
   // Stops accepting connections; CallerOf keeps working for the accepted
@@ -38,14 +49,24 @@ class GrpcListener {
   absl::StatusOr<Caller> CallerOf(const std::string& peer) const;
 
  private:
+  struct Peer {
+    Caller caller;
+    ino_t socket_inode;  // tells the accepted socket from a later file on its fd number
+  };
   void Run();
+  // Accepts what is pending; false when out of descriptors.
+  bool AcceptAll();
+  // Live connections of `uid`; forgets entries whose connection is gone.
+  uint32_t LiveConnectionsLocked(uint32_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int listen_fd_;
   const int wake_fd_;
   bool stopped_ = false;
   grpc::Server* const server_;
+  const uint32_t max_per_user_;
+  const std::function<void()> refused_;
   mutable absl::Mutex mu_;
-  std::map<int, Caller> callers_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Peer> callers_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

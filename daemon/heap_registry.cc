@@ -1,33 +1,87 @@
 #include "daemon/heap_registry.h"
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <system_error>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "heap/data_file.h"
+#include "heap/metadata_store.h"
+#include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {
-std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, std::unique_ptr<PersistentHeap> heap) {
+namespace {
+
+// Creates `dir` (mode 0700) if missing; refuses a directory another user
+// owns or may write, where someone else could plant or swap heaps.
+absl::Status EnsurePrivateDirectory(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("create ", dir));
+  }
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", dir));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " must be a directory of uid ", geteuid(), " that no one else may write (it is uid ",
+        st.st_uid, ", mode 0", absl::Hex(st.st_mode & 07777), ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::string RandomHex() {
+  uint64_t random = 0;
+  while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
+  }
+  return absl::StrCat(absl::Hex(random, absl::kZeroPad16));
+}
+
+}  // namespace
+
+std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
+                                           std::unique_ptr<PersistentHeap> heap) {
   const bool reflink = ReflinkSupported(heap->dir());
   return std::make_shared<ServedHeap>(ServedHeap{name, std::move(heap), reflink});
 }
 
-absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir) {
+HeapRegistry::Reservation::~Reservation() {
+  if (registry_ != nullptr) registry_->Release(name_);
+}
+
+HeapRegistry::Reservation::Reservation(Reservation&& other) noexcept
+    : registry_(std::exchange(other.registry_, nullptr)), name_(std::move(other.name_)) {}
+
+absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir,
+                                                                 HeapOptions options,
+                                                                 UserLimits limits) {
+  if (absl::Status s = EnsurePrivateDirectory(state_dir); !s.ok()) return s;
   const std::string heaps_dir = absl::StrCat(state_dir, "/heaps");
-  std::error_code error;
-  std::filesystem::create_directories(heaps_dir, error);
-  if (error) {
-    return ErrnoStatus(error.value(), absl::StrCat("create state directory ", heaps_dir));
-  }
-  std::unique_ptr<HeapRegistry> registry(new HeapRegistry(heaps_dir));
+  if (absl::Status s = EnsurePrivateDirectory(heaps_dir); !s.ok()) return s;
+  std::unique_ptr<HeapRegistry> registry(new HeapRegistry(heaps_dir, options, limits));
   absl::MutexLock lock(&registry->mu_);
+  std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(heaps_dir, error)) {
     const std::string name = entry.path().filename();
-    if (!entry.is_directory() || !ValidateHeapName(name).ok()) continue;  // e.g. leftovers
-    absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Open(entry.path());
+    if (absl::StartsWith(name, ".")) {
+      // Left by a creation, restore or removal that a crash interrupted.
+      std::error_code ignored;
+      std::filesystem::remove_all(entry.path(), ignored);
+      spdlog::warn("removed {}, left by an interrupted creation, restore or removal",
+                   entry.path().string());
+      continue;
+    }
+    if (!entry.is_symlink() && !entry.is_directory()) continue;
+    if (entry.is_symlink() || !ValidateHeapName(name).ok()) {
+      spdlog::warn("{} is not a heap; left alone", entry.path().string());
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
+        PersistentHeap::Open(entry.path(), options);
     if (!heap.ok()) {
       spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
                     heap.status().ToString());
@@ -41,33 +95,93 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::stri
   return registry;
 }
 
-absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(const std::string& name,
-                                                                 const HeapConfig& config) {
+HeapRegistry::Usage HeapRegistry::UsageOfLocked(uint32_t uid) const {
+  Usage usage;
+  for (const auto& [name, served] : heaps_) {
+    if (served->heap->config().owner_uid != uid) continue;
+    ++usage.heaps;
+    usage.bytes += served->heap->config().max_size;
+  }
+  for (const auto& [name, owner_and_size] : reserved_) {
+    if (owner_and_size.first != uid) continue;
+    ++usage.heaps;
+    usage.bytes += owner_and_size.second;
+  }
+  return usage;
+}
+
+uint64_t HeapRegistry::HeapBytesLeft(uint32_t uid) const {
+  if (uid == 0) return UINT64_MAX;
+  absl::MutexLock lock(&mu_);
+  const Usage usage = UsageOfLocked(uid);
+  return usage.bytes >= limits_.heap_bytes ? 0 : limits_.heap_bytes - usage.bytes;
+}
+
+absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::string& name,
+                                                                uint32_t owner_uid,
+                                                                uint64_t max_size,
+                                                                bool replacing) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (heaps_.count(name) != 0 || broken_.count(name) != 0) {
+  auto existing = heaps_.find(name);
+  if (reserved_.count(name) != 0 ||
+      (!replacing && (existing != heaps_.end() || broken_.count(name) != 0))) {
     return absl::AlreadyExistsError(absl::StrCat("heap ", name, " already exists"));
   }
-  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", name), config);
-  if (!heap.ok()) return heap.status();
-  std::shared_ptr<ServedHeap> served = MakeServedHeap(name, *std::move(heap));
-  heaps_.emplace(name, served);
+  if (owner_uid != 0) {
+    Usage usage = UsageOfLocked(owner_uid);
+    if (replacing && existing != heaps_.end() &&
+        existing->second->heap->config().owner_uid == owner_uid) {
+      --usage.heaps;
+      usage.bytes -= existing->second->heap->config().max_size;
+    }
+    if (usage.heaps >= limits_.heaps) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("uid ", owner_uid, " owns ", usage.heaps,
+                       " heaps, its limit (--max_heaps_per_user); heap ", name, " not made"));
+    }
+    if (usage.bytes + max_size > limits_.heap_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", owner_uid, "'s heaps have ", usage.bytes, " bytes of maximum size; heap ", name,
+          " of ", max_size, " more would pass its limit of ", limits_.heap_bytes,
+          " (--max_heap_bytes_per_user)"));
+    }
+  }
+  reserved_[name] = {owner_uid, max_size};
+  return Reservation(this, name);
+}
+
+void HeapRegistry::Release(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  reserved_.erase(name);
+}
+
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
+    Reservation reservation, std::unique_ptr<PersistentHeap> heap) {
+  std::shared_ptr<ServedHeap> served = MakeServedHeap(reservation.name(), std::move(heap));
+  absl::MutexLock lock(&mu_);
+  reserved_.erase(reservation.name());
+  reservation.registry_ = nullptr;
+  heaps_.emplace(served->name, served);
   return served;
 }
 
-absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::OpenNew(const std::string& name) {
-  if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  if (heaps_.count(name) != 0 || broken_.count(name) != 0) {
-    return absl::AlreadyExistsError(absl::StrCat("heap ", name, " already exists"));
-  }
-  const std::string dir = absl::StrCat(heaps_dir_, "/", name);
-  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Open(dir);
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(Reservation reservation,
+                                                                 const HeapConfig& config) {
+  // Built on disk with no lock held: Get and List go on meanwhile.
+  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Create(
+      absl::StrCat(heaps_dir_, "/", reservation.name()), config, options_);
   if (!heap.ok()) return heap.status();
-  std::shared_ptr<ServedHeap> served = MakeServedHeap(name, *std::move(heap));
-  heaps_.emplace(name, served);
-  return served;
+  return Add(std::move(reservation), *std::move(heap));
+}
+
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::AddRestored(
+    Reservation reservation, RestoredHeapDir& restored) {
+  if (absl::Status s = restored.Commit(reservation.name()); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
+      PersistentHeap::Open(absl::StrCat(heaps_dir_, "/", reservation.name()), options_);
+  if (!heap.ok()) return heap.status();
+  return Add(std::move(reservation), *std::move(heap));
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view name) const {
@@ -78,30 +192,57 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view 
     return absl::Status(it->second.code(),
                         absl::StrCat("heap ", name, " failed to open: ", it->second.message()));
   }
+  if (reserved_.count(name) != 0) {
+    return absl::UnavailableError(absl::StrCat("heap ", name, " is being made; try again"));
+  }
   return absl::NotFoundError(absl::StrCat("no heap named ", name));
 }
 
-absl::Status HeapRegistry::Remove(absl::string_view name) {
+absl::StatusOr<std::string> HeapRegistry::Remove(absl::string_view name) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  auto it = heaps_.find(name);
-  auto broken = broken_.find(name);
-  if (it == heaps_.end() && broken == broken_.end()) {
-    return absl::NotFoundError(absl::StrCat("no heap named ", name));
-  }
-  // Rename first, so a crash while deleting leaves no heap behind (Open
-  // skips names starting with '.').
+  std::shared_ptr<ServedHeap> closing;  // closed after the lock is let go
   const std::string dir = absl::StrCat(heaps_dir_, "/", name);
-  const std::string doomed = absl::StrCat(heaps_dir_, "/.removing.", name);
+  const std::string doomed = absl::StrCat(heaps_dir_, "/.removing.", name, ".", RandomHex());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = heaps_.find(name);
+    auto broken = broken_.find(name);
+    if (it == heaps_.end() && broken == broken_.end()) {
+      return absl::NotFoundError(absl::StrCat("no heap named ", name));
+    }
+    // Renamed first, so a crash while deleting leaves no heap behind (Open
+    // sweeps names starting with '.').
+    if (rename(dir.c_str(), doomed.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("rename ", dir, " to ", doomed));
+    }
+    if (it != heaps_.end()) {
+      closing = std::move(it->second);
+      heaps_.erase(it);
+    }
+    if (broken != broken_.end()) broken_.erase(broken);
+  }
+  if (absl::Status s = SyncDirectory(heaps_dir_); !s.ok()) {
+    spdlog::warn("removing heap {}: {}", std::string(name), s.ToString());
+  }
+  return doomed;
+}
+
+void HeapRegistry::DeleteRemoved(const std::string& dir) {
   std::error_code error;
-  std::filesystem::remove_all(doomed, error);
-  std::filesystem::rename(dir, doomed, error);
-  if (error) return ErrnoStatus(error.value(), absl::StrCat("rename ", dir, " to ", doomed));
-  if (it != heaps_.end()) heaps_.erase(it);
-  if (broken != broken_.end()) broken_.erase(broken);
-  std::filesystem::remove_all(doomed, error);
-  if (error) spdlog::warn("removing {}: {}", doomed, error.message());
-  return absl::OkStatus();
+  std::filesystem::remove_all(dir, error);
+  if (error) spdlog::warn("removing {}: {}", dir, error.message());
+}
+
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::GetMade(absl::string_view name,
+                                                                   absl::Duration wait) const {
+  {
+    absl::MutexLock lock(&mu_);
+    auto made = [this, name]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return reserved_.find(name) == reserved_.end();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&made), wait);
+  }
+  return Get(name);
 }
 
 std::vector<std::shared_ptr<ServedHeap>> HeapRegistry::List() const {

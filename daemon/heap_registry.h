@@ -3,7 +3,15 @@
 // daemon stops; a heap that cannot be opened (corrupt metadata) is reported
 // with its error and left alone on disk.
 //
-// Layout: STATE_DIR/heaps/NAME/ is one heap (heap/heap.h).
+// Layout: STATE_DIR/heaps/NAME/ is one heap (heap/heap.h). Heaps are built
+// under hidden names (".creating.*", ".restoring.*") and removed through one
+// (".removing.*"); a hidden name is never a heap name, so a crash midway
+// leaves nothing that is served, and Open sweeps such leftovers away.
+//
+// The registry owns the per-user heap limits (daemon/limits.h): a name is
+// reserved, with its owner's heap count and bytes, before the heap is
+// built, so concurrent creations cannot pass a limit together, and no lock
+// is held while a heap is built on disk.
 // Thread-safe.
 #ifndef HEAPD_DAEMON_HEAP_REGISTRY_H_
 #define HEAPD_DAEMON_HEAP_REGISTRY_H_
@@ -17,10 +25,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/limits.h"
 #include "heap/heap.h"
 #include "heap/heap_name.h"
 
 namespace heapd {
+
+class RestoredHeapDir;
 
 // A heap the daemon serves. Shared by the registry and the sessions on it.
 struct ServedHeap {
@@ -30,28 +41,69 @@ struct ServedHeap {
 };
 
 // `heap` served as `name`, with its file system's reflink support probed.
-std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, std::unique_ptr<PersistentHeap> heap);
+std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
+                                           std::unique_ptr<PersistentHeap> heap);
 
 class HeapRegistry {
  public:
-  // Opens every heap under `state_dir`, creating the directories if needed.
-  static absl::StatusOr<std::unique_ptr<HeapRegistry>> Open(const std::string& state_dir);
+  // A name held for a heap being built, with its owner's share of the
+  // limits; released when it goes unless the heap was added.
+  class Reservation {
+   public:
+    ~Reservation();
+    Reservation(Reservation&& other) noexcept;
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    const std::string& name() const { return name_; }
 
-  // Creates heap `name`. ALREADY_EXISTS if it exists.
-  absl::StatusOr<std::shared_ptr<ServedHeap>> Create(const std::string& name,
+   private:
+    friend class HeapRegistry;
+    Reservation(HeapRegistry* registry, std::string name) : registry_(registry), name_(name) {}
+    HeapRegistry* registry_;
+    std::string name_;
+  };
+
+  // Opens every heap under `state_dir` (its heaps/ is created 0700 if
+  // missing, and must belong to this process's user and be writable by no
+  // one else), after removing leftovers of interrupted creations, restores
+  // and removals.
+  static absl::StatusOr<std::unique_ptr<HeapRegistry>> Open(const std::string& state_dir,
+                                                            HeapOptions options = {},
+                                                            UserLimits limits = {});
+
+  // Reserves `name` for a new heap of `owner_uid` with `max_size`.
+  // ALREADY_EXISTS if a heap has that name (or one is being made), unless
+  // `replacing` it: then the existing heap does not count against the
+  // limits (the caller removes it before adding the new one).
+  // RESOURCE_EXHAUSTED naming the limit the owner would pass.
+  absl::StatusOr<Reservation> Reserve(const std::string& name, uint32_t owner_uid,
+                                      uint64_t max_size, bool replacing = false);
+
+  // Creates the reserved heap.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> Create(Reservation reservation,
                                                      const HeapConfig& config);
 
-  // Opens heap `name` that was just made in heaps_dir() (a restore).
-  // ALREADY_EXISTS if the registry has one of that name.
-  absl::StatusOr<std::shared_ptr<ServedHeap>> OpenNew(const std::string& name);
+  // Renames the restored heap directory into place as the reserved heap
+  // and opens it.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> AddRestored(Reservation reservation,
+                                                          RestoredHeapDir& restored);
+
+  // Bytes of maximum size `uid` may still give new heaps (root: no limit).
+  uint64_t HeapBytesLeft(uint32_t uid) const;
 
   // The heap `name`; NOT_FOUND if there is none, or the error it failed to
-  // open with.
+  // open with; UNAVAILABLE while it is being made.
   absl::StatusOr<std::shared_ptr<ServedHeap>> Get(absl::string_view name) const;
+  // Get, after waiting up to `wait` for a heap being made under that name.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> GetMade(absl::string_view name,
+                                                      absl::Duration wait) const;
 
-  // Closes heap `name` and deletes its directory. REQUIRES: no session uses
-  // it (the caller checks).
-  absl::Status Remove(absl::string_view name);
+  // Takes heap `name` out of service: its directory is renamed to a hidden
+  // name (the rename is made durable) and returned, for DeleteRemoved.
+  // REQUIRES: no session uses it (the caller checks).
+  absl::StatusOr<std::string> Remove(absl::string_view name);
+  // Deletes a directory Remove returned (slow for a big heap: no lock held).
+  void DeleteRemoved(const std::string& dir);
 
   std::vector<std::shared_ptr<ServedHeap>> List() const;
 
@@ -64,12 +116,26 @@ class HeapRegistry {
   const std::string& heaps_dir() const { return heaps_dir_; }
 
  private:
-  explicit HeapRegistry(std::string heaps_dir) : heaps_dir_(std::move(heaps_dir)) {}
+  struct Usage {
+    uint32_t heaps = 0;
+    uint64_t bytes = 0;
+  };
+  HeapRegistry(std::string heaps_dir, HeapOptions options, UserLimits limits)
+      : heaps_dir_(std::move(heaps_dir)), options_(options), limits_(limits) {}
+  void Release(const std::string& name);
+  absl::StatusOr<std::shared_ptr<ServedHeap>> Add(Reservation reservation,
+                                                  std::unique_ptr<PersistentHeap> heap);
+  Usage UsageOfLocked(uint32_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string heaps_dir_;
+  const HeapOptions options_;
+  const UserLimits limits_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<ServedHeap>, std::less<>> heaps_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status, std::less<>> broken_ ABSL_GUARDED_BY(mu_);
+  // Names being built: owner and maximum size.
+  std::map<std::string, std::pair<uint32_t, uint64_t>, std::less<>> reserved_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace heapd

@@ -1,5 +1,7 @@
 #include "daemon/heap_registry.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -9,10 +11,20 @@
 namespace heapd {
 namespace {
 
-HeapConfig Config() {
+HeapConfig Config(uint32_t owner = 0) {
   HeapConfig config;
   config.max_size = 64 << 20;
+  config.owner_uid = owner;
   return config;
+}
+
+// Reserves and creates heap `name` of `owner`.
+absl::StatusOr<std::shared_ptr<ServedHeap>> Make(HeapRegistry& registry, const std::string& name,
+                                                 uint32_t owner = 0) {
+  absl::StatusOr<HeapRegistry::Reservation> reserved =
+      registry.Reserve(name, owner, Config(owner).max_size);
+  if (!reserved.ok()) return reserved.status();
+  return registry.Create(*std::move(reserved), Config(owner));
 }
 
 TEST(HeapRegistryTest, HeapNamesAreValidated) {
@@ -27,16 +39,18 @@ TEST(HeapRegistryTest, CreateGetListRemoveAndReopen) {
   TestDir dir;
   auto registry = HeapRegistry::Open(dir.path());
   ASSERT_TRUE(registry.ok()) << registry.status();
-  ASSERT_TRUE((*registry)->Create("a", Config()).ok());
-  ASSERT_TRUE((*registry)->Create("b", Config()).ok());
-  EXPECT_EQ((*registry)->Create("a", Config()).status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ((*registry)->Create("../x", Config()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Make(**registry, "a").ok());
+  ASSERT_TRUE(Make(**registry, "b").ok());
+  EXPECT_EQ(Make(**registry, "a").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Make(**registry, "../x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*registry)->Get("c").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*registry)->List().size(), 2u);
-  ASSERT_TRUE((*registry)->Remove("b").ok());
-  EXPECT_EQ((*registry)->Remove("b").code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::string> removed = (*registry)->Remove("b");
+  ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_FALSE(std::filesystem::exists(dir.Sub("heaps/b")));
+  (*registry)->DeleteRemoved(*removed);
+  EXPECT_FALSE(std::filesystem::exists(*removed));
+  EXPECT_EQ((*registry)->Remove("b").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE((*registry)->SyncAll().ok());
   registry->reset();
 
@@ -51,8 +65,8 @@ TEST(HeapRegistryTest, ABrokenHeapIsReportedAndLeftAlone) {
   {
     auto registry = HeapRegistry::Open(dir.path());
     ASSERT_TRUE(registry.ok());
-    ASSERT_TRUE((*registry)->Create("good", Config()).ok());
-    ASSERT_TRUE((*registry)->Create("bad", Config()).ok());
+    ASSERT_TRUE(Make(**registry, "good").ok());
+    ASSERT_TRUE(Make(**registry, "bad").ok());
   }
   for (const auto& entry : std::filesystem::directory_iterator(dir.Sub("heaps/bad"))) {
     if (entry.path().filename().string().rfind("checkpoint", 0) == 0) {
@@ -65,6 +79,61 @@ TEST(HeapRegistryTest, ABrokenHeapIsReportedAndLeftAlone) {
   EXPECT_EQ((*registry)->Broken().count("bad"), 1u);
   EXPECT_FALSE((*registry)->Get("bad").ok());
   EXPECT_TRUE(std::filesystem::exists(dir.Sub("heaps/bad")));
+}
+
+// Hidden entries are what interrupted creations, restores and removals
+// leave: never served, swept at open.
+TEST(HeapRegistryTest, LeftoversOfInterruptedWorkAreSweptNotServed) {
+  TestDir dir;
+  {
+    auto registry = HeapRegistry::Open(dir.path());
+    ASSERT_TRUE(registry.ok());
+    ASSERT_TRUE(Make(**registry, "h").ok());
+  }
+  std::filesystem::copy(dir.Sub("heaps/h"), dir.Sub("heaps/.creating.x.0123"));
+  std::filesystem::copy(dir.Sub("heaps/h"), dir.Sub("heaps/.restoring.y.4567"));
+  std::filesystem::create_directory(dir.Sub("heaps/.removing.z.89ab"));
+  auto registry = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(registry.ok());
+  EXPECT_EQ((*registry)->List().size(), 1u);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.Sub("heaps")), {}), 1);
+}
+
+TEST(HeapRegistryTest, PerUserLimitsCountHeapsAndBytesIncludingReservations) {
+  TestDir dir;
+  UserLimits limits;
+  limits.heaps = 2;
+  limits.heap_bytes = 3 * Config().max_size;
+  auto registry = HeapRegistry::Open(dir.path(), {}, limits);
+  ASSERT_TRUE(registry.ok());
+  ASSERT_TRUE(Make(**registry, "a", 1000).ok());
+  absl::StatusOr<HeapRegistry::Reservation> pending =
+      (*registry)->Reserve("b", 1000, Config().max_size);
+  ASSERT_TRUE(pending.ok());
+  // A reservation counts: a third heap is refused, naming the flag.
+  const absl::Status third = Make(**registry, "c", 1000).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.message().find("--max_heaps_per_user"), std::string::npos) << third;
+  EXPECT_EQ((*registry)->Get("b").status().code(), absl::StatusCode::kUnavailable);
+  // Bytes: another user, one heap too big.
+  const absl::Status big =
+      (*registry)->Reserve("d", 2000, 4 * Config().max_size).status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.message().find("--max_heap_bytes_per_user"), std::string::npos) << big;
+  EXPECT_EQ((*registry)->HeapBytesLeft(1000), Config().max_size);
+  EXPECT_EQ((*registry)->HeapBytesLeft(0), UINT64_MAX);
+  // Root is not limited; a released reservation frees its share.
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(Make(**registry, "root" + std::to_string(i)).ok());
+  pending = absl::InternalError("released");
+  EXPECT_TRUE(Make(**registry, "c", 1000).ok());
+}
+
+TEST(HeapRegistryTest, AStateDirectoryOthersMayWriteIsRefused) {
+  TestDir dir;
+  std::filesystem::create_directory(dir.Sub("heaps"));
+  ASSERT_EQ(chmod(dir.Sub("heaps").c_str(), 0777), 0);
+  const absl::Status status = HeapRegistry::Open(dir.path()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
 }
 
 }  // namespace

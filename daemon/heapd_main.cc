@@ -4,6 +4,8 @@
 // in-flight calls (5 s at most), sync every heap, exit 0.
 #include <grp.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -28,6 +30,7 @@
 #include "daemon/health_service.h"
 #include "daemon/heap_registry.h"
 #include "daemon/heapd_service.h"
+#include "daemon/limits.h"
 #include "daemon/metrics.h"
 #include "daemon/session_table.h"
 #include "daemon/unix_listener.h"
@@ -43,7 +46,9 @@ ABSL_FLAG(std::string, runtime_dir, "",
           "directory of heapd.sock and heapd.fd.sock (default: /run/heapd for root, else "
           "$XDG_RUNTIME_DIR/heapd or /tmp/heapd-UID)");
 ABSL_FLAG(std::string, metrics_address, "",
-          "HOST:PORT for Prometheus metrics over HTTP (empty: no metrics endpoint)");
+          "HOST:PORT for Prometheus metrics over HTTP, or :PORT for the loopback address only "
+          "(empty: no metrics endpoint). Heap names are in the metrics: bind beyond loopback "
+          "only on a trusted network");
 ABSL_FLAG(std::string, admin_group, "",
           "group (name or gid) whose members may administer every heap, besides root");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
@@ -51,6 +56,22 @@ ABSL_FLAG(uint64_t, default_max_size, uint64_t{16} << 30,
           "maximum size in bytes of a heap created without one");
 ABSL_FLAG(int, attach_token_seconds, 10,
           "how long a client has to fetch the heap's fd after Attach");
+ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
+          "longest a snapshot operation in a caller's directory may run before it is killed");
+// Per-user limits (daemon/limits.h); root is not limited.
+ABSL_FLAG(uint32_t, max_heaps_per_user, heapd::UserLimits().heaps, "heaps a user may own");
+ABSL_FLAG(uint64_t, max_heap_bytes_per_user, heapd::UserLimits().heap_bytes,
+          "sum of the maximum sizes of a user's heaps, in bytes");
+ABSL_FLAG(uint64_t, max_names_per_heap, heapd::UserLimits().names_per_heap,
+          "names one heap may hold");
+ABSL_FLAG(uint32_t, max_sessions_per_user, heapd::UserLimits().sessions,
+          "sessions a user may have attached at once");
+ABSL_FLAG(uint32_t, max_connections_per_user, heapd::UserLimits().connections,
+          "connections a user may hold open on each of heapd.sock and heapd.fd.sock");
+ABSL_FLAG(uint64_t, max_snapshot_bytes_per_user, heapd::UserLimits().snapshot_bytes,
+          "bytes of snapshots a user may keep in heapd's own snapshot directory");
+ABSL_FLAG(uint32_t, max_snapshot_calls_per_user, heapd::UserLimits().snapshot_calls,
+          "snapshot calls a user may run at once");
 
 namespace heapd {
 namespace {
@@ -81,24 +102,71 @@ void NotifySystemd(const char* state) {
   close(fd);
 }
 
+UserLimits LimitsFromFlags() {
+  UserLimits limits;
+  limits.heaps = absl::GetFlag(FLAGS_max_heaps_per_user);
+  limits.heap_bytes = absl::GetFlag(FLAGS_max_heap_bytes_per_user);
+  limits.names_per_heap = absl::GetFlag(FLAGS_max_names_per_heap);
+  limits.sessions = absl::GetFlag(FLAGS_max_sessions_per_user);
+  limits.connections = absl::GetFlag(FLAGS_max_connections_per_user);
+  limits.snapshot_bytes = absl::GetFlag(FLAGS_max_snapshot_bytes_per_user);
+  limits.snapshot_calls = absl::GetFlag(FLAGS_max_snapshot_calls_per_user);
+  return limits;
+}
+
+// Creates the runtime directory (mode 0755: every user reaches the
+// sockets) and refuses one that another user owns or may write, where
+// someone else could replace heapd's sockets.
+absl::Status PrepareRuntimeDir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrCat("create ", dir, ": ", error.message()));
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+      (st.st_mode & 022) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "runtime directory ", dir, " must be a directory of uid ", geteuid(),
+        " that no one else may write"));
+  }
+  if (chmod(dir.c_str(), 0755) != 0) {
+    return absl::InternalError(absl::StrCat("chmod ", dir, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// Many clients hold two connections each: take every descriptor allowed.
+void RaiseDescriptorLimit() {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
 int Run() {
   const std::string state_dir =
       absl::GetFlag(FLAGS_state_dir).empty() ? DefaultStateDir() : absl::GetFlag(FLAGS_state_dir);
   const std::string runtime_dir = absl::GetFlag(FLAGS_runtime_dir).empty()
                                       ? DefaultRuntimeDir()
                                       : absl::GetFlag(FLAGS_runtime_dir);
+  if (state_dir.empty() || runtime_dir.empty()) {
+    spdlog::critical("no {} directory: pass --{} (or set {})",
+                     state_dir.empty() ? "state" : "runtime",
+                     state_dir.empty() ? "state_dir" : "runtime_dir",
+                     state_dir.empty() ? "HOME or XDG_STATE_HOME" : "XDG_RUNTIME_DIR");
+    return 2;
+  }
+  const UserLimits limits = LimitsFromFlags();
+  RaiseDescriptorLimit();
   absl::StatusOr<std::optional<uint32_t>> admin_gid = ResolveGroup(absl::GetFlag(FLAGS_admin_group));
   if (!admin_gid.ok()) {
     spdlog::critical("{}", admin_gid.status().ToString());
     return 2;
   }
-  std::error_code error;
-  std::filesystem::create_directories(runtime_dir, error);
-  if (error) {
-    spdlog::critical("cannot create runtime directory {}: {}", runtime_dir, error.message());
+  if (absl::Status s = PrepareRuntimeDir(runtime_dir); !s.ok()) {
+    spdlog::critical("{}", s.ToString());
     return 1;
   }
-  chmod(runtime_dir.c_str(), 0755);  // clients of every user reach the sockets
 
   // Signals are taken by sigwait below; threads started from here on
   // inherit the mask.
@@ -109,9 +177,26 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps = HeapRegistry::Open(state_dir);
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
+  HeapOptions heap_options;
+  heap_options.max_names = limits.names_per_heap;
+  absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
+      HeapRegistry::Open(state_dir, heap_options, limits);
   if (!heaps.ok()) {
     spdlog::critical("{}", heaps.status().ToString());
+    return 1;
+  }
+  // Readable once heapd stops: waits end and snapshot workers are killed.
+  const int stop_fd = eventfd(0, EFD_CLOEXEC);
+  SnapshotStoreOptions store_options;
+  store_options.timeout = absl::Seconds(absl::GetFlag(FLAGS_snapshot_timeout_seconds));
+  store_options.cancel_fd = stop_fd;
+  store_options.max_bytes_per_user = limits.snapshot_bytes;
+  absl::StatusOr<std::unique_ptr<SnapshotStore>> snapshots =
+      SnapshotStore::Open(state_dir + "/snapshots", state_dir, store_options);
+  if (!snapshots.ok()) {
+    spdlog::critical("{}", snapshots.status().ToString());
     return 1;
   }
   const std::string grpc_path = runtime_dir + "/" + kGrpcSocketName;
@@ -122,27 +207,25 @@ int Run() {
     spdlog::critical("{}", (grpc_fd.ok() ? fd_fd : grpc_fd).status().ToString());
     return 1;
   }
-  SessionTable sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)));
+  SessionTable sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)),
+                        limits.sessions);
   Metrics metrics;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
     if (absl::Status s = metrics.Serve(address, heaps->get(), &sessions); !s.ok()) {
       spdlog::critical("{}", s.ToString());
       return 1;
     }
-    spdlog::info("metrics on http://{}/metrics (port {})", address, metrics.port());
+    spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
+                 metrics.port());
   }
   std::unique_ptr<GrpcListener> listener;
   ServiceOptions options;
   options.admin_gid = *admin_gid;
   options.default_max_size = absl::GetFlag(FLAGS_default_max_size);
-  options.snapshot_dir = state_dir + "/snapshots";
-  std::filesystem::create_directories(options.snapshot_dir, error);
-  if (error) {
-    spdlog::critical("cannot create {}: {}", options.snapshot_dir, error.message());
-    return 1;
-  }
+  options.limits = limits;
+  options.stop_fd = stop_fd;
   HeapdService service(
-      heaps->get(), &sessions, &metrics,
+      heaps->get(), &sessions, snapshots->get(), &metrics,
       [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);
   HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -156,7 +239,8 @@ int Run() {
     spdlog::critical("the gRPC server did not start");
     return 1;
   }
-  listener = std::make_unique<GrpcListener>(*grpc_fd, server.get());
+  listener = std::make_unique<GrpcListener>(*grpc_fd, server.get(), limits.connections,
+                                            [&metrics] { metrics.CountLimitRefusal("connections_per_user"); });
 
   FdServer::Callbacks callbacks;
   callbacks.redeem = [&sessions, &metrics](const std::string& token,
@@ -185,7 +269,8 @@ int Run() {
   callbacks.request = [&sessions](ClientId id, absl::string_view request) {
     return HeapdService::AnswerFdRequest(sessions, id, request);
   };
-  auto fd_server = std::make_unique<FdServer>(*fd_fd, std::move(callbacks));
+  callbacks.refused = [&metrics] { metrics.CountLimitRefusal("connections_per_user"); };
+  auto fd_server = std::make_unique<FdServer>(*fd_fd, limits.connections, std::move(callbacks));
 
   spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(), state_dir,
                grpc_path, fd_path);
@@ -196,6 +281,8 @@ int Run() {
   spdlog::info("{}: stopping", strsignal(signal_number));
   NotifySystemd("STOPPING=1");
   health.SetShuttingDown();
+  const uint64_t one = 1;
+  (void)!write(stop_fd, &one, sizeof(one));  // waits end, snapshot workers die
   listener->StopAccepting();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   fd_server.reset();

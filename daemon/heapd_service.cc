@@ -1,17 +1,13 @@
 #include "daemon/heapd_service.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
+#include <poll.h>
 
-#include <filesystem>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
-#include "snapshot/snapshot.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {
@@ -22,7 +18,8 @@ namespace {
 constexpr uint32_t kMaxLeasesPerWant = 64;
 constexpr int kMaxFreesPerCall = 1 << 16;
 constexpr int kMaxLookupsPerAttach = 64;
-constexpr uint64_t kMaxHeapSize = uint64_t{1} << 46;  // 64 TiB of address space
+// How long an Attach waits for a heap another call is making.
+constexpr absl::Duration kWaitForCreation = absl::Seconds(10);
 
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
@@ -105,6 +102,35 @@ absl::Status LeaseAll(PersistentHeap& heap, ClientId client,
 }
 
 }  // namespace
+
+class HeapdService::SnapshotCallSlot {
+ public:
+  SnapshotCallSlot(HeapdService* service, const Caller& caller)
+      : service_(service), uid_(caller.uid) {
+    absl::MutexLock lock(&service_->snapshot_calls_mu_);
+    uint32_t& calls = service_->snapshot_calls_[uid_];
+    if (uid_ != 0 && calls >= service_->options_.limits.snapshot_calls) {
+      status_ = service_->CountIfLimited(absl::ResourceExhaustedError(
+          absl::StrCat("uid ", uid_, " has ", calls,
+                       " snapshot calls running, its limit (--max_snapshot_calls_per_user)")));
+      return;
+    }
+    ++calls;
+    taken_ = true;
+  }
+  ~SnapshotCallSlot() {
+    if (!taken_) return;
+    absl::MutexLock lock(&service_->snapshot_calls_mu_);
+    if (--service_->snapshot_calls_[uid_] == 0) service_->snapshot_calls_.erase(uid_);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  HeapdService* const service_;
+  const uint32_t uid_;
+  bool taken_ = false;
+  absl::Status status_;
+};
 
 void HeapdService::EndSession(const std::shared_ptr<Session>& session, const char* reason,
                               const char* why, Metrics* metrics) {
@@ -198,6 +224,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   const HeapStats stats = served.heap->Stats();
   info->set_capacity_bytes(stats.capacity_bytes);
   info->set_epoch(stats.epoch);
+  info->set_broken(stats.broken);
   info->set_backing(ToProto(stats.backing));
   info->set_allocated_bytes(stats.directory.allocated_bytes);
   info->set_live_objects(stats.directory.live_objects);
@@ -233,21 +260,42 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
                                                                   uint32_t mode,
                                                                   const Caller& caller) {
   if (max_size == 0) max_size = options_.default_max_size;
-  if (max_size > kMaxHeapSize) {
+  if (max_size > kMaxHeapBytes) {
     return absl::InvalidArgumentError(absl::StrCat("heap maximum size ", max_size,
-                                                   " is above the limit of ", kMaxHeapSize));
+                                                   " is above the limit of ", kMaxHeapBytes));
   }
   HeapConfig config;
   config.max_size = (max_size + kChunkSize - 1) / kChunkSize * kChunkSize;
   config.owner_uid = caller.uid;
   config.owner_gid = caller.gid;
   config.mode = mode == 0 ? 0600 : mode;
-  absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Create(name, config);
+  if (absl::Status s = ValidateHeapConfig(config); !s.ok()) return s;
+  absl::StatusOr<HeapRegistry::Reservation> reserved =
+      heaps_->Reserve(name, caller.uid, config.max_size);
+  if (!reserved.ok()) return CountIfLimited(reserved.status());
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+      heaps_->Create(*std::move(reserved), config);
   if (served.ok()) {
     spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}", name,
                  caller.ToString(), config.max_size, config.mode);
   }
   return served;
+}
+
+absl::Status HeapdService::CountIfLimited(absl::Status status) const {
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  for (const char* limit : kLimitNames) {
+    if (absl::StrContains(status.message(), absl::StrCat("--max_", limit))) {
+      metrics_->CountLimitRefusal(limit);
+    }
+  }
+  return status;
+}
+
+bool HeapdService::Stopping() const {
+  if (options_.stop_fd < 0) return false;
+  pollfd polled{options_.stop_fd, POLLIN, 0};
+  return poll(&polled, 1, 0) == 1;
 }
 
 grpc::Status HeapdService::ListHeaps(grpc::ServerContext* context,
@@ -297,12 +345,19 @@ grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
                                       const v1::RemoveHeapRequest* request,
                                       v1::RemoveHeapResponse*) {
   return Serve(context, "RemoveHeap", [&](const Caller& caller) -> absl::Status {
-    absl::MutexLock lock(&attach_mu_);
-    return RemoveHeapLocked(request->heap(), caller);
+    absl::StatusOr<std::string> removed;
+    {
+      absl::MutexLock lock(&attach_mu_);
+      removed = RemoveHeapLocked(request->heap(), caller);
+    }
+    if (!removed.ok()) return removed.status();
+    heaps_->DeleteRemoved(*removed);
+    return absl::OkStatus();
   });
 }
 
-absl::Status HeapdService::RemoveHeapLocked(const std::string& name, const Caller& caller) {
+absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& name,
+                                                           const Caller& caller) {
   const bool admin = IsAdmin(caller);
   if (absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(name); !served.ok()) {
     if (!admin) return served.status();  // a heap that failed to open: admins only
@@ -316,9 +371,9 @@ absl::Status HeapdService::RemoveHeapLocked(const std::string& name, const Calle
     return absl::FailedPreconditionError(
         absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
   }
-  if (absl::Status s = heaps_->Remove(name); !s.ok()) return s;
-  spdlog::info("heap {} removed by {}", name, caller.ToString());
-  return absl::OkStatus();
+  absl::StatusOr<std::string> removed = heaps_->Remove(name);
+  if (removed.ok()) spdlog::info("heap {} removed by {}", name, caller.ToString());
+  return removed;
 }
 
 grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
@@ -339,7 +394,6 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     for (const std::string& name : request->lookup()) {
       if (absl::Status s = ValidateName(name); !s.ok()) return s;
     }
-    absl::MutexLock lock(&attach_mu_);
     bool created = false;
     absl::StatusOr<std::shared_ptr<ServedHeap>> served;
     if (!request->snapshot().empty()) {
@@ -347,37 +401,60 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
         return absl::InvalidArgumentError(
             absl::StrCat("snapshot ", request->snapshot(), " can only be attached read-only"));
       }
-      absl::StatusOr<std::string> dir =
-          SnapshotDir(request->snapshot_dir(), request->snapshot(), caller, Access::kRead);
-      if (!dir.ok()) return dir.status();
-      served = OpenSnapshot(*dir, request->snapshot());
+      // Opened (as the caller, in a caller's directory) and checked whole
+      // before any lock is taken.
+      SnapshotCallSlot slot(this, caller);
+      if (!slot.status().ok()) return slot.status();
+      v1::SnapshotManifest manifest;
+      absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = snapshots_->OpenInPlace(
+          SnapshotCallerOf(caller), {request->snapshot_dir(), request->snapshot()},
+          SnapshotBytesAllowed(caller), &manifest);
+      if (!heap.ok()) return heap.status();
+      served = std::make_shared<ServedHeap>(
+          ServedHeap{absl::StrCat("snapshot:", request->snapshot()), *std::move(heap), false});
     } else {
-      served = heaps_->Get(request->heap());
-    }
-    if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
-        request->create_if_missing()) {
-      served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
-                       caller);
-      created = served.ok();
-      if (served.status().code() == absl::StatusCode::kAlreadyExists) {
-        served = heaps_->Get(request->heap());  // a CreateHeap call was first
+      served = heaps_->GetMade(request->heap(), kWaitForCreation);
+      if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
+          request->create_if_missing()) {
+        served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
+                         caller);
+        created = served.ok();
+        if (served.status().code() == absl::StatusCode::kAlreadyExists) {
+          // Another call was first: use the heap it makes.
+          served = heaps_->GetMade(request->heap(), kWaitForCreation);
+        }
       }
     }
     if (!served.ok()) return served.status();
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
-    if (!MayAccess(caller, (*served)->heap->config(), access)) {
+    const HeapConfig& config = (*served)->heap->config();
+    if (!MayAccess(caller, config, access)) {
       return absl::PermissionDeniedError(absl::StrCat(
           caller.ToString(), " may not attach heap ", (*served)->name,
-          request->read_only() ? " read-only" : " read-write", " (owner uid ",
-          (*served)->heap->config().owner_uid, ", mode 0",
-          absl::Hex((*served)->heap->config().mode), ")"));
+          request->read_only() ? " read-only" : " read-write", " (owner uid ", config.owner_uid,
+          ", mode 0", absl::Hex(config.mode), ")"));
     }
-    SessionTable::Started started = sessions_->Start(*served, caller, request->read_only());
+    if (!request->read_only()) {
+      if (absl::Status s = (*served)->heap->broken(); !s.ok()) return s;
+    }
+    absl::StatusOr<SessionTable::Started> started;
+    {
+      absl::MutexLock lock(&attach_mu_);
+      // A heap removed since it was looked up gets no session.
+      if (request->snapshot().empty()) {
+        absl::StatusOr<std::shared_ptr<ServedHeap>> current = heaps_->Get(request->heap());
+        if (!current.ok() || *current != *served) {
+          return absl::NotFoundError(absl::StrCat("heap ", request->heap(), " was removed"));
+        }
+      }
+      started = sessions_->Start(*served, caller, request->read_only());
+    }
+    if (!started.ok()) return CountIfLimited(started.status());
     PersistentHeap& heap = *(*served)->heap;
-    if (absl::Status s = LeaseAll(heap, started.session->id, request->leases(),
+    if (absl::Status s = LeaseAll(heap, started->session->id, request->leases(),
                                   response->mutable_grants());
         !s.ok()) {
-      EndSession(sessions_->Take(started.session->id), "attach_failed", "its attach failed",
+      EndSession(sessions_->Take(started->session->id), "attach_failed", "its attach failed",
                  metrics_);
       return s;
     }
@@ -386,11 +463,11 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
         ToProto(*entry, response->add_found());
       }
     }
-    response->set_session(started.session->id);
-    response->set_fd_token(started.token);
+    response->set_session(started->session->id);
+    response->set_fd_token(started->token);
     response->set_created(created);
     FillInfo(**served, /*with_usage=*/false, response->mutable_heap());
-    spdlog::info("session {} attached heap {} {} ({})", started.session->id, (*served)->name,
+    spdlog::info("session {} attached heap {} {} ({})", started->session->id, (*served)->name,
                  request->read_only() ? "read-only" : "read-write", caller.ToString());
     return absl::OkStatus();
   });
@@ -626,68 +703,13 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
   });
 }
 
-absl::StatusOr<std::string> HeapdService::SnapshotTarget(const std::string& target,
-                                                         const Caller& caller,
-                                                         Access access) const {
-  if (target.empty()) return options_.snapshot_dir;
-  if (target[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("snapshot directory '", target, "' is not an absolute path"));
-  }
-  std::error_code error;
-  const std::filesystem::path canonical = std::filesystem::canonical(target, error);
-  if (error || !std::filesystem::is_directory(canonical, error)) {
-    return absl::NotFoundError(absl::StrCat("snapshot directory ", target, " does not exist"));
-  }
-  const std::string heaps_dir = std::filesystem::weakly_canonical(heaps_->heaps_dir()).string();
-  if (canonical.string() == heaps_dir || absl::StartsWith(canonical.string(), heaps_dir + "/")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "snapshot directory ", target, " is inside heapd's heap directory ", heaps_dir));
-  }
-  if (!MayAccessPath(caller, canonical, access) ||
-      !MayAccessPath(caller, canonical, Access::kSearch)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(caller.ToString(), " may not ", access == Access::kWrite ? "write" : "read",
-                     " snapshot directory ", target));
-  }
-  return canonical.string();
-}
-
-absl::StatusOr<std::string> HeapdService::SnapshotDir(const std::string& target,
-                                                      const std::string& name,
-                                                      const Caller& caller, Access access) const {
-  if (absl::Status s = ValidateHeapName(name, "snapshot"); !s.ok()) return s;
-  absl::StatusOr<std::string> dir = SnapshotTarget(target, caller, access);
-  if (!dir.ok()) return dir;
-  return absl::StrCat(*dir, "/", name);
-}
-
-absl::StatusOr<v1::SnapshotManifest> HeapdService::VerifiedManifest(const std::string& dir) {
-  if (absl::Status s = heapd::VerifySnapshot(dir); !s.ok()) return s;
-  return ReadManifest(dir);
-}
-
-absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::OpenSnapshot(const std::string& dir,
-                                                                       const std::string& name) {
-  for (auto it = open_snapshots_.begin(); it != open_snapshots_.end();) {
-    it = it->second.expired() ? open_snapshots_.erase(it) : std::next(it);
-  }
-  if (auto it = open_snapshots_.find(dir); it != open_snapshots_.end()) {
-    if (std::shared_ptr<ServedHeap> open = it->second.lock()) return open;
-  }
-  absl::StatusOr<v1::SnapshotManifest> manifest = VerifiedManifest(dir);
-  if (!manifest.ok()) return manifest.status();
-  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Open(dir);
-  if (!heap.ok()) return heap.status();
-  auto served = std::make_shared<ServedHeap>(
-      ServedHeap{absl::StrCat("snapshot:", name), *std::move(heap), false});
-  open_snapshots_[dir] = served;
-  spdlog::info("snapshot {} of heap {} opened for read-only clients", dir, manifest->heap());
-  return served;
+uint64_t HeapdService::SnapshotBytesAllowed(const Caller& caller) const {
+  return caller.uid == 0 ? kMaxHeapBytes : options_.limits.heap_bytes;
 }
 
 absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time since,
-                                          absl::Time deadline) const {
+                                          absl::Time deadline,
+                                          grpc::ServerContext* context) const {
   const int64_t since_ns = absl::ToUnixNanos(since);
   for (;;) {
     std::string laggards;
@@ -698,6 +720,13 @@ absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time sin
                       session->caller.pid, ")");
     }
     if (laggards.empty()) return absl::OkStatus();
+    if (Stopping()) {
+      return absl::UnavailableError(
+          absl::StrCat("heapd is stopping; snapshot of heap ", heap.name, " not taken"));
+    }
+    if (context->IsCancelled()) {
+      return absl::CancelledError(absl::StrCat("snapshot of heap ", heap.name, " cancelled"));
+    }
     if (absl::Now() >= deadline) {
       return absl::FailedPreconditionError(absl::StrCat(
           "heap ", heap.name, " is not at a consistent point: ", laggards,
@@ -714,39 +743,32 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
     const absl::Time start = absl::Now();
     absl::Status status = [&]() -> absl::Status {
       if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
+      if (request->wait_ms() > kMaxSnapshotWaitMs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "wait_ms ", request->wait_ms(), " is above the limit of ", kMaxSnapshotWaitMs));
+      }
       absl::StatusOr<std::shared_ptr<ServedHeap>> served =
           HeapFor(request->heap(), caller, Access::kRead);
       if (!served.ok()) return served.status();
-      absl::StatusOr<std::string> target =
-          SnapshotTarget(request->target_dir(), caller, Access::kWrite);
-      if (!target.ok()) return target.status();
-      if (absl::Status s = WaitForWriters(**served, start,
-                                          start + absl::Milliseconds(request->wait_ms()));
+      SnapshotCallSlot slot(this, caller);
+      if (!slot.status().ok()) return slot.status();
+      if (absl::Status s = WaitForWriters(
+              **served, start, start + absl::Milliseconds(request->wait_ms()), context);
           !s.ok()) {
         return s;
       }
       v1::HeapInfo source;
       FillInfo(**served, /*with_usage=*/true, &source);
-      SnapshotRequest snapshot{request->name(), *target,
-                               {request->labels().begin(), request->labels().end()}};
-      absl::StatusOr<v1::SnapshotManifest> manifest =
-          heapd::CreateSnapshot(*(*served)->heap, (*served)->name, source, snapshot);
-      if (!manifest.ok()) return manifest.status();
-      // The snapshot belongs to whoever asked for it (they may remove it).
-      const std::string dir = absl::StrCat(*target, "/", request->name());
-      std::error_code error;
-      bool owned = chown(dir.c_str(), caller.uid, caller.gid) == 0;
-      for (const auto& file : std::filesystem::directory_iterator(dir, error)) {
-        owned = chown(file.path().c_str(), caller.uid, caller.gid) == 0 && owned;
-      }
-      if (!owned || error) {
-        spdlog::warn("snapshot {}: could not give it to uid {} (only root can remove it)", dir,
-                     caller.uid);
-      }
+      absl::StatusOr<v1::SnapshotManifest> manifest = snapshots_->Create(
+          SnapshotCallerOf(caller), *(*served)->heap, (*served)->name, source,
+          {request->target_dir(), request->name()},
+          {request->labels().begin(), request->labels().end()});
+      if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
       spdlog::info("snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied)",
                    request->name(), request->heap(), response->epoch(), caller.ToString(),
-                   *target, response->copy_method(), response->bytes_written());
+                   request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
+                   response->copy_method(), response->bytes_written());
       return absl::OkStatus();
     }();
     metrics_->CountSnapshot(status, absl::ToDoubleSeconds(absl::Now() - start),
@@ -763,21 +785,13 @@ grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
                                          const v1::ListSnapshotsRequest* request,
                                          v1::ListSnapshotsResponse* response) {
   return Serve(context, "ListSnapshots", [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<std::string> target =
-        SnapshotTarget(request->target_dir(), caller, Access::kRead);
-    if (!target.ok()) return target.status();
-    std::error_code error;
-    std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(*target, error)) {
-      const std::string name = entry.path().filename();
-      if (entry.is_directory(error) && ValidateHeapName(name, "snapshot").ok()) {
-        names.push_back(name);
-      }
-    }
-    std::sort(names.begin(), names.end());
-    for (const std::string& name : names) {
-      absl::StatusOr<v1::SnapshotManifest> manifest = ReadManifest(*target + "/" + name);
-      if (manifest.ok()) *response->add_snapshots() = *std::move(manifest);
+    SnapshotCallSlot slot(this, caller);
+    if (!slot.status().ok()) return slot.status();
+    absl::StatusOr<std::vector<v1::SnapshotManifest>> snapshots =
+        snapshots_->List(SnapshotCallerOf(caller), request->target_dir());
+    if (!snapshots.ok()) return snapshots.status();
+    for (v1::SnapshotManifest& manifest : *snapshots) {
+      *response->add_snapshots() = std::move(manifest);
     }
     return absl::OkStatus();
   });
@@ -787,10 +801,10 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
                                           v1::SnapshotManifest* response) {
   return Serve(context, "VerifySnapshot", [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<std::string> dir =
-        SnapshotDir(request->target_dir(), request->name(), caller, Access::kRead);
-    if (!dir.ok()) return dir.status();
-    absl::StatusOr<v1::SnapshotManifest> manifest = VerifiedManifest(*dir);
+    SnapshotCallSlot slot(this, caller);
+    if (!slot.status().ok()) return slot.status();
+    absl::StatusOr<v1::SnapshotManifest> manifest =
+        snapshots_->Verify(SnapshotCallerOf(caller), {request->target_dir(), request->name()});
     if (!manifest.ok()) return manifest.status();
     *response = *std::move(manifest);
     return absl::OkStatus();
@@ -801,28 +815,16 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
                                           v1::RemoveSnapshotResponse*) {
   return Serve(context, "RemoveSnapshot", [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<std::string> path =
-        SnapshotDir(request->target_dir(), request->name(), caller, Access::kWrite);
-    if (!path.ok()) return path.status();
-    const std::string& dir = *path;
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !ReadManifest(dir).ok()) {
-      return absl::NotFoundError(absl::StrCat("no snapshot ", dir));
+    SnapshotCallSlot slot(this, caller);
+    if (!slot.status().ok()) return slot.status();
+    if (absl::Status s =
+            snapshots_->Remove(SnapshotCallerOf(caller), {request->target_dir(), request->name()});
+        !s.ok()) {
+      return s;
     }
-    if (st.st_uid != caller.uid && !IsAdmin(caller)) {
-      return absl::PermissionDeniedError(absl::StrCat(caller.ToString(), " may not remove snapshot ",
-                                                      dir, " of uid ", st.st_uid));
-    }
-    // Renamed away first: a crash while deleting leaves no half snapshot.
-    const std::string doomed = absl::StrCat(dir.substr(0, dir.find_last_of('/')), "/.",
-                                            request->name(), ".removing");
-    std::error_code error;
-    std::filesystem::remove_all(doomed, error);
-    std::filesystem::rename(dir, doomed, error);
-    if (error) return absl::InternalError(absl::StrCat("rename ", dir, ": ", error.message()));
-    std::filesystem::remove_all(doomed, error);
-    if (error) spdlog::warn("snapshot {}: deleting {}: {}", dir, doomed, error.message());
-    spdlog::info("snapshot {} removed by {}", dir, caller.ToString());
+    spdlog::info("snapshot {} in {} removed by {}", request->name(),
+                 request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
+                 caller.ToString());
     return absl::OkStatus();
   });
 }
@@ -831,36 +833,60 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
                                            const v1::RestoreSnapshotRequest* request,
                                            v1::HeapInfo* info) {
   return Serve(context, "RestoreSnapshot", [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<std::string> dir =
-        SnapshotDir(request->target_dir(), request->name(), caller, Access::kRead);
-    if (!dir.ok()) return dir.status();
-    absl::StatusOr<v1::SnapshotManifest> manifest = VerifiedManifest(*dir);
-    if (!manifest.ok()) return manifest.status();
-    const std::string heap = request->heap().empty() ? manifest->heap() : request->heap();
-    if (absl::Status s = ValidateHeapName(heap); !s.ok()) return s;
-    struct stat st;
-    if (stat(dir->c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("no snapshot ", *dir));
-    if (st.st_uid != caller.uid && manifest->source().owner_uid() != caller.uid &&
-        !IsAdmin(caller)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          caller.ToString(), " may not restore snapshot ", *dir, " (it is not theirs)"));
+    if (!request->heap().empty()) {
+      if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
     }
-    absl::MutexLock lock(&attach_mu_);
-    if (heaps_->Get(heap).ok()) {
-      if (!request->replace()) {
+    if (request->keep_owner() && !IsAdmin(caller)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller.ToString(), " may not restore with the snapshot's owner (admins only)"));
+    }
+    SnapshotCallSlot slot(this, caller);
+    if (!slot.status().ok()) return slot.status();
+    RestoreOptions options;
+    options.owner_uid = caller.uid;
+    options.owner_gid = caller.gid;
+    options.keep_recorded_owner = request->keep_owner();
+    // The heap it replaces (if any) frees its share only once removed:
+    // the final check is the registry's, at Reserve below.
+    options.max_bytes = std::min(kMaxHeapBytes, caller.uid == 0 || request->replace()
+                                                    ? SnapshotBytesAllowed(caller)
+                                                    : heaps_->HeapBytesLeft(caller.uid));
+    // Copied and checked whole with no lock held.
+    v1::SnapshotManifest manifest;
+    absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored =
+        snapshots_->Restore(SnapshotCallerOf(caller), {request->target_dir(), request->name()},
+                            heaps_->heaps_dir(), request->heap().empty() ? "heap" : request->heap(),
+                            options, &manifest);
+    if (!restored.ok()) return CountIfLimited(restored.status());
+    const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
+    const HeapConfig& config = (*restored)->config();
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served;
+    std::string replaced;
+    {
+      absl::MutexLock lock(&attach_mu_);
+      const bool exists = heaps_->Get(heap).status().code() != absl::StatusCode::kNotFound;
+      if (exists && !request->replace()) {
         return absl::AlreadyExistsError(
             absl::StrCat("heap ", heap, " exists; restore with replace to overwrite it"));
       }
-      if (absl::Status s = RemoveHeapLocked(heap, caller); !s.ok()) return s;
+      // Reserved first: if a limit refuses the new heap, the old one stays.
+      absl::StatusOr<HeapRegistry::Reservation> reserved =
+          heaps_->Reserve(heap, config.owner_uid, config.max_size, /*replacing=*/exists);
+      if (!reserved.ok()) return CountIfLimited(reserved.status());
+      if (exists) {
+        absl::StatusOr<std::string> removed = RemoveHeapLocked(heap, caller);
+        if (!removed.ok()) return removed.status();
+        replaced = *removed;
+      }
+      served = heaps_->AddRestored(*std::move(reserved), **restored);
     }
-    if (absl::Status s = RestoreSnapshotInto(*dir, heaps_->heaps_dir() + "/" + heap); !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->OpenNew(heap);
+    if (!replaced.empty()) heaps_->DeleteRemoved(replaced);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
-    spdlog::info("heap {} restored by {} from snapshot {} (epoch {})", heap, caller.ToString(),
-                 *dir, info->epoch());
+    spdlog::info("heap {} restored by {} from snapshot {} in {} (epoch {}, owner uid {})", heap,
+                 caller.ToString(), request->name(),
+                 request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
+                 info->epoch(), config.owner_uid);
     return absl::OkStatus();
   });
 }

@@ -1,10 +1,13 @@
-// HeapdService: the heapd.v1.Heapd gRPC service. Each call learns its
-// caller from the connection (GrpcListener), validates the whole request
-// before it changes anything, checks the caller's permission on the heap
-// and, for session calls, that the session is the caller's and still open.
+// HeapdService: the heapd.v1.Heapd gRPC service, a thin layer. Each call
+// learns its caller from the connection (GrpcListener), validates the whole
+// request before it changes anything, checks the caller's permission on the
+// heap and, for session calls, that the session is the caller's and still
+// open; then it calls the component that does the work (HeapRegistry,
+// SessionTable, PersistentHeap, SnapshotStore) and converts the result.
 #ifndef HEAPD_DAEMON_HEAPD_SERVICE_H_
 #define HEAPD_DAEMON_HEAPD_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -16,25 +19,36 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/caller.h"
 #include "daemon/heap_registry.h"
+#include "daemon/limits.h"
 #include "daemon/metrics.h"
 #include "daemon/session_table.h"
 #include "proto/heapd.grpc.pb.h"
+#include "snapshot/snapshot_store.h"
 
 namespace heapd {
+
+// The longest a CreateSnapshot may wait for writers to sync.
+inline constexpr uint32_t kMaxSnapshotWaitMs = 10 * 60 * 1000;
 
 struct ServiceOptions {
   std::optional<uint32_t> admin_gid;
   uint64_t default_max_size = uint64_t{16} << 30;
-  std::string snapshot_dir;  // the daemon's own snapshot directory
+  UserLimits limits;
+  // Readable once heapd is stopping: waits end, snapshot workers are killed.
+  int stop_fd = -1;
 };
 
 class HeapdService final : public v1::Heapd::Service {
  public:
   using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
 
-  HeapdService(HeapRegistry* heaps, SessionTable* sessions, Metrics* metrics,
-               CallerLookup caller_of, ServiceOptions options)
-      : heaps_(heaps), sessions_(sessions), metrics_(metrics), caller_of_(std::move(caller_of)),
+  HeapdService(HeapRegistry* heaps, SessionTable* sessions, SnapshotStore* snapshots,
+               Metrics* metrics, CallerLookup caller_of, ServiceOptions options)
+      : heaps_(heaps),
+        sessions_(sessions),
+        snapshots_(snapshots),
+        metrics_(metrics),
+        caller_of_(std::move(caller_of)),
         options_(options) {}
 
   // Ends `session`, which did not detach: its leases return at their last
@@ -89,6 +103,9 @@ class HeapdService final : public v1::Heapd::Service {
                                v1::HeapInfo*) override;
 
  private:
+  // Counts a caller's snapshot calls in flight (limits.snapshot_calls).
+  class SnapshotCallSlot;
+
   // Runs `body` for the caller of `context`; absl errors become gRPC ones.
   grpc::Status Serve(grpc::ServerContext* context, const char* method,
                      const std::function<absl::Status(const Caller&)>& body);
@@ -101,43 +118,44 @@ class HeapdService final : public v1::Heapd::Service {
   absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name,
                                                       const Caller& caller, Access access);
   // Creates heap `name` owned by `caller` (max_size 0: the default; mode 0:
-  // 0600). ALREADY_EXISTS if it exists.
+  // 0600). ALREADY_EXISTS if it exists; RESOURCE_EXHAUSTED at a limit.
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,
                                                       uint32_t mode, const Caller& caller);
-  // The snapshot directory `target` names (empty: the daemon's) if
-  // `caller` may use it for `access` (write: create and remove in it).
-  absl::StatusOr<std::string> SnapshotTarget(const std::string& target, const Caller& caller,
-                                             Access access) const;
-  // Removes heap `name` for `caller` (owner or admin, no clients).
-  // REQUIRES: attach_mu_ held.
-  absl::Status RemoveHeapLocked(const std::string& name, const Caller& caller);
-  // TARGET/NAME of snapshot `name` (validated) if `caller` may `access`
-  // the target.
-  absl::StatusOr<std::string> SnapshotDir(const std::string& target, const std::string& name,
-                                          const Caller& caller, Access access) const;
-  // The manifest of the snapshot in `dir`, once it verified.
-  static absl::StatusOr<v1::SnapshotManifest> VerifiedManifest(const std::string& dir);
+  // Takes heap `name` out of service for `caller` (owner or admin, no
+  // clients); returns its hidden directory for HeapRegistry::DeleteRemoved,
+  // to be called without the lock.
+  absl::StatusOr<std::string> RemoveHeapLocked(const std::string& name, const Caller& caller)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_);
   // Waits until every read-write session on `heap` synced after `since`,
-  // up to `deadline`; FAILED_PRECONDITION naming those that did not.
-  absl::Status WaitForWriters(const ServedHeap& heap, absl::Time since, absl::Time deadline) const;
+  // up to `deadline`, while the call is not cancelled and heapd not
+  // stopping; FAILED_PRECONDITION naming those that did not.
+  absl::Status WaitForWriters(const ServedHeap& heap, absl::Time since, absl::Time deadline,
+                              grpc::ServerContext* context) const;
+  // Counts `status` in heapd_limit_refusals_total if a limit refused it.
+  absl::Status CountIfLimited(absl::Status status) const;
+  SnapshotCaller SnapshotCallerOf(const Caller& caller) const {
+    return {caller.credentials(), IsAdmin(caller)};
+  }
+  // The largest heap a restore or in-place attach may bring for `caller`.
+  uint64_t SnapshotBytesAllowed(const Caller& caller) const;
   void FillClient(const Session& session, v1::ClientInfo* info) const;
   void FillInfo(const ServedHeap& served, bool with_usage, v1::HeapInfo* info) const;
   bool IsAdmin(const Caller& caller) const { return heapd::IsAdmin(caller, options_.admin_gid); }
+  bool Stopping() const;
 
   HeapRegistry* const heaps_;
   SessionTable* const sessions_;
+  SnapshotStore* const snapshots_;
   Metrics* const metrics_;
   const CallerLookup caller_of_;
   const ServiceOptions options_;
-  // The snapshot at `dir` opened as a heap, shared by the read-only
-  // sessions attached to it; it closes with the last of them.
-  absl::StatusOr<std::shared_ptr<ServedHeap>> OpenSnapshot(const std::string& dir,
-                                                           const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_);
 
-  // Held by Attach and RemoveHeap: no session starts on a heap being removed.
+  // Held by Attach while it starts a session and by RemoveHeap: no session
+  // starts on a heap being removed. Never held across I/O.
   absl::Mutex attach_mu_;
-  std::map<std::string, std::weak_ptr<ServedHeap>> open_snapshots_ ABSL_GUARDED_BY(attach_mu_);
+
+  mutable absl::Mutex snapshot_calls_mu_;
+  std::map<uint32_t, uint32_t> snapshot_calls_ ABSL_GUARDED_BY(snapshot_calls_mu_);
 };
 
 }  // namespace heapd

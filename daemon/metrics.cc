@@ -3,10 +3,12 @@
 #include <exception>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
 #include "daemon/heap_registry.h"
+#include "daemon/limits.h"
 #include "daemon/session_table.h"
 #include "prometheus/collectable.h"
 #include "prometheus/gauge.h"
@@ -36,8 +38,14 @@ class HeapStateCollector : public prometheus::Collectable {
     const std::vector<std::shared_ptr<ServedHeap>> served_heaps = heaps_->List();
     Add(f.Gauge("heapd_heaps_open", "Heaps the daemon serves."), {},
         static_cast<double>(served_heaps.size()));
-    auto& broken = f.Gauge("heapd_heaps_broken", "Heaps that failed to open (corrupt metadata).");
-    Add(broken, {}, static_cast<double>(heaps_->Broken().size()));
+    size_t broken_open = 0;
+    for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
+      broken_open += !served->heap->broken().ok();
+    }
+    auto& broken = f.Gauge("heapd_heaps_broken",
+                           "Heaps that failed to open (corrupt metadata) or broke while open "
+                           "(a failed flush of their data).");
+    Add(broken, {}, static_cast<double>(heaps_->Broken().size() + broken_open));
     auto& max_size = f.Gauge("heapd_heap_capacity_bytes", "Maximum size of the heap.");
     auto& reserved = f.Gauge("heapd_heap_reserved_bytes",
                              "Bytes of the data file reserved on disk (fallocate).");
@@ -53,6 +61,9 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& last_sync = f.Gauge("heapd_heap_last_sync_timestamp_seconds",
                               "Unix time of the heap's last successful sync (0: none since "
                               "the daemon started).");
+    auto& repairs = f.Gauge("heapd_heap_data_file_repairs",
+                            "Times heapd put the heap's data file back to its size after a "
+                            "client holding it writable truncated or extended it.");
     auto& backing = f.Gauge("heapd_heap_backing_info",
                             "The heap's storage kind (dax, tmpfs, file) and whether its file "
                             "system can clone files (reflink); always 1.");
@@ -78,6 +89,7 @@ class HeapStateCollector : public prometheus::Collectable {
       Add(names, {{"heap", h}}, static_cast<double>(stats.names));
       Add(epoch, {{"heap", h}}, static_cast<double>(stats.epoch));
       Add(last_sync, {{"heap", h}}, stats.last_sync_unix_ns / 1e9);
+      Add(repairs, {{"heap", h}}, static_cast<double>(stats.data_file_repairs));
       Add(backing,
           {{"heap", h}, {"kind", BackingKindName(stats.backing)},
            {"reflink", served->reflink ? "true" : "false"}},
@@ -169,6 +181,10 @@ Metrics::Metrics()
       snapshot_bytes_(prometheus::BuildCounter()
                           .Name("heapd_snapshot_bytes_written_total")
                           .Help("Data bytes copied by snapshots (0 for a reflink clone).")
+                          .Register(*registry_)),
+      limit_refusals_(prometheus::BuildCounter()
+                          .Name("heapd_limit_refusals_total")
+                          .Help("Requests and connections refused by a per-user limit.")
                           .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("heapd_build_info")
@@ -190,14 +206,24 @@ Metrics::Metrics()
   snapshot_bytes_.Add({});
   large_objects_reclaimed_.Add({});
   for (const char* reason : kReclaimReasons) sessions_reclaimed_.Add({{"reason", reason}});
+  for (const char* limit : kLimitNames) limit_refusals_.Add({{"limit", limit}});
   for (absl::StatusCode code :
        {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition}) {
     frees_rejected_.Add({{"code", CodeName(code)}});
   }
 }
 
-absl::Status Metrics::Serve(const std::string& address, const HeapRegistry* heaps,
+void Metrics::CountLimitRefusal(const char* limit) {
+  limit_refusals_.Add({{"limit", limit}}).Increment();
+}
+
+std::string MetricsBindAddress(const std::string& address) {
+  return absl::StartsWith(address, ":") ? absl::StrCat("127.0.0.1", address) : address;
+}
+
+absl::Status Metrics::Serve(const std::string& flag_address, const HeapRegistry* heaps,
                             const SessionTable* sessions) {
+  const std::string address = MetricsBindAddress(flag_address);
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {

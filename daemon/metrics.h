@@ -37,8 +37,9 @@ class Metrics {
  public:
   Metrics();
 
-  // Serves the metrics, with the heaps' state, on `address` (HOST:PORT; port
-  // 0 picks one). UNAVAILABLE if it cannot bind.
+  // Serves the metrics, with the heaps' state, on `address` (HOST:PORT, or
+  // :PORT for the loopback address only; port 0 picks one). UNAVAILABLE if
+  // it cannot bind.
   absl::Status Serve(const std::string& address, const HeapRegistry* heaps,
                      const SessionTable* sessions);
   // The port served on (after Serve).
@@ -55,6 +56,9 @@ class Metrics {
   void CountRejectedFree(const absl::Status& status);
   // A snapshot attempt; what it wrote.
   void CountSnapshot(const absl::Status& status, double seconds, uint64_t bytes_written);
+  // A request or connection refused by the per-user limit `limit` (one of
+  // kLimitNames, daemon/limits.h).
+  void CountLimitRefusal(const char* limit);
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -73,7 +77,13 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& snapshots_;
   prometheus::Family<prometheus::Histogram>& snapshot_seconds_;
   prometheus::Family<prometheus::Counter>& snapshot_bytes_;
+  prometheus::Family<prometheus::Counter>& limit_refusals_;
 };
+
+// The address the metrics endpoint binds for the flag value `address`:
+// ":PORT" means the loopback address (heap names must not reach the
+// network unless an admin says so).
+std::string MetricsBindAddress(const std::string& address);
 
 }  // namespace heapd
 

@@ -21,14 +21,20 @@ std::string NewToken() {
 
 }  // namespace
 
-SessionTable::Started SessionTable::Start(std::shared_ptr<ServedHeap> heap, const Caller& caller,
-                                          bool read_only) {
+absl::StatusOr<SessionTable::Started> SessionTable::Start(std::shared_ptr<ServedHeap> heap,
+                                                         const Caller& caller, bool read_only) {
   std::string token = NewToken();
   absl::MutexLock lock(&mu_);
+  uint32_t& count = per_user_[caller.uid];
+  if (caller.uid != 0 && count >= max_per_user_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", caller.uid, " has ", count, " sessions attached, its limit (--max_sessions_per_user)"));
+  }
+  ++count;
   auto session = std::make_shared<Session>(next_id_++, std::move(heap), caller, read_only);
   sessions_.emplace(session->id, Entry{session, token, absl::Now() + token_lifetime_});
   tokens_.emplace(token, session->id);
-  return {session, token};
+  return Started{session, token};
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionTable::Get(ClientId id,
@@ -80,6 +86,7 @@ std::shared_ptr<Session> SessionTable::Take(ClientId id) {
   std::shared_ptr<Session> session = std::move(it->second.session);
   if (!it->second.token.empty()) tokens_.erase(it->second.token);
   sessions_.erase(it);
+  Forget(session->caller.uid);
   return session;
 }
 
@@ -89,6 +96,7 @@ std::vector<std::shared_ptr<Session>> SessionTable::TakeExpired(absl::Time now) 
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (!it->second.token.empty() && now > it->second.token_deadline) {
       tokens_.erase(it->second.token);
+      Forget(it->second.session->caller.uid);
       expired.push_back(std::move(it->second.session));
       it = sessions_.erase(it);
     } else {
@@ -96,6 +104,11 @@ std::vector<std::shared_ptr<Session>> SessionTable::TakeExpired(absl::Time now) 
     }
   }
   return expired;
+}
+
+void SessionTable::Forget(uint32_t uid) {
+  auto it = per_user_.find(uid);
+  if (it != per_user_.end() && --it->second == 0) per_user_.erase(it);
 }
 
 std::vector<std::shared_ptr<Session>> SessionTable::List() const {

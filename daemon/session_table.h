@@ -46,14 +46,18 @@ struct Session {
 
 class SessionTable {
  public:
-  // How long an Attach's token stays redeemable.
-  explicit SessionTable(absl::Duration token_lifetime) : token_lifetime_(token_lifetime) {}
+  // `token_lifetime`: how long an Attach's token stays redeemable;
+  // `max_per_user`: sessions one uid may have at once (root: no limit).
+  SessionTable(absl::Duration token_lifetime, uint32_t max_per_user)
+      : token_lifetime_(token_lifetime), max_per_user_(max_per_user) {}
 
   struct Started {
     std::shared_ptr<Session> session;
     std::string token;
   };
-  Started Start(std::shared_ptr<ServedHeap> heap, const Caller& caller, bool read_only);
+  // RESOURCE_EXHAUSTED if the caller's uid has max_per_user sessions.
+  absl::StatusOr<Started> Start(std::shared_ptr<ServedHeap> heap, const Caller& caller,
+                                bool read_only);
 
   // The session `id` for a call by `caller`. NOT_FOUND if there is none;
   // PERMISSION_DENIED if another user attached it.
@@ -80,6 +84,8 @@ class SessionTable {
   bool Connected(ClientId id) const;
 
  private:
+  void Forget(uint32_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Entry {
     std::shared_ptr<Session> session;
     std::string token;  // empty once redeemed
@@ -87,10 +93,12 @@ class SessionTable {
   };
 
   const absl::Duration token_lifetime_;
+  const uint32_t max_per_user_;
   mutable absl::Mutex mu_;
   ClientId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<ClientId, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ClientId> tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, uint32_t> per_user_ ABSL_GUARDED_BY(mu_);  // sessions by uid
 };
 
 }  // namespace heapd

@@ -47,10 +47,10 @@ std::string RandomHex() {
 
 absl::Status ValidateHeapConfig(const HeapConfig& config) {
   if (config.max_size < kChunkSize || config.max_size % kChunkSize != 0 ||
-      config.max_size / kChunkSize > UINT32_MAX) {
+      config.max_size > kMaxHeapBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heap maximum size ", config.max_size, " is not a positive multiple of ", kChunkSize,
-        " bytes (2 MiB) below 2^32 chunks"));
+        " bytes (2 MiB) up to ", kMaxHeapBytes));
   }
   if (config.mode > 0777) {
     return absl::InvalidArgumentError(

@@ -85,7 +85,7 @@ struct CommittedState {
 };
 
 // OK if `config` may describe a heap: max_size a positive multiple of 2 MiB
-// below 2^32 chunks, mode within 0777. INVALID_ARGUMENT saying which.
+// up to kMaxHeapBytes, mode within 0777. INVALID_ARGUMENT saying which.
 absl::Status ValidateHeapConfig(const HeapConfig& config);
 
 struct SyncResult {

@@ -122,48 +122,39 @@ const char* CopyMethodName(CopyMethod method) {
   return "unknown";
 }
 
-absl::StatusOr<CopyResult> CopyFileContents(int from_fd, const std::string& to_path) {
-  struct stat st;
-  if (fstat(from_fd, &st) != 0) return ErrnoStatus(errno, "stat the data file to copy");
-  const int to = open(to_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (to < 0) return ErrnoStatus(errno, absl::StrCat("create ", to_path));
+absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_fd,
+                                            const std::string& what) {
   CopyResult result;
-  result.size = static_cast<uint64_t>(st.st_size);
-  auto fail = [&](int error, const std::string& what) {
-    close(to);
-    unlink(to_path.c_str());
-    return ErrnoStatus(error, absl::StrCat(what, " ", to_path));
-  };
-  if (ioctl(to, FICLONE, from_fd) == 0) {
+  result.size = size;
+  const file_clone_range whole{from_fd, 0, size, 0};
+  if (size > 0 && ioctl(to_fd, FICLONERANGE, &whole) == 0) {
     result.method = CopyMethod::kReflink;
   } else {
     // Not a clone (other file system, or none that clones): copy, keeping
     // holes when the file system can show them. The target is cut to size
     // first so that trailing holes stay holes.
-    if (ftruncate(to, st.st_size) != 0) return fail(errno, "size");
-    int error = CopySparse(from_fd, to, result.size, &result.bytes_written);
+    if (ftruncate(to_fd, static_cast<off_t>(size)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("size ", what));
+    }
+    int error = CopySparse(from_fd, to_fd, size, &result.bytes_written);
     result.method = CopyMethod::kSparse;
     if (error == EINVAL || error == EOPNOTSUPP) {
       result.method = CopyMethod::kPlain;
-      result.bytes_written = result.size;
-      error = CopyRange(from_fd, to, 0, result.size);
+      result.bytes_written = size;
+      error = CopyRange(from_fd, to_fd, 0, size);
     }
-    if (error != 0) return fail(error, "copy data to");
+    if (error != 0) return ErrnoStatus(error, absl::StrCat("copy ", what));
   }
-  if (fsync(to) != 0) return fail(errno, "fsync");
-  close(to);
+  if (fsync(to_fd) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", what));
   return result;
 }
 
-absl::Status ReserveWholeFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
-  struct stat st;
-  int error = fstat(fd, &st) != 0 ? errno : 0;
-  if (error == 0 && st.st_size > 0 && fallocate(fd, 0, 0, st.st_size) != 0) error = errno;
-  if (error == 0 && fsync(fd) != 0) error = errno;
-  close(fd);
-  return error == 0 ? absl::OkStatus() : ErrnoStatus(error, absl::StrCat("reserve ", path));
+absl::Status ReserveFile(int fd, uint64_t size, const std::string& what) {
+  if (size > 0 && fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("reserve ", size, " bytes for ", what));
+  }
+  if (fsync(fd) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", what));
+  return absl::OkStatus();
 }
 
 }  // namespace heapd

@@ -24,14 +24,17 @@ struct CopyResult {
   uint64_t bytes_written = 0;  // copied (0 for a reflink)
 };
 
-// Copies all of `from_fd` into the new file `to_path` (mode 0600) and
-// fsyncs it. RESOURCE_EXHAUSTED when the target file system is full; on any
-// error the new file is removed.
-absl::StatusOr<CopyResult> CopyFileContents(int from_fd, const std::string& to_path);
+// Copies the first `size` bytes of `from_fd` into `to_fd`, an empty file
+// opened for writing, and fsyncs it. RESOURCE_EXHAUSTED when the target
+// file system is full; `what` names the copy in errors. No locks, no
+// logging: it may run in a RunAs child (util/run_as.h).
+absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_fd,
+                                            const std::string& what);
 
-// Reserves the whole of `path` on disk (fallocate), as a heap's data file
-// must be: a restored heap never meets a full disk in a client's store.
-absl::Status ReserveWholeFile(const std::string& path);
+// Reserves the first `size` bytes of `fd` on disk (fallocate), as a heap's
+// data file must be: a restored heap never meets a full disk in a client's
+// store.
+absl::Status ReserveFile(int fd, uint64_t size, const std::string& what);
 
 }  // namespace heapd
 

@@ -8,7 +8,8 @@
 //   heap_worker SOCKET HEAP free-half ID        free every other object of worker ID
 //                                               (another process's), then free one twice
 //   heap_worker SOCKET HEAP alloc-forever ID    allocate 1000, bind, sync, print
-//                                               "synced", then allocate until killed
+//                                               "synced", then allocate ~100 MB more,
+//                                               print "allocated" and wait to be killed
 //   heap_worker SOCKET HEAP hold ID             allocate 1000, bind "pre-ID", sync, print
 //                                               "synced", then stay attached, idle,
 //                                               syncing again at each SIGUSR1
@@ -198,14 +199,17 @@ int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool
     }
     usleep(1000);
   }
-  for (uint64_t i = 0;; ++i) {
+  // About 100 MB of unsynced objects, then wait to be killed, never
+  // detaching (unbounded, a fast machine fills the heap in a fraction of a
+  // second and starves the other clients of a test).
+  for (uint64_t i = 0; i < 50000; ++i) {
     absl::StatusOr<void*> p = (*heap)->allocate(SizeOf(i) % 4096 + 8);
+    if (i % 10000 == 0 && p.ok()) p = (*heap)->allocate(5 << 20);  // uncommitted large runs
     if (!p.ok()) return Fail(p.status());
-    if (i % 100000 == 0) {
-      absl::StatusOr<void*> large = (*heap)->allocate(5 << 20);  // uncommitted large runs
-      if (!large.ok()) return Fail(large.status());
-    }
   }
+  std::printf("allocated\n");
+  std::fflush(stdout);
+  for (;;) pause();
 }
 
 // Attaches `heap_name` read-only and finds the uint64_t bound to `name`.

@@ -98,7 +98,7 @@ TEST_F(MultiProcessTest, AClientKilledMidAllocationLeaksNothingAndOthersGoOn) {
   ASSERT_TRUE(doomed.WaitForOutput("synced")) << daemon_.Log();
   // Another client works meanwhile.
   Child other(Worker({"alloc", "2", "3000"}));
-  usleep(200 * 1000);  // let the doomed one allocate past its sync
+  ASSERT_TRUE(doomed.WaitForOutput("allocated"));  // past its sync
   doomed.Kill(SIGKILL);
   ASSERT_TRUE(doomed.Wait().KilledBy(SIGKILL));
   const ChildResult other_result = other.Wait();
@@ -138,8 +138,7 @@ TEST_F(MultiProcessTest, HeapdKilledAndRestartedOpensEveryHeapAtItsLastSync) {
 TEST_F(MultiProcessTest, ClientWithUnsyncedWorkSurvivesAsLastSyncWhenHeapdIsKilled) {
   AllocConcurrently(1, 1, 1000);
   Child doomed(Worker({"alloc-forever", "5"}));
-  ASSERT_TRUE(doomed.WaitForOutput("synced"));
-  usleep(100 * 1000);
+  ASSERT_TRUE(doomed.WaitForOutput("allocated"));  // past its sync
   daemon_.Crash();
   doomed.Kill(SIGKILL);
   doomed.Wait();

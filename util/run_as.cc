@@ -1,5 +1,6 @@
 #include "util/run_as.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
@@ -82,7 +83,7 @@ bool SwitchCredentials(const Credentials& who) {
 
 [[noreturn]] void RunChild(const Credentials& who, const std::vector<int>& keep_fds, int socket,
                            pid_t parent,
-                           const std::function<absl::Status(ChildChannel& channel)>& work) {
+                           const std::function<absl::Status(MessageSink& channel)>& work) {
   std::vector<int> keep = keep_fds;
   keep.push_back(socket);
   CloseAllBut(keep);
@@ -153,9 +154,19 @@ absl::Status ChildChannel::Send(absl::string_view bytes, int fd) {
   return absl::OkStatus();
 }
 
+absl::Status MessageList::Send(absl::string_view bytes, int fd) {
+  ChildMessage message{std::string(bytes), UniqueFd()};
+  if (fd >= 0) {
+    message.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 3));
+    if (!message.fd.valid()) return SysError("duplicate a descriptor");
+  }
+  messages_.push_back(std::move(message));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<ChildMessage>> RunAs(
     const Credentials& who, const std::vector<int>& keep_fds, const RunAsOptions& options,
-    const std::function<absl::Status(ChildChannel& channel)>& work) {
+    const std::function<absl::Status(MessageSink& channel)>& work) {
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
     return SysError(absl::StrCat(options.what, ": socketpair"));

@@ -47,16 +47,33 @@ struct ChildMessage {
   UniqueFd fd;
 };
 
-// The child's end of the channel.
-class ChildChannel {
+// Where work sends what it found: bytes and, with them, at most one fd
+// (the sink takes a copy of it; the sender keeps its own).
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  virtual absl::Status Send(absl::string_view bytes, int fd = -1) = 0;
+};
+
+// The child's end of the channel: sends `bytes` (any size, split in parts
+// on the wire) and, with the last part, `fd`.
+class ChildChannel final : public MessageSink {
  public:
   explicit ChildChannel(int socket) : socket_(socket) {}
-  // Sends `bytes` (any size, split in parts on the wire) and, with the
-  // last part, `fd` if it is not -1.
-  absl::Status Send(absl::string_view bytes, int fd = -1);
+  absl::Status Send(absl::string_view bytes, int fd = -1) override;
 
  private:
   int socket_;
+};
+
+// Collects messages in this process: the same work run without a child.
+class MessageList final : public MessageSink {
+ public:
+  absl::Status Send(absl::string_view bytes, int fd = -1) override;
+  std::vector<ChildMessage>& messages() { return messages_; }
+
+ private:
+  std::vector<ChildMessage> messages_;
 };
 
 struct RunAsOptions {
@@ -78,7 +95,7 @@ struct RunAsOptions {
 // message), or an error if the child died, timed out or was cancelled.
 absl::StatusOr<std::vector<ChildMessage>> RunAs(
     const Credentials& who, const std::vector<int>& keep_fds, const RunAsOptions& options,
-    const std::function<absl::Status(ChildChannel& channel)>& work);
+    const std::function<absl::Status(MessageSink& channel)>& work);
 
 }  // namespace heapd
 

@@ -33,7 +33,7 @@ class RunAsTest : public ::testing::Test {
 };
 
 TEST_F(RunAsTest, TheChildHasExactlyTheCallersIdsAndGroupsAndIsNotDumpable) {
-  auto messages = RunAs(kStranger, {}, {}, [](ChildChannel& channel) {
+  auto messages = RunAs(kStranger, {}, {}, [](MessageSink& channel) {
     uid_t r, e, s;
     gid_t rg, eg, sg;
     getresuid(&r, &e, &s);
@@ -60,7 +60,7 @@ TEST_F(RunAsTest, TheKernelRefusesWhatTheCallerMayNotDo) {
   fputs("root only", file);
   fclose(file);
   chmod(secret.c_str(), 0600);
-  auto messages = RunAs(kStranger, {}, {}, [&](ChildChannel& channel) -> absl::Status {
+  auto messages = RunAs(kStranger, {}, {}, [&](MessageSink& channel) -> absl::Status {
     const int fd = open(secret.c_str(), O_RDONLY);
     if (fd < 0) return Errno("open secret");
     return channel.Send("read it");
@@ -76,7 +76,7 @@ TEST_F(RunAsTest, OnlyTheKeptDescriptorsReachTheChildAndDescriptorsComeBack) {
   const int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ASSERT_GE(kept, 0);
   ASSERT_GE(other, 0);
-  auto messages = RunAs(kStranger, {kept}, {}, [&](ChildChannel& channel) -> absl::Status {
+  auto messages = RunAs(kStranger, {kept}, {}, [&](MessageSink& channel) -> absl::Status {
     const bool kept_open = fcntl(kept, F_GETFD) >= 0;
     const bool other_open = fcntl(other, F_GETFD) >= 0;
     const int fd = open("/dev/zero", O_RDONLY);
@@ -96,7 +96,7 @@ TEST_F(RunAsTest, OnlyTheKeptDescriptorsReachTheChildAndDescriptorsComeBack) {
 
 TEST_F(RunAsTest, LargeMessagesArriveWholeAndInOrder) {
   const std::string big(300000, 'x');
-  auto messages = RunAs(kStranger, {}, {}, [&](ChildChannel& channel) -> absl::Status {
+  auto messages = RunAs(kStranger, {}, {}, [&](MessageSink& channel) -> absl::Status {
     if (absl::Status s = channel.Send(big); !s.ok()) return s;
     return channel.Send("second");
   });
@@ -111,7 +111,7 @@ TEST_F(RunAsTest, AChildThatHangsIsKilledAtTheDeadline) {
   options.timeout = absl::Milliseconds(300);
   options.what = "hang";
   const absl::Time start = absl::Now();
-  auto messages = RunAs(kStranger, {}, options, [](ChildChannel&) {
+  auto messages = RunAs(kStranger, {}, options, [](MessageSink&) {
     pause();
     return absl::OkStatus();
   });
@@ -125,7 +125,7 @@ TEST_F(RunAsTest, CancellationKillsTheChild) {
   options.cancel_fd = cancel;
   const uint64_t one = 1;
   ASSERT_EQ(write(cancel, &one, sizeof(one)), 8);
-  auto messages = RunAs(kStranger, {}, options, [](ChildChannel&) {
+  auto messages = RunAs(kStranger, {}, options, [](MessageSink&) {
     pause();
     return absl::OkStatus();
   });
@@ -136,7 +136,7 @@ TEST_F(RunAsTest, CancellationKillsTheChild) {
 TEST_F(RunAsTest, AChildSendingTooMuchIsStopped) {
   RunAsOptions options;
   options.max_reply_bytes = 100000;
-  auto messages = RunAs(kStranger, {}, options, [](ChildChannel& channel) -> absl::Status {
+  auto messages = RunAs(kStranger, {}, options, [](MessageSink& channel) -> absl::Status {
     for (;;) {
       if (absl::Status s = channel.Send(std::string(10000, 'y')); !s.ok()) return s;
     }
@@ -145,7 +145,7 @@ TEST_F(RunAsTest, AChildSendingTooMuchIsStopped) {
 }
 
 TEST_F(RunAsTest, AChildKilledByTheUserFailsTheOperation) {
-  auto messages = RunAs(kStranger, {}, {}, [](ChildChannel&) {
+  auto messages = RunAs(kStranger, {}, {}, [](MessageSink&) {
     raise(SIGKILL);
     return absl::OkStatus();
   });

@@ -1,0 +1,586 @@
+#include "snapshot/snapshot_store.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "heap/data_file.h"
+#include "heap/heap_name.h"
+#include "heap/metadata_store.h"
+#include "snapshot/dir_files.h"
+#include "snapshot/file_copy.h"
+
+namespace heapd {
+namespace {
+
+// What work in a target directory sends back, one message each; the first
+// byte says what it is.
+constexpr char kManifestMessage = 'm';  // manifest.json's bytes
+constexpr char kMetadataMessage = 'f';  // file name, '\0', its bytes
+constexpr char kDataMessage = 'd';      // data size u64 [, copy method u8, bytes copied u64]
+constexpr char kListedMessage = 'l';    // snapshot name, '\0', its manifest.json
+constexpr char kCreatedMessage = 'c';   // copy method u8, bytes copied u64
+// A snapshot directory holds a handful of files; more is not a snapshot.
+constexpr size_t kMaxFilesInSnapshot = 64;
+// Entries of a target directory looked through for leftovers of a create.
+constexpr size_t kMaxEntriesSwept = 1 << 16;
+
+std::string RandomHex() {
+  uint64_t random = 0;
+  while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
+  }
+  return absl::StrCat(absl::Hex(random, absl::kZeroPad16));
+}
+
+void PutU64(std::string* out, uint64_t value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+bool GetU64(absl::string_view* in, uint64_t* value) {
+  if (in->size() < sizeof(*value)) return false;
+  std::memcpy(value, in->data(), sizeof(*value));
+  in->remove_prefix(sizeof(*value));
+  return true;
+}
+
+std::string CopyReport(const CopyResult& copied) {
+  std::string out(1, static_cast<char>(copied.method));
+  PutU64(&out, copied.bytes_written);
+  return out;
+}
+
+bool ParseCopyReport(absl::string_view in, CopyResult* copied) {
+  if (in.empty() || static_cast<uint8_t>(in[0]) > static_cast<uint8_t>(CopyMethod::kPlain)) {
+    return false;
+  }
+  copied->method = static_cast<CopyMethod>(in[0]);
+  in.remove_prefix(1);
+  return GetU64(&in, &copied->bytes_written) && in.empty();
+}
+
+// Splits "name\0bytes".
+bool SplitNamed(absl::string_view in, std::string* name, absl::string_view* bytes) {
+  const size_t zero = in.find('\0');
+  if (zero == absl::string_view::npos) return false;
+  *name = std::string(in.substr(0, zero));
+  *bytes = in.substr(zero + 1);
+  return true;
+}
+
+absl::Status Malformed(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": malformed answer from its worker"));
+}
+
+// May `who` read (bit 4) or write (bit 2) something with this owner and
+// mode? As heap access (daemon/caller.h) is decided.
+bool MayAccess(const Credentials& who, uint32_t owner_uid, uint32_t owner_gid, uint32_t mode,
+               uint32_t bit) {
+  if (who.uid == 0) return true;
+  if (who.uid == owner_uid) return (mode & (bit << 6)) != 0;
+  if (who.gid == owner_gid ||
+      std::find(who.groups.begin(), who.groups.end(), owner_gid) != who.groups.end()) {
+    return (mode & (bit << 3)) != 0;
+  }
+  return (mode & bit) != 0;
+}
+
+}  // namespace
+
+struct SnapshotStore::Read {
+  std::string manifest_json;
+  std::map<std::string, std::string> metadata_files;
+  uint64_t data_bytes = 0;
+  UniqueFd data_fd;   // with want_fd
+  CopyResult copied;  // with copy_to
+};
+
+RestoredHeapDir::~RestoredHeapDir() {
+  if (!committed_) (void)RemoveTreeAt(parent_.get(), hidden_name_);
+}
+
+absl::Status RestoredHeapDir::Commit(const std::string& name) {
+  if (renameat2(parent_.get(), hidden_name_.c_str(), parent_.get(), name.c_str(),
+                RENAME_NOREPLACE) != 0) {
+    return errno == EEXIST ? absl::AlreadyExistsError(absl::StrCat("heap ", name, " exists"))
+                           : ErrnoStatus(errno, absl::StrCat("rename the restored heap to ", name));
+  }
+  committed_ = true;
+  if (fsync(parent_.get()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("fsync the heap directory after restoring ", name));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::string& own_dir,
+                                                                   const std::string& state_dir,
+                                                                   SnapshotStoreOptions options) {
+  if (mkdir(own_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("create snapshot directory ", own_dir));
+  }
+  UniqueFd own(open(own_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!own.valid()) return ErrnoStatus(errno, absl::StrCat("open snapshot directory ", own_dir));
+  struct stat st;
+  if (fstat(own.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", own_dir));
+  if (st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot directory ", own_dir, " must belong to uid ", geteuid(),
+        " and be writable by no one else (it is uid ", st.st_uid, ", mode 0",
+        absl::Hex(st.st_mode & 07777), ")"));
+  }
+  struct stat state;
+  if (stat(state_dir.c_str(), &state) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("stat state directory ", state_dir));
+  }
+  return std::unique_ptr<SnapshotStore>(
+      new SnapshotStore(own_dir, std::move(own), state.st_dev, state.st_ino, options));
+}
+
+std::string SnapshotStore::Where(const SnapshotRef& ref) {
+  return ref.target_dir.empty() ? absl::StrCat("heapd:", ref.name)
+                                : absl::StrCat(ref.target_dir, "/", ref.name);
+}
+
+absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCaller& caller,
+                                                               const std::string& target_dir,
+                                                               const std::vector<int>& keep_fds,
+                                                               const std::string& what,
+                                                               const Work& work) {
+  if (target_dir.empty()) {
+    MessageList here;
+    if (absl::Status s = work(own_fd_.get(), here); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+    return std::move(here.messages());
+  }
+  if (target_dir[0] != '/' || target_dir.size() >= PATH_MAX ||
+      target_dir.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("snapshot directory '", target_dir.substr(0, 256),
+                                                   "' is not an absolute path"));
+  }
+  RunAsOptions options;
+  options.timeout = options_.timeout;
+  options.cancel_fd = options_.cancel_fd;
+  options.max_reply_bytes = kMaxMetadataBytes + kMaxSnapshotEntries * kMaxManifestBytes / 16;
+  options.what = what;
+  const dev_t state_device = state_device_;
+  const ino_t state_inode = state_inode_;
+  absl::StatusOr<std::vector<ChildMessage>> messages =
+      RunAs(caller.credentials, keep_fds, options, [&](MessageSink& out) -> absl::Status {
+        // Resolved by the caller's own process: the kernel checks each
+        // component with the caller's rights.
+        UniqueFd target(open(target_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!target.valid()) {
+          return ErrnoStatus(errno, absl::StrCat("open snapshot directory ", target_dir));
+        }
+        if (IsWithinDirectory(target.get(), state_device, state_inode)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "snapshot directory ", target_dir, " is inside heapd's state directory"));
+        }
+        return work(target.get(), out);
+      });
+  if (!messages.ok()) {
+    return absl::Status(messages.status().code(),
+                        absl::StrCat(what, " as uid ", caller.credentials.uid, ": ",
+                                     messages.status().message()));
+  }
+  return messages;
+}
+
+absl::Status SnapshotStore::CheckOwnAccess(const SnapshotCaller& caller,
+                                           const v1::SnapshotManifest& manifest,
+                                           bool remove) const {
+  const Credentials& who = caller.credentials;
+  const v1::HeapInfo& source = manifest.source();
+  if (caller.admin || who.uid == manifest.created_by_uid() || who.uid == source.owner_uid() ||
+      (!remove && MayAccess(who, source.owner_uid(), source.owner_gid(), source.mode(), 4))) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "uid ", who.uid, " may not ", remove ? "remove" : "read", " snapshot heapd:",
+      manifest.name(), " (made by uid ", manifest.created_by_uid(), " of heap ", manifest.heap(),
+      " owned by uid ", source.owner_uid(), ", mode 0", absl::Hex(source.mode()), ")"));
+}
+
+absl::StatusOr<uint64_t> SnapshotStore::OwnBytesOf(uint32_t uid) {
+  absl::StatusOr<std::vector<std::string>> names =
+      ListDirectory(own_fd_.get(), kMaxSnapshotEntries);
+  if (!names.ok()) return names.status();
+  uint64_t bytes = 0;
+  for (const std::string& name : *names) {
+    if (!ValidateHeapName(name, "snapshot").ok()) continue;
+    absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(own_fd_.get(), name);
+    if (!dir.ok()) continue;
+    absl::StatusOr<std::string> json = ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
+    if (!json.ok()) continue;
+    absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(*json, name);
+    if (manifest.ok() && manifest->created_by_uid() == uid) bytes += manifest->data_bytes();
+  }
+  return bytes;
+}
+
+absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
+    const SnapshotCaller& caller, PersistentHeap& heap, const std::string& heap_name,
+    const v1::HeapInfo& source, const SnapshotRef& ref,
+    const std::map<std::string, std::string>& labels) {
+  if (absl::Status s = ValidateHeapName(ref.name, "snapshot"); !s.ok()) return s;
+  if (absl::Status s = ValidateLabels(labels); !s.ok()) return s;
+  const std::string where = Where(ref);
+  v1::SnapshotManifest manifest;
+  manifest.set_name(ref.name);
+  manifest.set_heap(heap_name);
+  manifest.mutable_labels()->insert(labels.begin(), labels.end());
+  *manifest.mutable_source() = source;
+  manifest.set_created_by_uid(caller.credentials.uid);
+  absl::Status status = heap.WithCommittedState([&](const CommittedState& state) -> absl::Status {
+    if (ref.target_dir.empty() && options_.max_bytes_per_user != 0 &&
+        caller.credentials.uid != 0) {
+      absl::StatusOr<uint64_t> used = OwnBytesOf(caller.credentials.uid);
+      if (!used.ok()) return used.status();
+      if (*used + state.data_bytes > options_.max_bytes_per_user) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "snapshot ", where, ": uid ", caller.credentials.uid, " keeps ", *used,
+            " bytes of snapshots in heapd's directory; ", state.data_bytes,
+            " more would pass the limit of ", options_.max_bytes_per_user,
+            " (--max_snapshot_bytes_per_user)"));
+      }
+    }
+    manifest.set_epoch(state.epoch);
+    manifest.set_data_bytes(state.data_bytes);
+    manifest.set_created_unix_ns(absl::ToUnixNanos(absl::Now()));
+    for (const auto& [name, bytes] : state.metadata_files) {
+      (*manifest.mutable_metadata_crc32())[name] = MetadataCrc32(bytes);
+    }
+    const std::string json = ManifestToJson(manifest);
+    // The child gets only a read-only descriptor of the heap's data.
+    absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
+    if (!data.ok()) return data.status();
+    UniqueFd data_fd(*data);
+    const int from = data_fd.get();
+    const std::string building = absl::StrCat(".", ref.name, ".partial-", RandomHex());
+    absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
+        caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
+        [&](int target, MessageSink& out) -> absl::Status {
+          struct stat st;
+          if (fstatat(target, ref.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            return absl::AlreadyExistsError("it already exists");
+          }
+          // A create of this name that was killed midway left a hidden
+          // partial directory: nothing lists it; clear it now.
+          if (absl::StatusOr<std::vector<std::string>> entries =
+                  ListDirectory(target, kMaxEntriesSwept);
+              entries.ok()) {
+            for (const std::string& entry : *entries) {
+              if (absl::StartsWith(entry, absl::StrCat(".", ref.name, ".partial-"))) {
+                (void)RemoveTreeAt(target, entry);
+              }
+            }
+          }
+          if (mkdirat(target, building.c_str(), 0700) != 0) {
+            return ErrnoStatus(errno, absl::StrCat("create ", building));
+          }
+          auto built = [&]() -> absl::StatusOr<CopyResult> {
+            absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
+            if (!dir.ok()) return dir.status();
+            UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
+                                 O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+            if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
+            absl::StatusOr<CopyResult> copied =
+                CopyFileContents(from, state.data_bytes, copy.get(), "its data file");
+            if (!copied.ok()) return copied.status();
+            for (const auto& [name, bytes] : state.metadata_files) {
+              if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
+            }
+            if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
+              return s;
+            }
+            if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
+            if (renameat2(target, building.c_str(), target, ref.name.c_str(),
+                          RENAME_NOREPLACE) != 0) {
+              return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
+                                     : ErrnoStatus(errno, "rename it into place");
+            }
+            return copied;
+          }();
+          if (!built.ok()) {
+            (void)RemoveTreeAt(target, building);
+            return built.status();
+          }
+          if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
+          return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
+        });
+    if (!messages.ok()) return messages.status();
+    CopyResult copied;
+    if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
+        (*messages)[0].bytes[0] != kCreatedMessage ||
+        !ParseCopyReport(absl::string_view((*messages)[0].bytes).substr(1), &copied)) {
+      return Malformed(absl::StrCat("create snapshot ", where));
+    }
+    manifest.set_copy_method(CopyMethodName(copied.method));
+    manifest.set_bytes_written(copied.bytes_written);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return manifest;
+}
+
+absl::StatusOr<SnapshotStore::Read> SnapshotStore::ReadSnapshot(const SnapshotCaller& caller,
+                                                                const SnapshotRef& ref,
+                                                                int copy_to, bool want_fd,
+                                                                uint64_t max_bytes) {
+  if (absl::Status s = ValidateHeapName(ref.name, "snapshot"); !s.ok()) return s;
+  const std::string where = Where(ref);
+  std::vector<int> keep;
+  if (copy_to >= 0) keep.push_back(copy_to);
+  absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
+      caller, ref.target_dir, keep, absl::StrCat("read snapshot ", where),
+      [&](int target, MessageSink& out) -> absl::Status {
+        absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, ref.name);
+        if (!dir.ok()) return dir.status();
+        absl::StatusOr<std::string> manifest =
+            ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
+        if (!manifest.ok()) return manifest.status();
+        if (absl::Status s = out.Send(std::string(1, kManifestMessage) + *manifest); !s.ok()) {
+          return s;
+        }
+        absl::StatusOr<std::vector<std::string>> entries =
+            ListDirectory(dir->get(), kMaxFilesInSnapshot);
+        if (!entries.ok()) return entries.status();
+        uint64_t metadata_bytes = 0;
+        for (const std::string& entry : *entries) {
+          if (!IsMetadataFileName(entry)) continue;
+          absl::StatusOr<std::string> bytes =
+              ReadFileAt(dir->get(), entry, kMaxMetadataBytes - metadata_bytes);
+          if (!bytes.ok()) return bytes.status();
+          metadata_bytes += bytes->size();
+          std::string message = absl::StrCat(std::string(1, kMetadataMessage), entry);
+          message.push_back('\0');
+          message += *bytes;
+          if (absl::Status s = out.Send(message); !s.ok()) return s;
+        }
+        uint64_t size = 0;
+        absl::StatusOr<UniqueFd> data = OpenRegularFileAt(dir->get(), kSnapshotDataFile, &size);
+        if (!data.ok()) return data.status();
+        if (size > max_bytes) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "its data file has ", size, " bytes; at most ", max_bytes, " are allowed here"));
+        }
+        std::string message(1, kDataMessage);
+        PutU64(&message, size);
+        if (copy_to >= 0) {
+          absl::StatusOr<CopyResult> copied =
+              CopyFileContents(data->get(), size, copy_to, "its data file");
+          if (!copied.ok()) return copied.status();
+          message += CopyReport(*copied);
+        }
+        return out.Send(message, want_fd ? data->get() : -1);
+      });
+  if (!messages.ok()) return messages.status();
+  Read read;
+  bool data_seen = false;
+  for (ChildMessage& message : *messages) {
+    absl::string_view body = message.bytes;
+    if (body.empty()) return Malformed(where);
+    const char kind = body[0];
+    body.remove_prefix(1);
+    if (kind == kManifestMessage) {
+      read.manifest_json = std::string(body);
+    } else if (kind == kMetadataMessage) {
+      std::string name;
+      absl::string_view bytes;
+      if (!SplitNamed(body, &name, &bytes)) return Malformed(where);
+      read.metadata_files[name] = std::string(bytes);
+    } else if (kind == kDataMessage && GetU64(&body, &read.data_bytes)) {
+      data_seen = true;
+      if (copy_to >= 0 && !ParseCopyReport(body, &read.copied)) return Malformed(where);
+      read.data_fd = std::move(message.fd);
+    } else {
+      return Malformed(where);
+    }
+  }
+  if (!data_seen || (want_fd && !read.data_fd.valid())) return Malformed(where);
+  return read;
+}
+
+absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
+    const SnapshotCaller& caller, const std::string& target_dir) {
+  absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
+      caller, target_dir, {},
+      absl::StrCat("list snapshots in ", target_dir.empty() ? "heapd's directory" : target_dir),
+      [&](int target, MessageSink& out) -> absl::Status {
+        absl::StatusOr<std::vector<std::string>> names =
+            ListDirectory(target, kMaxSnapshotEntries);
+        if (!names.ok()) return names.status();
+        for (const std::string& name : *names) {
+          if (!ValidateHeapName(name, "snapshot").ok()) continue;
+          absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, name);
+          if (!dir.ok()) continue;
+          absl::StatusOr<std::string> json =
+              ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
+          if (!json.ok()) continue;
+          std::string message = absl::StrCat(std::string(1, kListedMessage), name);
+          message.push_back('\0');
+          message += *json;
+          if (absl::Status s = out.Send(message); !s.ok()) return s;
+        }
+        return absl::OkStatus();
+      });
+  if (!messages.ok()) return messages.status();
+  std::vector<v1::SnapshotManifest> snapshots;
+  for (const ChildMessage& message : *messages) {
+    std::string name;
+    absl::string_view json;
+    if (message.bytes.empty() || message.bytes[0] != kListedMessage ||
+        !SplitNamed(absl::string_view(message.bytes).substr(1), &name, &json)) {
+      return Malformed("list snapshots");
+    }
+    absl::StatusOr<v1::SnapshotManifest> manifest =
+        ParseManifest(json, Where({target_dir, name}));
+    if (!manifest.ok() || manifest->name() != name) continue;  // damaged, or not a snapshot
+    if (target_dir.empty() && !CheckOwnAccess(caller, *manifest, false).ok()) continue;
+    snapshots.push_back(*std::move(manifest));
+  }
+  std::sort(snapshots.begin(), snapshots.end(),
+            [](const v1::SnapshotManifest& a, const v1::SnapshotManifest& b) {
+              return a.name() < b.name();
+            });
+  return snapshots;
+}
+
+absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Verify(const SnapshotCaller& caller,
+                                                           const SnapshotRef& ref) {
+  absl::StatusOr<Read> read = ReadSnapshot(caller, ref, -1, false, kMaxHeapBytes);
+  if (!read.ok()) return read.status();
+  absl::StatusOr<VerifiedSnapshot> verified =
+      VerifySnapshotFiles(Where(ref), read->manifest_json, read->metadata_files, read->data_bytes);
+  if (!verified.ok()) return verified.status();
+  if (ref.target_dir.empty()) {
+    if (absl::Status s = CheckOwnAccess(caller, verified->manifest, false); !s.ok()) return s;
+  }
+  return verified->manifest;
+}
+
+absl::Status SnapshotStore::Remove(const SnapshotCaller& caller, const SnapshotRef& ref) {
+  if (absl::Status s = ValidateHeapName(ref.name, "snapshot"); !s.ok()) return s;
+  const std::string where = Where(ref);
+  if (ref.target_dir.empty()) {
+    absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(own_fd_.get(), ref.name);
+    if (!dir.ok()) return absl::NotFoundError(absl::StrCat("no snapshot ", where));
+    absl::StatusOr<std::string> json = ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
+    if (!json.ok()) return absl::NotFoundError(absl::StrCat("no snapshot ", where));
+    absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(*json, where);
+    // A damaged snapshot in heapd's directory: an admin may remove it.
+    if (!manifest.ok() && !caller.admin) return manifest.status();
+    if (manifest.ok()) {
+      if (absl::Status s = CheckOwnAccess(caller, *manifest, true); !s.ok()) return s;
+    }
+  }
+  const std::string doomed = absl::StrCat(".", ref.name, ".removing-", RandomHex());
+  absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
+      caller, ref.target_dir, {}, absl::StrCat("remove snapshot ", where),
+      [&](int target, MessageSink&) -> absl::Status {
+        struct stat st;
+        absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, ref.name);
+        if (!dir.ok() || fstatat(dir->get(), kManifestFile, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode)) {
+          return absl::NotFoundError("there is no such snapshot");
+        }
+        // Renamed away first: a crash while deleting leaves no half snapshot.
+        if (renameat2(target, ref.name.c_str(), target, doomed.c_str(), RENAME_NOREPLACE) != 0) {
+          return ErrnoStatus(errno, "rename it away");
+        }
+        if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
+        return RemoveTreeAt(target, doomed);
+      });
+  return messages.status();
+}
+
+absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
+    const SnapshotCaller& caller, const SnapshotRef& ref, const std::string& heaps_dir,
+    const std::string& heap_name, const RestoreOptions& options, v1::SnapshotManifest* manifest) {
+  const std::string where = Where(ref);
+  UniqueFd parent(open(heaps_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!parent.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heaps_dir));
+  const std::string hidden = absl::StrCat(".restoring.", heap_name, ".", RandomHex());
+  if (mkdirat(parent.get(), hidden.c_str(), 0700) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("create the directory to restore heap ", heap_name));
+  }
+  const int parent_fd = parent.get();
+  // Removes the hidden directory on every failure below.
+  auto restored = std::make_unique<RestoredHeapDir>(std::move(parent), hidden);
+  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(parent_fd, hidden);
+  if (!dir.ok()) return dir.status();
+  UniqueFd data(openat(dir->get(), "data", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                       0600));
+  if (!data.valid()) return ErrnoStatus(errno, "create the restored heap's data file");
+  absl::StatusOr<Read> read = ReadSnapshot(caller, ref, data.get(), false, options.max_bytes);
+  if (!read.ok()) return read.status();
+  absl::StatusOr<VerifiedSnapshot> verified =
+      VerifySnapshotFiles(where, read->manifest_json, read->metadata_files, read->data_bytes);
+  if (!verified.ok()) return verified.status();
+  if (ref.target_dir.empty()) {
+    if (absl::Status s = CheckOwnAccess(caller, verified->manifest, false); !s.ok()) return s;
+  }
+  // What was copied is what heapd holds now: check it, not the report.
+  struct stat st;
+  if (fstat(data.get(), &st) != 0) return ErrnoStatus(errno, "stat the restored data file");
+  if (static_cast<uint64_t>(st.st_size) != verified->manifest.data_bytes()) {
+    return absl::DataLossError(absl::StrCat("snapshot ", where, ": ", st.st_size,
+                                            " bytes of data copied, its manifest says ",
+                                            verified->manifest.data_bytes()));
+  }
+  Checkpoint state = std::move(verified->metadata.state);
+  if (!options.keep_recorded_owner) {
+    state.config.owner_uid = options.owner_uid;
+    state.config.owner_gid = options.owner_gid;
+  }
+  if (state.config.max_size > options.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "snapshot ", where, " is of a heap of maximum size ", state.config.max_size,
+        "; at most ", options.max_bytes, " bytes are allowed here"));
+  }
+  if (absl::Status s = ReserveFile(data.get(), static_cast<uint64_t>(st.st_size),
+                                   absl::StrCat("restored heap ", heap_name));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteNewFileAt(dir->get(), "lock", ""); !s.ok()) return s;
+  // The metadata is heapd's own from here: written anew from the checked
+  // state, with the new owner, in heapd's own directory.
+  state.log_generation = 0;
+  restored->set_config(state.config);
+  absl::StatusOr<std::unique_ptr<MetadataStore>> store =
+      MetadataStore::Create(absl::StrCat(heaps_dir, "/", hidden), state);
+  if (!store.ok()) return store.status();
+  if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync the restored heap's directory");
+  *manifest = verified->manifest;
+  manifest->set_copy_method(CopyMethodName(read->copied.method));
+  manifest->set_bytes_written(read->copied.bytes_written);
+  return restored;
+}
+
+absl::StatusOr<std::unique_ptr<PersistentHeap>> SnapshotStore::OpenInPlace(
+    const SnapshotCaller& caller, const SnapshotRef& ref, uint64_t max_bytes,
+    v1::SnapshotManifest* manifest) {
+  absl::StatusOr<Read> read = ReadSnapshot(caller, ref, -1, true, max_bytes);
+  if (!read.ok()) return read.status();
+  const std::string where = Where(ref);
+  absl::StatusOr<VerifiedSnapshot> verified =
+      VerifySnapshotFiles(where, read->manifest_json, read->metadata_files, read->data_bytes);
+  if (!verified.ok()) return verified.status();
+  if (ref.target_dir.empty()) {
+    if (absl::Status s = CheckOwnAccess(caller, verified->manifest, false); !s.ok()) return s;
+  }
+  *manifest = verified->manifest;
+  return PersistentHeap::OpenSnapshot(absl::StrCat("snapshot ", where), std::move(read->data_fd),
+                                      verified->metadata);
+}
+
+}  // namespace heapd

@@ -1,0 +1,198 @@
+// SnapshotStore: heapd's snapshots — create, list, verify, remove, restore,
+// open in place — in heapd's own snapshot directory or in a directory a
+// caller names (on the parallel file system, say).
+//
+// The rule (docs/security.md): heapd never resolves a path a user controls.
+//   - A caller-named directory is worked in by a RunAs child with the
+//     caller's uid, gid and groups (util/run_as.h): the kernel grants
+//     exactly the caller's rights, so a symlink, a swapped directory or a
+//     sticky directory gains the caller nothing. Snapshots made there belong
+//     to the caller because the caller's child made them.
+//   - heapd's own directory (root's, mode 0700, nobody else writes in it)
+//     is worked in directly, relative to a descriptor opened once. Who may
+//     use a snapshot there is decided from its manifest (who made it, the
+//     source heap's owner, group and mode).
+// Either way nothing read from a snapshot is trusted (snapshot_format.h):
+// files are opened without following symlinks, must be regular files, are
+// size-capped before they are read and checked before they are used.
+//
+// Creation copies the heap's committed epoch (PersistentHeap::
+// WithCommittedState: syncs wait, leases and lookups do not), builds the
+// snapshot under a hidden name beside its final one, fsyncs every file and
+// the directory, renames it into place with RENAME_NOREPLACE and fsyncs the
+// target: a failed or killed creation leaves no snapshot, and its hidden
+// leftovers are removed by the next creation of that name.
+//
+// Thread-safe; calls run in parallel.
+#ifndef HEAPD_SNAPSHOT_SNAPSHOT_STORE_H_
+#define HEAPD_SNAPSHOT_SNAPSHOT_STORE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "heap/heap.h"
+#include "proto/heapd.pb.h"
+#include "snapshot/snapshot_format.h"
+#include "util/run_as.h"
+#include "util/unique_fd.h"
+
+namespace heapd {
+
+// Who asks, as the daemon knows them.
+struct SnapshotCaller {
+  Credentials credentials;
+  bool admin = false;
+};
+
+// Where a snapshot is: `target_dir` empty means heapd's own directory.
+struct SnapshotRef {
+  std::string target_dir;
+  std::string name;
+};
+
+struct SnapshotStoreOptions {
+  // Longest any one operation in a caller's directory may take.
+  absl::Duration timeout = absl::Minutes(30);
+  // Readable when heapd stops: children are killed (util/run_as.h).
+  int cancel_fd = -1;
+  // Bytes of snapshots (their data files' sizes) one user may keep in
+  // heapd's own directory; 0: no limit.
+  uint64_t max_bytes_per_user = 0;
+};
+
+// A heap directory built from a snapshot under a hidden name in heapd's
+// heap directory; removed unless committed.
+class RestoredHeapDir {
+ public:
+  RestoredHeapDir(UniqueFd parent, std::string hidden_name)
+      : parent_(std::move(parent)), hidden_name_(std::move(hidden_name)) {}
+  ~RestoredHeapDir();
+  RestoredHeapDir(const RestoredHeapDir&) = delete;
+  RestoredHeapDir& operator=(const RestoredHeapDir&) = delete;
+
+  // Renames it to `name` (RENAME_NOREPLACE) and fsyncs the heap directory.
+  // ALREADY_EXISTS if `name` exists.
+  absl::Status Commit(const std::string& name);
+  // The restored heap's settings (its owner, mode and maximum size).
+  const HeapConfig& config() const { return config_; }
+  void set_config(const HeapConfig& config) { config_ = config; }
+
+ private:
+  const UniqueFd parent_;
+  const std::string hidden_name_;
+  HeapConfig config_;
+  bool committed_ = false;
+};
+
+// How a restored heap is owned.
+struct RestoreOptions {
+  // Owner of the new heap: the caller, unless an admin keeps the
+  // snapshot's recorded owner, group and mode.
+  uint32_t owner_uid = 0;
+  uint32_t owner_gid = 0;
+  bool keep_recorded_owner = false;
+  // The largest data file (and maximum size) the new heap may have.
+  uint64_t max_bytes = kMaxHeapBytes;
+};
+
+class SnapshotStore {
+ public:
+  // `own_dir` (created 0700 if missing) holds heapd's own snapshots;
+  // `state_dir` (which contains it and the heaps) is never a target.
+  // FAILED_PRECONDITION if `own_dir` is not a directory of this process's
+  // user that no one else may write.
+  static absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& own_dir,
+                                                             const std::string& state_dir,
+                                                             SnapshotStoreOptions options);
+
+  // Snapshots `heap` (served as `heap_name`, described by `source`) as
+  // `ref`, with `labels`. ALREADY_EXISTS if it exists, RESOURCE_EXHAUSTED if
+  // the target is full or (own directory) the caller's bytes limit is
+  // reached, PERMISSION_DENIED if the caller may not write the target. The
+  // returned manifest also says how the data was copied and how many bytes.
+  absl::StatusOr<v1::SnapshotManifest> Create(const SnapshotCaller& caller, PersistentHeap& heap,
+                                              const std::string& heap_name,
+                                              const v1::HeapInfo& source, const SnapshotRef& ref,
+                                              const std::map<std::string, std::string>& labels);
+
+  // The snapshots in `target_dir` the caller may see, by name. Entries
+  // that are not snapshots (or are damaged) are left out.
+  absl::StatusOr<std::vector<v1::SnapshotManifest>> List(const SnapshotCaller& caller,
+                                                         const std::string& target_dir);
+
+  // Reads and checks every file of the snapshot. DATA_LOSS naming what is
+  // wrong; NOT_FOUND; PERMISSION_DENIED.
+  absl::StatusOr<v1::SnapshotManifest> Verify(const SnapshotCaller& caller,
+                                              const SnapshotRef& ref);
+
+  // Removes the snapshot (renamed away first, then deleted; the target
+  // fsynced). In heapd's own directory: its maker, the source heap's owner
+  // or an admin.
+  absl::Status Remove(const SnapshotCaller& caller, const SnapshotRef& ref);
+
+  // Builds a heap directory in `heaps_dir` (heapd's own) from the snapshot, checked
+  // whole first: data cloned or copied (never more than options.max_bytes),
+  // metadata rewritten by heapd with the new owner, the data file reserved.
+  // `heap_name` names the heap in errors and in the hidden name.
+  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> Restore(const SnapshotCaller& caller,
+                                                           const SnapshotRef& ref,
+                                                           const std::string& heaps_dir,
+                                                           const std::string& heap_name,
+                                                           const RestoreOptions& options,
+                                                           v1::SnapshotManifest* manifest);
+
+  // The snapshot as a read-only heap, checked whole, with its data file
+  // opened by the caller (or heapd, in its own directory).
+  absl::StatusOr<std::unique_ptr<PersistentHeap>> OpenInPlace(const SnapshotCaller& caller,
+                                                              const SnapshotRef& ref,
+                                                              uint64_t max_bytes,
+                                                              v1::SnapshotManifest* manifest);
+
+  const std::string& own_dir() const { return own_dir_; }
+
+ private:
+  SnapshotStore(std::string own_dir, UniqueFd own_fd, dev_t state_device, ino_t state_inode,
+                SnapshotStoreOptions options)
+      : own_dir_(std::move(own_dir)),
+        own_fd_(std::move(own_fd)),
+        state_device_(state_device),
+        state_inode_(state_inode),
+        options_(options) {}
+
+  struct Read;  // what was read of one snapshot
+  // Runs `work(target_fd, out)` in the target directory of `target_dir`:
+  // in a RunAs child as the caller, or here in heapd's own directory.
+  using Work = std::function<absl::Status(int target_fd, MessageSink& out)>;
+  absl::StatusOr<std::vector<ChildMessage>> RunIn(const SnapshotCaller& caller,
+                                                  const std::string& target_dir,
+                                                  const std::vector<int>& keep_fds,
+                                                  const std::string& what, const Work& work);
+  // Reads the snapshot `ref`; copies its data into `copy_to` if not -1,
+  // else, with `want_fd`, hands back its data fd.
+  absl::StatusOr<Read> ReadSnapshot(const SnapshotCaller& caller, const SnapshotRef& ref,
+                                    int copy_to, bool want_fd, uint64_t max_bytes);
+  // PERMISSION_DENIED unless the caller may read (or, with `remove`,
+  // remove) the snapshot of `manifest` in heapd's own directory.
+  absl::Status CheckOwnAccess(const SnapshotCaller& caller, const v1::SnapshotManifest& manifest,
+                              bool remove) const;
+  // Bytes of `uid`'s snapshots in heapd's own directory.
+  absl::StatusOr<uint64_t> OwnBytesOf(uint32_t uid);
+  static std::string Where(const SnapshotRef& ref);
+
+  const std::string own_dir_;
+  const UniqueFd own_fd_;
+  const dev_t state_device_;
+  const ino_t state_inode_;
+  const SnapshotStoreOptions options_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_SNAPSHOT_SNAPSHOT_STORE_H_
