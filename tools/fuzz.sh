@@ -30,7 +30,8 @@ skip() {
 }
 
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "fuzz: FUZZ_SECONDS=$seconds is not a number" >&2; exit 2; }
-((seconds > 0)) || skip "FUZZ_SECONDS=0"
+# Asked for: not a failure, even in CI.
+((seconds > 0)) || { echo "fuzz: skipped: FUZZ_SECONDS=0"; exit 0; }
 command -v clang-14 >/dev/null || skip "clang-14 is not installed (tools/setup.sh installs it)"
 
 # libFuzzer and the sanitizer runtimes come with libclang-rt-14-dev: link a
