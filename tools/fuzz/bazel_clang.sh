@@ -14,7 +14,7 @@
 # file, and `//...` inside a query expression their union.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-output_base=${HEAPD_CLANG_OUTPUT_BASE:-${HOME}/.cache/heapd-clang}
+output_base=${HEAPD_CLANG_OUTPUT_BASE:-${HOME:-/tmp}/.cache/heapd-clang}
 
 patterns=()
 for dir in */; do
