@@ -190,7 +190,15 @@ absl::Status HeapdService::OnSession(uint64_t id, const Caller& caller, bool wri
     return absl::FailedPreconditionError(
         absl::StrCat("session ", id, " attached heap ", s.heap->name, " read-only"));
   }
-  return body(s);
+  const uint64_t repairs = s.heap->heap->data_file_repairs();
+  absl::Status status = body(s);
+  if (s.heap->heap->data_file_repairs() != repairs) {
+    spdlog::warn("heap {}: its data file had been truncated or extended by a client holding it "
+                 "writable; heapd put it back to {} bytes (noticed during a call of session {}, "
+                 "{})",
+                 s.heap->name, s.heap->heap->capacity_bytes(), id, caller.ToString());
+  }
+  return status;
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::HeapFor(const std::string& name,
@@ -326,6 +334,7 @@ grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
     stats->set_large_chunks(d.large_chunks);
     stats->set_large_objects(d.large_objects);
     stats->set_metadata_log_bytes(heap.metadata_log_bytes);
+    stats->set_data_file_repairs(heap.data_file_repairs);
     for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
       if (d.by_class[c].chunks == 0) continue;
       v1::SizeClassStats* out = stats->add_size_classes();
@@ -804,7 +813,8 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<v1::SnapshotManifest> manifest =
-        snapshots_->Verify(SnapshotCallerOf(caller), {request->target_dir(), request->name()});
+        snapshots_->Verify(SnapshotCallerOf(caller), {request->target_dir(), request->name()},
+                           SnapshotBytesAllowed(caller));
     if (!manifest.ok()) return manifest.status();
     *response = *std::move(manifest);
     return absl::OkStatus();

@@ -181,6 +181,11 @@ class PersistentHeap {
 
   // Why the heap is broken (see above); OK if it is not.
   absl::Status broken() const;
+  // Times the data file was put back to its size (a client truncated or
+  // extended it); thread-safe.
+  uint64_t data_file_repairs() const {
+    return data_file_repairs_.load(std::memory_order_relaxed);
+  }
 
   HeapStats Stats() const;
   absl::Status CheckInvariants() const;

@@ -455,8 +455,9 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
 }
 
 absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Verify(const SnapshotCaller& caller,
-                                                           const SnapshotRef& ref) {
-  absl::StatusOr<Read> read = ReadSnapshot(caller, ref, -1, false, kMaxHeapBytes);
+                                                           const SnapshotRef& ref,
+                                                           uint64_t max_bytes) {
+  absl::StatusOr<Read> read = ReadSnapshot(caller, ref, -1, false, max_bytes);
   if (!read.ok()) return read.status();
   absl::StatusOr<VerifiedSnapshot> verified =
       VerifySnapshotFiles(Where(ref), read->manifest_json, read->metadata_files, read->data_bytes);

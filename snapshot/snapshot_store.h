@@ -127,10 +127,11 @@ class SnapshotStore {
   absl::StatusOr<std::vector<v1::SnapshotManifest>> List(const SnapshotCaller& caller,
                                                          const std::string& target_dir);
 
-  // Reads and checks every file of the snapshot. DATA_LOSS naming what is
-  // wrong; NOT_FOUND; PERMISSION_DENIED.
+  // Reads and checks every file of the snapshot, whose data may have at
+  // most `max_bytes`. DATA_LOSS naming what is wrong; NOT_FOUND;
+  // PERMISSION_DENIED; RESOURCE_EXHAUSTED.
   absl::StatusOr<v1::SnapshotManifest> Verify(const SnapshotCaller& caller,
-                                              const SnapshotRef& ref);
+                                              const SnapshotRef& ref, uint64_t max_bytes);
 
   // Removes the snapshot (renamed away first, then deleted; the target
   // fsynced). In heapd's own directory: its maker, the source heap's owner

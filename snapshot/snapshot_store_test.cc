@@ -111,7 +111,7 @@ TEST_F(SnapshotStoreTest, ASnapshotOpensInPlaceAndRestoresAsTheHeapAtItsEpoch) {
     EXPECT_TRUE(manifest->metadata_crc32().count("checkpoint"));
     const std::string dir = (target.empty() ? dir_.Sub("state/snapshots") : target) + "/s1";
     EXPECT_EQ(ReadAll(dir + "/data"), ReadAll(dir_.Sub("state/heaps/h/data")));
-    ASSERT_TRUE(store_->Verify(kRoot, {target, "s1"}).ok());
+    ASSERT_TRUE(store_->Verify(kRoot, {target, "s1"}, kMaxHeapBytes).ok());
 
     // In place: the same allocations and names, read-only.
     v1::SnapshotManifest opened_manifest;
@@ -181,13 +181,13 @@ TEST_F(SnapshotStoreTest, VerifyFindsACorruptFile) {
     checkpoint.seekp(20);
     checkpoint.put('\x5a');
   }
-  const absl::Status verified = store_->Verify(kRoot, {target, "s"}).status();
+  const absl::Status verified = store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).status();
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(verified.message().find("checkpoint"), absl::string_view::npos) << verified;
-  EXPECT_EQ(store_->Verify(kRoot, {target, "none"}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Verify(kRoot, {target, "none"}, kMaxHeapBytes).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(Create(kRoot, {target, "t"}).ok());
   ASSERT_EQ(truncate((target + "/t/data").c_str(), 1 << 20), 0);
-  EXPECT_EQ(store_->Verify(kRoot, {target, "t"}).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Verify(kRoot, {target, "t"}, kMaxHeapBytes).status().code(), absl::StatusCode::kDataLoss);
 }
 
 // Work in a caller's directory is done as the caller: a user cannot write
@@ -211,12 +211,12 @@ TEST_F(SnapshotStoreTest, ACallersDirectoryIsWorkedInWithTheCallersRights) {
   // heapd's own directory: others see and remove only what they may.
   ASSERT_TRUE(Create(kRoot, {"", "mine"}).ok());
   const SnapshotCaller other{{61002, 61002, {}}, false};
-  EXPECT_EQ(store_->Verify(other, {"", "mine"}).status().code(),
+  EXPECT_EQ(store_->Verify(other, {"", "mine"}, kMaxHeapBytes).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store_->Remove(other, {"", "mine"}).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(store_->List(other, "")->empty());
   const SnapshotCaller owner{{4242, 4242, {}}, false};  // the source heap's owner
-  EXPECT_TRUE(store_->Verify(owner, {"", "mine"}).ok());
+  EXPECT_TRUE(store_->Verify(owner, {"", "mine"}, kMaxHeapBytes).ok());
   EXPECT_EQ(store_->List(owner, "")->size(), 1u);
   EXPECT_TRUE(store_->Remove(owner, {"", "mine"}).ok());
 }
@@ -258,7 +258,7 @@ TEST_F(SnapshotStoreTest, AKilledSnapshotLeavesNoSnapshot) {
     waitpid(child, nullptr, 0);
     usleep(20000);  // the worker dies with its parent (PR_SET_PDEATHSIG)
     if (std::filesystem::exists(target + "/s")) {
-      EXPECT_TRUE(store_->Verify(kRoot, {target, "s"}).ok());  // it had finished: whole
+      EXPECT_TRUE(store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).ok());  // it had finished: whole
       std::filesystem::remove_all(target + "/s");
     }
     EXPECT_TRUE(store_->List(kRoot, target)->empty());
@@ -266,7 +266,7 @@ TEST_F(SnapshotStoreTest, AKilledSnapshotLeavesNoSnapshot) {
   EXPECT_EQ(ReadAll(dir_.Sub("state/heaps/h/data")), before);
   ASSERT_TRUE(Create(kRoot, {target, "s"}).ok());
   EXPECT_EQ(Entries(target), 1u);
-  EXPECT_TRUE(store_->Verify(kRoot, {target, "s"}).ok());
+  EXPECT_TRUE(store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).ok());
 }
 
 // Mounts a file system made by `make_fs` (on an image file) at `mount_point`.

@@ -20,6 +20,15 @@
 //   heap_worker SOCKET HEAP raw-attach          Attach only; print the fd token,
 //                                               hold the session until stdin closes
 //   heap_worker SOCKET - redeem TOKEN           present TOKEN on heapd.fd.sock
+//   heap_worker SOCKET - attach-snapshot DIR NAME   attach snapshot NAME of DIR ("-":
+//                                               heapd's own) read-only in place; print
+//                                               "ok N names" or the status
+//   heap_worker SOCKET HEAP bind-many COUNT     bind COUNT names ("n-0"...) to new
+//                                               objects; print "ok" or "error ... at I"
+//   heap_worker SOCKET HEAP truncate-data       attach read-write, allocate, sync, cut
+//                                               the data file it holds to 0 bytes,
+//                                               allocate and sync again; print each
+//                                               step's status
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <signal.h>
@@ -301,6 +310,70 @@ int Redeem(const std::string& socket, const std::string& token) {
   return 4;
 }
 
+int AttachSnapshot(Client& client, const std::string& dir, const std::string& name) {
+  AttachOptions options;
+  options.read_only = true;
+  options.snapshot = name;
+  options.snapshot_dir = dir == "-" ? "" : dir;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach("", options);
+  if (!heap.ok()) return Fail(heap.status());
+  std::printf("ok attached\n");
+  return 0;
+}
+
+int BindMany(Client& client, const std::string& heap_name, uint64_t count) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  for (uint64_t i = 0; i < count; ++i) {
+    absl::StatusOr<uint64_t*> object =
+        (*heap)->construct<uint64_t>("n-" + std::to_string(i))(i);
+    if (!object.ok()) {
+      std::printf("error %s at %llu\n", object.status().ToString().c_str(),
+                  static_cast<unsigned long long>(i));
+      return 3;
+    }
+  }
+  std::printf("ok\n");
+  return 0;
+}
+
+// The descriptor of the heap's data file this process holds (the client
+// keeps it private; a hostile client finds it anyway).
+int FindDataFd(const std::string& heap_name) {
+  for (int fd = 3; fd < 1024; ++fd) {
+    char link[512] = {};
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t n = readlink(proc.c_str(), link, sizeof(link) - 1);
+    if (n > 0 && std::string(link).find("/heaps/" + heap_name + "/data") != std::string::npos) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+int TruncateData(Client& client, const std::string& heap_name) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  for (int i = 0; i < 1000; ++i) {
+    if (absl::StatusOr<void*> p = (*heap)->allocate(64); !p.ok()) return Fail(p.status());
+  }
+  std::printf("sync before: %s\n", (*heap)->sync().status().ToString().c_str());
+  const int fd = FindDataFd(heap_name);
+  if (fd < 0 || ftruncate(fd, 0) != 0) {
+    std::printf("error could not truncate the data file\n");
+    return 3;
+  }
+  std::printf("truncated\n");
+  std::fflush(stdout);
+  // Stores into the truncated mapping would fault (SIGBUS): this client
+  // only asks heapd for more.
+  absl::StatusOr<void*> large = (*heap)->allocate(3 << 20);
+  std::printf("allocate after: %s\n", large.status().ToString().c_str());
+  std::printf("sync after: %s\n", (*heap)->sync().status().ToString().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: heap_worker SOCKET HEAP MODE [ARGS]\n");
@@ -314,6 +387,12 @@ int Main(int argc, char** argv) {
   (void)absl::SimpleAtoi(arg, &id);
   if (mode == "redeem") return Redeem(socket, arg);
   std::unique_ptr<Client> client = ConnectOrDie(socket);
+  if (mode == "attach-snapshot") {
+    if (argc < 6) return 2;
+    return AttachSnapshot(*client, arg, argv[5]);
+  }
+  if (mode == "bind-many") return BindMany(*client, heap, id);
+  if (mode == "truncate-data") return TruncateData(*client, heap);
   if (mode == "alloc") {
     uint64_t count = 0;
     if (argc < 6 || !absl::SimpleAtoi(argv[5], &count)) return 2;

@@ -130,8 +130,16 @@ TestDaemon::~TestDaemon() {
 }
 
 void TestDaemon::Start() {
-  std::vector<std::string> argv = {Runfile("daemon/heapd"), "--state_dir=" + dir_.Sub("state"),
-                                   "--runtime_dir=" + dir_.Sub("run"), "--log_level=debug"};
+  // HEAPD_TEST_DAEMON runs the tests against another heapd binary (an older
+  // build, to show a test fails there).
+  const char* other = getenv("HEAPD_TEST_DAEMON");
+  std::vector<std::string> argv = launcher_;
+  for (const std::string& arg :
+       {other != nullptr && other[0] != '\0' ? std::string(other) : Runfile("daemon/heapd"),
+        "--state_dir=" + dir_.Sub("state"), "--runtime_dir=" + dir_.Sub("run"),
+        std::string("--log_level=debug")}) {
+    argv.push_back(arg);
+  }
   argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
   const int log = open(dir_.Sub("heapd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
                        0644);

@@ -62,6 +62,9 @@ class TestDaemon {
 
   // Starts heapd and waits until it answers; aborts the test run if not.
   void Start();
+  // Runs heapd under `launcher` (a command that execs its arguments, e.g.
+  // prlimit), from the next Start.
+  void set_launcher(std::vector<std::string> launcher) { launcher_ = std::move(launcher); }
   // SIGTERM and wait; returns heapd's wait status.
   int Stop();
   // SIGKILL and reap (a daemon crash).
@@ -77,6 +80,7 @@ class TestDaemon {
  private:
   TestDir dir_;
   std::vector<std::string> extra_flags_;
+  std::vector<std::string> launcher_;
   pid_t pid_ = -1;
 };
 
