@@ -23,8 +23,8 @@ absl::Status ChunkDirectory::OutsideHeap(uint64_t offset) const {
 }
 
 bool ChunkDirectory::PendingFree(const Chunk& chunk, uint32_t slot) {
-  return std::find(chunk.remote_frees.begin(), chunk.remote_frees.end(), slot) !=
-         chunk.remote_frees.end();
+  return std::any_of(chunk.remote_frees.begin(), chunk.remote_frees.end(),
+                     [slot](const RemoteFree& f) { return f.slot == slot; });
 }
 
 void ChunkDirectory::Grow(uint32_t capacity_chunks) {
@@ -164,8 +164,37 @@ absl::StatusOr<std::vector<LeaseGrant>> ChunkDirectory::Lease(
   return grants;
 }
 
-absl::StatusOr<std::vector<LeaseCorrection>> ChunkDirectory::Report(
-    ClientId client, absl::Span<const LeaseReport> reports, bool release) {
+void ChunkDirectory::ResolveRemoteFrees(uint32_t chunk, SlotBitmap& bitmap, bool final,
+                                        bool lessee_died, LeaseCorrection* correction) {
+  Chunk& c = chunks_[chunk];
+  std::vector<RemoteFree> kept;
+  for (RemoteFree& pending : c.remote_frees) {
+    if (bitmap.IsAllocated(pending.slot)) {
+      bitmap.Free(pending.slot);
+      if (correction != nullptr) correction->freed_slots.push_back(pending.slot);
+      continue;
+    }
+    if (lessee_died) continue;  // allocated after its last report: died with it
+    if (!final && !pending.seen_free) {
+      pending.seen_free = true;  // maybe allocated after this report was taken
+      kept.push_back(pending);
+      continue;
+    }
+    const uint64_t offset = ChunkBase(chunk) + uint64_t{pending.slot} * ClassSize(c.size_class);
+    auto freer = clients_.find(pending.freer);
+    if (freer != clients_.end()) {
+      freer->second.rejected_frees.push_back(absl::StrCat(
+          "the free of offset ", offset, " was rejected: client ", c.lessee,
+          ", which leases its chunk, has no live object there (double free or never "
+          "allocated)"));
+    }
+  }
+  c.remote_frees = std::move(kept);
+}
+
+absl::StatusOr<ReportResult> ChunkDirectory::Report(ClientId client,
+                                                    absl::Span<const LeaseReport> reports,
+                                                    bool release) {
   std::set<uint32_t> seen;
   for (const LeaseReport& report : reports) {
     if (report.chunk >= chunks_.size() || chunks_[report.chunk].kind != ChunkKind::kSmall ||
@@ -184,19 +213,14 @@ absl::StatusOr<std::vector<LeaseCorrection>> ChunkDirectory::Report(
           absl::StrCat("chunk ", report.chunk, " is reported twice"));
     }
   }
-  std::vector<LeaseCorrection> corrections;
+  ReportResult result;
   for (const LeaseReport& report : reports) {
     Chunk& c = chunks_[report.chunk];
     SlotBitmap bitmap =
         *SlotBitmap::FromWords(c.bitmap->slot_count(), report.words);
     LeaseCorrection correction{report.chunk, {}, {}};
-    for (uint32_t slot : c.remote_frees) {
-      if (bitmap.IsAllocated(slot)) {
-        bitmap.Free(slot);
-        correction.freed_slots.push_back(slot);
-      }
-    }
-    c.remote_frees.clear();
+    ResolveRemoteFrees(report.chunk, bitmap, /*final=*/release, /*lessee_died=*/false,
+                       &correction);
     const uint64_t base = ChunkBase(report.chunk);
     const uint32_t slot_size = ClassSize(c.size_class);
     for (auto it = pins_.lower_bound(base);
@@ -209,33 +233,33 @@ absl::StatusOr<std::vector<LeaseCorrection>> ChunkDirectory::Report(
     }
     *c.bitmap = std::move(bitmap);
     MarkDirty(report.chunk);
-    if (release) EndLease(report.chunk);
+    if (release) EndLease(report.chunk, /*lessee_died=*/false);
     if (!correction.freed_slots.empty() || !correction.kept_slots.empty()) {
-      corrections.push_back(std::move(correction));
+      result.corrections.push_back(std::move(correction));
     }
   }
-  // Chunks the client did not report are unchanged since its last report:
-  // apply their pending frees here and tell the client.
   auto state = clients_.find(client);
-  if (state == clients_.end()) return corrections;
+  if (state == clients_.end()) return result;
+  // Chunks the client did not report are unchanged since its last report:
+  // resolve their pending frees against that and tell the client.
   for (uint32_t chunk : state->second.leased) {
     Chunk& c = chunks_[chunk];
     if (c.remote_frees.empty() || seen.count(chunk) != 0) continue;
-    LeaseCorrection correction{chunk, std::move(c.remote_frees), {}};
-    c.remote_frees.clear();
-    for (uint32_t slot : correction.freed_slots) c.bitmap->Free(slot);
+    LeaseCorrection correction{chunk, {}, {}};
+    ResolveRemoteFrees(chunk, *c.bitmap, /*final=*/false, /*lessee_died=*/false, &correction);
     MarkDirty(chunk);
-    corrections.push_back(std::move(correction));
+    if (!correction.freed_slots.empty()) result.corrections.push_back(std::move(correction));
   }
-  return corrections;
+  result.rejected_frees = std::move(state->second.rejected_frees);
+  state->second.rejected_frees.clear();
+  return result;
 }
 
-void ChunkDirectory::EndLease(uint32_t chunk) {
+void ChunkDirectory::EndLease(uint32_t chunk, bool lessee_died) {
   Chunk& c = chunks_[chunk];
+  ResolveRemoteFrees(chunk, *c.bitmap, /*final=*/true, lessee_died, nullptr);
   clients_[c.lessee].leased.erase(chunk);
   c.lessee = 0;
-  for (uint32_t slot : c.remote_frees) c.bitmap->Free(slot);
-  c.remote_frees.clear();
   MarkDirty(chunk);
   Settle(chunk);
 }
@@ -302,7 +326,15 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
             " bytes, not at its start"));
       }
       const uint32_t slot = static_cast<uint32_t>(in_chunk / slot_size);
-      if (!c.bitmap->IsAllocated(slot) || PendingFree(c, slot)) {
+      if (PendingFree(c, slot)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "offset ", offset, " is freed already (its free waits for client ", c.lessee,
+            ", which leases its chunk): double free"));
+      }
+      // In a chunk another client leases, only that client knows whether
+      // the slot is live now: the free is queued for its next report.
+      const bool lessee_decides = c.lessee != 0 && c.lessee != client;
+      if (!lessee_decides && !c.bitmap->IsAllocated(slot)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "offset ", offset, " is not a live object",
             c.lessee != 0 ? " as of its chunk's last sync" : "",
@@ -321,13 +353,8 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
       return PlannedFree{static_cast<uint32_t>(chunk), slot};
     }
   }
-  if (c.uncommitted_by != 0 && c.uncommitted_by != client) {
-    // Only its allocator knows the object exists before it syncs; another
-    // client could not have learned its offset through the heap.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "large object at offset ", offset, " is not committed yet by client ",
-        c.uncommitted_by));
-  }
+  // A large run is known to the daemon from its allocation on: a free by
+  // any client, before or after its allocator's sync, is exact.
   if (IsPinned(offset)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "object at offset ", offset, " is bound to a name; unbind it first"));
@@ -357,8 +384,9 @@ absl::Status ChunkDirectory::Free(ClientId client,
         c.uncommitted_by = 0;
       }
       MakeFree(p.chunk, c.run_chunks);
-    } else if (c.lessee != 0) {
-      c.remote_frees.push_back(p.slot);
+    } else if (c.lessee != 0 && c.lessee != client) {
+      c.remote_frees.push_back(RemoteFree{p.slot, client, false});
+      clients_[client];  // where a rejection of this free will wait for it
       MarkDirty(p.chunk);
     } else {
       c.bitmap->Free(p.slot);
@@ -384,13 +412,14 @@ ReclaimResult ChunkDirectory::Reclaim(ClientId client) {
   auto it = clients_.find(client);
   if (it == clients_.end()) return result;
   const std::set<uint32_t> leased = it->second.leased;
-  for (uint32_t chunk : leased) EndLease(chunk);
+  for (uint32_t chunk : leased) EndLease(chunk, /*lessee_died=*/true);
   result.leases = static_cast<uint32_t>(leased.size());
   for (uint32_t head : it->second.uncommitted_runs) {
     chunks_[head].uncommitted_by = 0;
     MakeFree(head, chunks_[head].run_chunks);
     ++result.large_runs;
   }
+  result.rejected_frees = std::move(clients_[client].rejected_frees);
   clients_.erase(client);
   return result;
 }
@@ -462,8 +491,8 @@ ChunkRecord ChunkDirectory::Persisted(uint32_t chunk) const {
     record.kind = ChunkKind::kSmall;
     record.size_class = c.size_class;
     record.words = c.bitmap->words();
-    for (uint32_t slot : c.remote_frees) {
-      record.words[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+    for (const RemoteFree& pending : c.remote_frees) {
+      record.words[pending.slot >> 6] &= ~(uint64_t{1} << (pending.slot & 63));
     }
   } else if (c.kind == ChunkKind::kLargeHead && c.uncommitted_by == 0) {
     record.kind = ChunkKind::kLargeHead;
@@ -504,7 +533,10 @@ DirectoryStats ChunkDirectory::Stats() const {
       case ChunkKind::kSmall: {
         ++stats.small_chunks;
         if (c.lessee != 0) ++stats.leased_chunks;
-        const uint64_t live = c.bitmap->live() - c.remote_frees.size();
+        uint64_t live = c.bitmap->live();
+        for (const RemoteFree& pending : c.remote_frees) {
+          live -= c.bitmap->IsAllocated(pending.slot) ? 1 : 0;
+        }
         stats.live_objects += live;
         stats.allocated_bytes += live * ClassSize(c.size_class);
         ++stats.by_class[c.size_class].chunks;
@@ -578,13 +610,11 @@ absl::Status ChunkDirectory::CheckInvariants() const {
       if (c.lessee == 0 && !c.remote_frees.empty()) {
         return absl::InternalError(absl::StrCat("unleased chunk ", i, " has pending frees"));
       }
-      std::set<uint32_t> distinct(c.remote_frees.begin(), c.remote_frees.end());
-      if (distinct.size() != c.remote_frees.size()) {
-        return absl::InternalError(absl::StrCat("chunk ", i, " has a repeated pending free"));
-      }
-      for (uint32_t slot : c.remote_frees) {
-        if (!c.bitmap->IsAllocated(slot)) {
-          return absl::InternalError(absl::StrCat("chunk ", i, " pending free of free slot ", slot));
+      std::set<uint32_t> distinct;
+      for (const RemoteFree& pending : c.remote_frees) {
+        if (!distinct.insert(pending.slot).second || pending.slot >= c.bitmap->slot_count()) {
+          return absl::InternalError(
+              absl::StrCat("chunk ", i, " has a repeated or stray pending free"));
         }
       }
     }

@@ -5,7 +5,7 @@
 //
 // What is persisted (the "persisted view", see Persisted()):
 //   - a small chunk: its class and the bitmap last reported by its lessee,
-//     minus slots other clients freed since;
+//     minus slots other clients freed since that were live in that report;
 //   - a large run: its head and length, once its allocator committed it
 //     (synced, detached or bound a name to it); uncommitted runs are free;
 //   - tails of large runs are never written: they follow from their head.
@@ -17,7 +17,7 @@
 //   - a run's head has run_chunks = length; each tail's head_chunk names it;
 //   - a small chunk is in leasable_[class] exactly when it has no lessee and
 //     a free slot; clients_[c].leased holds exactly the chunks leased by c;
-//   - remote_frees are allocated slots of leased chunks, without repeats;
+//   - remote_frees are slots of leased chunks, without repeats;
 //   - every pin is a live object start.
 // Not thread-safe: the owning PersistentHeap serializes calls.
 #ifndef HEAPD_ALLOCATOR_CHUNK_DIRECTORY_H_
@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -84,6 +85,20 @@ struct DirectoryStats {
 struct ReclaimResult {
   uint32_t leases = 0;       // chunks whose lease was taken back
   uint32_t large_runs = 0;   // uncommitted large objects freed
+  // Frees this client made that were later found wrong and not yet told
+  // (it is gone: for the log).
+  std::vector<std::string> rejected_frees;
+};
+
+// What a client learns from its report (a sync or detach).
+struct ReportResult {
+  // Frees by other clients applied to its chunks, and slots kept live for
+  // names: the client updates its pool with these.
+  std::vector<LeaseCorrection> corrections;
+  // Frees this client made in chunks other clients lease that those
+  // clients' reports showed wrong (not a live object): double frees. One
+  // message each, naming the offset.
+  std::vector<std::string> rejected_frees;
 };
 
 class ChunkDirectory {
@@ -113,33 +128,44 @@ class ChunkDirectory {
                                                 uint32_t count);
 
   // Records `client`'s view of chunks it leases and returns what the daemon
-  // changed in it, including frees by others in the client's chunks that are
-  // not in `reports` (those are unchanged since the last report). With
-  // `release`, the reported leases end. All-or-nothing: a report for a chunk
-  // the client does not lease, or of the wrong size, fails with
+  // changed in it: frees by others of slots live in the client's view (in
+  // `reports`, or as last reported for chunks not in them) are applied and
+  // told back as corrections. A pending free of a slot that is not live in
+  // the report is given one more report (the object may have been
+  // allocated after the report was taken), then rejected as a double free
+  // and told to the client that made it. With `release`, the reported
+  // leases end, and what they end with is final. All-or-nothing: a report
+  // for a chunk the client does not lease, or of the wrong size, fails with
   // FAILED_PRECONDITION / INVALID_ARGUMENT and changes nothing.
-  absl::StatusOr<std::vector<LeaseCorrection>> Report(
-      ClientId client, absl::Span<const LeaseReport> reports, bool release);
+  absl::StatusOr<ReportResult> Report(ClientId client, absl::Span<const LeaseReport> reports,
+                                      bool release);
 
   // Allocates a run of whole chunks for `size` bytes; the run stays
   // uncommitted until Commit(client) or a Pin. RESOURCE_EXHAUSTED if no free
   // run fits. REQUIRES: 0 < size.
   absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
 
-  // Frees objects on behalf of `client`: large runs, slots of unleased chunks,
-  // and slots of leased chunks (applied to the lessee's copy at its next
-  // report). All-or-nothing: every offset is validated first; one that is
-  // not the start of a live object (double free, interior pointer, outside
-  // the heap, size of another class) fails with INVALID_ARGUMENT, one bound
-  // by a name or not yet committed by another client with
-  // FAILED_PRECONDITION; then nothing is freed.
+  // Frees objects on behalf of `client`: large runs (committed or not, by
+  // any client), slots of unleased chunks, and slots of chunks another
+  // client leases. The last are queued for the lessee, whose own view is
+  // the truth for them (it may have allocated the object since its last
+  // report): they are validated against its next report (see Report), or
+  // applied when its lease ends. All-or-nothing: every offset is validated
+  // first as far as the daemon can; one that is not the start of an object
+  // (interior pointer, outside the heap, size of another class), a free of
+  // an object known free, or a second free of a queued one fails with
+  // INVALID_ARGUMENT, one bound by a name with FAILED_PRECONDITION; then
+  // nothing is freed.
   absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
 
   // Makes `client`'s large allocations persistent (at its sync or detach).
   void Commit(ClientId client);
 
   // Ends `client`'s session: its leases return at their last reported state,
-  // its uncommitted large runs are freed.
+  // its uncommitted large runs are freed. Frees others queued in its chunks
+  // are applied where that state has the object; where it does not, the
+  // object was allocated after that state and dies with the session, so
+  // the free has nothing left to do.
   ReclaimResult Reclaim(ClientId client);
 
   // Marks the object at `object` bound by a name, so it stays live until
@@ -165,6 +191,13 @@ class ChunkDirectory {
   absl::Status CheckInvariants() const;
 
  private:
+  // A free by another client of a slot in a leased chunk, waiting for the
+  // lessee's report.
+  struct RemoteFree {
+    uint32_t slot = 0;
+    ClientId freer = 0;
+    bool seen_free = false;  // a report already showed the slot free
+  };
   struct Chunk {
     ChunkKind kind = ChunkKind::kFree;
     uint8_t size_class = 0;
@@ -174,11 +207,12 @@ class ChunkDirectory {
     ClientId lessee = 0;          // kSmall: leasing client, 0 if none
     ClientId uncommitted_by = 0;  // kLargeHead: allocating client until commit
     std::unique_ptr<SlotBitmap> bitmap;   // kSmall
-    std::vector<uint32_t> remote_frees;   // kSmall with a lessee
+    std::vector<RemoteFree> remote_frees;  // kSmall with a lessee
   };
   struct ClientState {
     std::set<uint32_t> leased;
     std::set<uint32_t> uncommitted_runs;
+    std::vector<std::string> rejected_frees;  // not yet told
   };
   // What Free will do to one object, decided before anything changes.
   struct PlannedFree {
@@ -191,13 +225,19 @@ class ChunkDirectory {
   // True if another client freed `slot` of the leased `chunk` since its
   // lessee's last report.
   static bool PendingFree(const Chunk& chunk, uint32_t slot);
+  // Applies the frees queued in `chunk` to `bitmap` (the lessee's view):
+  // live slots are freed (and added to `correction`); a slot not live is
+  // kept for one more report unless `final` or it was seen free before,
+  // then rejected (told to its freer), or with `lessee_died` dropped.
+  void ResolveRemoteFrees(uint32_t chunk, SlotBitmap& bitmap, bool final, bool lessee_died,
+                          LeaseCorrection* correction);
   void MarkDirty(uint32_t chunk);
   void MakeSmall(uint32_t chunk, uint32_t size_class);
   void MakeFree(uint32_t chunk_start, uint32_t length);
   void FreeRun(uint32_t head);
   // Puts an unleased small chunk where it belongs: free, leasable or neither.
   void Settle(uint32_t chunk);
-  void EndLease(uint32_t chunk);
+  void EndLease(uint32_t chunk, bool lessee_died);
   ChunkRecord Persisted(uint32_t chunk) const;
   bool IsPinned(uint64_t offset) const { return pins_.count(offset) != 0; }
 

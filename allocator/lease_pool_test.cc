@@ -87,7 +87,7 @@ TEST(LeasePoolTest, ReportsOnlyDirtyChunksAndAppliesCorrections) {
   ASSERT_EQ(pool.Free(a), LocalFree::kFreed);
   auto corrections = dir.Report(1, pool.TakeDirtyReports(), false);
   ASSERT_TRUE(corrections.ok());
-  pool.ApplyCorrections(*corrections);
+  pool.ApplyCorrections(corrections->corrections);
   EXPECT_EQ(pool.Free(b), LocalFree::kNotLive);  // already freed remotely
   EXPECT_EQ(dir.Stats().live_objects, 0u);
   EXPECT_TRUE(pool.CheckInvariants().ok());

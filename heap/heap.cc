@@ -402,10 +402,10 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
-    absl::StatusOr<std::vector<LeaseCorrection>> corrections =
-        directory_->Report(client, reports, release);
-    if (!corrections.ok()) return corrections.status();
-    result.corrections = *std::move(corrections);
+    absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, release);
+    if (!reported.ok()) return reported.status();
+    result.corrections = std::move(reported->corrections);
+    result.rejected_frees = std::move(reported->rejected_frees);
     directory_->Commit(client);
     if (release) directory_->Reclaim(client);  // leases the client did not report
     // What this epoch persists, taken now; later changes go to the next.

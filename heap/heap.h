@@ -91,6 +91,9 @@ absl::Status ValidateHeapConfig(const HeapConfig& config);
 struct SyncResult {
   uint64_t epoch = 0;
   std::vector<LeaseCorrection> corrections;
+  // Frees by this client that the lessee of their chunk showed wrong
+  // (ChunkDirectory::Report).
+  std::vector<std::string> rejected_frees;
 };
 
 class PersistentHeap {

@@ -69,6 +69,9 @@ absl::StatusOr<uint64_t> HeapSession::Sync() {
     return result.status();
   }
   pool_.ApplyCorrections(result->corrections);
+  if (!result->rejected_frees.empty()) {
+    return absl::InvalidArgumentError(result->rejected_frees.front());
+  }
   return result->epoch;
 }
 

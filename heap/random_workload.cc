@@ -94,19 +94,13 @@ absl::Status RandomWorkload::Free(int s) {
   const Object& object = it->second;
   const bool local = LeasedBy(s, offset);
   if (object.pins > 0 && local) return absl::OkStatus();  // the pool cannot know of names
-  absl::StatusCode expected = absl::StatusCode::kOk;
-  if (object.pins > 0) {
-    expected = absl::StatusCode::kFailedPrecondition;
-  } else if (!local && !object.committed && object.session != s) {
-    expected = object.size > kMaxSmallSize ? absl::StatusCode::kFailedPrecondition
-                                           : absl::StatusCode::kInvalidArgument;
-  }
+  // Frees are exact across sessions (docs/consistency.md): any live object
+  // may be freed by any session, whoever allocated it and whenever; only
+  // a bound one is refused.
+  const absl::StatusCode expected =
+      object.pins > 0 ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kOk;
   const absl::Status status = sessions_[s]->Deallocate(offset);
-  // A small object its allocator made since its last sync is unknown to the
-  // daemon, unless its slot held an object at that sync: then the daemon
-  // takes the free, which is right, and applies it at the allocator's sync.
-  const bool reused_slot = expected == absl::StatusCode::kInvalidArgument && status.ok();
-  if (status.code() != expected && !reused_slot) {
+  if (status.code() != expected) {
     return Mismatch(steps_, absl::StrCat("free of ", offset, " by session ", s, " gave ",
                                          status.ToString(), ", expected ",
                                          absl::StatusCodeToString(expected)));
@@ -124,10 +118,10 @@ absl::Status RandomWorkload::BadFree(int s) {
   if (rng_() % 2 == 0 && !recently_freed_.empty()) {
     offset = recently_freed_[rng_() % recently_freed_.size()];
     if (objects_.count(offset) != 0) return absl::OkStatus();  // reallocated since
-    // A free in another client's leased chunk is checked against that
-    // client's last sync only (docs/consistency.md): not a case to test.
-    // The same goes for the caller's own pool, which learns of frees by
-    // others at its next sync.
+    // A double free in a chunk a session leases is found at that
+    // session's next report and told to the freer's next sync, not to this
+    // call; a pool learns of frees by others at its next sync. Not a case
+    // for this model's call-by-call expectations.
     for (int t = 0; t < static_cast<int>(sessions_.size()); ++t) {
       if (LeasedBy(t, offset)) return absl::OkStatus();
     }
