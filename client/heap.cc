@@ -390,6 +390,9 @@ absl::Status Heap::SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* 
     for (v1::LeaseCorrection& c : *part.mutable_corrections()) {
       *response->add_corrections() = std::move(c);
     }
+    for (std::string& rejected : *part.mutable_rejected_frees()) {
+      response->add_rejected_frees(std::move(rejected));
+    }
   } while (sent < reports.size());
   return absl::OkStatus();
 }
@@ -438,6 +441,9 @@ absl::StatusOr<uint64_t> Heap::sync() {
   }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
   if (!frees.ok()) return frees;
+  if (response.rejected_frees_size() != 0) {
+    return absl::InvalidArgumentError(response.rejected_frees(0));
+  }
   {
     absl::MutexLock lock(&deferred_mu_);
     absl::Status deferred = std::exchange(deferred_error_, absl::OkStatus());

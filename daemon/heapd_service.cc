@@ -140,6 +140,11 @@ void HeapdService::EndSession(const std::shared_ptr<Session>& session, const cha
   session->ended = true;
   const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
   metrics->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
+  for (const std::string& rejected : reclaimed.rejected_frees) {
+    metrics->CountRejectedFree(absl::InvalidArgumentError(rejected));
+    spdlog::warn("session {} on heap {} ({}) ended before it learned: {}", session->id,
+                 session->heap->name, session->caller.ToString(), rejected);
+  }
   spdlog::info("session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
                "uncommitted large objects",
                session->id, session->heap->name, session->caller.ToString(), why,
@@ -520,6 +525,11 @@ grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::Detach
                                        " ended with its leases at their last sync"));
     }
     response->set_epoch(result->epoch);
+    for (const std::string& rejected : result->rejected_frees) {
+      metrics_->CountRejectedFree(absl::InvalidArgumentError(rejected));
+      spdlog::warn("session {} on heap {} ({}) detached before it learned: {}", session->id,
+                   session->heap->name, caller.ToString(), rejected);
+    }
     spdlog::info("session {} detached heap {} at epoch {} ({})", session->id,
                  session->heap->name, result->epoch, caller.ToString());
     return absl::OkStatus();
@@ -639,6 +649,10 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
       session.last_sync_unix_ns = absl::ToUnixNanos(start);
       response->set_epoch(result->epoch);
       for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
+      for (const std::string& rejected : result->rejected_frees) {
+        response->add_rejected_frees(absl::StrCat("heap ", session.heap->name, ": ", rejected));
+        metrics_->CountRejectedFree(absl::InvalidArgumentError(rejected));
+      }
       response->set_capacity_bytes(heap.capacity_bytes());
       return absl::OkStatus();
     });

@@ -25,6 +25,14 @@
 //                                               "ok N names" or the status
 //   heap_worker SOCKET HEAP bind-many COUNT     bind COUNT names ("n-0"...) to new
 //                                               objects; print "ok" or "error ... at I"
+//   heap_worker SOCKET HEAP produce COUNT       allocate COUNT objects (8 B to 3 MiB),
+//                                               stamp them, hand their offsets over in
+//                                               the array bound to "handoff", print
+//                                               "produced" without syncing them; at
+//                                               SIGUSR1 sync, detach, print "detached"
+//   heap_worker SOCKET HEAP consume             free every object of "handoff" (checking
+//                                               its stamp), unbind and free the array,
+//                                               sync; print "consumed N" or the error
 //   heap_worker SOCKET HEAP truncate-data       attach read-write, allocate, sync, cut
 //                                               the data file it holds to 0 bytes,
 //                                               allocate and sync again; print each
@@ -310,6 +318,73 @@ int Redeem(const std::string& socket, const std::string& token) {
   return 4;
 }
 
+// Objects one process hands to another through the heap.
+struct Handoff {
+  uint64_t count;
+  boost::interprocess::offset_ptr<uint64_t> offsets;
+  boost::interprocess::offset_ptr<uint64_t> sizes;
+};
+
+uint64_t HandoffSize(uint64_t index) {
+  if (index % 50 == 0) return (1 << 20) + 1 + index % (2 << 20);  // large: over 1 MiB
+  return 8 + (index * 131) % 4096;
+}
+
+int Produce(Client& client, const std::string& heap_name, uint64_t count) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<void*> offsets = (*heap)->allocate(count * sizeof(uint64_t));
+  absl::StatusOr<void*> sizes = (*heap)->allocate(count * sizeof(uint64_t));
+  if (!offsets.ok() || !sizes.ok()) return Fail(offsets.ok() ? sizes.status() : offsets.status());
+  for (uint64_t i = 0; i < count; ++i) {
+    absl::StatusOr<void*> object = (*heap)->allocate(HandoffSize(i));
+    if (!object.ok()) return Fail(object.status());
+    *static_cast<uint64_t*>(*object) = Stamp(99, i);
+    static_cast<uint64_t*>(*offsets)[i] = (*heap)->offset_of(*object);
+    static_cast<uint64_t*>(*sizes)[i] = HandoffSize(i);
+  }
+  // Binding the hand-off makes it (and only it) known; the objects are not
+  // synced: the consumer frees them before their allocator's next sync.
+  absl::StatusOr<Handoff*> handoff = (*heap)->construct<Handoff>("handoff")(Handoff{
+      count, static_cast<uint64_t*>(*offsets), static_cast<uint64_t*>(*sizes)});
+  if (!handoff.ok()) return Fail(handoff.status());
+  std::printf("produced\n");
+  std::fflush(stdout);
+  while (!sync_requested.exchange(false)) usleep(1000);
+  if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+  if (absl::Status s = (*heap)->detach(); !s.ok()) return Fail(s);
+  std::printf("detached\n");
+  return 0;
+}
+
+int Consume(Client& client, const std::string& heap_name) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<Handoff*> handoff = (*heap)->find<Handoff>("handoff");
+  if (!handoff.ok()) return Fail(handoff.status());
+  const uint64_t count = (*handoff)->count;
+  for (uint64_t i = 0; i < count; ++i) {
+    void* object = (*heap)->at((*handoff)->offsets[i]);
+    if (*static_cast<uint64_t*>(object) != Stamp(99, i)) {
+      std::printf("error object %llu does not hold its stamp\n",
+                  static_cast<unsigned long long>(i));
+      return 3;
+    }
+    if (absl::Status s = (*heap)->deallocate(object, (*handoff)->sizes[i]); !s.ok()) {
+      return Fail(s);
+    }
+  }
+  void* offsets = (*handoff)->offsets.get();
+  void* sizes = (*handoff)->sizes.get();
+  if (absl::Status s = (*heap)->destroy<Handoff>("handoff"); !s.ok()) return Fail(s);
+  if (absl::Status s = (*heap)->deallocate(offsets); !s.ok()) return Fail(s);
+  if (absl::Status s = (*heap)->deallocate(sizes); !s.ok()) return Fail(s);
+  if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+  if (absl::Status s = (*heap)->detach(); !s.ok()) return Fail(s);
+  std::printf("consumed %llu\n", static_cast<unsigned long long>(count));
+  return 0;
+}
+
 int AttachSnapshot(Client& client, const std::string& dir, const std::string& name) {
   AttachOptions options;
   options.read_only = true;
@@ -392,6 +467,11 @@ int Main(int argc, char** argv) {
     return AttachSnapshot(*client, arg, argv[5]);
   }
   if (mode == "bind-many") return BindMany(*client, heap, id);
+  if (mode == "produce") {
+    signal(SIGUSR1, [](int) { sync_requested = true; });
+    return Produce(*client, heap, id);
+  }
+  if (mode == "consume") return Consume(*client, heap);
   if (mode == "truncate-data") return TruncateData(*client, heap);
   if (mode == "alloc") {
     uint64_t count = 0;

@@ -163,5 +163,72 @@ TEST_F(MultiProcessTest, AReadOnlyClientThatWritesFaultsAndTheHeapIsUnchanged) {
   EXPECT_EQ(after.info().clients(), 0u);
 }
 
+// A producer allocates objects (small and large) and hands them to a
+// consumer process through the heap before it syncs; the consumer frees
+// them all. Every free is right and nothing leaks, whether the producer
+// then syncs and detaches or dies.
+TEST_F(MultiProcessTest, FreesOfAnotherProcesssUnsyncedObjectsAreExact) {
+  for (const bool producer_dies : {false, true}) {
+    SCOPED_TRACE(producer_dies ? "the producer dies" : "the producer detaches");
+    {
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_.socket());
+      ASSERT_TRUE(client.ok());
+      v1::CreateHeapRequest request;
+      request.set_name(kHeap);
+      request.set_max_size(uint64_t{4} << 30);
+      v1::HeapInfo info;
+      grpc::ClientContext context;
+      ASSERT_TRUE(FromGrpc((*client)->stub().CreateHeap(&context, request, &info)).ok());
+    }
+    Child producer(Worker({"produce", "3000"}));
+    ASSERT_TRUE(producer.WaitForOutput("produced")) << producer.output() << daemon_.Log();
+    const ChildResult consumer = RunChild(Worker({"consume"}));
+    ASSERT_TRUE(consumer.Exited(0)) << consumer.output << daemon_.Log();
+    EXPECT_NE(consumer.output.find("consumed 3000"), std::string::npos) << consumer.output;
+    if (producer_dies) {
+      producer.Kill(SIGKILL);
+      producer.Wait();
+    } else {
+      producer.Kill(SIGUSR1);
+      const ChildResult produced = producer.Wait();
+      ASSERT_TRUE(produced.Exited(0)) << produced.output;
+      EXPECT_NE(produced.output.find("detached"), std::string::npos) << produced.output;
+    }
+    v1::HeapStats after;
+    for (int i = 0; i < 100; ++i) {
+      after = Stat();
+      if (after.info().clients() == 0) break;
+      usleep(20 * 1000);
+    }
+    EXPECT_EQ(after.info().live_objects(), 0u) << daemon_.Log();
+    EXPECT_EQ(after.leased_chunks(), 0u);
+    EXPECT_EQ(after.info().names(), 0u);
+    EXPECT_EQ(daemon_.Log().find("rejected"), std::string::npos) << daemon_.Log();
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_.socket());
+    ASSERT_TRUE(client.ok());
+    v1::RemoveHeapRequest remove;
+    remove.set_heap(kHeap);
+    v1::RemoveHeapResponse removed;
+    grpc::ClientContext context;
+    ASSERT_TRUE(FromGrpc((*client)->stub().RemoveHeap(&context, remove, &removed)).ok());
+  }
+}
+
+// 64 processes attach one heap at once: every one gets its session.
+TEST_F(MultiProcessTest, SixtyFourProcessesAttachAtOnce) {
+  AllocConcurrently(1, 1, 100);
+  std::vector<std::unique_ptr<Child>> attaching;
+  for (int i = 0; i < 64; ++i) {
+    attaching.push_back(std::make_unique<Child>(Worker({"attach", i % 4 == 0 ? "ro" : "rw"})));
+  }
+  int ok = 0;
+  for (auto& child : attaching) {
+    const ChildResult result = child->Wait();
+    EXPECT_TRUE(result.Exited(0)) << result.output;
+    ok += result.Exited(0);
+  }
+  EXPECT_EQ(ok, 64) << daemon_.Log();
+}
+
 }  // namespace
 }  // namespace heapd
