@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +57,12 @@ ABSL_FLAG(uint64_t, default_max_size, uint64_t{16} << 30,
           "maximum size in bytes of a heap created without one");
 ABSL_FLAG(int, attach_token_seconds, 10,
           "how long a client has to fetch the heap's fd after Attach");
+ABSL_FLAG(uint64_t, tmpfs_reserve_bytes, uint64_t{1} << 30,
+          "growth of heaps on tmpfs is refused when it would leave less than this much of the "
+          "node's available memory (0: never refused)");
+ABSL_FLAG(int, oom_score_adj, -900,
+          "heapd's OOM score adjustment (-1000..1000): below the jobs', so the kernel's OOM "
+          "killer takes a job process before heapd");
 ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
           "longest a snapshot operation in a caller's directory may run before it is killed");
 // Per-user limits (daemon/limits.h); root is not limited.
@@ -134,6 +141,19 @@ absl::Status PrepareRuntimeDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Lowers (or sets) heapd's OOM score adjustment: losing heapd ends every
+// session on the node at once. Lowering it needs CAP_SYS_RESOURCE; without
+// it heapd says so and goes on.
+void SetOomScore(int adjustment) {
+  std::ofstream file("/proc/self/oom_score_adj");
+  file << adjustment;
+  file.flush();
+  if (!file) {
+    spdlog::warn("could not set the OOM score adjustment to {} (needs CAP_SYS_RESOURCE)",
+                 adjustment);
+  }
+}
+
 // Many clients hold two connections each: take every descriptor allowed.
 void RaiseDescriptorLimit() {
   rlimit limit;
@@ -158,6 +178,7 @@ int Run() {
   }
   const UserLimits limits = LimitsFromFlags();
   RaiseDescriptorLimit();
+  SetOomScore(absl::GetFlag(FLAGS_oom_score_adj));
   absl::StatusOr<std::optional<uint32_t>> admin_gid = ResolveGroup(absl::GetFlag(FLAGS_admin_group));
   if (!admin_gid.ok()) {
     spdlog::critical("{}", admin_gid.status().ToString());
@@ -181,6 +202,7 @@ int Run() {
   std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
   HeapOptions heap_options;
   heap_options.max_names = limits.names_per_heap;
+  heap_options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes);
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
       HeapRegistry::Open(state_dir, heap_options, limits);
   if (!heaps.ok()) {

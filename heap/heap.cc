@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -44,6 +45,26 @@ std::string RandomHex() {
 }
 
 }  // namespace
+
+absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::string& heap) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key != "MemAvailable:") continue;
+    const uint64_t available = kib << 10;
+    if (available < reserve || available - reserve < bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "heap ", heap, " is on tmpfs (memory): growing it by ", bytes,
+          " bytes would leave less than the reserve of ", reserve,
+          " bytes (--tmpfs_reserve_bytes) of the node's ", available,
+          " bytes of available memory"));
+    }
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();  // no MemAvailable to go by
+}
 
 absl::Status ValidateHeapConfig(const HeapConfig& config) {
   if (config.max_size < kChunkSize || config.max_size % kChunkSize != 0 ||
@@ -270,6 +291,13 @@ absl::Status PersistentHeap::Grow(uint32_t chunks, uint32_t capacity_seen) {
         capacity, " (maximum size ", config_.max_size, " bytes)"));
   }
   if (absl::Status s = RepairDataFileLocked(); !s.ok()) return s;
+  if (data_->backing() == BackingKind::kTmpfs && options_.tmpfs_reserve_bytes != 0) {
+    if (absl::Status s = CheckMemoryForTmpfs((target - capacity) * kChunkSize,
+                                             options_.tmpfs_reserve_bytes, dir_);
+        !s.ok()) {
+      return s;
+    }
+  }
   // fallocate with only grow_mu_ held: leases, frees and lookups go on.
   if (absl::Status s = data_->Grow(target * kChunkSize); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));

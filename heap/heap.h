@@ -71,7 +71,14 @@ struct HeapOptions {
   uint64_t checkpoint_log_bytes = MetadataStore::kDefaultCheckpointLogBytes;
   // Most names the heap holds; 0: no limit.
   uint64_t max_names = 0;
+  // On tmpfs a heap's pages are the node's memory: growth is refused when
+  // it would leave less than this much of MemAvailable; 0: no check.
+  uint64_t tmpfs_reserve_bytes = 0;
 };
+
+// OK if `bytes` more of tmpfs leave at least `reserve` bytes of the node's
+// MemAvailable (/proc/meminfo); RESOURCE_EXHAUSTED naming both numbers.
+absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::string& heap);
 
 // A heap's committed epoch, captured for a snapshot with the heap's files at
 // rest (see WithCommittedState).

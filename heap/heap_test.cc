@@ -214,3 +214,28 @@ TEST(HeapTest, ManySyncsRollIntoCheckpointsAndReopen) {
 
 }  // namespace
 }  // namespace heapd
+
+namespace heapd {
+namespace {
+
+// On tmpfs a heap grows only while the node keeps its memory reserve; the
+// refusal names both numbers and the heap stays usable.
+TEST(HeapTest, TmpfsGrowthStopsAtTheMemoryReserve) {
+  if (access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no /dev/shm";
+  TestDir dir("/dev/shm");
+  HeapOptions options;
+  options.tmpfs_reserve_bytes = uint64_t{1} << 50;  // more than any node has
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(64), options);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  const absl::Status refused = (*heap)->LeaseChunks(1, 3, 1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--tmpfs_reserve_bytes"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("available memory"), std::string::npos) << refused;
+  EXPECT_EQ((*heap)->capacity_bytes(), 0u);
+  EXPECT_TRUE((*heap)->CheckInvariants().ok());
+  // A reserve the node can keep lets it grow.
+  EXPECT_TRUE(CheckMemoryForTmpfs(kChunkSize, 1 << 20, "h").ok());
+}
+
+}  // namespace
+}  // namespace heapd
