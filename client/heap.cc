@@ -14,9 +14,9 @@
 #include "allocator/size_class.h"
 #include "client/growth_fault_handler.h"
 #include "client/owner_gate.h"
-#include "daemon/default_paths.h"
 #include "heap/data_file.h"
 #include "heap/metadata_format.h"
+#include "protocol/fd_protocol.h"
 
 namespace heapd {
 namespace {
@@ -521,13 +521,9 @@ absl::Status Heap::Unbind(const std::string& name) {
 }
 
 absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
-  if (name.size() + 1 > kMaxFdRequestBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("name of ", name.size(), " bytes is too long"));
-  }
-  const uint32_t length = static_cast<uint32_t>(name.size() + 1);
-  std::string frame(reinterpret_cast<const char*>(&length), 4);
-  frame += 'L';
-  frame += name;
+  absl::StatusOr<std::string> request = EncodeLookupRequest(name);
+  if (!request.ok()) return request.status();
+  const std::string frame = EncodeFrame(*request);
   absl::MutexLock lock(&fd_mu_);
   auto io_error = [this](const char* what) {
     return absl::UnavailableError(absl::StrCat(what, " heapd's connection of heap ", name_,
@@ -548,24 +544,19 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
     }
     return true;
   };
-  uint32_t reply_length = 0;
-  if (!read_exactly(reinterpret_cast<char*>(&reply_length), 4) || reply_length == 0 ||
-      reply_length > (1u << 20)) {
-    return io_error("reading from");
+  char header[kFdFrameHeaderBytes];
+  if (!read_exactly(header, sizeof(header))) return io_error("reading from");
+  absl::StatusOr<uint32_t> length =
+      DecodeFrameLength(absl::string_view(header, sizeof(header)), kMaxFdAnswerBytes);
+  if (!length.ok()) {
+    return absl::UnavailableError(absl::StrCat("heapd's connection of heap ", name_, ": ",
+                                               length.status().message()));
   }
-  std::string reply(reply_length, '\0');
-  if (!read_exactly(reply.data(), reply_length)) return io_error("reading from");
-  if (reply[0] != 0) {
-    const int code = static_cast<unsigned char>(reply[0]);
-    return absl::Status(code <= 16 ? static_cast<absl::StatusCode>(code)
-                                   : absl::StatusCode::kInternal,
-                        reply.substr(1));
-  }
-  v1::NameEntry entry;
-  if (!entry.ParseFromArray(reply.data() + 1, static_cast<int>(reply.size() - 1))) {
-    return absl::InternalError("heapd sent a malformed name entry");
-  }
-  return FromProto(entry);
+  std::string answer(*length, '\0');
+  if (!read_exactly(answer.data(), answer.size())) return io_error("reading from");
+  absl::StatusOr<v1::NameEntry> entry = ParseLookupAnswer(answer);
+  if (!entry.ok()) return entry.status();
+  return FromProto(*entry);
 }
 
 absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,

@@ -8,7 +8,6 @@
 #ifndef HEAPD_DAEMON_DEFAULT_PATHS_H_
 #define HEAPD_DAEMON_DEFAULT_PATHS_H_
 
-#include <cstdint>
 #include <string>
 
 namespace heapd {
@@ -16,8 +15,6 @@ namespace heapd {
 inline constexpr char kSystemRuntimeDir[] = "/run/heapd";
 inline constexpr char kGrpcSocketName[] = "heapd.sock";
 inline constexpr char kFdSocketName[] = "heapd.fd.sock";
-// Largest request frame on a session's heapd.fd.sock connection (fd_server.h).
-inline constexpr uint32_t kMaxFdRequestBytes = 4096;
 
 // Empty when there is no safe default (a user without HOME or
 // XDG_RUNTIME_DIR): the daemon then needs the flag.

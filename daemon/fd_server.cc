@@ -135,33 +135,23 @@ bool FdServer::AcceptAll() {
 }
 
 bool FdServer::OnRequests(int fd, Connection& connection) {
-  char buffer[kMaxRequestBytes];
+  char buffer[kMaxFdRequestBytes];
   const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (n <= 0) return false;  // closed: the session ends
-  std::string& inbox = connection.inbox;
-  inbox.append(buffer, static_cast<size_t>(n));
-  size_t done = 0;
-  while (inbox.size() - done >= 4) {
-    uint32_t length;
-    std::memcpy(&length, inbox.data() + done, 4);
-    if (length > kMaxRequestBytes) return false;  // not our protocol
-    if (inbox.size() - done - 4 < length) break;
-    const std::string reply =
-        callbacks_.request(connection.session, absl::string_view(inbox).substr(done + 4, length));
-    const uint32_t reply_length = static_cast<uint32_t>(reply.size());
-    std::string frame(reinterpret_cast<const char*>(&reply_length), 4);
-    frame += reply;
+  connection.requests.Append(absl::string_view(buffer, static_cast<size_t>(n)));
+  for (;;) {
+    absl::StatusOr<std::optional<absl::string_view>> request = connection.requests.Next();
+    if (!request.ok()) return false;  // not our protocol
+    if (!request->has_value()) return true;
+    const std::string frame = EncodeFrame(callbacks_.request(connection.session, **request));
     // A client that does not read its answers loses its connection (and
     // session) rather than stall the others.
     if (send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
         static_cast<ssize_t>(frame.size())) {
       return false;
     }
-    done += 4 + length;
   }
-  inbox.erase(0, done);
-  return true;
 }
 
 bool FdServer::OnReadable(int fd, Connection& connection) {

@@ -5,10 +5,10 @@
 // got its fd stays open for the session: when the client closes it (or
 // dies), the server reports the session closed.
 //
-// On that connection the client may then send requests, each framed as a
-// 4-byte little-endian length and that many bytes (at most
-// kMaxRequestBytes); each is answered in order with a frame of the same
-// form. This is the session's fast path for name lookups (no gRPC).
+// On that connection the client may then send requests, each answered in
+// order (protocol/fd_protocol.h: the framing and the requests). This is the
+// session's fast path for name lookups (no gRPC). A frame longer than the
+// protocol allows ends the connection.
 //
 // One thread polls the listening socket and every connection; connections
 // that send no token within kTokenWait are dropped. Callbacks run on that
@@ -28,12 +28,11 @@
 #include "absl/time/time.h"
 #include "allocator/lease_types.h"
 #include "daemon/caller.h"
-#include "daemon/default_paths.h"
+#include "protocol/fd_protocol.h"
 
 namespace heapd {
 
 inline constexpr size_t kTokenLength = 32;
-inline constexpr uint32_t kMaxRequestBytes = kMaxFdRequestBytes;
 
 class FdServer {
  public:
@@ -63,7 +62,7 @@ class FdServer {
     Caller caller;
     absl::Time accepted;
     std::string token;       // bytes received so far
-    std::string inbox;       // request bytes not yet answered
+    FrameSplitter requests{kMaxFdRequestBytes};  // bytes not yet answered
     ClientId session = 0;    // set once the fd was sent
   };
 

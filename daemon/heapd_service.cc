@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
+#include "protocol/fd_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {
@@ -152,27 +153,23 @@ void HeapdService::EndSession(const std::shared_ptr<Session>& session, const cha
 }
 
 std::string HeapdService::AnswerFdRequest(const SessionTable& sessions, ClientId id,
-                                          absl::string_view request) {
-  auto answer = [](const absl::Status& status) {
-    return std::string(1, static_cast<char>(status.code())) + std::string(status.message());
-  };
-  if (request.empty() || request[0] != 'L') {
-    return answer(absl::InvalidArgumentError("unknown fd-socket request"));
-  }
-  const absl::string_view name = request.substr(1);
-  if (absl::Status s = ValidateName(name); !s.ok()) return answer(s);
+                                          absl::string_view payload) {
+  absl::StatusOr<FdRequest> request = ParseRequest(payload);
+  if (!request.ok()) return EncodeLookupAnswer(request.status());
   std::shared_ptr<Session> session = sessions.Find(id);
   if (session == nullptr) {
-    return answer(absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended")));
+    return EncodeLookupAnswer(
+        absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended")));
   }
-  absl::StatusOr<NameEntry> entry = session->heap->heap->Lookup(name);
+  absl::StatusOr<NameEntry> entry = session->heap->heap->Lookup(request->name);
   if (!entry.ok()) {
-    return answer(absl::Status(entry.status().code(), absl::StrCat("heap ", session->heap->name,
-                                                                   ": ", entry.status().message())));
+    return EncodeLookupAnswer(absl::Status(
+        entry.status().code(),
+        absl::StrCat("heap ", session->heap->name, ": ", entry.status().message())));
   }
   v1::NameEntry out;
   ToProto(*entry, &out);
-  return std::string(1, '\0') + out.SerializeAsString();
+  return EncodeLookupAnswer(out);
 }
 
 grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* method,

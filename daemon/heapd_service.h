@@ -58,11 +58,10 @@ class HeapdService final : public v1::Heapd::Service {
   static void EndSession(const std::shared_ptr<Session>& session, const char* reason,
                          const char* why, Metrics* metrics);
 
-  // Answers a request on a session's fd-socket connection (fd_server.h).
-  // 'L' + name: a lookup; the answer is one status-code byte (0: OK) and a
-  // serialized v1::NameEntry, or the code and the error message.
+  // Answers a request payload of a session's fd-socket connection
+  // (protocol/fd_protocol.h: a name lookup) with an answer payload.
   static std::string AnswerFdRequest(const SessionTable& sessions, ClientId session,
-                                     absl::string_view request);
+                                     absl::string_view payload);
 
   grpc::Status CreateHeap(grpc::ServerContext*, const v1::CreateHeapRequest*,
                           v1::HeapInfo*) override;
