@@ -21,6 +21,8 @@ fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
 DIR=$(mktemp -d /tmp/heapd-deploy-XXXXXX)
 chmod 0755 "$DIR"  # the job's user runs the fake heapctl from here
 trap 'rm -rf "$DIR"' EXIT
+# Killed (Bazel's timeout sends SIGTERM): clean up all the same.
+trap 'exit 1' TERM INT HUP
 UNIT=deploy/systemd/heapd.service
 # The scripts as installed: root's, in a directory every user can read
 # (Bazel's runfiles are under /root, which the job's user cannot reach).

@@ -54,6 +54,9 @@ HEAPCTL=$DIR/bin/heapctl
 INGEST=$DIR/bin/graph_ingest
 QUERY=$DIR/bin/graph_query
 RESTORE=$DIR/libexec/heapd-restore.sh
+# What a hostile name would create, relative to where it ran, if anything
+# ever expanded one.
+HOSTILE_MARK=heapd-hostile-$$
 PIDFILES=()
 PIDS=()
 cleanup() {
@@ -64,6 +67,8 @@ cleanup() {
   rm -f "/$HOSTILE_MARK"
 }
 trap cleanup EXIT
+# Killed (Bazel's timeout sends SIGTERM): clean up all the same.
+trap 'exit 1' TERM INT HUP
 FAILURES=0
 fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
 wait_for() {  # wait_for SECONDS COMMAND...
@@ -202,7 +207,6 @@ wait_for 10 grep -q "snapshot graph-$JOB1 of heap graph" "$DIR/epilog.log" ||
 
 # Hostile entries, planted by nobody in its own directory. Should anything
 # expand one of these names, it creates a marker file.
-HOSTILE_MARK=heapd-hostile-$$
 MARK=$DIR/hostile-marker
 for name in "a b; touch $HOSTILE_MARK" "\$(touch $HOSTILE_MARK)" "\`touch $HOSTILE_MARK\`" \
   "-rf" "--help" "snap-1;touch $HOSTILE_MARK"; do
