@@ -14,11 +14,6 @@
 namespace heapd {
 namespace {
 
-// Bounds on one request, so a hostile client cannot make the daemon do
-// unbounded work in one call.
-constexpr uint32_t kMaxLeasesPerWant = 64;
-constexpr int kMaxFreesPerCall = 1 << 16;
-constexpr int kMaxLookupsPerAttach = 64;
 // How long an Attach waits for a heap another call is making.
 constexpr absl::Duration kWaitForCreation = absl::Seconds(10);
 
@@ -68,25 +63,6 @@ std::vector<LeaseReport> FromProto(
     out.push_back({report.chunk(), {report.words().begin(), report.words().end()}});
   }
   return out;
-}
-
-absl::Status ValidateWants(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants) {
-  if (wants.size() > static_cast<int>(kNumSizeClasses)) {
-    return absl::InvalidArgumentError(absl::StrCat(wants.size(), " lease requests in one call; at most ",
-                                                   kNumSizeClasses));
-  }
-  for (const v1::LeaseWant& want : wants) {
-    if (want.size_class() >= kNumSizeClasses) {
-      return absl::InvalidArgumentError(absl::StrCat("size class ", want.size_class(),
-                                                     " does not exist (0..",
-                                                     kNumSizeClasses - 1, ")"));
-    }
-    if (want.count() == 0 || want.count() > kMaxLeasesPerWant) {
-      return absl::InvalidArgumentError(absl::StrCat("lease count ", want.count(),
-                                                     " is not in 1..", kMaxLeasesPerWant));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Leases what `wants` asks for to `client`.
@@ -256,7 +232,7 @@ void HeapdService::FillClient(const Session& session, v1::ClientInfo* info) cons
 
 grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
                                       const v1::CreateHeapRequest* request, v1::HeapInfo* info) {
-  return Serve(context, "CreateHeap", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "CreateHeap", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         NewHeap(request->name(), request->max_size(), request->mode(), caller);
     if (!served.ok()) return served.status();
@@ -311,7 +287,7 @@ bool HeapdService::Stopping() const {
 grpc::Status HeapdService::ListHeaps(grpc::ServerContext* context,
                                      const v1::ListHeapsRequest* request,
                                      v1::ListHeapsResponse* response) {
-  return Serve(context, "ListHeaps", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ListHeaps", *request, [&](const Caller& caller) -> absl::Status {
     for (const std::shared_ptr<ServedHeap>& served : heaps_->List()) {
       if (!MayAccess(caller, served->heap->config(), Access::kRead) && !IsAdmin(caller)) continue;
       FillInfo(*served, /*with_usage=*/true, response->add_heaps());
@@ -322,7 +298,7 @@ grpc::Status HeapdService::ListHeaps(grpc::ServerContext* context,
 
 grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
                                     const v1::StatHeapRequest* request, v1::HeapStats* stats) {
-  return Serve(context, "StatHeap", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "StatHeap", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
     if (!served.ok()) return served.status();
@@ -355,7 +331,7 @@ grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
 grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
                                       const v1::RemoveHeapRequest* request,
                                       v1::RemoveHeapResponse*) {
-  return Serve(context, "RemoveHeap", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "RemoveHeap", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::string> removed;
     {
       absl::MutexLock lock(&attach_mu_);
@@ -389,29 +365,10 @@ absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& na
 
 grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
                                   v1::AttachResponse* response) {
-  return Serve(context, "Attach", [&](const Caller& caller) -> absl::Status {
-    if (request->snapshot().empty()) {
-      if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
-    }
-    if (absl::Status s = ValidateWants(request->leases()); !s.ok()) return s;
-    if (request->read_only() && request->leases_size() != 0) {
-      return absl::InvalidArgumentError("a read-only attach cannot lease chunks");
-    }
-    if (request->lookup_size() > kMaxLookupsPerAttach) {
-      return absl::InvalidArgumentError(absl::StrCat(request->lookup_size(),
-                                                     " names to look up; at most ",
-                                                     kMaxLookupsPerAttach));
-    }
-    for (const std::string& name : request->lookup()) {
-      if (absl::Status s = ValidateName(name); !s.ok()) return s;
-    }
+  return Serve(context, "Attach", *request, [&](const Caller& caller) -> absl::Status {
     bool created = false;
     absl::StatusOr<std::shared_ptr<ServedHeap>> served;
     if (!request->snapshot().empty()) {
-      if (!request->read_only() || request->create_if_missing()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("snapshot ", request->snapshot(), " can only be attached read-only"));
-      }
       // Opened (as the caller, in a caller's directory) and checked whole
       // before any lock is taken.
       SnapshotCallSlot slot(this, caller);
@@ -486,7 +443,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
 
 grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                   v1::DetachResponse* response) {
-  return Serve(context, "Detach", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Detach", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<Session>> found = sessions_->Get(request->session(), caller);
     if (!found.ok()) return found.status();
     std::shared_ptr<Session> session = sessions_->Take(request->session());
@@ -536,10 +493,7 @@ grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::Detach
 grpc::Status HeapdService::ListClients(grpc::ServerContext* context,
                                        const v1::ListClientsRequest* request,
                                        v1::ListClientsResponse* response) {
-  return Serve(context, "ListClients", [&](const Caller& caller) -> absl::Status {
-    if (!request->heap().empty()) {
-      if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
-    }
+  return Serve(context, "ListClients", *request, [&](const Caller& caller) -> absl::Status {
     const bool admin = IsAdmin(caller);
     for (const std::shared_ptr<Session>& session : sessions_->List()) {
       if (!request->heap().empty() && session->heap->name != request->heap()) continue;
@@ -553,8 +507,7 @@ grpc::Status HeapdService::ListClients(grpc::ServerContext* context,
 grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
                                        const v1::LeaseChunksRequest* request,
                                        v1::LeaseChunksResponse* response) {
-  return Serve(context, "LeaseChunks", [&](const Caller& caller) -> absl::Status {
-    if (absl::Status s = ValidateWants(request->wants()); !s.ok()) return s;
+  return Serve(context, "LeaseChunks", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       PersistentHeap& heap = *session.heap->heap;
       absl::Status status = LeaseAll(heap, session.id, request->wants(), response->mutable_grants());
@@ -580,7 +533,7 @@ grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
 grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
                                         const v1::ReturnChunksRequest* request,
                                         v1::ReturnChunksResponse*) {
-  return Serve(context, "ReturnChunks", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ReturnChunks", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       return session.heap->heap->ReturnLeases(session.id, FromProto(request->reports()));
     });
@@ -590,8 +543,7 @@ grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
 grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
                                          const v1::AllocateLargeRequest* request,
                                          v1::AllocateLargeResponse* response) {
-  return Serve(context, "AllocateLarge", [&](const Caller& caller) -> absl::Status {
-    if (request->size() == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  return Serve(context, "AllocateLarge", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       PersistentHeap& heap = *session.heap->heap;
       if (request->size() > heap.config().max_size) {
@@ -610,12 +562,7 @@ grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
 
 grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequest* request,
                                 v1::FreeResponse*) {
-  return Serve(context, "Free", [&](const Caller& caller) -> absl::Status {
-    if (request->objects_size() > kMaxFreesPerCall) {
-      return absl::InvalidArgumentError(absl::StrCat(request->objects_size(),
-                                                     " objects in one free; at most ",
-                                                     kMaxFreesPerCall));
-    }
+  return Serve(context, "Free", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       std::vector<ObjectRef> objects;
       objects.reserve(request->objects_size());
@@ -635,7 +582,7 @@ grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequ
 
 grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequest* request,
                                 v1::SyncResponse* response) {
-  return Serve(context, "Sync", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Sync", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       PersistentHeap& heap = *session.heap->heap;
       const absl::Time start = absl::Now();
@@ -658,7 +605,7 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
 
 grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequest* request,
                                 v1::BindResponse*) {
-  return Serve(context, "Bind", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Bind", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       NameEntry entry;
       entry.name = request->name();
@@ -679,8 +626,7 @@ grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequ
 
 grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
                                   const v1::LookupRequest* request, v1::NameEntry* response) {
-  return Serve(context, "Lookup", [&](const Caller& caller) -> absl::Status {
-    if (absl::Status s = ValidateName(request->name()); !s.ok()) return s;
+  return Serve(context, "Lookup", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
     if (!served.ok()) return served.status();
@@ -696,7 +642,7 @@ grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
 
 grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
                                   const v1::UnbindRequest* request, v1::NameEntry* response) {
-  return Serve(context, "Unbind", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "Unbind", *request, [&](const Caller& caller) -> absl::Status {
     return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
       absl::StatusOr<NameEntry> entry = session.heap->heap->Unbind(request->name());
       if (!entry.ok()) {
@@ -712,7 +658,7 @@ grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
 grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
                                      const v1::ListNamesRequest* request,
                                      v1::ListNamesResponse* response) {
-  return Serve(context, "ListNames", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ListNames", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
     if (!served.ok()) return served.status();
@@ -759,14 +705,9 @@ absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time sin
 grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
                                           const v1::CreateSnapshotRequest* request,
                                           v1::SnapshotManifest* response) {
-  return Serve(context, "CreateSnapshot", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "CreateSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     const absl::Time start = absl::Now();
     absl::Status status = [&]() -> absl::Status {
-      if (absl::Status s = ValidateHeapName(request->name(), "snapshot"); !s.ok()) return s;
-      if (request->wait_ms() > kMaxSnapshotWaitMs) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "wait_ms ", request->wait_ms(), " is above the limit of ", kMaxSnapshotWaitMs));
-      }
       absl::StatusOr<std::shared_ptr<ServedHeap>> served =
           HeapFor(request->heap(), caller, Access::kRead);
       if (!served.ok()) return served.status();
@@ -804,7 +745,7 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
 grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
                                          const v1::ListSnapshotsRequest* request,
                                          v1::ListSnapshotsResponse* response) {
-  return Serve(context, "ListSnapshots", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "ListSnapshots", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<std::vector<v1::SnapshotManifest>> snapshots =
@@ -820,7 +761,7 @@ grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
 grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
                                           v1::SnapshotManifest* response) {
-  return Serve(context, "VerifySnapshot", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "VerifySnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<v1::SnapshotManifest> manifest =
@@ -835,7 +776,7 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
 grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
                                           v1::RemoveSnapshotResponse*) {
-  return Serve(context, "RemoveSnapshot", [&](const Caller& caller) -> absl::Status {
+  return Serve(context, "RemoveSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     if (absl::Status s =
@@ -853,10 +794,7 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
 grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
                                            const v1::RestoreSnapshotRequest* request,
                                            v1::HeapInfo* info) {
-  return Serve(context, "RestoreSnapshot", [&](const Caller& caller) -> absl::Status {
-    if (!request->heap().empty()) {
-      if (absl::Status s = ValidateHeapName(request->heap()); !s.ok()) return s;
-    }
+  return Serve(context, "RestoreSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     if (request->keep_owner() && !IsAdmin(caller)) {
       return absl::PermissionDeniedError(absl::StrCat(
           caller.ToString(), " may not restore with the snapshot's owner (admins only)"));

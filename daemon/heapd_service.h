@@ -21,14 +21,12 @@
 #include "daemon/heap_registry.h"
 #include "daemon/limits.h"
 #include "daemon/metrics.h"
+#include "daemon/request_validation.h"
 #include "daemon/session_table.h"
 #include "proto/heapd.grpc.pb.h"
 #include "snapshot/snapshot_store.h"
 
 namespace heapd {
-
-// The longest a CreateSnapshot may wait for writers to sync.
-inline constexpr uint32_t kMaxSnapshotWaitMs = 10 * 60 * 1000;
 
 struct ServiceOptions {
   std::optional<uint32_t> admin_gid;
@@ -105,7 +103,16 @@ class HeapdService final : public v1::Heapd::Service {
   // Counts a caller's snapshot calls in flight (limits.snapshot_calls).
   class SnapshotCallSlot;
 
-  // Runs `body` for the caller of `context`; absl errors become gRPC ones.
+  // Runs `body` for the caller of `context` once `request` passed its
+  // ValidateRequest; absl errors become gRPC ones.
+  template <typename Request>
+  grpc::Status Serve(grpc::ServerContext* context, const char* method, const Request& request,
+                     const std::function<absl::Status(const Caller&)>& body) {
+    return Serve(context, method, [&](const Caller& caller) -> absl::Status {
+      if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+      return body(caller);
+    });
+  }
   grpc::Status Serve(grpc::ServerContext* context, const char* method,
                      const std::function<absl::Status(const Caller&)>& body);
   // Runs `body` on session `id` of `caller` under the session's lock.

@@ -1,5 +1,7 @@
 #include "snapshot/snapshot_format.h"
 
+#include <climits>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -43,6 +45,17 @@ absl::Status ValidateLabels(const std::map<std::string, std::string>& labels) {
                                                      "than ",
                                                      kMaxLabelBytes, " bytes"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSnapshotDir(absl::string_view target_dir) {
+  if (target_dir.empty()) return absl::OkStatus();
+  if (target_dir[0] != '/' || target_dir.size() >= PATH_MAX ||
+      target_dir.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot directory '", absl::CHexEscape(target_dir.substr(0, 256)),
+        "' is not an absolute path"));
   }
   return absl::OkStatus();
 }

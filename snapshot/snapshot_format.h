@@ -39,6 +39,12 @@ bool IsMetadataFileName(absl::string_view name);
 // OK if `labels` are few and short enough; INVALID_ARGUMENT saying which.
 absl::Status ValidateLabels(const std::map<std::string, std::string>& labels);
 
+// OK if `target_dir` may name where snapshots are: empty (heapd's own
+// directory) or an absolute path shorter than PATH_MAX without a NUL byte.
+// INVALID_ARGUMENT otherwise. Whether the caller may use it is the
+// kernel's to say, when the caller's own process opens it.
+absl::Status ValidateSnapshotDir(absl::string_view target_dir);
+
 // manifest.json's bytes.
 std::string ManifestToJson(const v1::SnapshotManifest& manifest);
 

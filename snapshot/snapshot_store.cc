@@ -160,11 +160,7 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCal
     }
     return std::move(here.messages());
   }
-  if (target_dir[0] != '/' || target_dir.size() >= PATH_MAX ||
-      target_dir.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("snapshot directory '", target_dir.substr(0, 256),
-                                                   "' is not an absolute path"));
-  }
+  if (absl::Status s = ValidateSnapshotDir(target_dir); !s.ok()) return s;
   RunAsOptions options;
   options.timeout = options_.timeout;
   options.cancel_fd = options_.cancel_fd;

@@ -1,0 +1,240 @@
+#include "daemon/request_validation.h"
+
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/size_class.h"
+#include "heap/heap_name.h"
+#include "heap/metadata_format.h"
+#include "heap/name_table.h"
+#include "snapshot/snapshot_format.h"
+
+namespace heapd {
+namespace {
+
+using google::protobuf::RepeatedPtrField;
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// A check's error, with the field it was about named first.
+absl::Status InField(absl::string_view field, const absl::Status& status) {
+  return status.ok() ? status : Invalid(field, status.message());
+}
+
+absl::Status CheckSession(uint64_t session) {
+  // Session ids start at 1: 0 is what a client that never attached sends.
+  if (session == 0) return Invalid("session", "session 0 does not exist; attach first");
+  return absl::OkStatus();
+}
+
+absl::Status CheckHeapName(absl::string_view field, absl::string_view name) {
+  return InField(field, ValidateHeapName(name));
+}
+
+// An empty heap name means "every heap" or "the snapshot's own".
+absl::Status CheckOptionalHeapName(absl::string_view field, absl::string_view name) {
+  return name.empty() ? absl::OkStatus() : CheckHeapName(field, name);
+}
+
+absl::Status CheckSnapshotRef(absl::string_view name_field, absl::string_view name,
+                              absl::string_view dir_field, absl::string_view dir) {
+  if (absl::Status s = InField(name_field, ValidateHeapName(name, "snapshot")); !s.ok()) return s;
+  return InField(dir_field, ValidateSnapshotDir(dir));
+}
+
+// Settings of a heap to create; 0 means the default for each.
+absl::Status CheckCreateSettings(absl::string_view size_field, uint64_t max_size,
+                                 absl::string_view mode_field, uint32_t mode) {
+  if (max_size > kMaxHeapBytes) {
+    return Invalid(size_field, absl::StrCat("heap maximum size ", max_size,
+                                            " is above the limit of ", kMaxHeapBytes));
+  }
+  if (mode > 0777) {
+    return Invalid(mode_field, absl::StrFormat("heap mode 0%o has bits beyond 0777", mode));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::LeaseWant>& wants) {
+  if (wants.size() > static_cast<int>(kNumSizeClasses)) {
+    return Invalid(field, absl::StrCat(wants.size(), " lease requests in one call; at most ",
+                                       kNumSizeClasses));
+  }
+  for (int i = 0; i < wants.size(); ++i) {
+    const v1::LeaseWant& want = wants[i];
+    if (want.size_class() >= kNumSizeClasses) {
+      return Invalid(absl::StrCat(field, "[", i, "].size_class"),
+                     absl::StrCat("size class ", want.size_class(), " does not exist (0..",
+                                  kNumSizeClasses - 1, ")"));
+    }
+    if (want.count() == 0 || want.count() > kMaxLeasesPerWant) {
+      return Invalid(absl::StrCat(field, "[", i, "].count"),
+                     absl::StrCat("lease count ", want.count(), " is not in 1..",
+                                  kMaxLeasesPerWant));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateRequest(const v1::CreateHeapRequest& request) {
+  if (absl::Status s = CheckHeapName("name", request.name()); !s.ok()) return s;
+  return CheckCreateSettings("max_size", request.max_size(), "mode", request.mode());
+}
+
+absl::Status ValidateRequest(const v1::ListHeapsRequest&) { return absl::OkStatus(); }
+
+absl::Status ValidateRequest(const v1::StatHeapRequest& request) {
+  return CheckHeapName("heap", request.heap());
+}
+
+absl::Status ValidateRequest(const v1::RemoveHeapRequest& request) {
+  return CheckHeapName("heap", request.heap());
+}
+
+absl::Status ValidateRequest(const v1::AttachRequest& request) {
+  const bool snapshot = !request.snapshot().empty();
+  // Attaching a snapshot in place, `heap` is not used.
+  if (!snapshot) {
+    if (absl::Status s = CheckHeapName("heap", request.heap()); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckWants("leases", request.leases()); !s.ok()) return s;
+  if (request.read_only() && request.leases_size() != 0) {
+    return Invalid("leases", "a read-only attach cannot lease chunks");
+  }
+  if (request.lookup_size() > kMaxLookupsPerAttach) {
+    return Invalid("lookup", absl::StrCat(request.lookup_size(), " names to look up; at most ",
+                                          kMaxLookupsPerAttach));
+  }
+  for (int i = 0; i < request.lookup_size(); ++i) {
+    if (absl::Status s = InField(absl::StrCat("lookup[", i, "]"), ValidateName(request.lookup(i)));
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (snapshot) {
+    if (absl::Status s = CheckSnapshotRef("snapshot", request.snapshot(), "snapshot_dir",
+                                          request.snapshot_dir());
+        !s.ok()) {
+      return s;
+    }
+    if (!request.read_only() || request.create_if_missing()) {
+      return Invalid("snapshot", absl::StrCat("snapshot ", request.snapshot(),
+                                              " can only be attached read-only"));
+    }
+  }
+  if (request.create_if_missing()) {
+    return CheckCreateSettings("create_max_size", request.create_max_size(), "create_mode",
+                               request.create_mode());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::DetachRequest& request) {
+  return CheckSession(request.session());
+}
+
+absl::Status ValidateRequest(const v1::ListClientsRequest& request) {
+  return CheckOptionalHeapName("heap", request.heap());
+}
+
+absl::Status ValidateRequest(const v1::LeaseChunksRequest& request) {
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  return CheckWants("wants", request.wants());
+}
+
+absl::Status ValidateRequest(const v1::ReturnChunksRequest& request) {
+  return CheckSession(request.session());
+}
+
+absl::Status ValidateRequest(const v1::AllocateLargeRequest& request) {
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  if (request.size() == 0) return Invalid("size", "cannot allocate 0 bytes");
+  if (request.size() > kMaxHeapBytes) {
+    return Invalid("size", absl::StrCat("cannot allocate ", request.size(),
+                                        " bytes: no heap's maximum size is above ",
+                                        kMaxHeapBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::FreeRequest& request) {
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  if (request.objects_size() > kMaxFreesPerCall) {
+    return Invalid("objects", absl::StrCat(request.objects_size(), " objects in one free; at most ",
+                                           kMaxFreesPerCall));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::SyncRequest& request) {
+  return CheckSession(request.session());
+}
+
+absl::Status ValidateRequest(const v1::BindRequest& request) {
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  if (absl::Status s = InField("name", ValidateName(request.name())); !s.ok()) return s;
+  if (absl::Status s = InField("type_name", ValidateName(request.type_name(), "type name"));
+      !s.ok()) {
+    return s;
+  }
+  if (request.size() == 0) {
+    return Invalid("size", absl::StrCat("name '", request.name(), "' binds 0 bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::LookupRequest& request) {
+  if (absl::Status s = CheckHeapName("heap", request.heap()); !s.ok()) return s;
+  return InField("name", ValidateName(request.name()));
+}
+
+absl::Status ValidateRequest(const v1::UnbindRequest& request) {
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  return InField("name", ValidateName(request.name()));
+}
+
+absl::Status ValidateRequest(const v1::ListNamesRequest& request) {
+  return CheckHeapName("heap", request.heap());
+}
+
+absl::Status ValidateRequest(const v1::CreateSnapshotRequest& request) {
+  if (absl::Status s = CheckHeapName("heap", request.heap()); !s.ok()) return s;
+  if (absl::Status s = CheckSnapshotRef("name", request.name(), "target_dir", request.target_dir());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = InField("labels", ValidateLabels(std::map<std::string, std::string>(
+                                             request.labels().begin(), request.labels().end())));
+      !s.ok()) {
+    return s;
+  }
+  if (request.wait_ms() > kMaxSnapshotWaitMs) {
+    return Invalid("wait_ms", absl::StrCat("wait_ms ", request.wait_ms(),
+                                           " is above the limit of ", kMaxSnapshotWaitMs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::ListSnapshotsRequest& request) {
+  return InField("target_dir", ValidateSnapshotDir(request.target_dir()));
+}
+
+absl::Status ValidateRequest(const v1::SnapshotRef& request) {
+  return CheckSnapshotRef("name", request.name(), "target_dir", request.target_dir());
+}
+
+absl::Status ValidateRequest(const v1::RestoreSnapshotRequest& request) {
+  if (absl::Status s = CheckSnapshotRef("name", request.name(), "target_dir", request.target_dir());
+      !s.ok()) {
+    return s;
+  }
+  return CheckOptionalHeapName("heap", request.heap());
+}
+
+}  // namespace heapd
