@@ -525,7 +525,19 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
   if (!request.ok()) return request.status();
   const std::string frame = EncodeFrame(*request);
   absl::MutexLock lock(&fd_mu_);
-  auto io_error = [this](const char* what) {
+  if (fd_broken_) {
+    v1::LookupRequest lookup;
+    lookup.set_heap(name_);
+    lookup.set_name(name);
+    v1::NameEntry entry;
+    grpc::ClientContext context;
+    if (absl::Status s = FromGrpc(client_->stub().Lookup(&context, lookup, &entry)); !s.ok()) {
+      return s;
+    }
+    return FromProto(entry);
+  }
+  auto io_error = [this](const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fd_mu_) {
+    fd_broken_ = true;
     return absl::UnavailableError(absl::StrCat(what, " heapd's connection of heap ", name_,
                                                " failed: ", std::strerror(errno)));
   };
@@ -549,6 +561,7 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
   absl::StatusOr<uint32_t> length =
       DecodeFrameLength(absl::string_view(header, sizeof(header)), kMaxFdAnswerBytes);
   if (!length.ok()) {
+    fd_broken_ = true;
     return absl::UnavailableError(absl::StrCat("heapd's connection of heap ", name_, ": ",
                                                length.status().message()));
   }

@@ -201,6 +201,9 @@ class Heap {
   int data_fd_ = -1;
   int fd_connection_ = -1;  // heapd.fd.sock, open for the whole session
   absl::Mutex fd_mu_;       // one request at a time on fd_connection_
+  // Set when an exchange on fd_connection_ failed midway: the stream is out
+  // of step, so lookups go through gRPC from then on.
+  bool fd_broken_ ABSL_GUARDED_BY(fd_mu_) = false;
   int fault_slot_ = -1;     // see growth_fault_handler.h
   bool detached_ = false;
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "heap/data_file.h"
 #include "heap/metadata_store.h"
 #include "snapshot/snapshot_store.h"
@@ -29,7 +30,7 @@ absl::Status EnsurePrivateDirectory(const std::string& dir) {
   if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         dir, " must be a directory of uid ", geteuid(), " that no one else may write (it is uid ",
-        st.st_uid, ", mode 0", absl::Hex(st.st_mode & 07777), ")"));
+        st.st_uid, ", mode 0", absl::StrFormat("%o", st.st_mode & 07777), ")"));
   }
   return absl::OkStatus();
 }

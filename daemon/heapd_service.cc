@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
 #include "protocol/fd_protocol.h"
@@ -400,7 +401,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       return absl::PermissionDeniedError(absl::StrCat(
           caller.ToString(), " may not attach heap ", (*served)->name,
           request->read_only() ? " read-only" : " read-write", " (owner uid ", config.owner_uid,
-          ", mode 0", absl::Hex(config.mode), ")"));
+          ", mode 0", absl::StrFormat("%o", config.mode), ")"));
     }
     if (!request->read_only()) {
       if (absl::Status s = (*served)->heap->broken(); !s.ok()) return s;

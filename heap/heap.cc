@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "heap/fault_point.h"
 
@@ -75,7 +76,7 @@ absl::Status ValidateHeapConfig(const HeapConfig& config) {
   }
   if (config.mode > 0777) {
     return absl::InvalidArgumentError(
-        absl::StrCat("heap mode 0", absl::Hex(config.mode), " has bits beyond 0777"));
+        absl::StrCat("heap mode 0", absl::StrFormat("%o", config.mode), " has bits beyond 0777"));
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
@@ -133,7 +134,7 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::st
     return absl::FailedPreconditionError(absl::StrCat(
         "snapshot directory ", own_dir, " must belong to uid ", geteuid(),
         " and be writable by no one else (it is uid ", st.st_uid, ", mode 0",
-        absl::Hex(st.st_mode & 07777), ")"));
+        absl::StrFormat("%o", st.st_mode & 07777), ")"));
   }
   struct stat state;
   if (stat(state_dir.c_str(), &state) != 0) {
@@ -202,7 +203,7 @@ absl::Status SnapshotStore::CheckOwnAccess(const SnapshotCaller& caller,
   return absl::PermissionDeniedError(absl::StrCat(
       "uid ", who.uid, " may not ", remove ? "remove" : "read", " snapshot heapd:",
       manifest.name(), " (made by uid ", manifest.created_by_uid(), " of heap ", manifest.heap(),
-      " owned by uid ", source.owner_uid(), ", mode 0", absl::Hex(source.mode()), ")"));
+      " owned by uid ", source.owner_uid(), ", mode 0", absl::StrFormat("%o", source.mode()), ")"));
 }
 
 absl::StatusOr<uint64_t> SnapshotStore::OwnBytesOf(uint32_t uid) {
