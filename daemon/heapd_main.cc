@@ -33,7 +33,7 @@
 #include "daemon/heapd_service.h"
 #include "daemon/limits.h"
 #include "daemon/metrics.h"
-#include "daemon/session_table.h"
+#include "daemon/sessions.h"
 #include "daemon/unix_listener.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/server_builder.h"
@@ -229,11 +229,11 @@ int Run() {
     spdlog::critical("{}", (grpc_fd.ok() ? fd_fd : grpc_fd).status().ToString());
     return 1;
   }
-  SessionTable sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)),
-                        limits.sessions);
   Metrics metrics;
+  Sessions sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)), limits.sessions,
+                    &metrics);
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
-    if (absl::Status s = metrics.Serve(address, heaps->get(), &sessions); !s.ok()) {
+    if (absl::Status s = metrics.Serve(address, heaps->get(), &sessions.table()); !s.ok()) {
       spdlog::critical("{}", s.ToString());
       return 1;
     }
@@ -265,31 +265,16 @@ int Run() {
                                             [&metrics] { metrics.CountLimitRefusal("connections_per_user"); });
 
   FdServer::Callbacks callbacks;
-  callbacks.redeem = [&sessions, &metrics](const std::string& token,
+  callbacks.redeem = [&sessions](const std::string& token,
                                  const Caller& caller) -> absl::StatusOr<FdServer::Grant> {
-    absl::StatusOr<std::shared_ptr<Session>> session = sessions.Redeem(token, caller);
-    if (!session.ok()) return session.status();
-    absl::StatusOr<int> fd =
-        (*session)->heap->heap->OpenDataFile(/*writable=*/!(*session)->read_only);
-    if (!fd.ok()) {
-      HeapdService::EndSession(sessions.Take((*session)->id), "no_data_fd",
-                               "its data fd could not be opened", &metrics);
-      return fd.status();
-    }
-    return FdServer::Grant{(*session)->id, *fd};
+    absl::StatusOr<Sessions::Redeemed> redeemed = sessions.Redeem(token, caller);
+    if (!redeemed.ok()) return redeemed.status();
+    return FdServer::Grant{redeemed->session, redeemed->fd};
   };
-  callbacks.closed = [&sessions, &metrics](ClientId id) {
-    HeapdService::EndSession(sessions.Take(id), "connection_closed",
-                             "its fd-socket connection closed without a detach", &metrics);
-  };
-  callbacks.tick = [&sessions, &metrics] {
-    for (const std::shared_ptr<Session>& session : sessions.TakeExpired(absl::Now())) {
-      HeapdService::EndSession(session, "token_expired", "it did not fetch its fd in time",
-                               &metrics);
-    }
-  };
+  callbacks.closed = [&sessions](ClientId id) { sessions.ConnectionClosed(id); };
+  callbacks.tick = [&sessions] { sessions.ExpireTokens(); };
   callbacks.request = [&sessions](ClientId id, absl::string_view request) {
-    return HeapdService::AnswerFdRequest(sessions, id, request);
+    return sessions.AnswerFdRequest(id, request);
   };
   callbacks.refused = [&metrics] { metrics.CountLimitRefusal("connections_per_user"); };
   auto fd_server = std::make_unique<FdServer>(*fd_fd, limits.connections, std::move(callbacks));

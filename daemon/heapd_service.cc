@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
+#include "daemon/proto_convert.h"
 #include "protocol/fd_protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -21,62 +22,6 @@ constexpr absl::Duration kWaitForCreation = absl::Seconds(10);
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
-}
-
-v1::BackingKind ToProto(BackingKind kind) {
-  switch (kind) {
-    case BackingKind::kDax:
-      return v1::BACKING_DAX;
-    case BackingKind::kTmpfs:
-      return v1::BACKING_TMPFS;
-    case BackingKind::kFile:
-      return v1::BACKING_FILE;
-  }
-  return v1::BACKING_UNKNOWN;
-}
-
-void ToProto(const NameEntry& entry, v1::NameEntry* out) {
-  out->set_name(entry.name);
-  out->set_offset(entry.offset);
-  out->set_size(entry.size);
-  out->set_type_name(entry.type_name);
-  out->set_owner_uid(entry.owner_uid);
-  out->set_created_unix_ns(entry.created_unix_ns);
-}
-
-void ToProto(const LeaseGrant& grant, v1::LeaseGrant* out) {
-  out->set_chunk(grant.chunk);
-  out->set_size_class(grant.size_class);
-  out->mutable_words()->Add(grant.words.begin(), grant.words.end());
-}
-
-void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out) {
-  out->set_chunk(correction.chunk);
-  out->mutable_freed_slots()->Add(correction.freed_slots.begin(), correction.freed_slots.end());
-  out->mutable_kept_slots()->Add(correction.kept_slots.begin(), correction.kept_slots.end());
-}
-
-std::vector<LeaseReport> FromProto(
-    const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports) {
-  std::vector<LeaseReport> out;
-  out.reserve(reports.size());
-  for (const v1::LeaseReport& report : reports) {
-    out.push_back({report.chunk(), {report.words().begin(), report.words().end()}});
-  }
-  return out;
-}
-
-// Leases what `wants` asks for to `client`.
-absl::Status LeaseAll(PersistentHeap& heap, ClientId client,
-                      const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants,
-                      google::protobuf::RepeatedPtrField<v1::LeaseGrant>* out) {
-  for (const v1::LeaseWant& want : wants) {
-    absl::StatusOr<std::vector<LeaseGrant>> grants =
-        heap.LeaseChunks(client, want.size_class(), want.count());
-    if (!grants.ok()) return grants.status();
-    for (const LeaseGrant& grant : *grants) ToProto(grant, out->Add());
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -110,45 +55,6 @@ class HeapdService::SnapshotCallSlot {
   absl::Status status_;
 };
 
-void HeapdService::EndSession(const std::shared_ptr<Session>& session, const char* reason,
-                              const char* why, Metrics* metrics) {
-  if (session == nullptr) return;
-  absl::MutexLock lock(&session->mu);
-  if (session->ended) return;
-  session->ended = true;
-  const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
-  metrics->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
-  for (const std::string& rejected : reclaimed.rejected_frees) {
-    metrics->CountRejectedFree(absl::InvalidArgumentError(rejected));
-    spdlog::warn("session {} on heap {} ({}) ended before it learned: {}", session->id,
-                 session->heap->name, session->caller.ToString(), rejected);
-  }
-  spdlog::info("session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
-               "uncommitted large objects",
-               session->id, session->heap->name, session->caller.ToString(), why,
-               reclaimed.leases, reclaimed.large_runs);
-}
-
-std::string HeapdService::AnswerFdRequest(const SessionTable& sessions, ClientId id,
-                                          absl::string_view payload) {
-  absl::StatusOr<FdRequest> request = ParseRequest(payload);
-  if (!request.ok()) return EncodeLookupAnswer(request.status());
-  std::shared_ptr<Session> session = sessions.Find(id);
-  if (session == nullptr) {
-    return EncodeLookupAnswer(
-        absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended")));
-  }
-  absl::StatusOr<NameEntry> entry = session->heap->heap->Lookup(request->name);
-  if (!entry.ok()) {
-    return EncodeLookupAnswer(absl::Status(
-        entry.status().code(),
-        absl::StrCat("heap ", session->heap->name, ": ", entry.status().message())));
-  }
-  v1::NameEntry out;
-  ToProto(*entry, &out);
-  return EncodeLookupAnswer(out);
-}
-
 grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* method,
                                  const std::function<absl::Status(const Caller&)>& body) {
   const absl::Time start = absl::Now();
@@ -156,28 +62,6 @@ grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* metho
   const absl::Status status = caller.ok() ? body(*caller) : caller.status();
   metrics_->CountCall(method, status, absl::ToDoubleSeconds(absl::Now() - start));
   return ToGrpc(status);
-}
-
-absl::Status HeapdService::OnSession(uint64_t id, const Caller& caller, bool writes,
-                                     const std::function<absl::Status(Session&)>& body) {
-  absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id, caller);
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  absl::MutexLock lock(&s.mu);
-  if (s.ended) return absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended"));
-  if (writes && s.read_only) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session ", id, " attached heap ", s.heap->name, " read-only"));
-  }
-  const uint64_t repairs = s.heap->heap->data_file_repairs();
-  absl::Status status = body(s);
-  if (s.heap->heap->data_file_repairs() != repairs) {
-    spdlog::warn("heap {}: its data file had been truncated or extended by a client holding it "
-                 "writable; heapd put it back to {} bytes (noticed during a call of session {}, "
-                 "{})",
-                 s.heap->name, s.heap->heap->capacity_bytes(), id, caller.ToString());
-  }
-  return status;
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::HeapFor(const std::string& name,
@@ -202,7 +86,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_mode(config.mode);
   info->set_created_unix_ns(config.created_unix_ns);
   info->set_reflink(served.reflink);
-  info->set_clients(static_cast<uint32_t>(sessions_->CountOn(served.name)));
+  info->set_clients(static_cast<uint32_t>(sessions_->table().CountOn(served.name)));
   if (!with_usage) {
     info->set_capacity_bytes(served.heap->capacity_bytes());
     info->set_epoch(served.heap->epoch());
@@ -228,7 +112,7 @@ void HeapdService::FillClient(const Session& session, v1::ClientInfo* info) cons
   info->set_read_only(session.read_only);
   info->set_leased_chunks(static_cast<uint32_t>(session.heap->heap->LeaseCount(session.id)));
   info->set_attached_unix_ns(absl::ToUnixNanos(session.attached));
-  info->set_connected(sessions_->Connected(session.id));
+  info->set_connected(sessions_->table().Connected(session.id));
 }
 
 grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
@@ -355,7 +239,7 @@ absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& na
                                                     name, " of uid ", owner,
                                                     " (only its owner or an admin may)"));
   }
-  if (const size_t clients = sessions_->CountOn(name); clients != 0) {
+  if (const size_t clients = sessions_->table().CountOn(name); clients != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
   }
@@ -419,14 +303,12 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       started = sessions_->Start(*served, caller, request->read_only());
     }
     if (!started.ok()) return CountIfLimited(started.status());
+    // Leased with no lock held: the heap may grow.
+    absl::StatusOr<std::vector<LeaseGrant>> grants =
+        sessions_->LeaseAtStart(started->session, FromProto(request->leases()));
+    if (!grants.ok()) return grants.status();
+    for (const LeaseGrant& grant : *grants) ToProto(grant, response->add_grants());
     PersistentHeap& heap = *(*served)->heap;
-    if (absl::Status s = LeaseAll(heap, started->session->id, request->leases(),
-                                  response->mutable_grants());
-        !s.ok()) {
-      EndSession(sessions_->Take(started->session->id), "attach_failed", "its attach failed",
-                 metrics_);
-      return s;
-    }
     for (const std::string& name : request->lookup()) {
       if (absl::StatusOr<NameEntry> entry = heap.Lookup(name); entry.ok()) {
         ToProto(*entry, response->add_found());
@@ -436,8 +318,6 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     response->set_fd_token(started->token);
     response->set_created(created);
     FillInfo(**served, /*with_usage=*/false, response->mutable_heap());
-    spdlog::info("session {} attached heap {} {} ({})", started->session->id, (*served)->name,
-                 request->read_only() ? "read-only" : "read-write", caller.ToString());
     return absl::OkStatus();
   });
 }
@@ -445,48 +325,10 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
 grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                   v1::DetachResponse* response) {
   return Serve(context, "Detach", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<std::shared_ptr<Session>> found = sessions_->Get(request->session(), caller);
-    if (!found.ok()) return found.status();
-    std::shared_ptr<Session> session = sessions_->Take(request->session());
-    if (session == nullptr) {
-      return absl::NotFoundError(absl::StrCat("session ", request->session(), " already ended"));
-    }
-    absl::MutexLock lock(&session->mu);
-    if (session->ended) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("session ", request->session(), " has ended"));
-    }
-    session->ended = true;
-    PersistentHeap& heap = *session->heap->heap;
-    if (session->read_only) {
-      spdlog::info("session {} detached heap {} ({})", session->id, session->heap->name,
-                   caller.ToString());
-      response->set_epoch(heap.epoch());
-      return absl::OkStatus();
-    }
-    const absl::Time start = absl::Now();
-    absl::StatusOr<SyncResult> result = heap.Detach(session->id, FromProto(request->reports()));
-    metrics_->CountSync(session->heap->name, result.status(),
-                        absl::ToDoubleSeconds(absl::Now() - start));
-    if (!result.ok()) {
-      const ReclaimResult reclaimed = heap.Reclaim(session->id);
-      metrics_->CountReclaim("detach_failed", reclaimed.leases, reclaimed.large_runs);
-      spdlog::warn("session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
-                   "last sync",
-                   session->id, session->heap->name, result.status().ToString(),
-                   reclaimed.leases);
-      return absl::Status(result.status().code(),
-                          absl::StrCat(result.status().message(), "; session ", session->id,
-                                       " ended with its leases at their last sync"));
-    }
-    response->set_epoch(result->epoch);
-    for (const std::string& rejected : result->rejected_frees) {
-      metrics_->CountRejectedFree(absl::InvalidArgumentError(rejected));
-      spdlog::warn("session {} on heap {} ({}) detached before it learned: {}", session->id,
-                   session->heap->name, caller.ToString(), rejected);
-    }
-    spdlog::info("session {} detached heap {} at epoch {} ({})", session->id,
-                 session->heap->name, result->epoch, caller.ToString());
+    absl::StatusOr<uint64_t> epoch =
+        sessions_->Detach(request->session(), caller, FromProto(request->reports()));
+    if (!epoch.ok()) return epoch.status();
+    response->set_epoch(*epoch);
     return absl::OkStatus();
   });
 }
@@ -509,25 +351,12 @@ grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
                                        const v1::LeaseChunksRequest* request,
                                        v1::LeaseChunksResponse* response) {
   return Serve(context, "LeaseChunks", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      PersistentHeap& heap = *session.heap->heap;
-      absl::Status status = LeaseAll(heap, session.id, request->wants(), response->mutable_grants());
-      if (!status.ok() && response->grants_size() != 0) {
-        // Give back what the earlier wants got: the call changes nothing.
-        std::vector<LeaseReport> back;
-        for (const v1::LeaseGrant& grant : response->grants()) {
-          back.push_back({grant.chunk(), {grant.words().begin(), grant.words().end()}});
-        }
-        if (absl::Status s = heap.ReturnLeases(session.id, back); !s.ok()) {
-          // They stay the session's and come back when it ends.
-          spdlog::warn("session {} on heap {}: returning the chunks of a failed lease: {}",
-                       session.id, session.heap->name, s.ToString());
-        }
-        response->clear_grants();
-      }
-      response->set_capacity_bytes(heap.capacity_bytes());
-      return status;
-    });
+    absl::StatusOr<Sessions::Leased> leased =
+        sessions_->Lease(request->session(), caller, FromProto(request->wants()));
+    if (!leased.ok()) return leased.status();
+    for (const LeaseGrant& grant : leased->grants) ToProto(grant, response->add_grants());
+    response->set_capacity_bytes(leased->capacity_bytes);
+    return absl::OkStatus();
   });
 }
 
@@ -535,9 +364,7 @@ grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
                                         const v1::ReturnChunksRequest* request,
                                         v1::ReturnChunksResponse*) {
   return Serve(context, "ReturnChunks", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      return session.heap->heap->ReturnLeases(session.id, FromProto(request->reports()));
-    });
+    return sessions_->ReturnChunks(request->session(), caller, FromProto(request->reports()));
   });
 }
 
@@ -545,83 +372,49 @@ grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
                                          const v1::AllocateLargeRequest* request,
                                          v1::AllocateLargeResponse* response) {
   return Serve(context, "AllocateLarge", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      PersistentHeap& heap = *session.heap->heap;
-      if (request->size() > heap.config().max_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cannot allocate ", request->size(), " bytes in heap ", session.heap->name,
-            " of maximum size ", heap.config().max_size));
-      }
-      absl::StatusOr<uint64_t> offset = heap.AllocateLarge(session.id, request->size());
-      if (!offset.ok()) return offset.status();
-      response->set_offset(*offset);
-      response->set_capacity_bytes(heap.capacity_bytes());
-      return absl::OkStatus();
-    });
+    absl::StatusOr<Sessions::Allocated> allocated =
+        sessions_->AllocateLarge(request->session(), caller, request->size());
+    if (!allocated.ok()) return allocated.status();
+    response->set_offset(allocated->offset);
+    response->set_capacity_bytes(allocated->capacity_bytes);
+    return absl::OkStatus();
   });
 }
 
 grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequest* request,
                                 v1::FreeResponse*) {
   return Serve(context, "Free", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      std::vector<ObjectRef> objects;
-      objects.reserve(request->objects_size());
-      for (const v1::ObjectRef& object : request->objects()) {
-        objects.push_back({object.offset(), object.size()});
-      }
-      absl::Status status = session.heap->heap->Free(session.id, objects);
-      if (!status.ok()) {
-        metrics_->CountRejectedFree(status);
-        return absl::Status(status.code(), absl::StrCat("heap ", session.heap->name, ": ",
-                                                        status.message()));
-      }
-      return status;
-    });
+    return sessions_->Free(request->session(), caller, FromProto(request->objects()));
   });
 }
 
 grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequest* request,
                                 v1::SyncResponse* response) {
   return Serve(context, "Sync", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      PersistentHeap& heap = *session.heap->heap;
-      const absl::Time start = absl::Now();
-      absl::StatusOr<SyncResult> result = heap.Sync(session.id, FromProto(request->reports()));
-      metrics_->CountSync(session.heap->name, result.status(),
-                          absl::ToDoubleSeconds(absl::Now() - start));
-      if (!result.ok()) return result.status();
-      session.last_sync_unix_ns = absl::ToUnixNanos(start);
-      response->set_epoch(result->epoch);
-      for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
-      for (const std::string& rejected : result->rejected_frees) {
-        response->add_rejected_frees(absl::StrCat("heap ", session.heap->name, ": ", rejected));
-        metrics_->CountRejectedFree(absl::InvalidArgumentError(rejected));
-      }
-      response->set_capacity_bytes(heap.capacity_bytes());
-      return absl::OkStatus();
-    });
+    absl::StatusOr<Sessions::Synced> synced =
+        sessions_->Sync(request->session(), caller, FromProto(request->reports()));
+    if (!synced.ok()) return synced.status();
+    response->set_epoch(synced->result.epoch);
+    for (const LeaseCorrection& c : synced->result.corrections) {
+      ToProto(c, response->add_corrections());
+    }
+    for (const std::string& rejected : synced->result.rejected_frees) {
+      response->add_rejected_frees(rejected);
+    }
+    response->set_capacity_bytes(synced->capacity_bytes);
+    return absl::OkStatus();
   });
 }
 
 grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequest* request,
                                 v1::BindResponse*) {
   return Serve(context, "Bind", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      NameEntry entry;
-      entry.name = request->name();
-      entry.offset = request->offset();
-      entry.size = request->size();
-      entry.type_name = request->type_name();
-      entry.owner_uid = caller.uid;
-      entry.created_unix_ns = absl::ToUnixNanos(absl::Now());
-      absl::Status status = session.heap->heap->Bind(session.id, entry);
-      if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat("heap ", session.heap->name, ": ",
-                                                        status.message()));
-      }
-      return status;
-    });
+    NameEntry entry;
+    entry.name = request->name();
+    entry.offset = request->offset();
+    entry.size = request->size();
+    entry.type_name = request->type_name();
+    return sessions_->Bind(request->session(), caller, std::move(entry));
   });
 }
 
@@ -644,15 +437,10 @@ grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
 grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
                                   const v1::UnbindRequest* request, v1::NameEntry* response) {
   return Serve(context, "Unbind", *request, [&](const Caller& caller) -> absl::Status {
-    return OnSession(request->session(), caller, /*writes=*/true, [&](Session& session) {
-      absl::StatusOr<NameEntry> entry = session.heap->heap->Unbind(request->name());
-      if (!entry.ok()) {
-        return absl::Status(entry.status().code(), absl::StrCat("heap ", session.heap->name,
-                                                                ": ", entry.status().message()));
-      }
-      ToProto(*entry, response);
-      return absl::OkStatus();
-    });
+    absl::StatusOr<NameEntry> entry = sessions_->Unbind(request->session(), caller, request->name());
+    if (!entry.ok()) return entry.status();
+    ToProto(*entry, response);
+    return absl::OkStatus();
   });
 }
 

@@ -1,9 +1,8 @@
 // HeapdService: the heapd.v1.Heapd gRPC service, a thin layer. Each call
 // learns its caller from the connection (GrpcListener), validates the whole
 // request before it changes anything, checks the caller's permission on the
-// heap and, for session calls, that the session is the caller's and still
-// open; then it calls the component that does the work (HeapRegistry,
-// SessionTable, PersistentHeap, SnapshotStore) and converts the result.
+// heap, then calls the component that does the work (HeapRegistry,
+// Sessions, SnapshotStore) and converts the result.
 #ifndef HEAPD_DAEMON_HEAPD_SERVICE_H_
 #define HEAPD_DAEMON_HEAPD_SERVICE_H_
 
@@ -22,7 +21,7 @@
 #include "daemon/limits.h"
 #include "daemon/metrics.h"
 #include "daemon/request_validation.h"
-#include "daemon/session_table.h"
+#include "daemon/sessions.h"
 #include "proto/heapd.grpc.pb.h"
 #include "snapshot/snapshot_store.h"
 
@@ -40,7 +39,7 @@ class HeapdService final : public v1::Heapd::Service {
  public:
   using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
 
-  HeapdService(HeapRegistry* heaps, SessionTable* sessions, SnapshotStore* snapshots,
+  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotStore* snapshots,
                Metrics* metrics, CallerLookup caller_of, ServiceOptions options)
       : heaps_(heaps),
         sessions_(sessions),
@@ -48,18 +47,6 @@ class HeapdService final : public v1::Heapd::Service {
         metrics_(metrics),
         caller_of_(std::move(caller_of)),
         options_(options) {}
-
-  // Ends `session`, which did not detach: its leases return at their last
-  // reported state and its uncommitted large objects are freed. `reason`
-  // (one of kReclaimReasons) goes to the metrics, `why` to the log. No-op
-  // for a null or ended session.
-  static void EndSession(const std::shared_ptr<Session>& session, const char* reason,
-                         const char* why, Metrics* metrics);
-
-  // Answers a request payload of a session's fd-socket connection
-  // (protocol/fd_protocol.h: a name lookup) with an answer payload.
-  static std::string AnswerFdRequest(const SessionTable& sessions, ClientId session,
-                                     absl::string_view payload);
 
   grpc::Status CreateHeap(grpc::ServerContext*, const v1::CreateHeapRequest*,
                           v1::HeapInfo*) override;
@@ -115,11 +102,6 @@ class HeapdService final : public v1::Heapd::Service {
   }
   grpc::Status Serve(grpc::ServerContext* context, const char* method,
                      const std::function<absl::Status(const Caller&)>& body);
-  // Runs `body` on session `id` of `caller` under the session's lock.
-  // FAILED_PRECONDITION if the session ended, or if it is read-only and
-  // `writes`.
-  absl::Status OnSession(uint64_t id, const Caller& caller, bool writes,
-                         const std::function<absl::Status(Session&)>& body);
   // Heap `name` if `caller` may `access` it.
   absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name,
                                                       const Caller& caller, Access access);
@@ -150,7 +132,7 @@ class HeapdService final : public v1::Heapd::Service {
   bool Stopping() const;
 
   HeapRegistry* const heaps_;
-  SessionTable* const sessions_;
+  Sessions* const sessions_;
   SnapshotStore* const snapshots_;
   Metrics* const metrics_;
   const CallerLookup caller_of_;

@@ -1,0 +1,63 @@
+#include "daemon/proto_convert.h"
+
+namespace heapd {
+
+v1::BackingKind ToProto(BackingKind kind) {
+  switch (kind) {
+    case BackingKind::kDax:
+      return v1::BACKING_DAX;
+    case BackingKind::kTmpfs:
+      return v1::BACKING_TMPFS;
+    case BackingKind::kFile:
+      return v1::BACKING_FILE;
+  }
+  return v1::BACKING_UNKNOWN;
+}
+
+void ToProto(const NameEntry& entry, v1::NameEntry* out) {
+  out->set_name(entry.name);
+  out->set_offset(entry.offset);
+  out->set_size(entry.size);
+  out->set_type_name(entry.type_name);
+  out->set_owner_uid(entry.owner_uid);
+  out->set_created_unix_ns(entry.created_unix_ns);
+}
+
+void ToProto(const LeaseGrant& grant, v1::LeaseGrant* out) {
+  out->set_chunk(grant.chunk);
+  out->set_size_class(grant.size_class);
+  out->mutable_words()->Add(grant.words.begin(), grant.words.end());
+}
+
+void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out) {
+  out->set_chunk(correction.chunk);
+  out->mutable_freed_slots()->Add(correction.freed_slots.begin(), correction.freed_slots.end());
+  out->mutable_kept_slots()->Add(correction.kept_slots.begin(), correction.kept_slots.end());
+}
+
+std::vector<LeaseReport> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports) {
+  std::vector<LeaseReport> out;
+  out.reserve(reports.size());
+  for (const v1::LeaseReport& report : reports) {
+    out.push_back({report.chunk(), {report.words().begin(), report.words().end()}});
+  }
+  return out;
+}
+
+std::vector<LeaseWant> FromProto(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants) {
+  std::vector<LeaseWant> out;
+  out.reserve(wants.size());
+  for (const v1::LeaseWant& want : wants) out.push_back({want.size_class(), want.count()});
+  return out;
+}
+
+std::vector<ObjectRef> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::ObjectRef>& objects) {
+  std::vector<ObjectRef> out;
+  out.reserve(objects.size());
+  for (const v1::ObjectRef& object : objects) out.push_back({object.offset(), object.size()});
+  return out;
+}
+
+}  // namespace heapd

@@ -1,0 +1,29 @@
+// Conversions between heapd's own types and the heapd.v1 messages, for
+// the gRPC service and the fd-socket answers.
+#ifndef HEAPD_DAEMON_PROTO_CONVERT_H_
+#define HEAPD_DAEMON_PROTO_CONVERT_H_
+
+#include <vector>
+
+#include "allocator/chunk_directory.h"
+#include "allocator/lease_types.h"
+#include "daemon/sessions.h"
+#include "heap/data_file.h"
+#include "heap/name_table.h"
+#include "proto/heapd.pb.h"
+
+namespace heapd {
+
+v1::BackingKind ToProto(BackingKind kind);
+void ToProto(const NameEntry& entry, v1::NameEntry* out);
+void ToProto(const LeaseGrant& grant, v1::LeaseGrant* out);
+void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out);
+
+std::vector<LeaseReport> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports);
+std::vector<LeaseWant> FromProto(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants);
+std::vector<ObjectRef> FromProto(const google::protobuf::RepeatedPtrField<v1::ObjectRef>& objects);
+
+}  // namespace heapd
+
+#endif  // HEAPD_DAEMON_PROTO_CONVERT_H_

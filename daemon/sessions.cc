@@ -1,0 +1,327 @@
+#include "daemon/sessions.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/proto_convert.h"
+#include "protocol/fd_protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace heapd {
+namespace {
+
+absl::Status InHeap(const Session& session, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("heap ", session.heap->name, ": ", status.message()));
+}
+
+// Leases what `wants` asks for to `session`, all or none: when a want
+// fails, what the earlier ones got goes back.
+absl::StatusOr<std::vector<LeaseGrant>> LeaseAll(const Session& session,
+                                                 absl::Span<const LeaseWant> wants) {
+  PersistentHeap& heap = *session.heap->heap;
+  std::vector<LeaseGrant> grants;
+  for (const LeaseWant& want : wants) {
+    absl::StatusOr<std::vector<LeaseGrant>> got =
+        heap.LeaseChunks(session.id, want.size_class, want.count);
+    if (!got.ok()) {
+      std::vector<LeaseReport> back;
+      for (const LeaseGrant& grant : grants) back.push_back({grant.chunk, grant.words});
+      if (absl::Status s = heap.ReturnLeases(session.id, back); !s.ok()) {
+        // They stay the session's and come back when it ends.
+        spdlog::warn("session {} on heap {}: returning the chunks of a failed lease: {}",
+                     session.id, session.heap->name, s.ToString());
+      }
+      return got.status();
+    }
+    std::move(got->begin(), got->end(), std::back_inserter(grants));
+  }
+  return grants;
+}
+
+void LogRejectedFrees(const Session& session, const std::vector<std::string>& rejected,
+                      const char* when, Metrics* metrics) {
+  for (const std::string& message : rejected) {
+    metrics->CountRejectedFree(absl::InvalidArgumentError(message));
+    spdlog::warn("session {} on heap {} ({}) {} before it learned: {}", session.id,
+                 session.heap->name, session.caller.ToString(), when, message);
+  }
+}
+
+}  // namespace
+
+Sessions::Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics)
+    : table_(token_lifetime, max_per_user), metrics_(metrics), reaper_([this] { Reap(); }) {}
+
+Sessions::~Sessions() {
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    stopping_ = true;
+  }
+  reaper_.join();
+}
+
+void Sessions::Reap() {
+  for (;;) {
+    Ending ending;
+    {
+      absl::MutexLock lock(&reaper_mu_);
+      reaper_mu_.Await(absl::Condition(
+          +[](Sessions* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->reaper_mu_) {
+            return self->stopping_ || !self->to_end_.empty();
+          },
+          this));
+      if (to_end_.empty()) return;  // stopping, and nothing left to end
+      ending = std::move(to_end_.front());
+      to_end_.pop_front();
+    }
+    End(ending.session, ending.reason, ending.why);
+  }
+}
+
+void Sessions::End(const std::shared_ptr<Session>& session, const char* reason,
+                   const char* why) {
+  if (session == nullptr) return;
+  absl::MutexLock lock(&session->mu);
+  if (session->ended) return;
+  session->ended = true;
+  const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
+  metrics_->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
+  LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
+  spdlog::info("session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
+               "uncommitted large objects",
+               session->id, session->heap->name, session->caller.ToString(), why,
+               reclaimed.leases, reclaimed.large_runs);
+}
+
+void Sessions::ConnectionClosed(ClientId id) {
+  std::shared_ptr<Session> session = table_.Take(id);
+  if (session == nullptr) return;
+  absl::MutexLock lock(&reaper_mu_);
+  to_end_.push_back({std::move(session), "connection_closed",
+                     "its fd-socket connection closed without a detach"});
+}
+
+void Sessions::ExpireTokens() {
+  std::vector<std::shared_ptr<Session>> expired = table_.TakeExpired(absl::Now());
+  if (expired.empty()) return;
+  absl::MutexLock lock(&reaper_mu_);
+  for (std::shared_ptr<Session>& session : expired) {
+    to_end_.push_back(
+        {std::move(session), "token_expired", "it did not fetch its fd in time"});
+  }
+}
+
+absl::StatusOr<SessionTable::Started> Sessions::Start(std::shared_ptr<ServedHeap> heap,
+                                                      const Caller& caller, bool read_only) {
+  absl::StatusOr<SessionTable::Started> started = table_.Start(std::move(heap), caller, read_only);
+  if (started.ok()) {
+    spdlog::info("session {} attached heap {} {} ({})", started->session->id,
+                 started->session->heap->name, read_only ? "read-only" : "read-write",
+                 caller.ToString());
+  }
+  return started;
+}
+
+absl::StatusOr<std::vector<LeaseGrant>> Sessions::LeaseAtStart(
+    const std::shared_ptr<Session>& session, absl::Span<const LeaseWant> wants) {
+  absl::StatusOr<std::vector<LeaseGrant>> grants;
+  {
+    absl::MutexLock lock(&session->mu);
+    grants = LeaseAll(*session, wants);
+  }
+  if (!grants.ok()) {
+    End(table_.Take(session->id), "attach_failed", "its attach failed");
+    return InHeap(*session, grants.status());
+  }
+  return grants;
+}
+
+absl::Status Sessions::OnSession(uint64_t id, const Caller& caller,
+                                 const std::function<absl::Status(Session&)>& body) {
+  absl::StatusOr<std::shared_ptr<Session>> session = table_.Get(id, caller);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mu);
+  if (s.ended) return absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended"));
+  if (s.read_only) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id, " attached heap ", s.heap->name, " read-only"));
+  }
+  const uint64_t repairs = s.heap->heap->data_file_repairs();
+  absl::Status status = body(s);
+  if (s.heap->heap->data_file_repairs() != repairs) {
+    spdlog::warn("heap {}: its data file had been truncated or extended by a client holding it "
+                 "writable; heapd put it back to {} bytes (noticed during a call of session {}, "
+                 "{})",
+                 s.heap->name, s.heap->heap->capacity_bytes(), id, caller.ToString());
+  }
+  return status;
+}
+
+absl::StatusOr<Sessions::Leased> Sessions::Lease(uint64_t id, const Caller& caller,
+                                                 absl::Span<const LeaseWant> wants) {
+  Leased leased;
+  absl::Status status = OnSession(id, caller, [&](Session& session) {
+    absl::StatusOr<std::vector<LeaseGrant>> grants = LeaseAll(session, wants);
+    if (!grants.ok()) return InHeap(session, grants.status());
+    leased.grants = *std::move(grants);
+    leased.capacity_bytes = session.heap->heap->capacity_bytes();
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return leased;
+}
+
+absl::Status Sessions::ReturnChunks(uint64_t id, const Caller& caller,
+                                    absl::Span<const LeaseReport> reports) {
+  return OnSession(id, caller, [&](Session& session) {
+    return InHeap(session, session.heap->heap->ReturnLeases(session.id, reports));
+  });
+}
+
+absl::StatusOr<Sessions::Allocated> Sessions::AllocateLarge(uint64_t id, const Caller& caller,
+                                                            uint64_t size) {
+  Allocated allocated;
+  absl::Status status = OnSession(id, caller, [&](Session& session) {
+    PersistentHeap& heap = *session.heap->heap;
+    if (size > heap.config().max_size) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", size, " bytes in heap ",
+                                                     session.heap->name, " of maximum size ",
+                                                     heap.config().max_size));
+    }
+    absl::StatusOr<uint64_t> offset = heap.AllocateLarge(session.id, size);
+    if (!offset.ok()) return offset.status();
+    allocated = {*offset, heap.capacity_bytes()};
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return allocated;
+}
+
+absl::Status Sessions::Free(uint64_t id, const Caller& caller,
+                            absl::Span<const ObjectRef> objects) {
+  return OnSession(id, caller, [&](Session& session) {
+    absl::Status status = session.heap->heap->Free(session.id, objects);
+    if (!status.ok()) metrics_->CountRejectedFree(status);
+    return InHeap(session, status);
+  });
+}
+
+absl::StatusOr<Sessions::Synced> Sessions::Sync(uint64_t id, const Caller& caller,
+                                                absl::Span<const LeaseReport> reports) {
+  Synced synced;
+  absl::Status status = OnSession(id, caller, [&](Session& session) {
+    PersistentHeap& heap = *session.heap->heap;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports);
+    metrics_->CountSync(session.heap->name, result.status(),
+                        absl::ToDoubleSeconds(absl::Now() - start));
+    if (!result.ok()) return result.status();
+    session.last_sync_unix_ns = absl::ToUnixNanos(start);
+    for (std::string& rejected : result->rejected_frees) {
+      metrics_->CountRejectedFree(absl::InvalidArgumentError(rejected));
+      rejected = absl::StrCat("heap ", session.heap->name, ": ", rejected);
+    }
+    synced.result = *std::move(result);
+    synced.capacity_bytes = heap.capacity_bytes();
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return synced;
+}
+
+absl::Status Sessions::Bind(uint64_t id, const Caller& caller, NameEntry entry) {
+  return OnSession(id, caller, [&](Session& session) {
+    entry.owner_uid = caller.uid;
+    entry.created_unix_ns = absl::ToUnixNanos(absl::Now());
+    return InHeap(session, session.heap->heap->Bind(session.id, entry));
+  });
+}
+
+absl::StatusOr<NameEntry> Sessions::Unbind(uint64_t id, const Caller& caller,
+                                           const std::string& name) {
+  NameEntry unbound;
+  absl::Status status = OnSession(id, caller, [&](Session& session) {
+    absl::StatusOr<NameEntry> entry = session.heap->heap->Unbind(name);
+    if (!entry.ok()) return InHeap(session, entry.status());
+    unbound = *std::move(entry);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return unbound;
+}
+
+absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
+                                          absl::Span<const LeaseReport> reports) {
+  absl::StatusOr<std::shared_ptr<Session>> found = table_.Get(id, caller);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<Session> session = table_.Take(id);
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat("session ", id, " already ended"));
+  }
+  absl::MutexLock lock(&session->mu);
+  if (session->ended) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended"));
+  }
+  session->ended = true;
+  PersistentHeap& heap = *session->heap->heap;
+  if (session->read_only) {
+    spdlog::info("session {} detached heap {} ({})", id, session->heap->name, caller.ToString());
+    return heap.epoch();
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports);
+  metrics_->CountSync(session->heap->name, result.status(),
+                      absl::ToDoubleSeconds(absl::Now() - start));
+  if (!result.ok()) {
+    const ReclaimResult reclaimed = heap.Reclaim(session->id);
+    metrics_->CountReclaim("detach_failed", reclaimed.leases, reclaimed.large_runs);
+    LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
+    spdlog::warn("session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
+                 "last sync",
+                 id, session->heap->name, result.status().ToString(), reclaimed.leases);
+    return absl::Status(result.status().code(),
+                        absl::StrCat(result.status().message(), "; session ", id,
+                                     " ended with its leases at their last sync"));
+  }
+  LogRejectedFrees(*session, result->rejected_frees, "detached", metrics_);
+  spdlog::info("session {} detached heap {} at epoch {} ({})", id, session->heap->name,
+               result->epoch, caller.ToString());
+  return result->epoch;
+}
+
+absl::StatusOr<Sessions::Redeemed> Sessions::Redeem(const std::string& token,
+                                                    const Caller& caller) {
+  absl::StatusOr<std::shared_ptr<Session>> session = table_.Redeem(token, caller);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<int> fd = (*session)->heap->heap->OpenDataFile(!(*session)->read_only);
+  if (!fd.ok()) {
+    std::shared_ptr<Session> failed = table_.Take((*session)->id);
+    if (failed != nullptr) {
+      absl::MutexLock lock(&reaper_mu_);
+      to_end_.push_back({std::move(failed), "no_data_fd", "its data fd could not be opened"});
+    }
+    return fd.status();
+  }
+  return Redeemed{(*session)->id, *fd};
+}
+
+std::string Sessions::AnswerFdRequest(ClientId id, absl::string_view payload) {
+  absl::StatusOr<FdRequest> request = ParseRequest(payload);
+  if (!request.ok()) return EncodeLookupAnswer(request.status());
+  std::shared_ptr<Session> session = table_.Find(id);
+  if (session == nullptr) {
+    return EncodeLookupAnswer(
+        absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended")));
+  }
+  absl::StatusOr<NameEntry> entry = session->heap->heap->Lookup(request->name);
+  if (!entry.ok()) return EncodeLookupAnswer(InHeap(*session, entry.status()));
+  v1::NameEntry out;
+  ToProto(*entry, &out);
+  return EncodeLookupAnswer(out);
+}
+
+}  // namespace heapd

@@ -1,0 +1,147 @@
+// Sessions: the lifecycle of every client session, in one place.
+//
+//   Start       an Attach: a session on a heap, its first leases, a one-time
+//               token for heapd.fd.sock;
+//   Redeem      the token presented on heapd.fd.sock: the heap's data fd;
+//               the connection is the session's lifeline from then on;
+//   Lease, ReturnChunks, AllocateLarge, Free, Sync, Bind, Unbind
+//               the session's calls, each under the session's lock after
+//               checking it is the caller's and has not ended;
+//   Lookup      a name lookup on the session's fd-socket connection;
+//   Detach      the end a client asks for: leases returned, persisted;
+//   ends heapd notices — the fd-socket connection closed (the client exited
+//   or died), the token expired unredeemed — reclaim the session: its leases
+//   return at their last reported state, its uncommitted large objects are
+//   freed, frees queued for it are resolved (allocator/chunk_directory.h).
+//
+// The fd server's thread must never wait: it only queues the ends it
+// notices (ConnectionClosed, ExpireTokens) for the reaper thread, which may
+// wait for a session busy in a sync. Redeem and Lookup take only brief,
+// I/O-free locks (the session table, the heap's state lock).
+//
+// Lock order: Session::mu, then the heap's locks (heap/heap.h); the session
+// table's lock is a leaf. Session::mu is held across one call of that
+// session, its sync's flush included: only that session's calls and its end
+// wait for it.
+// Thread-safe.
+#ifndef HEAPD_DAEMON_SESSIONS_H_
+#define HEAPD_DAEMON_SESSIONS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "daemon/caller.h"
+#include "daemon/heap_registry.h"
+#include "daemon/metrics.h"
+#include "daemon/session_table.h"
+
+namespace heapd {
+
+// Chunks of one size class a session asks for.
+struct LeaseWant {
+  uint32_t size_class = 0;
+  uint32_t count = 0;
+};
+
+class Sessions {
+ public:
+  Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics);
+  // Ends the sessions queued for the reaper, then stops it.
+  ~Sessions();
+  Sessions(const Sessions&) = delete;
+  Sessions& operator=(const Sessions&) = delete;
+
+  // Starts a session of `caller` on `heap` (no I/O: callers may hold a lock
+  // across it). REQUIRES: the caller may attach the heap so.
+  // RESOURCE_EXHAUSTED at the caller's session limit.
+  absl::StatusOr<SessionTable::Started> Start(std::shared_ptr<ServedHeap> heap,
+                                              const Caller& caller, bool read_only);
+  // The first leases of a session Start made (all or none; the heap may
+  // grow). When they fail the session ends.
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseAtStart(const std::shared_ptr<Session>& session,
+                                                       absl::Span<const LeaseWant> wants);
+
+  // The session's calls. Each checks that session `id` is the caller's, has
+  // not ended, and (for all of these) is read-write.
+  struct Leased {
+    std::vector<LeaseGrant> grants;
+    uint64_t capacity_bytes = 0;
+  };
+  absl::StatusOr<Leased> Lease(uint64_t id, const Caller& caller,
+                               absl::Span<const LeaseWant> wants);
+  absl::Status ReturnChunks(uint64_t id, const Caller& caller,
+                            absl::Span<const LeaseReport> reports);
+  struct Allocated {
+    uint64_t offset = 0;
+    uint64_t capacity_bytes = 0;
+  };
+  absl::StatusOr<Allocated> AllocateLarge(uint64_t id, const Caller& caller, uint64_t size);
+  absl::Status Free(uint64_t id, const Caller& caller, absl::Span<const ObjectRef> objects);
+  struct Synced {
+    SyncResult result;
+    uint64_t capacity_bytes = 0;
+  };
+  absl::StatusOr<Synced> Sync(uint64_t id, const Caller& caller,
+                              absl::Span<const LeaseReport> reports);
+  // Binds `entry` (its owner and time are set here).
+  absl::Status Bind(uint64_t id, const Caller& caller, NameEntry entry);
+  absl::StatusOr<NameEntry> Unbind(uint64_t id, const Caller& caller, const std::string& name);
+
+  // Ends session `id` of `caller` as it asks: its leases go back with
+  // `reports`, and the heap persists. Returns the heap's epoch. Even when
+  // that fails, the session has ended (leases at their last report).
+  absl::StatusOr<uint64_t> Detach(uint64_t id, const Caller& caller,
+                                  absl::Span<const LeaseReport> reports);
+
+  // heapd.fd.sock. Redeem: the session of `token` for `caller` and a new fd
+  // of its heap's data file (read-only for a read-only session). Lookup:
+  // the answer to one request on session `id`'s connection. Never block.
+  struct Redeemed {
+    ClientId session = 0;
+    int fd = -1;  // the caller owns it
+  };
+  absl::StatusOr<Redeemed> Redeem(const std::string& token, const Caller& caller);
+  std::string AnswerFdRequest(ClientId id, absl::string_view request);
+  // The connection of session `id` closed; queues its end. Never blocks.
+  void ConnectionClosed(ClientId id);
+  // Queues the end of sessions whose token expired unredeemed. Never blocks.
+  void ExpireTokens();
+
+  // Every session, for listings and waits.
+  std::vector<std::shared_ptr<Session>> List() const { return table_.List(); }
+  const SessionTable& table() const { return table_; }
+
+ private:
+  // Runs `body` on session `id` of `caller` under the session's lock, and
+  // logs a data file repair it caused.
+  absl::Status OnSession(uint64_t id, const Caller& caller,
+                         const std::function<absl::Status(Session&)>& body);
+  // Ends `session` (reclaims it); `reason` is one of kReclaimReasons.
+  void End(const std::shared_ptr<Session>& session, const char* reason, const char* why);
+  void Reap();
+
+  SessionTable table_;
+  Metrics* const metrics_;
+
+  struct Ending {
+    std::shared_ptr<Session> session;
+    const char* reason;
+    const char* why;
+  };
+  absl::Mutex reaper_mu_;
+  std::deque<Ending> to_end_ ABSL_GUARDED_BY(reaper_mu_);
+  bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_DAEMON_SESSIONS_H_
