@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "client/heap.h"
@@ -23,6 +24,12 @@ namespace heapd {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
+constexpr char kRefusedToken[] = "heapd refused the fd token: ";
+
+bool IsRefusedToken(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kPermissionDenied &&
+         absl::StartsWith(status.message(), kRefusedToken);
+}
 
 // Connects to the heapd socket `path` and checks who serves it: root (the
 // system daemon) or this process's own user (a daemon of its own). Nothing
@@ -86,7 +93,7 @@ absl::Status FetchDataFd(const std::string& path, const std::string& token, int*
   if (reply[0] != 'K' || header == nullptr || header->cmsg_level != SOL_SOCKET ||
       header->cmsg_type != SCM_RIGHTS || header->cmsg_len != CMSG_LEN(sizeof(int))) {
     return fail(absl::PermissionDeniedError(absl::StrCat(
-        "heapd refused the fd token: ", std::string(reply + 1, static_cast<size_t>(n - 1)))));
+        kRefusedToken, std::string(reply + 1, static_cast<size_t>(n - 1)))));
   }
   UniqueFd received;
   int raw;
@@ -108,13 +115,26 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-Client::Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel)
+Client::Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel,
+               const ClientOptions& options)
     : socket_path_(std::move(socket_path)),
+      options_(options),
       channel_(std::move(channel)),
       stub_(v1::Heapd::NewStub(channel_)) {}
 
+void Client::Prepare(grpc::ClientContext* context) const {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
-                                                        int timeout_ms) {
+                                                        int call_timeout_ms) {
+  ClientOptions options;
+  options.call_timeout = absl::Milliseconds(call_timeout_ms);
+  return Connect(socket_path, options);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
+                                                        const ClientOptions& options) {
   const std::string path = socket_path.empty() ? DefaultSocketPath() : socket_path;
   // The connection is made and its server checked here, then handed to
   // gRPC: a channel by path would connect (and reconnect) to whoever
@@ -126,11 +146,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   arguments.SetMaxSendMessageSize(kMaxMessageBytes);
   // Connected already: a channel made from a descriptor has no
   // connectivity state to wait for. A daemon that accepted but does not
-  // answer shows at the first call (its deadline is the caller's).
-  (void)timeout_ms;
+  // answer shows at the first call, at its deadline.
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomInsecureChannelFromFd("heapd", fd->release(), arguments);
-  return std::unique_ptr<Client>(new Client(path, std::move(channel)));
+  return std::unique_ptr<Client>(new Client(path, std::move(channel), options));
 }
 
 absl::StatusOr<v1::HeapStats> Client::Stat(const std::string& name) {
@@ -138,6 +157,7 @@ absl::StatusOr<v1::HeapStats> Client::Stat(const std::string& name) {
   request.set_heap(name);
   v1::HeapStats stats;
   grpc::ClientContext context;
+  Prepare(&context);
   if (absl::Status s = FromGrpc(stub_->StatHeap(&context, request, &stats)); !s.ok()) return s;
   return stats;
 }
@@ -153,8 +173,24 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
   for (const std::string& lookup : options.prefetch_names) request.add_lookup(lookup);
   request.set_snapshot(options.snapshot);
   request.set_snapshot_dir(options.snapshot_dir);
+  absl::StatusOr<std::unique_ptr<Heap>> heap;
+  for (int attempt = 1;; ++attempt) {
+    heap = AttachOnce(request, name, options);
+    // A refused token: its session is gone (expired while this process was
+    // not scheduled, say). A new attach gets a new one.
+    if (heap.ok() || !IsRefusedToken(heap.status()) || attempt >= options_.attach_attempts) {
+      return heap;
+    }
+    request.set_create_if_missing(false);  // made by the first attempt if it was missing
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Heap>> Client::AttachOnce(const v1::AttachRequest& request,
+                                                         const std::string& name,
+                                                         const AttachOptions& options) {
   v1::AttachResponse response;
   grpc::ClientContext context;
+  Prepare(&context);
   if (absl::Status s = FromGrpc(stub_->Attach(&context, request, &response)); !s.ok()) return s;
   std::unique_ptr<Heap> heap(
       new Heap(this, name, options.read_only, response.session(), options.lease_batch));

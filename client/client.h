@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "proto/heapd.grpc.pb.h"
 
@@ -41,13 +42,25 @@ struct AttachOptions {
 // gRPC's status as an absl::Status (the codes are the same).
 absl::Status FromGrpc(const grpc::Status& status);
 
+struct ClientOptions {
+  // Deadline of each call to heapd: generous, since a sync of a big heap on
+  // a busy node, or an attach behind many others, may take a while.
+  absl::Duration call_timeout = absl::Minutes(5);
+  // Attaches tried when heapd refuses the fd token of the one before (it
+  // expired, or its session ended while the client was descheduled).
+  int attach_attempts = 3;
+};
+
 class Client {
  public:
   // Connects to heapd at `socket_path` (empty: $HEAPD_SOCKET, else the
-  // default path, see daemon/default_paths.h). UNAVAILABLE if no daemon
-  // answers within `timeout_ms`.
+  // default path, see daemon/default_paths.h), after checking it is served
+  // by root or this user. UNAVAILABLE if nothing listens there.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path = "",
-                                                         int timeout_ms = 5000);
+                                                         const ClientOptions& options = {});
+  // As above, with calls bounded by `call_timeout_ms`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path,
+                                                         int call_timeout_ms);
 
   // Attaches heap `name` (or options.snapshot) and maps it.
   absl::StatusOr<std::unique_ptr<Heap>> Attach(const std::string& name,
@@ -59,11 +72,19 @@ class Client {
   // The generated stub, for calls the typed API does not wrap (admin calls).
   v1::Heapd::Stub& stub() { return *stub_; }
   const std::string& socket_path() const { return socket_path_; }
+  // Sets the call deadline of `context` (options.call_timeout from now).
+  void Prepare(grpc::ClientContext* context) const;
 
  private:
-  Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel);
+  Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel,
+         const ClientOptions& options);
+  // One attach: the call, the fd, the mapping.
+  absl::StatusOr<std::unique_ptr<Heap>> AttachOnce(const v1::AttachRequest& request,
+                                                   const std::string& name,
+                                                   const AttachOptions& options);
 
   const std::string socket_path_;
+  const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Heapd::Stub> stub_;
 };

@@ -210,6 +210,7 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   want->set_count(count);
   v1::LeaseChunksResponse response;
   grpc::ClientContext context;
+  client_->Prepare(&context);
   if (absl::Status s = FromGrpc(client_->stub().LeaseChunks(&context, request, &response));
       !s.ok()) {
     return s;
@@ -272,6 +273,7 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   request.set_size(size);
   v1::AllocateLargeResponse response;
   grpc::ClientContext context;
+  client_->Prepare(&context);
   if (absl::Status s = FromGrpc(client_->stub().AllocateLarge(&context, request, &response));
       !s.ok()) {
     return s;
@@ -349,6 +351,7 @@ absl::Status Heap::FreeRemotely(std::vector<v1::ObjectRef> objects) {
     request.mutable_objects()->Add(begin, end);
     v1::FreeResponse response;
     grpc::ClientContext context;
+    client_->Prepare(&context);
     return FromGrpc(client_->stub().Free(&context, request, &response));
   };
   absl::Status status = send(objects.begin(), objects.end());
@@ -382,6 +385,7 @@ absl::Status Heap::SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* 
     for (; sent < end; ++sent) ToProto(reports[sent], request.add_reports());
     v1::SyncResponse part;
     grpc::ClientContext context;
+    client_->Prepare(&context);
     if (absl::Status s = FromGrpc(client_->stub().Sync(&context, request, &part)); !s.ok()) {
       return s;
     }
@@ -479,6 +483,7 @@ absl::Status Heap::detach() {
     }
     v1::ReturnChunksResponse response;
     grpc::ClientContext context;
+    client_->Prepare(&context);
     status.Update(FromGrpc(client_->stub().ReturnChunks(&context, request, &response)));
   }
   v1::DetachRequest request;
@@ -486,6 +491,7 @@ absl::Status Heap::detach() {
   for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
   v1::DetachResponse response;
   grpc::ClientContext context;
+  client_->Prepare(&context);
   status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));
   UnregisterHeapForGrowthFaults(fault_slot_);
   mapping_.reset();
@@ -504,6 +510,7 @@ absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t si
   request.set_type_name(type_name);
   v1::BindResponse response;
   grpc::ClientContext context;
+  client_->Prepare(&context);
   return FromGrpc(client_->stub().Bind(&context, request, &response));
 }
 
@@ -517,6 +524,7 @@ absl::Status Heap::Unbind(const std::string& name) {
   request.set_name(name);
   v1::NameEntry response;
   grpc::ClientContext context;
+  client_->Prepare(&context);
   return FromGrpc(client_->stub().Unbind(&context, request, &response));
 }
 
@@ -531,6 +539,7 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
     lookup.set_name(name);
     v1::NameEntry entry;
     grpc::ClientContext context;
+    client_->Prepare(&context);
     if (absl::Status s = FromGrpc(client_->stub().Lookup(&context, lookup, &entry)); !s.ok()) {
       return s;
     }
