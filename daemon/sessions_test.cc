@@ -1,0 +1,115 @@
+#include "daemon/sessions.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "heap/test_dir.h"
+
+namespace heapd {
+namespace {
+
+const Caller kAlice{1000, 1000, 1, {}};
+const Caller kBob{1001, 1001, 2, {}};
+
+class SessionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto registry = HeapRegistry::Open(dir_.path());
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    registry_ = *std::move(registry);
+    HeapConfig config;
+    config.max_size = 64 << 20;
+    config.owner_uid = kAlice.uid;
+    auto reserved = registry_->Reserve("h", kAlice.uid, config.max_size);
+    ASSERT_TRUE(reserved.ok());
+    auto heap = registry_->Create(*std::move(reserved), config);
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    heap_ = *heap;
+  }
+
+  TestDir dir_;
+  std::unique_ptr<HeapRegistry> registry_;
+  std::shared_ptr<ServedHeap> heap_;
+  Metrics metrics_;
+  Sessions sessions_{absl::Seconds(10), 4, &metrics_};
+};
+
+TEST_F(SessionsTest, CallsCheckTheSessionsUserStateAndMode) {
+  auto started = sessions_.Start(heap_, kAlice, /*read_only=*/false);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const uint64_t id = started->session->id;
+  auto grants = sessions_.LeaseAtStart(started->session, {{0, 2}});
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  EXPECT_EQ(grants->size(), 2u);
+  EXPECT_EQ(sessions_.Lease(id, kBob, {{0, 1}}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sessions_.Lease(id + 100, kAlice, {{0, 1}}).status().code(),
+            absl::StatusCode::kNotFound);
+  auto reader = sessions_.Start(heap_, kAlice, /*read_only=*/true);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(sessions_.AllocateLarge(reader->session->id, kAlice, 3 << 20).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto synced = sessions_.Sync(id, kAlice, {});
+  ASSERT_TRUE(synced.ok()) << synced.status();
+  auto epoch = sessions_.Detach(id, kAlice, {});
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_EQ(sessions_.Sync(id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(heap_->heap->LeaseCount(id), 0u);
+}
+
+TEST_F(SessionsTest, ASessionLimitPerUser) {
+  std::vector<SessionTable::Started> held;
+  for (int i = 0; i < 4; ++i) {
+    auto started = sessions_.Start(heap_, kAlice, true);
+    ASSERT_TRUE(started.ok());
+    held.push_back(*std::move(started));
+  }
+  const absl::Status fifth = sessions_.Start(heap_, kAlice, true).status();
+  EXPECT_EQ(fifth.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(fifth.message().find("--max_sessions_per_user"), std::string::npos);
+  EXPECT_TRUE(sessions_.Start(heap_, kBob, true).ok());  // another user
+}
+
+// The fd server's thread reports a closed connection while the session is
+// busy (here: its lock held, as during a long sync): it must not wait. The
+// reaper ends the session once the call is done.
+TEST_F(SessionsTest, AClosedConnectionNeverWaitsForABusySession) {
+  auto started = sessions_.Start(heap_, kAlice, false);
+  ASSERT_TRUE(started.ok());
+  ASSERT_TRUE(sessions_.LeaseAtStart(started->session, {{3, 1}}).ok());
+  std::shared_ptr<Session> session = started->session;
+  auto redeemed = sessions_.Redeem(started->token, kAlice);
+  ASSERT_TRUE(redeemed.ok()) << redeemed.status();
+  close(redeemed->fd);
+  session->mu.Lock();  // a call in progress
+  const absl::Time start = absl::Now();
+  sessions_.ConnectionClosed(session->id);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(heap_->heap->LeaseCount(session->id), 1u);  // not ended behind the call's back
+  session->mu.Unlock();
+  for (int i = 0; i < 200 && heap_->heap->LeaseCount(session->id) != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(heap_->heap->LeaseCount(session->id), 0u);
+  EXPECT_EQ(sessions_.Sync(session->id, kAlice, {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, TokensAreOneTimeAndTheAttachingUsers) {
+  auto started = sessions_.Start(heap_, kAlice, true);
+  ASSERT_TRUE(started.ok());
+  EXPECT_EQ(sessions_.Redeem(started->token, kBob).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto redeemed = sessions_.Redeem(started->token, kAlice);
+  ASSERT_TRUE(redeemed.ok());
+  close(redeemed->fd);
+  EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace heapd
