@@ -331,14 +331,17 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
             "offset ", offset, " is freed already (its free waits for client ", c.lessee,
             ", which leases its chunk): double free"));
       }
-      // In a chunk another client leases, only that client knows whether
-      // the slot is live now: the free is queued for its next report.
-      const bool lessee_decides = c.lessee != 0 && c.lessee != client;
-      if (!lessee_decides && !c.bitmap->IsAllocated(slot)) {
+      // In a leased chunk only the lessee knows whether the slot is live
+      // now: the free is queued for its next report. That holds when the
+      // freer is the lessee too: a client frees the objects of chunks it
+      // does not lease through the daemon, in batches, and may lease such a
+      // chunk (partly used, released by another) before its batch arrives.
+      // Its pool has those slots live from the grant; applying the free
+      // here instead would lose it at the lessee's next report and Settle()
+      // a leased chunk (make it free or leasable to a second client).
+      if (c.lessee == 0 && !c.bitmap->IsAllocated(slot)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "offset ", offset, " is not a live object",
-            c.lessee != 0 ? " as of its chunk's last sync" : "",
-            ": double free or never allocated"));
+            "offset ", offset, " is not a live object: double free or never allocated"));
       }
       if (object.size != 0 &&
           (object.size > kMaxSmallSize || SizeClassFor(object.size) != c.size_class)) {
@@ -384,7 +387,7 @@ absl::Status ChunkDirectory::Free(ClientId client,
         c.uncommitted_by = 0;
       }
       MakeFree(p.chunk, c.run_chunks);
-    } else if (c.lessee != 0 && c.lessee != client) {
+    } else if (c.lessee != 0) {
       c.remote_frees.push_back(RemoteFree{p.slot, client, false});
       clients_[client];  // where a rejection of this free will wait for it
       MarkDirty(p.chunk);

@@ -146,16 +146,17 @@ class ChunkDirectory {
   absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
 
   // Frees objects on behalf of `client`: large runs (committed or not, by
-  // any client), slots of unleased chunks, and slots of chunks another
-  // client leases. The last are queued for the lessee, whose own view is
-  // the truth for them (it may have allocated the object since its last
+  // any client), slots of unleased chunks, and slots of leased chunks —
+  // another client's, or `client`'s own (a free it batched before it leased
+  // the chunk). The last are queued for the lessee, whose own view is the
+  // truth for them (it may have allocated the object since its last
   // report): they are validated against its next report (see Report), or
-  // applied when its lease ends. All-or-nothing: every offset is validated
-  // first as far as the daemon can; one that is not the start of an object
-  // (interior pointer, outside the heap, size of another class), a free of
-  // an object known free, or a second free of a queued one fails with
-  // INVALID_ARGUMENT, one bound by a name with FAILED_PRECONDITION; then
-  // nothing is freed.
+  // applied when its lease ends. A leased chunk stays leased to its lessee
+  // alone. All-or-nothing: every offset is validated first as far as the
+  // daemon can; one that is not the start of an object (interior pointer,
+  // outside the heap, size of another class), a free of an object known
+  // free, or a second free of a queued one fails with INVALID_ARGUMENT, one
+  // bound by a name with FAILED_PRECONDITION; then nothing is freed.
   absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
 
   // Makes `client`'s large allocations persistent (at its sync or detach).

@@ -205,6 +205,43 @@ TEST(ChunkDirectoryTest, FreesQueuedForAnEndingLesseeAreResolvedExactly) {
   }
 }
 
+// A client batches frees of objects in a chunk it does not lease, then
+// leases that very chunk (partly used, released by another client) before
+// the batch reaches the daemon: the frees arrive from the chunk's own
+// lessee, whose grant showed the objects live. They are queued for its next
+// report like any free in a leased chunk; the chunk stays leased to it
+// alone (neither freed nor leasable while leased).
+TEST(ChunkDirectoryTest, FreesFromTheLesseeOfObjectsInItsChunkWaitForItsReport) {
+  ChunkDirectory dir(4);
+  LeaseGrant alices = (*dir.Lease(kAlice, k64, 1))[0];
+  ASSERT_TRUE(dir.Report(kAlice, {ReportWith(alices, 2)}, /*release=*/true).ok());
+  LeaseGrant bobs = (*dir.Lease(kBob, k64, 1))[0];
+  ASSERT_EQ(bobs.chunk, alices.chunk);
+  ASSERT_TRUE(dir.Free(kBob, {{Offset(bobs.chunk, 0, k64), 64},
+                              {Offset(bobs.chunk, 1, k64), 64}}).ok());
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+  EXPECT_EQ(dir.Stats().leased_chunks, 1u);
+  // Nobody else gets the chunk Bob leases.
+  auto carols = dir.Lease(kCarol, k64, 1);
+  ASSERT_TRUE(carols.ok());
+  ASSERT_EQ(carols->size(), 1u);
+  EXPECT_NE((*carols)[0].chunk, bobs.chunk);
+  // Bob allocated slot 2 since; his report shows 0..2 live; the daemon frees
+  // 0 and 1 in his view and tells him.
+  auto result = dir.Report(kBob, {ReportWith(bobs, 1)}, false);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->corrections.size(), 1u);
+  EXPECT_EQ(result->corrections[0].freed_slots, (std::vector<uint32_t>{0, 1}));
+  EXPECT_TRUE(result->rejected_frees.empty());
+  EXPECT_EQ(dir.Stats().live_objects, 1u);
+  // His pool applied the correction: slot 2 alone is live when he detaches.
+  std::vector<uint64_t> words = ReportWith(bobs, 0).words;
+  words[0] = uint64_t{1} << 2;
+  ASSERT_TRUE(dir.Report(kBob, {LeaseReport{bobs.chunk, words}}, /*release=*/true).ok());
+  EXPECT_EQ(dir.Stats().live_objects, 1u);
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+}
+
 // A large object is known from its allocation: another client may free it
 // before its allocator syncs.
 TEST(ChunkDirectoryTest, AnotherClientFreesAnUncommittedLargeObject) {
