@@ -222,13 +222,14 @@ absl::StatusOr<std::string> HeapRegistry::Remove(absl::string_view name) {
     }
     if (broken != broken_.end()) broken_.erase(broken);
   }
-  if (absl::Status s = SyncDirectory(heaps_dir_); !s.ok()) {
-    spdlog::warn("removing heap {}: {}", std::string(name), s.ToString());
-  }
   return doomed;
 }
 
 void HeapRegistry::DeleteRemoved(const std::string& dir) {
+  // The rename made durable first: a crash now leaves the heap removed.
+  if (absl::Status s = SyncDirectory(heaps_dir_); !s.ok()) {
+    spdlog::warn("removing {}: {}", dir, s.ToString());
+  }
   std::error_code error;
   std::filesystem::remove_all(dir, error);
   if (error) spdlog::warn("removing {}: {}", dir, error.message());

@@ -99,10 +99,11 @@ class HeapRegistry {
                                                       absl::Duration wait) const;
 
   // Takes heap `name` out of service: its directory is renamed to a hidden
-  // name (the rename is made durable) and returned, for DeleteRemoved.
+  // name, returned for DeleteRemoved. No I/O but the rename.
   // REQUIRES: no session uses it (the caller checks).
   absl::StatusOr<std::string> Remove(absl::string_view name);
-  // Deletes a directory Remove returned (slow for a big heap: no lock held).
+  // Makes the rename of a Remove durable and deletes the directory it
+  // returned (slow for a big heap: call it with no lock held).
   void DeleteRemoved(const std::string& dir);
 
   std::vector<std::shared_ptr<ServedHeap>> List() const;

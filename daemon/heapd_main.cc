@@ -3,6 +3,7 @@
 // RUNTIME_DIR/heapd.fd.sock. SIGTERM or SIGINT: stop accepting, finish
 // in-flight calls (5 s at most), sync every heap, exit 0.
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -19,7 +20,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -36,6 +39,7 @@
 #include "daemon/sessions.h"
 #include "daemon/unix_listener.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -63,6 +67,9 @@ ABSL_FLAG(uint64_t, tmpfs_reserve_bytes, uint64_t{1} << 30,
 ABSL_FLAG(int, oom_score_adj, -900,
           "heapd's OOM score adjustment (-1000..1000): below the jobs', so the kernel's OOM "
           "killer takes a job process before heapd");
+ABSL_FLAG(uint64_t, max_snapshot_reading_bytes, uint64_t{1} << 30,
+          "memory heapd gives to reading snapshots (manifests, metadata) for all calls at once; "
+          "a call that would pass it fails and may be tried again");
 ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
           "longest a snapshot operation in a caller's directory may run before it is killed");
 // Per-user limits (daemon/limits.h); root is not limited.
@@ -79,6 +86,10 @@ ABSL_FLAG(uint64_t, max_snapshot_bytes_per_user, heapd::UserLimits().snapshot_by
           "bytes of snapshots a user may keep in heapd's own snapshot directory");
 ABSL_FLAG(uint32_t, max_snapshot_calls_per_user, heapd::UserLimits().snapshot_calls,
           "snapshot calls a user may run at once");
+ABSL_FLAG(uint32_t, max_calls_per_user, heapd::UserLimits().calls,
+          "gRPC calls of a user in flight at once");
+ABSL_FLAG(int, max_threads, 1024,
+          "threads heapd's gRPC server may use in all; calls beyond wait or are refused");
 
 namespace heapd {
 namespace {
@@ -118,6 +129,7 @@ UserLimits LimitsFromFlags() {
   limits.connections = absl::GetFlag(FLAGS_max_connections_per_user);
   limits.snapshot_bytes = absl::GetFlag(FLAGS_max_snapshot_bytes_per_user);
   limits.snapshot_calls = absl::GetFlag(FLAGS_max_snapshot_calls_per_user);
+  limits.calls = absl::GetFlag(FLAGS_max_calls_per_user);
   return limits;
 }
 
@@ -215,6 +227,7 @@ int Run() {
   store_options.timeout = absl::Seconds(absl::GetFlag(FLAGS_snapshot_timeout_seconds));
   store_options.cancel_fd = stop_fd;
   store_options.max_bytes_per_user = limits.snapshot_bytes;
+  store_options.max_reading_bytes = absl::GetFlag(FLAGS_max_snapshot_reading_bytes);
   absl::StatusOr<std::unique_ptr<SnapshotStore>> snapshots =
       SnapshotStore::Open(state_dir + "/snapshots", state_dir, store_options);
   if (!snapshots.ok()) {
@@ -232,13 +245,34 @@ int Run() {
   Metrics metrics;
   Sessions sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)), limits.sessions,
                     &metrics);
+  // A metrics address another process holds (any local user may bind a
+  // loopback port first) must not keep heapd down: it serves without
+  // metrics and tries the address again until it gets it.
+  std::thread metrics_binder;
+  absl::Cleanup stop_binder = [&metrics_binder, stop_fd] {
+    if (!metrics_binder.joinable()) return;
+    const uint64_t one = 1;
+    (void)!write(stop_fd, &one, sizeof(one));
+    metrics_binder.join();
+  };
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
-    if (absl::Status s = metrics.Serve(address, heaps->get(), &sessions.table()); !s.ok()) {
-      spdlog::critical("{}", s.ToString());
-      return 1;
+    auto serve_metrics = [&metrics, &heaps, &sessions, address] {
+      const absl::Status served = metrics.Serve(address, heaps->get(), &sessions.table());
+      if (served.ok()) {
+        spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
+                     metrics.port());
+      }
+      return served;
+    };
+    if (absl::Status s = serve_metrics(); !s.ok()) {
+      spdlog::error("{}; serving without metrics, trying again every 10 s", s.ToString());
+      metrics_binder = std::thread([serve_metrics, stop_fd] {
+        for (;;) {
+          pollfd stop{stop_fd, POLLIN, 0};
+          if (poll(&stop, 1, 10000) != 0 || serve_metrics().ok()) return;
+        }
+      });
     }
-    spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
-                 metrics.port());
   }
   std::unique_ptr<GrpcListener> listener;
   ServiceOptions options;
@@ -256,6 +290,13 @@ int Run() {
   builder.RegisterService(&health);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
+  // Bounded threads, and streams per connection: with the per-user limits
+  // of calls and connections, no user can make heapd spawn threads until
+  // the node's pid space runs out.
+  grpc::ResourceQuota quota("heapd");
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 64);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::critical("the gRPC server did not start");
@@ -295,6 +336,7 @@ int Run() {
   fd_server.reset();
   unlink(grpc_path.c_str());
   unlink(fd_path.c_str());
+  std::move(stop_binder).Invoke();
   const absl::Status synced = (*heaps)->SyncAll();
   spdlog::info("heapd stopped{}", synced.ok() ? "; every heap synced" : "; a sync failed");
   return synced.ok() ? 0 : 1;

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -59,7 +60,28 @@ grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* metho
                                  const std::function<absl::Status(const Caller&)>& body) {
   const absl::Time start = absl::Now();
   absl::StatusOr<Caller> caller = caller_of_(context->peer());
-  const absl::Status status = caller.ok() ? body(*caller) : caller.status();
+  absl::Status status = caller.status();
+  if (caller.ok()) {
+    // Each call in flight holds one of heapd's threads: a user's are bounded.
+    bool admitted = true;
+    if (caller->uid != 0) {
+      absl::MutexLock lock(&calls_mu_);
+      uint32_t& calls = calls_in_flight_[caller->uid];
+      admitted = calls < options_.limits.calls;
+      if (admitted) ++calls;
+    }
+    if (admitted) {
+      status = body(*caller);
+      if (caller->uid != 0) {
+        absl::MutexLock lock(&calls_mu_);
+        if (--calls_in_flight_[caller->uid] == 0) calls_in_flight_.erase(caller->uid);
+      }
+    } else {
+      status = CountIfLimited(absl::ResourceExhaustedError(absl::StrCat(
+          caller->ToString(), " has ", options_.limits.calls,
+          " calls in flight, its limit (--max_calls_per_user)")));
+    }
+  }
   metrics_->CountCall(method, status, absl::ToDoubleSeconds(absl::Now() - start));
   return ToGrpc(status);
 }
@@ -206,8 +228,11 @@ grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
       out->set_chunks(d.by_class[c].chunks);
       out->set_live_objects(d.by_class[c].live_objects);
     }
+    // Others' sessions (uid, pid) are for admins, as in ListClients.
+    const bool admin = IsAdmin(caller);
     for (const std::shared_ptr<Session>& session : sessions_->List()) {
-      if (session->heap == *served) FillClient(*session, stats->add_clients());
+      if (session->heap != *served || (!admin && session->caller.uid != caller.uid)) continue;
+      FillClient(*session, stats->add_clients());
     }
     return absl::OkStatus();
   });
@@ -244,7 +269,10 @@ absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& na
         absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
   }
   absl::StatusOr<std::string> removed = heaps_->Remove(name);
-  if (removed.ok()) spdlog::info("heap {} removed by {}", name, caller.ToString());
+  if (removed.ok()) {
+    metrics_->ForgetHeap(name);
+    spdlog::info("heap {} removed by {}", name, caller.ToString());
+  }
   return removed;
 }
 
@@ -260,8 +288,8 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       if (!slot.status().ok()) return slot.status();
       v1::SnapshotManifest manifest;
       absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = snapshots_->OpenInPlace(
-          SnapshotCallerOf(caller), {request->snapshot_dir(), request->snapshot()},
-          SnapshotBytesAllowed(caller), &manifest);
+          SnapshotCallerOf(caller, context), {request->snapshot_dir(), request->snapshot()},
+          SnapshotBytesAllowed(caller), options_.limits.names_per_heap, &manifest);
       if (!heap.ok()) return heap.status();
       served = std::make_shared<ServedHeap>(
           ServedHeap{absl::StrCat("snapshot:", request->snapshot()), *std::move(heap), false});
@@ -279,6 +307,15 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       }
     }
     if (!served.ok()) return served.status();
+    // Asked to make its own heap, a caller does not silently get another
+    // user's heap of that name (squatted to read what it writes).
+    if (request->create_if_missing() && !created &&
+        (*served)->heap->config().owner_uid != caller.uid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", request->heap(), " exists and belongs to uid ",
+          (*served)->heap->config().owner_uid, ", not to ", caller.ToString(),
+          "; attach without create_if_missing to use another user's heap"));
+    }
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
     const HeapConfig& config = (*served)->heap->config();
     if (!MayAccess(caller, config, access)) {
@@ -498,7 +535,7 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
     const absl::Time start = absl::Now();
     absl::Status status = [&]() -> absl::Status {
       absl::StatusOr<std::shared_ptr<ServedHeap>> served =
-          HeapFor(request->heap(), caller, Access::kRead);
+          HeapFor(request->heap(), caller, Access::kWrite);
       if (!served.ok()) return served.status();
       SnapshotCallSlot slot(this, caller);
       if (!slot.status().ok()) return slot.status();
@@ -510,7 +547,7 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
       v1::HeapInfo source;
       FillInfo(**served, /*with_usage=*/true, &source);
       absl::StatusOr<v1::SnapshotManifest> manifest = snapshots_->Create(
-          SnapshotCallerOf(caller), *(*served)->heap, (*served)->name, source,
+          SnapshotCallerOf(caller, context), *(*served)->heap, (*served)->name, source,
           {request->target_dir(), request->name()},
           {request->labels().begin(), request->labels().end()});
       if (!manifest.ok()) return CountIfLimited(manifest.status());
@@ -538,7 +575,7 @@ grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<std::vector<v1::SnapshotManifest>> snapshots =
-        snapshots_->List(SnapshotCallerOf(caller), request->target_dir());
+        snapshots_->List(SnapshotCallerOf(caller, context), request->target_dir());
     if (!snapshots.ok()) return snapshots.status();
     for (v1::SnapshotManifest& manifest : *snapshots) {
       *response->add_snapshots() = std::move(manifest);
@@ -554,7 +591,7 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<v1::SnapshotManifest> manifest =
-        snapshots_->Verify(SnapshotCallerOf(caller), {request->target_dir(), request->name()},
+        snapshots_->Verify(SnapshotCallerOf(caller, context), {request->target_dir(), request->name()},
                            SnapshotBytesAllowed(caller));
     if (!manifest.ok()) return manifest.status();
     *response = *std::move(manifest);
@@ -569,7 +606,7 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     if (absl::Status s =
-            snapshots_->Remove(SnapshotCallerOf(caller), {request->target_dir(), request->name()});
+            snapshots_->Remove(SnapshotCallerOf(caller, context), {request->target_dir(), request->name()});
         !s.ok()) {
       return s;
     }
@@ -594,6 +631,7 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
     options.owner_uid = caller.uid;
     options.owner_gid = caller.gid;
     options.keep_recorded_owner = request->keep_owner();
+    options.max_names = options_.limits.names_per_heap;
     // The heap it replaces (if any) frees its share only once removed:
     // the final check is the registry's, at Reserve below.
     options.max_bytes = std::min(kMaxHeapBytes, caller.uid == 0 || request->replace()
@@ -602,13 +640,13 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
     // Copied and checked whole with no lock held.
     v1::SnapshotManifest manifest;
     absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored =
-        snapshots_->Restore(SnapshotCallerOf(caller), {request->target_dir(), request->name()},
+        snapshots_->Restore(SnapshotCallerOf(caller, context), {request->target_dir(), request->name()},
                             heaps_->heaps_dir(), request->heap().empty() ? "heap" : request->heap(),
                             options, &manifest);
     if (!restored.ok()) return CountIfLimited(restored.status());
     const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
     const HeapConfig& config = (*restored)->config();
-    absl::StatusOr<std::shared_ptr<ServedHeap>> served;
+    std::optional<HeapRegistry::Reservation> reserved;
     std::string replaced;
     {
       absl::MutexLock lock(&attach_mu_);
@@ -618,17 +656,21 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
             absl::StrCat("heap ", heap, " exists; restore with replace to overwrite it"));
       }
       // Reserved first: if a limit refuses the new heap, the old one stays.
-      absl::StatusOr<HeapRegistry::Reservation> reserved =
+      absl::StatusOr<HeapRegistry::Reservation> reservation =
           heaps_->Reserve(heap, config.owner_uid, config.max_size, /*replacing=*/exists);
-      if (!reserved.ok()) return CountIfLimited(reserved.status());
+      if (!reservation.ok()) return CountIfLimited(reservation.status());
+      reserved.emplace(*std::move(reservation));
       if (exists) {
         absl::StatusOr<std::string> removed = RemoveHeapLocked(heap, caller);
         if (!removed.ok()) return removed.status();
         replaced = *removed;
       }
-      served = heaps_->AddRestored(*std::move(reserved), **restored);
     }
     if (!replaced.empty()) heaps_->DeleteRemoved(replaced);
+    // Renamed into place, opened and added with no lock held: the name is
+    // reserved meanwhile (attaches to it wait for it).
+    absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+        heaps_->AddRestored(*std::move(reserved), **restored);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
     spdlog::info("heap {} restored by {} from snapshot {} in {} (epoch {}, owner uid {})", heap,

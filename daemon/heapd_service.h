@@ -121,8 +121,10 @@ class HeapdService final : public v1::Heapd::Service {
                               grpc::ServerContext* context) const;
   // Counts `status` in heapd_limit_refusals_total if a limit refused it.
   absl::Status CountIfLimited(absl::Status status) const;
-  SnapshotCaller SnapshotCallerOf(const Caller& caller) const {
-    return {caller.credentials(), IsAdmin(caller)};
+  // `context`'s caller as the snapshot store knows it; its work stops when
+  // the call is cancelled.
+  SnapshotCaller SnapshotCallerOf(const Caller& caller, grpc::ServerContext* context) const {
+    return {caller.credentials(), IsAdmin(caller), [context] { return context->IsCancelled(); }};
   }
   // The largest heap a restore or in-place attach may bring for `caller`.
   uint64_t SnapshotBytesAllowed(const Caller& caller) const;
@@ -141,6 +143,9 @@ class HeapdService final : public v1::Heapd::Service {
   // Held by Attach while it starts a session and by RemoveHeap: no session
   // starts on a heap being removed. Never held across I/O.
   absl::Mutex attach_mu_;
+
+  absl::Mutex calls_mu_;
+  std::map<uint32_t, uint32_t> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);  // by uid
 
   mutable absl::Mutex snapshot_calls_mu_;
   std::map<uint32_t, uint32_t> snapshot_calls_ ABSL_GUARDED_BY(snapshot_calls_mu_);

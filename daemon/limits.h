@@ -22,6 +22,9 @@ struct UserLimits {
   uint32_t sessions = 1024;
   // Connections a user holds open on each of heapd.sock and heapd.fd.sock.
   uint32_t connections = 2048;
+  // gRPC calls of a user in flight at once (each holds one of heapd's
+  // threads; heapd has --max_threads in all).
+  uint32_t calls = 256;
   // Bytes of snapshots (their data files) a user keeps in heapd's own
   // snapshot directory.
   uint64_t snapshot_bytes = uint64_t{1} << 40;
@@ -35,7 +38,7 @@ struct UserLimits {
 inline constexpr const char* kLimitNames[] = {
     "heaps_per_user",       "heap_bytes_per_user",     "names_per_heap",
     "sessions_per_user",    "connections_per_user",    "snapshot_bytes_per_user",
-    "snapshot_calls_per_user"};
+    "snapshot_calls_per_user", "calls_per_user"};
 
 }  // namespace heapd
 

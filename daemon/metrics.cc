@@ -256,6 +256,14 @@ void Metrics::CountSync(const std::string& heap, const absl::Status& status, dou
   sync_seconds_.Add({{"heap", heap}}, LatencyBuckets()).Observe(seconds);
 }
 
+void Metrics::ForgetHeap(const std::string& heap) {
+  const prometheus::Labels labels = {{"heap", heap}};
+  if (sync_failures_.Has(labels)) sync_failures_.Remove(&sync_failures_.Add(labels));
+  if (sync_seconds_.Has(labels)) {
+    sync_seconds_.Remove(&sync_seconds_.Add(labels, LatencyBuckets()));
+  }
+}
+
 void Metrics::CountReclaim(const char* reason, uint32_t chunks, uint32_t large_objects) {
   sessions_reclaimed_.Add({{"reason", reason}}).Increment();
   chunks_reclaimed_.Add({}).Increment(chunks);

@@ -49,6 +49,9 @@ class Metrics {
   void CountCall(const char* method, const absl::Status& status, double seconds);
   // A sync of `heap` (by a client, a detach or at shutdown).
   void CountSync(const std::string& heap, const absl::Status& status, double seconds);
+  // Drops the series of `heap`, removed: names of heaps long gone do not
+  // pile up in the exposition.
+  void ForgetHeap(const std::string& heap);
   // A session that ended without detaching (`reason` one of
   // kReclaimReasons); what was taken back.
   void CountReclaim(const char* reason, uint32_t chunks, uint32_t large_objects);

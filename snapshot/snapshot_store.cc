@@ -1,7 +1,9 @@
 #include "snapshot/snapshot_store.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -165,7 +168,9 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCal
   RunAsOptions options;
   options.timeout = options_.timeout;
   options.cancel_fd = options_.cancel_fd;
+  options.cancelled = caller.cancelled;
   options.max_reply_bytes = kMaxMetadataBytes + kMaxSnapshotEntries * kMaxManifestBytes / 16;
+  options.budget = &reading_budget_;
   options.what = what;
   const dev_t state_device = state_device_;
   const ino_t state_inode = state_inode_;
@@ -173,7 +178,13 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCal
       RunAs(caller.credentials, keep_fds, options, [&](MessageSink& out) -> absl::Status {
         // Resolved by the caller's own process: the kernel checks each
         // component with the caller's rights.
-        UniqueFd target(open(target_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        // No magic links (/proc/self/fd/N, /proc/PID/cwd): a path the
+        // caller names leads only where the caller's own lookup would.
+        open_how how{};
+        how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+        how.resolve = RESOLVE_NO_MAGICLINKS;
+        UniqueFd target(static_cast<int>(
+            syscall(SYS_openat2, AT_FDCWD, target_dir.c_str(), &how, sizeof(how))));
         if (!target.valid()) {
           return ErrnoStatus(errno, absl::StrCat("open snapshot directory ", target_dir));
         }
@@ -237,18 +248,28 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
   *manifest.mutable_source() = source;
   manifest.set_created_by_uid(caller.credentials.uid);
   absl::Status status = heap.WithCommittedState([&](const CommittedState& state) -> absl::Status {
-    if (ref.target_dir.empty() && options_.max_bytes_per_user != 0 &&
-        caller.credentials.uid != 0) {
-      absl::StatusOr<uint64_t> used = OwnBytesOf(caller.credentials.uid);
-      if (!used.ok()) return used.status();
-      if (*used + state.data_bytes > options_.max_bytes_per_user) {
+    const uint32_t uid = caller.credentials.uid;
+    const bool counted = ref.target_dir.empty() && options_.max_bytes_per_user != 0 && uid != 0;
+    if (counted) {
+      absl::StatusOr<uint64_t> kept = OwnBytesOf(uid);
+      if (!kept.ok()) return kept.status();
+      absl::MutexLock lock(&own_mu_);
+      const uint64_t used = *kept + own_pending_[uid];
+      if (used + state.data_bytes > options_.max_bytes_per_user) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "snapshot ", where, ": uid ", caller.credentials.uid, " keeps ", *used,
+            "snapshot ", where, ": uid ", uid, " keeps ", used,
             " bytes of snapshots in heapd's directory; ", state.data_bytes,
             " more would pass the limit of ", options_.max_bytes_per_user,
             " (--max_snapshot_bytes_per_user)"));
       }
+      own_pending_[uid] += state.data_bytes;
     }
+    // Counted as kept once made (or never, if not): pending no more.
+    absl::Cleanup unpend = [&] {
+      if (!counted) return;
+      absl::MutexLock lock(&own_mu_);
+      if ((own_pending_[uid] -= state.data_bytes) == 0) own_pending_.erase(uid);
+    };
     manifest.set_epoch(state.epoch);
     manifest.set_data_bytes(state.data_bytes);
     manifest.set_created_unix_ns(absl::ToUnixNanos(absl::Now()));
@@ -388,12 +409,17 @@ absl::StatusOr<SnapshotStore::Read> SnapshotStore::ReadSnapshot(const SnapshotCa
     const char kind = body[0];
     body.remove_prefix(1);
     if (kind == kManifestMessage) {
-      read.manifest_json = std::string(body);
+      read.manifest_json = std::move(message.bytes);
+      read.manifest_json.erase(0, 1);
     } else if (kind == kMetadataMessage) {
       std::string name;
       absl::string_view bytes;
       if (!SplitNamed(body, &name, &bytes)) return Malformed(where);
-      read.metadata_files[name] = std::string(bytes);
+      // Moved, not copied: metadata may be large.
+      const size_t skip = 1 + name.size() + 1;
+      std::string& file = read.metadata_files[name];
+      file = std::move(message.bytes);
+      file.erase(0, skip);
     } else if (kind == kDataMessage && GetU64(&body, &read.data_bytes)) {
       data_seen = true;
       if (copy_to >= 0 && !ParseCopyReport(body, &read.copied)) return Malformed(where);
@@ -535,6 +561,11 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
                                             verified->manifest.data_bytes()));
   }
   Checkpoint state = std::move(verified->metadata.state);
+  if (options.max_names != 0 && state.names.size() > options.max_names) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "snapshot ", where, " has ", state.names.size(), " names; a heap may hold ",
+        options.max_names, " (--max_names_per_heap)"));
+  }
   if (!options.keep_recorded_owner) {
     state.config.owner_uid = options.owner_uid;
     state.config.owner_gid = options.owner_gid;
@@ -565,7 +596,7 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
 }
 
 absl::StatusOr<std::unique_ptr<PersistentHeap>> SnapshotStore::OpenInPlace(
-    const SnapshotCaller& caller, const SnapshotRef& ref, uint64_t max_bytes,
+    const SnapshotCaller& caller, const SnapshotRef& ref, uint64_t max_bytes, uint64_t max_names,
     v1::SnapshotManifest* manifest) {
   absl::StatusOr<Read> read = ReadSnapshot(caller, ref, -1, true, max_bytes);
   if (!read.ok()) return read.status();
@@ -575,6 +606,11 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> SnapshotStore::OpenInPlace(
   if (!verified.ok()) return verified.status();
   if (ref.target_dir.empty()) {
     if (absl::Status s = CheckOwnAccess(caller, verified->manifest, false); !s.ok()) return s;
+  }
+  if (max_names != 0 && verified->metadata.state.names.size() > max_names) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "snapshot ", where, " has ", verified->metadata.state.names.size(),
+        " names; a heap may hold ", max_names, " (--max_names_per_heap)"));
   }
   *manifest = verified->manifest;
   return PersistentHeap::OpenSnapshot(absl::StrCat("snapshot ", where), std::move(read->data_fd),

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "heap/heap.h"
 #include "proto/heapd.pb.h"
@@ -49,6 +50,9 @@ namespace heapd {
 struct SnapshotCaller {
   Credentials credentials;
   bool admin = false;
+  // True once the caller went away (its call was cancelled): work for it
+  // stops. Empty: never.
+  std::function<bool()> cancelled;
 };
 
 // Where a snapshot is: `target_dir` empty means heapd's own directory.
@@ -65,6 +69,9 @@ struct SnapshotStoreOptions {
   // Bytes of snapshots (their data files' sizes) one user may keep in
   // heapd's own directory; 0: no limit.
   uint64_t max_bytes_per_user = 0;
+  // Bytes read from snapshots (manifests, metadata) by all calls at once:
+  // the memory heapd gives to reading snapshots.
+  uint64_t max_reading_bytes = uint64_t{2} << 30;
 };
 
 // A heap directory built from a snapshot under a hidden name in heapd's
@@ -100,6 +107,8 @@ struct RestoreOptions {
   bool keep_recorded_owner = false;
   // The largest data file (and maximum size) the new heap may have.
   uint64_t max_bytes = kMaxHeapBytes;
+  // The most names the new heap may have (--max_names_per_heap); 0: any.
+  uint64_t max_names = 0;
 };
 
 class SnapshotStore {
@@ -150,10 +159,12 @@ class SnapshotStore {
                                                            v1::SnapshotManifest* manifest);
 
   // The snapshot as a read-only heap, checked whole, with its data file
-  // opened by the caller (or heapd, in its own directory).
+  // opened by the caller (or heapd, in its own directory), of at most
+  // `max_bytes` and `max_names` names (0: any).
   absl::StatusOr<std::unique_ptr<PersistentHeap>> OpenInPlace(const SnapshotCaller& caller,
                                                               const SnapshotRef& ref,
                                                               uint64_t max_bytes,
+                                                              uint64_t max_names,
                                                               v1::SnapshotManifest* manifest);
 
   const std::string& own_dir() const { return own_dir_; }
@@ -165,7 +176,9 @@ class SnapshotStore {
         own_fd_(std::move(own_fd)),
         state_device_(state_device),
         state_inode_(state_inode),
-        options_(options) {}
+        options_(options) {
+    reading_budget_.limit = options.max_reading_bytes;
+  }
 
   struct Read;  // what was read of one snapshot
   // Runs `work(target_fd, out)` in the target directory of `target_dir`:
@@ -192,6 +205,11 @@ class SnapshotStore {
   const dev_t state_device_;
   const ino_t state_inode_;
   const SnapshotStoreOptions options_;
+  RunAsOptions::Budget reading_budget_;
+  // Bytes of snapshots being made in heapd's own directory, by uid: counted
+  // with those kept, so calls at once cannot pass a user's limit together.
+  absl::Mutex own_mu_;
+  std::map<uint32_t, uint64_t> own_pending_ ABSL_GUARDED_BY(own_mu_);
 };
 
 }  // namespace heapd

@@ -25,9 +25,9 @@
 namespace heapd {
 namespace {
 
-const SnapshotCaller kRoot{{0, 0, {}}, true};
+const SnapshotCaller kRoot{{0, 0, {}}, true, {}};
 // An unprivileged user with no passwd entry.
-const SnapshotCaller kUser{{61001, 61001, {}}, false};
+const SnapshotCaller kUser{{61001, 61001, {}}, false, {}};
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -115,7 +115,7 @@ TEST_F(SnapshotStoreTest, ASnapshotOpensInPlaceAndRestoresAsTheHeapAtItsEpoch) {
 
     // In place: the same allocations and names, read-only.
     v1::SnapshotManifest opened_manifest;
-    auto opened = store_->OpenInPlace(kRoot, {target, "s1"}, kMaxHeapBytes, &opened_manifest);
+    auto opened = store_->OpenInPlace(kRoot, {target, "s1"}, kMaxHeapBytes, 0, &opened_manifest);
     ASSERT_TRUE(opened.ok()) << opened.status();
     EXPECT_TRUE((*opened)->read_only());
     EXPECT_EQ((*opened)->epoch(), manifest->epoch());
@@ -210,12 +210,12 @@ TEST_F(SnapshotStoreTest, ACallersDirectoryIsWorkedInWithTheCallersRights) {
   }
   // heapd's own directory: others see and remove only what they may.
   ASSERT_TRUE(Create(kRoot, {"", "mine"}).ok());
-  const SnapshotCaller other{{61002, 61002, {}}, false};
+  const SnapshotCaller other{{61002, 61002, {}}, false, {}};
   EXPECT_EQ(store_->Verify(other, {"", "mine"}, kMaxHeapBytes).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store_->Remove(other, {"", "mine"}).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(store_->List(other, "")->empty());
-  const SnapshotCaller owner{{4242, 4242, {}}, false};  // the source heap's owner
+  const SnapshotCaller owner{{4242, 4242, {}}, false, {}};  // the source heap's owner
   EXPECT_TRUE(store_->Verify(owner, {"", "mine"}, kMaxHeapBytes).ok());
   EXPECT_EQ(store_->List(owner, "")->size(), 1u);
   EXPECT_TRUE(store_->Remove(owner, {"", "mine"}).ok());

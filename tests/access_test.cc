@@ -109,11 +109,16 @@ TEST_F(AccessTest, SnapshotTargetsAreCheckedAgainstTheCaller) {
   EXPECT_TRUE(result.Exited(1)) << result.output;
   EXPECT_NE(result.output.find("PERMISSION_DENIED"), std::string::npos) << result.output;
   EXPECT_TRUE(std::filesystem::is_empty(roots));
-  // A heap nobody cannot read cannot be snapshotted by nobody.
-  result = RunChild(AsNobody(Heapctl({"snapshot", "create", "private", "s", "--to=" + open})));
-  EXPECT_NE(result.output.find("PERMISSION_DENIED"), std::string::npos) << result.output;
+  // A heap nobody cannot read cannot be snapshotted by nobody; nor one it
+  // may only read: a snapshot holds the heap's sync point (its writers wait),
+  // which a reader must not be able to do to them.
+  for (const char* heap : {"private", "readable"}) {
+    result = RunChild(AsNobody(Heapctl({"snapshot", "create", heap, "s", "--to=" + open})));
+    EXPECT_NE(result.output.find("PERMISSION_DENIED"), std::string::npos) << result.output;
+  }
+  Create("writable", 0666);
   // Allowed: the snapshot belongs to nobody, and only nobody (or root) removes it.
-  result = RunChild(AsNobody(Heapctl({"snapshot", "create", "readable", "s", "--to=" + open})));
+  result = RunChild(AsNobody(Heapctl({"snapshot", "create", "writable", "s", "--to=" + open})));
   EXPECT_TRUE(result.Exited(0)) << result.output;
   struct stat st;
   ASSERT_EQ(stat((open + "/s").c_str(), &st), 0);

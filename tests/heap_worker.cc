@@ -253,9 +253,14 @@ int ReadOnlyWrite(Client& client, const std::string& heap_name, const std::strin
 }
 
 int Put(Client& client, const std::string& heap_name, const std::string& name, uint64_t value) {
-  AttachOptions options;
-  options.create_if_missing = true;
-  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  // Whoever owns the heap (it may be another user's, shared), else a new
+  // one of this user's.
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (heap.status().code() == absl::StatusCode::kNotFound) {
+    AttachOptions options;
+    options.create_if_missing = true;
+    heap = client.Attach(heap_name, options);
+  }
   if (!heap.ok()) return Fail(heap.status());
   absl::StatusOr<uint64_t*> object = (*heap)->construct<uint64_t>(name)(value);
   if (!object.ok()) return Fail(object.status());

@@ -13,6 +13,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -796,6 +798,135 @@ TEST_F(HostileUserTest, AWriterTruncatingTheDataFileIsRepairedNotFatal) {
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), stats.info().capacity_bytes());
   // Others go on using it.
   EXPECT_TRUE(RunChild(As(kOtherUser, Worker("t", {"put", "after", "1"}))).Exited(0));
+}
+
+// The pids of heapd's children (its snapshot workers) running as `uid`.
+std::vector<pid_t> WorkersOf(pid_t heapd, uint32_t uid) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string status = ReadAll(entry.path().string() + "/status");
+    int ppid = -1;
+    uint32_t real_uid = 0;
+    for (absl::string_view line : absl::StrSplit(status, '\n')) {
+      std::sscanf(std::string(line).c_str(), "PPid: %d", &ppid);
+      std::sscanf(std::string(line).c_str(), "Uid: %u", &real_uid);
+    }
+    if (ppid == heapd && real_uid == uid) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+// The user stops its own snapshot worker (SIGSTOP): the heap's sync point
+// stays held, the user's own sessions pile up behind it and end. Nobody
+// else waits: other users attach, their tokens are redeemed; the user's
+// calls stop at its limit, heapd's threads stay bounded; and a cancelled
+// call kills its worker.
+TEST_F(HostileUserTest, AStoppedSnapshotWorkerStallsOnlyItsOwner) {
+  StartDaemon({"--max_calls_per_user=16"});
+  const ChildResult filled = RunChild(As(kAttacker, Worker("a-heap", {"alloc", "1", "20000"})));
+  ASSERT_TRUE(filled.Exited(0)) << filled.output;
+  ASSERT_TRUE(Ctl(kOtherUser, {"heap", "create", "o-heap", "--max_size=67108864"}).Exited(0));
+  std::filesystem::create_directories(Dir("attacker/stall"));
+  chown(Dir("attacker/stall").c_str(), kAttacker, kAttacker);
+  std::vector<std::string> argv = {Dir("heapctl"), "--socket=" + daemon_->socket(), "snapshot",
+                                   "create", "a-heap", "stalled", "--to=" + Dir("attacker/stall")};
+  auto snapshot = std::make_unique<Child>(As(kAttacker, argv));
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 500 && workers.empty(); ++i) {
+    for (pid_t pid : WorkersOf(daemon_->pid(), kAttacker)) {
+      if (kill(pid, SIGSTOP) == 0) workers.push_back(pid);
+    }
+    usleep(1000);
+  }
+  if (workers.empty()) GTEST_SKIP() << "the snapshot finished before it could be stopped";
+  // The attacker's sessions pile syncs behind the held sync point, and end.
+  std::vector<std::unique_ptr<Child>> piled;
+  for (int i = 0; i < 40; ++i) {
+    piled.push_back(std::make_unique<Child>(As(kAttacker, Worker("a-heap", {"put", absl::StrCat("p", i), "1"}))));
+  }
+  usleep(500 * 1000);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_LT(TimedAttach(kOtherUser, "o-heap"), absl::Seconds(3)) << daemon_->Log();
+  }
+  const std::string status = ReadAll(absl::StrCat("/proc/", daemon_->pid(), "/status"));
+  int threads = 0;
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    std::sscanf(std::string(line).c_str(), "Threads: %d", &threads);
+  }
+  EXPECT_LT(threads, 80) << "heapd grew a thread per piled call";
+  // The attacker gives up: its cancelled call kills the stopped worker.
+  snapshot.reset();  // SIGKILLs heapctl: the call is cancelled
+  piled.clear();
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {
+    gone = kill(workers[0], 0) != 0;
+    usleep(10 * 1000);
+  }
+  EXPECT_TRUE(gone) << "the worker of a cancelled call still runs";
+}
+
+// Asked to make its own heap, a user's job does not silently attach a heap
+// of that name another user made (to read what the job writes into it).
+TEST_F(HostileUserTest, ASquattedHeapNameGetsNothingWritten) {
+  ASSERT_TRUE(Ctl(kAttacker, {"heap", "create", "results", "--mode=0666",
+                              "--max_size=67108864"}).Exited(0));
+  const ChildResult victim = RunChild(As(kOtherUser, Worker("results", {"alloc", "1", "10"})));
+  EXPECT_FALSE(victim.Exited(0));
+  EXPECT_NE(victim.output.find("belongs to uid 61001"), std::string::npos) << victim.output;
+  const ChildResult stat = RunChild(
+      {Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "results"});
+  v1::HeapStats stats;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok());
+  EXPECT_EQ(stats.info().live_objects(), 0u);
+  EXPECT_EQ(stats.info().names(), 0u);
+}
+
+// Another user holding the metrics port does not keep heapd down.
+TEST_F(HostileUserTest, AHeldMetricsPortDoesNotKeepHeapdDown) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t holder = ForkAs(kAttacker, {}, [&] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        listen(fd, 1) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      return 1;
+    }
+    const uint16_t port = ntohs(address.sin_port);
+    (void)!write(ready[1], &port, sizeof(port));
+    pause();
+    return 0;
+  });
+  uint16_t port = 0;
+  ASSERT_EQ(read(ready[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  StartDaemon({absl::StrCat("--metrics_address=127.0.0.1:", port)});
+  ASSERT_TRUE(Ctl(kOtherUser, {"heap", "create", "o", "--max_size=67108864"}).Exited(0));
+  EXPECT_LT(TimedAttach(kOtherUser, "o"), absl::Seconds(3));
+  EXPECT_NE(daemon_->Log().find("trying again"), std::string::npos) << daemon_->Log();
+  kill(holder, SIGKILL);
+  WaitExit(holder);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+// A target through a magic link (/proc/self/cwd, the worker's working
+// directory, which is heapd's) leads nowhere the user could not go.
+TEST_F(HostileUserTest, MagicLinkTargetsLeadNowhere) {
+  MakeAttackerHeapAndSnapshot();
+  const std::vector<std::string> before = Entries(std::filesystem::current_path());
+  for (const char* target : {"/proc/self/cwd", "/proc/self/root/tmp", "/proc/thread-self/cwd"}) {
+    const ChildResult made = Ctl(kAttacker, {"snapshot", "create", "a-heap", "planted",
+                                             std::string("--to=") + target});
+    EXPECT_FALSE(made.Exited(0)) << target << ": " << made.output;
+  }
+  EXPECT_EQ(Entries(std::filesystem::current_path()), before);
+  std::filesystem::remove_all("/tmp/planted");
 }
 
 }  // namespace

@@ -91,6 +91,9 @@ bool SwitchCredentials(const Credentials& who) {
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);  // the daemon blocks SIGTERM for sigwait
   umask(077);
+  // heapd's working directory may be one the user cannot reach; the child
+  // must not start there (a target of /proc/self/cwd would lead into it).
+  if (chdir("/") != 0) _exit(kNoCredentials);
   if (!SwitchCredentials(who)) _exit(kNoCredentials);
   // Cleared by the credential change, so set after it; a parent that died
   // already is caught by the getppid check.
@@ -184,12 +187,13 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
   absl::Status failure;       // set when the child reported an error
   absl::Status interruption;  // set when the parent gave up on the child
   uint64_t received = 0;
+  uint64_t budgeted = 0;  // of options.budget, given back when the call ends
   const absl::Time deadline = absl::Now() + options.timeout;
   for (;;) {
     pollfd polled[2] = {{ours.get(), POLLIN, 0}, {options.cancel_fd, POLLIN, 0}};
     const absl::Duration left = deadline - absl::Now();
     const int wait_ms = static_cast<int>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 60 * 1000));
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 100));
     const int ready = poll(polled, options.cancel_fd >= 0 ? 2 : 1, wait_ms);
     if (ready < 0 && errno != EINTR) {
       interruption = SysError(absl::StrCat(options.what, ": poll"));
@@ -197,6 +201,10 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
     }
     if (options.cancel_fd >= 0 && polled[1].revents != 0) {
       interruption = absl::UnavailableError(absl::StrCat(options.what, ": heapd is stopping"));
+      break;
+    }
+    if (options.cancelled && options.cancelled()) {
+      interruption = absl::CancelledError(absl::StrCat(options.what, ": the call was cancelled"));
       break;
     }
     if (absl::Now() >= deadline && polled[0].revents == 0) {
@@ -216,6 +224,15 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
           options.what, ": more than ", options.max_reply_bytes, " bytes to read"));
       break;
     }
+    if (options.budget != nullptr &&
+        options.budget->used.fetch_add(static_cast<uint64_t>(n)) + static_cast<uint64_t>(n) >
+            options.budget->limit) {
+      options.budget->used.fetch_sub(static_cast<uint64_t>(n));
+      interruption = absl::ResourceExhaustedError(absl::StrCat(
+          options.what, ": heapd is reading too much for other calls at once; try again"));
+      break;
+    }
+    budgeted += static_cast<uint64_t>(n);
     const absl::string_view body = absl::string_view(packet).substr(1);
     if (packet[0] == kError && !body.empty()) {
       const int code = static_cast<unsigned char>(body[0]);
@@ -228,6 +245,7 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
       if (packet[0] == kLast) messages.push_back(std::exchange(current, ChildMessage{}));
     }
   }
+  if (options.budget != nullptr) options.budget->used.fetch_sub(budgeted);
   if (!interruption.ok()) kill(pid, SIGKILL);
   int wait_status = 0;
   while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {

@@ -22,6 +22,7 @@
 #ifndef HEAPD_UTIL_RUN_AS_H_
 #define HEAPD_UTIL_RUN_AS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -82,6 +83,17 @@ struct RunAsOptions {
   // When this descriptor becomes readable (the daemon is stopping), the
   // child is killed: UNAVAILABLE. -1: none.
   int cancel_fd = -1;
+  // Asked every 100 ms; when it returns true (the caller went away), the
+  // child is killed: CANCELLED. Empty: never.
+  std::function<bool()> cancelled;
+  // Bytes received by all RunAs calls sharing this budget, and its limit:
+  // a call that would pass it fails with RESOURCE_EXHAUSTED (heapd-wide
+  // memory bound). Null: none.
+  struct Budget {
+    std::atomic<uint64_t> used{0};
+    uint64_t limit = 0;
+  };
+  Budget* budget = nullptr;
   // Total bytes the child may send; beyond them it is killed:
   // RESOURCE_EXHAUSTED.
   uint64_t max_reply_bytes = uint64_t{64} << 20;
