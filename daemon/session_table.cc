@@ -19,6 +19,14 @@ std::string NewToken() {
   return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
 }
 
+// 63 random bits (ids stay positive in JSON and in logs), never 0.
+ClientId NewSessionId() {
+  uint64_t id = 0;
+  while (getrandom(&id, sizeof(id), 0) != sizeof(id)) {
+  }
+  return id >> 1;
+}
+
 }  // namespace
 
 absl::StatusOr<SessionTable::Started> SessionTable::Start(std::shared_ptr<ServedHeap> heap,
@@ -31,7 +39,12 @@ absl::StatusOr<SessionTable::Started> SessionTable::Start(std::shared_ptr<Served
         "uid ", caller.uid, " has ", count, " sessions attached, its limit (--max_sessions_per_user)"));
   }
   ++count;
-  auto session = std::make_shared<Session>(next_id_++, std::move(heap), caller, read_only);
+  // Random, not counted: ids are unique across heapd's restarts, so a
+  // process holding the id of a session that ended with an earlier heapd
+  // cannot act on a new session that happens to get the same number.
+  ClientId id = 0;
+  while (id == 0 || sessions_.count(id) != 0) id = NewSessionId();
+  auto session = std::make_shared<Session>(id, std::move(heap), caller, read_only);
   sessions_.emplace(session->id, Entry{session, token, absl::Now() + token_lifetime_});
   tokens_.emplace(token, session->id);
   return Started{session, token};

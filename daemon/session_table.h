@@ -95,7 +95,6 @@ class SessionTable {
   const absl::Duration token_lifetime_;
   const uint32_t max_per_user_;
   mutable absl::Mutex mu_;
-  ClientId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<ClientId, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ClientId> tokens_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint32_t> per_user_ ABSL_GUARDED_BY(mu_);  // sessions by uid
