@@ -94,6 +94,12 @@ main() {
   local -A made=()
   local snapshot
   for heap in "${heaps[@]}"; do
+    # The whole epilog is bounded too: a node does not sit in COMPLETING
+    # for hours however many heaps a user made.
+    if [ "$SECONDS" -ge "$HEAPD_EPILOG_TOTAL_TIMEOUT" ]; then
+      log "heap $heap not snapshotted: the epilog ran out of its ${HEAPD_EPILOG_TOTAL_TIMEOUT} s"
+      continue
+    fi
     snapshot="$heap-$job"
     if ! heapd_valid_name "$snapshot"; then
       heapd_skip "heap $heap: the snapshot name $snapshot would be longer than 64 bytes"

@@ -25,7 +25,7 @@ export PATH
 # environment does not set them already (Slurm gives its prolog and epilog
 # an environment of its own, not the job's).
 HEAPD_SLURM_SETTINGS=(HEAPD_SOCKET HEAPD_SNAPSHOT_DIR HEAPCTL HEAPD_EPILOG_LOG HEAPD_PROLOG_LOG
-  HEAPD_SNAPSHOT_WAIT_MS HEAPD_SLURM_TIMEOUT)
+  HEAPD_SNAPSHOT_WAIT_MS HEAPD_SLURM_TIMEOUT HEAPD_EPILOG_TOTAL_TIMEOUT)
 heapd_load_settings() {
   local -A from_env=()
   local var
@@ -53,6 +53,8 @@ heapd_load_settings() {
   HEAPD_PROLOG_LOG=${HEAPD_PROLOG_LOG:-/var/log/heapd-prolog.log}
   HEAPD_SNAPSHOT_WAIT_MS=${HEAPD_SNAPSHOT_WAIT_MS:-10000}
   HEAPD_SLURM_TIMEOUT=${HEAPD_SLURM_TIMEOUT:-300}
+  HEAPD_EPILOG_TOTAL_TIMEOUT=${HEAPD_EPILOG_TOTAL_TIMEOUT:-1800}
+  [[ $HEAPD_EPILOG_TOTAL_TIMEOUT =~ ^[0-9]{1,6}$ ]] || HEAPD_EPILOG_TOTAL_TIMEOUT=1800
   # A malformed number would make `timeout` or heapctl fail every call.
   [[ $HEAPD_SNAPSHOT_WAIT_MS =~ ^[0-9]{1,9}$ ]] || HEAPD_SNAPSHOT_WAIT_MS=10000
   [[ $HEAPD_SLURM_TIMEOUT =~ ^[0-9]{1,6}$ ]] && [ "$HEAPD_SLURM_TIMEOUT" -gt 0 ] ||
