@@ -105,9 +105,15 @@ main() {
   if [ $status -ne 0 ]; then
     log "nothing restored: cannot list heaps ($(heapd_failure $status)): $out"; STATUS=1; return
   fi
-  local -A present=()
+  local -A present=() mine=()
   while IFS= read -r heap; do
     heapd_valid_name "$heap" && present[$heap]=1
+  done <<<"$out"
+  # Which of them are the user's: one of another user's under the name of
+  # the user's heap is worth saying (it may be squatted).
+  out=$(heapd_ctl_user heap ls --owner="$JOB_UID" --quiet 2>&1) || out=""
+  while IFS= read -r heap; do
+    heapd_valid_name "$heap" && mine[$heap]=1
   done <<<"$out"
 
   local -a heaps=()
@@ -115,7 +121,11 @@ main() {
   for heap in "${heaps[@]}"; do
     if [ $# -gt 0 ] && [ -z "${wanted[$heap]+set}" ]; then continue; fi
     if [ -n "${present[$heap]+set}" ]; then
-      log "heap $heap is already here; left alone"
+      if [ -n "${mine[$heap]+set}" ]; then
+        log "heap $heap is already here; left alone"
+      else
+        log "heap $heap is here but another user's: snapshot ${newest[$heap]} not restored over it"
+      fi
       continue
     fi
     out=$(heapd_ctl_user snapshot restore --to="$dir" --heap="$heap" -- "${newest[$heap]}" 2>&1)
