@@ -41,8 +41,7 @@ absl::StatusOr<std::unique_ptr<ChunkDirectory>> ChunkDirectory::FromRecords(
   for (const ChunkRecord& record : records) {
     if (record.chunk >= capacity_chunks) {
       return absl::DataLossError(absl::StrCat("metadata names chunk ", record.chunk,
-                                              " beyond the heap's ",
-                                              capacity_chunks, " chunks"));
+                                              " beyond the heap's ", capacity_chunks, " chunks"));
     }
     last[record.chunk] = &record;
   }
@@ -53,19 +52,19 @@ absl::StatusOr<std::unique_ptr<ChunkDirectory>> ChunkDirectory::FromRecords(
         break;
       case ChunkKind::kSmall: {
         if (record->size_class >= kNumSizeClasses) {
-          return absl::DataLossError(absl::StrCat("metadata gives chunk ", chunk,
-                                                  " size class ", record->size_class));
+          return absl::DataLossError(
+              absl::StrCat("metadata gives chunk ", chunk, " size class ", record->size_class));
         }
         absl::StatusOr<SlotBitmap> bitmap =
             SlotBitmap::FromWords(SlotsPerChunk(record->size_class), record->words);
         if (!bitmap.ok()) {
-          return absl::DataLossError(absl::StrCat("metadata of chunk ", chunk, ": ",
-                                                  bitmap.status().message()));
+          return absl::DataLossError(
+              absl::StrCat("metadata of chunk ", chunk, ": ", bitmap.status().message()));
         }
         if (bitmap->empty()) break;
         if (dir->chunks_[chunk].kind != ChunkKind::kFree) {
-          return absl::DataLossError(absl::StrCat(
-              "metadata makes chunk ", chunk, " both a small chunk and part of a large run"));
+          return absl::DataLossError(absl::StrCat("metadata makes chunk ", chunk,
+                                                  " both a small chunk and part of a large run"));
         }
         dir->free_.TakeAt(chunk, 1);
         Chunk& c = dir->chunks_[chunk];
@@ -79,9 +78,9 @@ absl::StatusOr<std::unique_ptr<ChunkDirectory>> ChunkDirectory::FromRecords(
         const uint64_t end = uint64_t{chunk} + record->run_chunks;
         if (record->run_chunks == 0 || end > capacity_chunks ||
             !dir->free_.IsFree(chunk, record->run_chunks)) {
-          return absl::DataLossError(absl::StrCat(
-              "metadata gives chunk ", chunk, " a large run of ", record->run_chunks,
-              " chunks that overlaps other chunks or the end of the heap"));
+          return absl::DataLossError(
+              absl::StrCat("metadata gives chunk ", chunk, " a large run of ", record->run_chunks,
+                           " chunks that overlaps other chunks or the end of the heap"));
         }
         dir->free_.TakeAt(chunk, record->run_chunks);
         dir->chunks_[chunk].kind = ChunkKind::kLargeHead;
@@ -93,9 +92,8 @@ absl::StatusOr<std::unique_ptr<ChunkDirectory>> ChunkDirectory::FromRecords(
         break;
       }
       default:
-        return absl::DataLossError(absl::StrCat(
-            "metadata gives chunk ", chunk, " unknown kind ",
-            static_cast<int>(record->kind)));
+        return absl::DataLossError(absl::StrCat("metadata gives chunk ", chunk, " unknown kind ",
+                                                static_cast<int>(record->kind)));
     }
   }
   return dir;
@@ -136,13 +134,12 @@ void ChunkDirectory::Settle(uint32_t chunk) {
   }
 }
 
-absl::StatusOr<std::vector<LeaseGrant>> ChunkDirectory::Lease(
-    ClientId client, uint32_t size_class, uint32_t count) {
+absl::StatusOr<std::vector<LeaseGrant>> ChunkDirectory::Lease(ClientId client, uint32_t size_class,
+                                                              uint32_t count) {
   if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
   if (size_class >= kNumSizeClasses) {
     return absl::InvalidArgumentError(
-        absl::StrCat("size class ", size_class, " does not exist (0..",
-                     kNumSizeClasses - 1, ")"));
+        absl::StrCat("size class ", size_class, " does not exist (0..", kNumSizeClasses - 1, ")"));
   }
   std::vector<LeaseGrant> grants;
   std::set<uint32_t>& partial = leasable_[size_class];
@@ -183,10 +180,10 @@ void ChunkDirectory::ResolveRemoteFrees(uint32_t chunk, SlotBitmap& bitmap, bool
     const uint64_t offset = ChunkBase(chunk) + uint64_t{pending.slot} * ClassSize(c.size_class);
     auto freer = clients_.find(pending.freer);
     if (freer != clients_.end()) {
-      freer->second.rejected_frees.push_back(absl::StrCat(
-          "the free of offset ", offset, " was rejected: client ", c.lessee,
-          ", which leases its chunk, has no live object there (double free or never "
-          "allocated)"));
+      freer->second.rejected_frees.push_back(
+          absl::StrCat("the free of offset ", offset, " was rejected: client ", c.lessee,
+                       ", which leases its chunk, has no live object there (double free or never "
+                       "allocated)"));
     }
   }
   c.remote_frees = std::move(kept);
@@ -199,32 +196,29 @@ absl::StatusOr<ReportResult> ChunkDirectory::Report(ClientId client,
   for (const LeaseReport& report : reports) {
     if (report.chunk >= chunks_.size() || chunks_[report.chunk].kind != ChunkKind::kSmall ||
         chunks_[report.chunk].lessee != client) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "chunk ", report.chunk, " is not leased by client ", client));
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", report.chunk, " is not leased by client ", client));
     }
     const Chunk& c = chunks_[report.chunk];
     if (report.words.size() != c.bitmap->words().size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "report for chunk ", report.chunk, " has ", report.words.size(),
-          " bitmap words; its size class needs ", c.bitmap->words().size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("report for chunk ", report.chunk, " has ", report.words.size(),
+                       " bitmap words; its size class needs ", c.bitmap->words().size()));
     }
     if (!seen.insert(report.chunk).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", report.chunk, " is reported twice"));
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", report.chunk, " is reported twice"));
     }
   }
   ReportResult result;
   for (const LeaseReport& report : reports) {
     Chunk& c = chunks_[report.chunk];
-    SlotBitmap bitmap =
-        *SlotBitmap::FromWords(c.bitmap->slot_count(), report.words);
+    SlotBitmap bitmap = *SlotBitmap::FromWords(c.bitmap->slot_count(), report.words);
     LeaseCorrection correction{report.chunk, {}, {}};
-    ResolveRemoteFrees(report.chunk, bitmap, /*final=*/release, /*lessee_died=*/false,
-                       &correction);
+    ResolveRemoteFrees(report.chunk, bitmap, /*final=*/release, /*lessee_died=*/false, &correction);
     const uint64_t base = ChunkBase(report.chunk);
     const uint32_t slot_size = ClassSize(c.size_class);
-    for (auto it = pins_.lower_bound(base);
-         it != pins_.end() && it->first < base + kChunkSize; ++it) {
+    for (auto it = pins_.lower_bound(base); it != pins_.end() && it->first < base + kChunkSize;
+         ++it) {
       const uint32_t slot = static_cast<uint32_t>((it->first - base) / slot_size);
       if (!bitmap.IsAllocated(slot)) {
         bitmap.Set(slot);
@@ -264,19 +258,18 @@ void ChunkDirectory::EndLease(uint32_t chunk, bool lessee_died) {
   Settle(chunk);
 }
 
-absl::StatusOr<uint64_t> ChunkDirectory::AllocateLarge(ClientId client,
-                                                       uint64_t size) {
+absl::StatusOr<uint64_t> ChunkDirectory::AllocateLarge(ClientId client, uint64_t size) {
   if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
   if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
   const uint64_t length = (size + kChunkSize - 1) >> kChunkShift;
   if (length > chunks_.size()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no free run of ", length, " chunks for ", size, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no free run of ", length, " chunks for ", size, " bytes"));
   }
   std::optional<uint32_t> head = free_.Take(static_cast<uint32_t>(length));
   if (!head) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no free run of ", length, " chunks for ", size, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no free run of ", length, " chunks for ", size, " bytes"));
   }
   Chunk& c = chunks_[*head];
   c.kind = ChunkKind::kLargeHead;
@@ -290,8 +283,8 @@ absl::StatusOr<uint64_t> ChunkDirectory::AllocateLarge(ClientId client,
   return ChunkBase(*head);
 }
 
-absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
-    ClientId client, ObjectRef object) const {
+absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(ClientId client,
+                                                                     ObjectRef object) const {
   const uint64_t offset = object.offset;
   const uint64_t chunk = offset >> kChunkShift;
   if (chunk >= chunks_.size()) return OutsideHeap(offset);
@@ -299,37 +292,36 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
   const uint64_t in_chunk = offset & (kChunkSize - 1);
   switch (c.kind) {
     case ChunkKind::kFree:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "offset ", offset, " is not allocated (chunk ", chunk, " is free): double free?"));
+      return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is not allocated (chunk ",
+                                                     chunk, " is free): double free?"));
     case ChunkKind::kLargeTail:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "offset ", offset, " is inside the large object at offset ",
-          ChunkBase(c.head_chunk), ", not at its start"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("offset ", offset, " is inside the large object at offset ",
+                       ChunkBase(c.head_chunk), ", not at its start"));
     case ChunkKind::kLargeHead:
       if (in_chunk != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "offset ", offset, " is inside the large object at offset ",
-            ChunkBase(static_cast<uint32_t>(chunk)), ", not at its start"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("offset ", offset, " is inside the large object at offset ",
+                         ChunkBase(static_cast<uint32_t>(chunk)), ", not at its start"));
       }
       if (object.size != 0 &&
           (object.size <= kMaxSmallSize || ChunksFor(object.size) != c.run_chunks)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "object at offset ", offset, " is a large object of ", c.run_chunks,
-            " chunks, not of ", object.size, " bytes"));
+        return absl::InvalidArgumentError(absl::StrCat("object at offset ", offset,
+                                                       " is a large object of ", c.run_chunks,
+                                                       " chunks, not of ", object.size, " bytes"));
       }
       break;
     case ChunkKind::kSmall: {
       const uint32_t slot_size = ClassSize(c.size_class);
       if (in_chunk % slot_size != 0 || in_chunk / slot_size >= c.bitmap->slot_count()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "offset ", offset, " is inside an object of ", slot_size,
-            " bytes, not at its start"));
+            "offset ", offset, " is inside an object of ", slot_size, " bytes, not at its start"));
       }
       const uint32_t slot = static_cast<uint32_t>(in_chunk / slot_size);
       if (PendingFree(c, slot)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "offset ", offset, " is freed already (its free waits for client ", c.lessee,
-            ", which leases its chunk): double free"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("offset ", offset, " is freed already (its free waits for client ",
+                         c.lessee, ", which leases its chunk): double free"));
       }
       // In a leased chunk only the lessee knows whether the slot is live
       // now: the free is queued for its next report. That holds when the
@@ -350,8 +342,8 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
             static_cast<int>(c.size_class), ", not the class of ", object.size, " bytes"));
       }
       if (IsPinned(offset)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "object at offset ", offset, " is bound to a name; unbind it first"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("object at offset ", offset, " is bound to a name; unbind it first"));
       }
       return PlannedFree{static_cast<uint32_t>(chunk), slot};
     }
@@ -359,21 +351,20 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(
   // A large run is known to the daemon from its allocation on: a free by
   // any client, before or after its allocator's sync, is exact.
   if (IsPinned(offset)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "object at offset ", offset, " is bound to a name; unbind it first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("object at offset ", offset, " is bound to a name; unbind it first"));
   }
   return PlannedFree{static_cast<uint32_t>(chunk), 0};
 }
 
-absl::Status ChunkDirectory::Free(ClientId client,
-                                  absl::Span<const ObjectRef> objects) {
+absl::Status ChunkDirectory::Free(ClientId client, absl::Span<const ObjectRef> objects) {
   std::vector<PlannedFree> plan;
   plan.reserve(objects.size());
   std::set<uint64_t> offsets;
   for (const ObjectRef& object : objects) {
     if (!offsets.insert(object.offset).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "offset ", object.offset, " appears twice in one free batch"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("offset ", object.offset, " appears twice in one free batch"));
     }
     absl::StatusOr<PlannedFree> planned = PlanFree(client, object);
     if (!planned.ok()) return planned.status();
@@ -438,13 +429,11 @@ absl::Status ChunkDirectory::Pin(ClientId caller, ObjectRef object) {
     const uint32_t slot = static_cast<uint32_t>(in_chunk / slot_size);
     if (in_chunk % slot_size != 0 || slot >= c.bitmap->slot_count()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "offset ", offset, " is not the start of an object (slots of ",
-          slot_size, " bytes)"));
+          "offset ", offset, " is not the start of an object (slots of ", slot_size, " bytes)"));
     }
     if (object.size > slot_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "object at offset ", offset, " has ", slot_size, " bytes, less than ",
-          object.size));
+      return absl::InvalidArgumentError(absl::StrCat("object at offset ", offset, " has ",
+                                                     slot_size, " bytes, less than ", object.size));
     }
     const bool remote_freed = PendingFree(c, slot);
     if (c.lessee == caller && caller != 0 && !remote_freed) {
@@ -453,21 +442,21 @@ absl::Status ChunkDirectory::Pin(ClientId caller, ObjectRef object) {
         MarkDirty(static_cast<uint32_t>(chunk));
       }
     } else if (!c.bitmap->IsAllocated(slot) || remote_freed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "offset ", offset, " is not a live object",
-          c.lessee != 0 ? " as of its allocator's last sync" : ""));
+      return absl::FailedPreconditionError(
+          absl::StrCat("offset ", offset, " is not a live object",
+                       c.lessee != 0 ? " as of its allocator's last sync" : ""));
     }
   } else if (c.kind == ChunkKind::kLargeHead && in_chunk == 0) {
     if (object.size > uint64_t{c.run_chunks} * kChunkSize) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "object at offset ", offset, " has ", uint64_t{c.run_chunks} * kChunkSize,
-          " bytes, less than ", object.size));
+      return absl::InvalidArgumentError(absl::StrCat("object at offset ", offset, " has ",
+                                                     uint64_t{c.run_chunks} * kChunkSize,
+                                                     " bytes, less than ", object.size));
     }
     if (c.uncommitted_by != 0) {
       if (c.uncommitted_by != caller) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "large object at offset ", offset, " is not committed yet by client ",
-            c.uncommitted_by));
+        return absl::FailedPreconditionError(absl::StrCat("large object at offset ", offset,
+                                                          " is not committed yet by client ",
+                                                          c.uncommitted_by));
       }
       clients_[caller].uncommitted_runs.erase(static_cast<uint32_t>(chunk));
       c.uncommitted_by = 0;
@@ -578,15 +567,14 @@ absl::Status ChunkDirectory::CheckInvariants() const {
       for (uint32_t t = i + 1; t < i + c.run_chunks; ++t) {
         if (t >= chunks_.size() || chunks_[t].kind != ChunkKind::kLargeTail ||
             chunks_[t].head_chunk != i) {
-          return absl::InternalError(absl::StrCat("large run at chunk ", i,
-                                                  " has a bad tail at ", t));
+          return absl::InternalError(
+              absl::StrCat("large run at chunk ", i, " has a bad tail at ", t));
         }
       }
-      if (c.uncommitted_by != 0 &&
-          (clients_.count(c.uncommitted_by) == 0 ||
-           clients_.at(c.uncommitted_by).uncommitted_runs.count(i) == 0)) {
-        return absl::InternalError(absl::StrCat("uncommitted run at chunk ", i,
-                                                " is unknown to its client"));
+      if (c.uncommitted_by != 0 && (clients_.count(c.uncommitted_by) == 0 ||
+                                    clients_.at(c.uncommitted_by).uncommitted_runs.count(i) == 0)) {
+        return absl::InternalError(
+            absl::StrCat("uncommitted run at chunk ", i, " is unknown to its client"));
       }
     }
     if (c.kind == ChunkKind::kLargeTail) {
@@ -606,8 +594,8 @@ absl::Status ChunkDirectory::CheckInvariants() const {
       if (c.lessee == 0 && c.bitmap->empty()) {
         return absl::InternalError(absl::StrCat("unleased chunk ", i, " is empty but not free"));
       }
-      if (c.lessee != 0 && (clients_.count(c.lessee) == 0 ||
-                            clients_.at(c.lessee).leased.count(i) == 0)) {
+      if (c.lessee != 0 &&
+          (clients_.count(c.lessee) == 0 || clients_.at(c.lessee).leased.count(i) == 0)) {
         return absl::InternalError(absl::StrCat("lease of chunk ", i, " unknown to its client"));
       }
       if (c.lessee == 0 && !c.remote_frees.empty()) {
@@ -628,17 +616,18 @@ absl::Status ChunkDirectory::CheckInvariants() const {
   for (const auto& [client, state] : clients_) {
     for (uint32_t chunk : state.leased) {
       if (chunks_[chunk].kind != ChunkKind::kSmall || chunks_[chunk].lessee != client) {
-        return absl::InternalError(absl::StrCat("client ", client, " holds a stale lease of chunk ", chunk));
+        return absl::InternalError(
+            absl::StrCat("client ", client, " holds a stale lease of chunk ", chunk));
       }
     }
   }
   for (const auto& [offset, count] : pins_) {
     const uint64_t chunk = offset >> kChunkShift;
     const Chunk& c = chunks_[chunk];
-    const bool live_small = c.kind == ChunkKind::kSmall &&
-                            (offset & (kChunkSize - 1)) % ClassSize(c.size_class) == 0 &&
-                            c.bitmap->IsAllocated(static_cast<uint32_t>(
-                                (offset & (kChunkSize - 1)) / ClassSize(c.size_class)));
+    const bool live_small =
+        c.kind == ChunkKind::kSmall && (offset & (kChunkSize - 1)) % ClassSize(c.size_class) == 0 &&
+        c.bitmap->IsAllocated(
+            static_cast<uint32_t>((offset & (kChunkSize - 1)) / ClassSize(c.size_class)));
     const bool live_large = c.kind == ChunkKind::kLargeHead && (offset & (kChunkSize - 1)) == 0;
     if (!live_small && !live_large) {
       return absl::InternalError(absl::StrCat("pinned offset ", offset, " is not a live object"));

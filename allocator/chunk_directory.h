@@ -53,9 +53,9 @@ enum class ChunkKind : uint8_t {
 struct ChunkRecord {
   uint32_t chunk = 0;
   ChunkKind kind = ChunkKind::kFree;
-  uint32_t size_class = 0;       // kSmall
-  uint32_t run_chunks = 0;       // kLargeHead
-  std::vector<uint64_t> words;   // kSmall
+  uint32_t size_class = 0;      // kSmall
+  uint32_t run_chunks = 0;      // kLargeHead
+  std::vector<uint64_t> words;  // kSmall
 };
 
 // An object named by its offset, with the size the caller believes it has
@@ -77,14 +77,14 @@ struct DirectoryStats {
   uint32_t leased_chunks = 0;
   uint32_t large_chunks = 0;
   uint64_t large_objects = 0;
-  uint64_t live_objects = 0;      // small and large
-  uint64_t allocated_bytes = 0;   // slot sizes of live small objects + large runs
+  uint64_t live_objects = 0;     // small and large
+  uint64_t allocated_bytes = 0;  // slot sizes of live small objects + large runs
   std::array<SizeClassUsage, kNumSizeClasses> by_class{};
 };
 
 struct ReclaimResult {
-  uint32_t leases = 0;       // chunks whose lease was taken back
-  uint32_t large_runs = 0;   // uncommitted large objects freed
+  uint32_t leases = 0;      // chunks whose lease was taken back
+  uint32_t large_runs = 0;  // uncommitted large objects freed
   // Frees this client made that were later found wrong and not yet told
   // (it is gone: for the log).
   std::vector<std::string> rejected_frees;
@@ -123,8 +123,7 @@ class ChunkDirectory {
   // Leases up to `count` chunks of `size_class` to `client`: unleased partly
   // used chunks first, then free ones. Returns an empty vector when no chunk
   // is available (the caller grows the heap and retries).
-  absl::StatusOr<std::vector<LeaseGrant>> Lease(ClientId client,
-                                                uint32_t size_class,
+  absl::StatusOr<std::vector<LeaseGrant>> Lease(ClientId client, uint32_t size_class,
                                                 uint32_t count);
 
   // Records `client`'s view of chunks it leases and returns what the daemon
@@ -203,11 +202,11 @@ class ChunkDirectory {
     ChunkKind kind = ChunkKind::kFree;
     uint8_t size_class = 0;
     bool dirty = false;
-    uint32_t run_chunks = 0;      // kLargeHead: run length
-    uint32_t head_chunk = 0;      // kLargeTail: its head
-    ClientId lessee = 0;          // kSmall: leasing client, 0 if none
-    ClientId uncommitted_by = 0;  // kLargeHead: allocating client until commit
-    std::unique_ptr<SlotBitmap> bitmap;   // kSmall
+    uint32_t run_chunks = 0;               // kLargeHead: run length
+    uint32_t head_chunk = 0;               // kLargeTail: its head
+    ClientId lessee = 0;                   // kSmall: leasing client, 0 if none
+    ClientId uncommitted_by = 0;           // kLargeHead: allocating client until commit
+    std::unique_ptr<SlotBitmap> bitmap;    // kSmall
     std::vector<RemoteFree> remote_frees;  // kSmall with a lessee
   };
   struct ClientState {

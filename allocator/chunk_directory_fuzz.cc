@@ -251,8 +251,7 @@ bool SameRecord(const ChunkRecord& a, const ChunkRecord& b) {
          a.run_chunks == b.run_chunks && a.words == b.words;
 }
 
-bool SameRecords(const std::vector<ChunkRecord>& got,
-                 const std::map<uint32_t, ChunkRecord>& want) {
+bool SameRecords(const std::vector<ChunkRecord>& got, const std::map<uint32_t, ChunkRecord>& want) {
   if (got.size() != want.size()) return false;
   auto it = want.begin();
   for (const ChunkRecord& record : got) {
@@ -283,7 +282,8 @@ void FuzzOne(const Input& in) {
       ChunkDirectory::FromRecords(in.capacity, in.records);
   Check(dir.ok() == consistent, "FromRecords accepts inconsistent or rejects consistent records");
   if (!dir.ok()) {
-    Check(dir.status().code() == absl::StatusCode::kDataLoss, "FromRecords failed without DATA_LOSS");
+    Check(dir.status().code() == absl::StatusCode::kDataLoss,
+          "FromRecords failed without DATA_LOSS");
     return;
   }
   Check((*dir)->CheckInvariants().ok(), "invariants broken after FromRecords");
@@ -293,8 +293,7 @@ void FuzzOne(const Input& in) {
 
   absl::StatusOr<std::unique_ptr<ChunkDirectory>> again =
       ChunkDirectory::FromRecords(in.capacity, records);
-  Check(again.ok() && (*again)->CheckInvariants().ok() &&
-            SameRecords((*again)->AllRecords(), live),
+  Check(again.ok() && (*again)->CheckInvariants().ok() && SameRecords((*again)->AllRecords(), live),
         "rebuilding from AllRecords gives another directory");
 
   for (const ObjectRef& pin : in.pins) {
@@ -344,8 +343,8 @@ Seeds MakeSeeds() {
   Input replayed = used;
   const ChunkRecord& run = used.records.back();
   replayed.records.push_back(ChunkRecord{used.records[0].chunk, ChunkKind::kFree, 0, 0, {}});
-  replayed.records.push_back(ChunkRecord{run.chunk + run.run_chunks, ChunkKind::kLargeHead, 0,
-                                         3, {}});
+  replayed.records.push_back(
+      ChunkRecord{run.chunk + run.run_chunks, ChunkKind::kLargeHead, 0, 3, {}});
   replayed.records.push_back(ChunkRecord{run.chunk, ChunkKind::kFree, 0, 0, {}});
   // A run over a live small chunk: must be refused.
   Input overlap = used;

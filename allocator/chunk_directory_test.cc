@@ -69,8 +69,8 @@ TEST(ChunkDirectoryTest, ReportRejectsChunksNotLeasedByCallerAndChangesNothing) 
              absl::StatusCode::kFailedPrecondition, "not leased by client 1");
   EXPECT_EQ(dir.Stats().live_objects, 0u);  // a's report was not applied
   LeaseReport wrong_size{a.chunk, {1, 2}};
-  ExpectCode(dir.Report(kAlice, {wrong_size}, false).status(),
-             absl::StatusCode::kInvalidArgument, "bitmap words");
+  ExpectCode(dir.Report(kAlice, {wrong_size}, false).status(), absl::StatusCode::kInvalidArgument,
+             "bitmap words");
   ExpectCode(dir.Report(kAlice, {ReportWith(a, 1), ReportWith(a, 2)}, false).status(),
              absl::StatusCode::kInvalidArgument, "reported twice");
   ExpectCode(dir.Report(kAlice, {LeaseReport{999, {}}}, false).status(),
@@ -90,12 +90,10 @@ TEST(ChunkDirectoryTest, LargeRunsAllocateFreeAndRejectBadOffsets) {
   ExpectCode(dir.Free(kAlice, {{*big, kChunkSize}}), absl::StatusCode::kInvalidArgument,
              "not of 2097152 bytes");
   ASSERT_TRUE(dir.Free(kAlice, {{*big, 3 * kChunkSize}}).ok());
-  ExpectCode(dir.Free(kAlice, {{*big, 0}}), absl::StatusCode::kInvalidArgument,
-             "double free");
+  ExpectCode(dir.Free(kAlice, {{*big, 0}}), absl::StatusCode::kInvalidArgument, "double free");
   ExpectCode(dir.AllocateLarge(kAlice, 9 * kChunkSize).status(),
              absl::StatusCode::kResourceExhausted, "no free run of 9 chunks");
-  ExpectCode(dir.AllocateLarge(kAlice, 0).status(), absl::StatusCode::kInvalidArgument,
-             "0 bytes");
+  ExpectCode(dir.AllocateLarge(kAlice, 0).status(), absl::StatusCode::kInvalidArgument, "0 bytes");
   ExpectCode(dir.Free(kAlice, {{8 * kChunkSize, 0}}), absl::StatusCode::kInvalidArgument,
              "outside the heap");
   EXPECT_EQ(dir.Stats().free_chunks, 8u);
@@ -114,8 +112,8 @@ TEST(ChunkDirectoryTest, FreeOfUnleasedSmallObjectsIsValidatedAndAtomic) {
              "twice in one free batch");
   ExpectCode(dir.Free(kBob, {{slot0, 200}}), absl::StatusCode::kInvalidArgument,
              "not the class of 200 bytes");
-  ExpectCode(dir.Free(kBob, {{Offset(grant.chunk, 3, k64), 0}}),
-             absl::StatusCode::kInvalidArgument, "not a live object");
+  ExpectCode(dir.Free(kBob, {{Offset(grant.chunk, 3, k64), 0}}), absl::StatusCode::kInvalidArgument,
+             "not a live object");
   EXPECT_EQ(dir.Stats().live_objects, 3u);  // every failed batch changed nothing
   ASSERT_TRUE(dir.Free(kBob, {{slot0, 64}, {slot1, 0}}).ok());
   EXPECT_EQ(dir.Stats().live_objects, 1u);
@@ -189,8 +187,8 @@ TEST(ChunkDirectoryTest, FreesQueuedForAnEndingLesseeAreResolvedExactly) {
     ChunkDirectory dir(4);
     LeaseGrant grant = (*dir.Lease(kAlice, k64, 1))[0];
     ASSERT_TRUE(dir.Report(kAlice, {ReportWith(grant, 4)}, false).ok());
-    ASSERT_TRUE(dir.Free(kBob, {{Offset(grant.chunk, 1, k64), 0},
-                                {Offset(grant.chunk, 6, k64), 0}}).ok());
+    ASSERT_TRUE(
+        dir.Free(kBob, {{Offset(grant.chunk, 1, k64), 0}, {Offset(grant.chunk, 6, k64), 0}}).ok());
     if (died) {
       const ReclaimResult reclaimed = dir.Reclaim(kAlice);
       EXPECT_EQ(reclaimed.leases, 1u);
@@ -217,8 +215,8 @@ TEST(ChunkDirectoryTest, FreesFromTheLesseeOfObjectsInItsChunkWaitForItsReport) 
   ASSERT_TRUE(dir.Report(kAlice, {ReportWith(alices, 2)}, /*release=*/true).ok());
   LeaseGrant bobs = (*dir.Lease(kBob, k64, 1))[0];
   ASSERT_EQ(bobs.chunk, alices.chunk);
-  ASSERT_TRUE(dir.Free(kBob, {{Offset(bobs.chunk, 0, k64), 64},
-                              {Offset(bobs.chunk, 1, k64), 64}}).ok());
+  ASSERT_TRUE(
+      dir.Free(kBob, {{Offset(bobs.chunk, 0, k64), 64}, {Offset(bobs.chunk, 1, k64), 64}}).ok());
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
   EXPECT_EQ(dir.Stats().leased_chunks, 1u);
   // Nobody else gets the chunk Bob leases.
@@ -262,10 +260,9 @@ TEST(ChunkDirectoryTest, PinnedObjectsCannotBeFreedAndSurviveReports) {
   const uint64_t slot0 = Offset(grant.chunk, 0, k64);
   // Alice allocated slot 0 locally and binds it before reporting.
   ASSERT_TRUE(dir.Pin(kAlice, {slot0, 64}).ok());
-  ExpectCode(dir.Pin(kBob, {Offset(grant.chunk, 1, k64), 8}),
-             absl::StatusCode::kFailedPrecondition, "not a live object");
-  ExpectCode(dir.Pin(kAlice, {slot0 + 8, 8}), absl::StatusCode::kInvalidArgument,
-             "not the start");
+  ExpectCode(dir.Pin(kBob, {Offset(grant.chunk, 1, k64), 8}), absl::StatusCode::kFailedPrecondition,
+             "not a live object");
+  ExpectCode(dir.Pin(kAlice, {slot0 + 8, 8}), absl::StatusCode::kInvalidArgument, "not the start");
   ExpectCode(dir.Pin(kAlice, {slot0, 65}), absl::StatusCode::kInvalidArgument, "less than 65");
   ExpectCode(dir.Free(kBob, {{slot0, 0}}), absl::StatusCode::kFailedPrecondition,
              "bound to a name");
@@ -328,11 +325,9 @@ TEST(ChunkDirectoryTest, ContradictoryRecordsAreDataLoss) {
                     std::vector<uint64_t>(SlotBitmap::WordCount(SlotsPerChunk(k64)), 1)};
   EXPECT_EQ(ChunkDirectory::FromRecords(8, {run, small}).status().code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(ChunkDirectory::FromRecords(4, {run}).status().code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ChunkDirectory::FromRecords(4, {run}).status().code(), absl::StatusCode::kDataLoss);
   ChunkRecord beyond{9, ChunkKind::kFree, 0, 0, {}};
-  EXPECT_EQ(ChunkDirectory::FromRecords(8, {beyond}).status().code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ChunkDirectory::FromRecords(8, {beyond}).status().code(), absl::StatusCode::kDataLoss);
   ChunkRecord bad_words{1, ChunkKind::kSmall, k64, 0, {1}};
   EXPECT_EQ(ChunkDirectory::FromRecords(8, {bad_words}).status().code(),
             absl::StatusCode::kDataLoss);
@@ -343,8 +338,8 @@ TEST(ChunkDirectoryTest, ContradictoryRecordsAreDataLoss) {
 
 TEST(ChunkDirectoryTest, BadArgumentsAreRejected) {
   ChunkDirectory dir(2);
-  ExpectCode(dir.Lease(kAlice, kNumSizeClasses, 1).status(),
-             absl::StatusCode::kInvalidArgument, "size class 64");
+  ExpectCode(dir.Lease(kAlice, kNumSizeClasses, 1).status(), absl::StatusCode::kInvalidArgument,
+             "size class 64");
   ExpectCode(dir.Lease(0, 0, 1).status(), absl::StatusCode::kInvalidArgument, "reserved");
   ExpectCode(dir.Pin(kAlice, {5 * kChunkSize, 0}), absl::StatusCode::kInvalidArgument,
              "outside the heap");

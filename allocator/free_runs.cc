@@ -74,20 +74,20 @@ absl::Status FreeRuns::CheckInvariants() const {
   for (const auto& [start, length] : by_start_) {
     if (length == 0) return absl::InternalError(absl::StrCat("empty free run at ", start));
     if (!first && start <= previous_end) {
-      return absl::InternalError(absl::StrCat(
-          "free run at chunk ", start, " overlaps or touches the previous one"));
+      return absl::InternalError(
+          absl::StrCat("free run at chunk ", start, " overlaps or touches the previous one"));
     }
     if (by_length_.count({length, start}) == 0) {
-      return absl::InternalError(absl::StrCat("free run at ", start,
-                                              " is missing from the length index"));
+      return absl::InternalError(
+          absl::StrCat("free run at ", start, " is missing from the length index"));
     }
     first = false;
     previous_end = uint64_t{start} + length;
     total += length;
   }
   if (total != free_chunks_) {
-    return absl::InternalError(absl::StrCat("free runs hold ", total,
-                                            " chunks but count ", free_chunks_));
+    return absl::InternalError(
+        absl::StrCat("free runs hold ", total, " chunks but count ", free_chunks_));
   }
   return absl::OkStatus();
 }

@@ -36,9 +36,7 @@ class FreeRuns {
 
   uint64_t free_chunks() const { return free_chunks_; }
   size_t run_count() const { return by_start_.size(); }
-  uint32_t longest_run() const {
-    return by_length_.empty() ? 0 : by_length_.rbegin()->first;
-  }
+  uint32_t longest_run() const { return by_length_.empty() ? 0 : by_length_.rbegin()->first; }
 
   absl::Status CheckInvariants() const;
 
@@ -46,8 +44,8 @@ class FreeRuns {
   void Insert(uint32_t start, uint32_t length);
   void Erase(std::map<uint32_t, uint32_t>::iterator it);
 
-  std::map<uint32_t, uint32_t> by_start_;                // start -> length
-  std::set<std::pair<uint32_t, uint32_t>> by_length_;    // (length, start)
+  std::map<uint32_t, uint32_t> by_start_;              // start -> length
+  std::set<std::pair<uint32_t, uint32_t>> by_length_;  // (length, start)
   uint64_t free_chunks_ = 0;
 };
 

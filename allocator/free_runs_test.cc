@@ -17,8 +17,8 @@ TEST(FreeRunsTest, TakesBestFitAndMergesOnGive) {
   EXPECT_EQ(runs.Take(4), std::optional<uint32_t>(0));
   EXPECT_EQ(runs.Take(7), std::nullopt);
   EXPECT_EQ(runs.free_chunks(), 6u);
-  runs.Give(0, 4);   // merges with [4, 10)
-  runs.Give(10, 10); // merges both sides
+  runs.Give(0, 4);    // merges with [4, 10)
+  runs.Give(10, 10);  // merges both sides
   runs.Give(20, 3);
   EXPECT_EQ(runs.run_count(), 1u);
   EXPECT_EQ(runs.longest_run(), 23u);

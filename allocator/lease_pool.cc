@@ -6,11 +6,8 @@
 
 namespace heapd {
 
-LeasePool::LeasePool(LeaseSource* source, uint64_t max_chunks,
-                     uint32_t lease_batch)
-    : source_(source),
-      lease_batch_(std::max<uint32_t>(lease_batch, 1)),
-      by_chunk_(max_chunks) {}
+LeasePool::LeasePool(LeaseSource* source, uint64_t max_chunks, uint32_t lease_batch)
+    : source_(source), lease_batch_(std::max<uint32_t>(lease_batch, 1)), by_chunk_(max_chunks) {}
 
 absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
   std::vector<ChunkLease*>& candidates = with_space_[size_class];
@@ -22,23 +19,21 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
       return Allocate(size_class);
     }
   }
-  absl::StatusOr<std::vector<LeaseGrant>> grants =
-      source_->LeaseChunks(size_class, lease_batch_);
+  absl::StatusOr<std::vector<LeaseGrant>> grants = source_->LeaseChunks(size_class, lease_batch_);
   if (!grants.ok()) return grants.status();
   for (LeaseGrant& grant : *grants) {
     if (grant.size_class != size_class || by_chunk_.Get(grant.chunk) != nullptr ||
         grant.chunk >= by_chunk_.max_chunks()) {
-      return absl::InternalError(absl::StrCat(
-          "lease source granted chunk ", grant.chunk, " of class ",
-          grant.size_class, " for class ", size_class,
-          ", which this pool cannot take"));
+      return absl::InternalError(absl::StrCat("lease source granted chunk ", grant.chunk,
+                                              " of class ", grant.size_class, " for class ",
+                                              size_class, ", which this pool cannot take"));
     }
     absl::StatusOr<SlotBitmap> bitmap =
         SlotBitmap::FromWords(SlotsPerChunk(size_class), grant.words);
     if (!bitmap.ok()) return bitmap.status();
-    auto lease = std::make_unique<ChunkLease>(ChunkLease{
-        uint64_t{grant.chunk} << kChunkShift, grant.chunk, size_class,
-        ClassSize(size_class), false, *std::move(bitmap)});
+    auto lease = std::make_unique<ChunkLease>(
+        ChunkLease{uint64_t{grant.chunk} << kChunkShift, grant.chunk, size_class,
+                   ClassSize(size_class), false, *std::move(bitmap)});
     by_chunk_.Set(grant.chunk, lease.get());
     if (!lease->bitmap.full()) candidates.push_back(lease.get());
     leases_.push_back(std::move(lease));
@@ -47,8 +42,8 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
   std::sort(candidates.begin(), candidates.end(),
             [](const ChunkLease* a, const ChunkLease* b) { return a->chunk > b->chunk; });
   if (candidates.empty()) {
-    return absl::InternalError(absl::StrCat(
-        "lease source granted no chunk with a free slot of class ", size_class));
+    return absl::InternalError(
+        absl::StrCat("lease source granted no chunk with a free slot of class ", size_class));
   }
   current_[size_class] = candidates.back();
   candidates.pop_back();
@@ -108,8 +103,7 @@ void LeasePool::ApplyCorrections(absl::Span<const LeaseCorrection> corrections) 
         lease->bitmap.Set(slot);
       }
     }
-    if (was_full && !lease->bitmap.full() &&
-        lease != current_[lease->size_class]) {
+    if (was_full && !lease->bitmap.full() && lease != current_[lease->size_class]) {
       with_space_[lease->size_class].push_back(lease);
     }
   }
@@ -120,33 +114,30 @@ std::string LeasePool::DescribeNotLive(uint64_t offset) const {
   if (lease == nullptr) return absl::StrCat("offset ", offset, " is in no leased chunk");
   const uint64_t in_chunk = offset & (kChunkSize - 1);
   if (in_chunk % lease->slot_size != 0) {
-    return absl::StrCat("offset ", offset, " is inside an object of ",
-                        lease->slot_size, " bytes, not at its start (chunk ",
-                        lease->chunk, ")");
+    return absl::StrCat("offset ", offset, " is inside an object of ", lease->slot_size,
+                        " bytes, not at its start (chunk ", lease->chunk, ")");
   }
-  return absl::StrCat("offset ", offset, " is not a live object (chunk ",
-                      lease->chunk, ", slot ", in_chunk / lease->slot_size,
-                      "): double free or never allocated");
+  return absl::StrCat("offset ", offset, " is not a live object (chunk ", lease->chunk, ", slot ",
+                      in_chunk / lease->slot_size, "): double free or never allocated");
 }
 
 absl::Status LeasePool::CheckInvariants() const {
   for (const auto& lease : leases_) {
     if (by_chunk_.Get(lease->chunk) != lease.get()) {
-      return absl::InternalError(absl::StrCat("lease of chunk ", lease->chunk,
-                                              " is missing from the chunk map"));
+      return absl::InternalError(
+          absl::StrCat("lease of chunk ", lease->chunk, " is missing from the chunk map"));
     }
     if (absl::Status s = lease->bitmap.CheckInvariants(); !s.ok()) return s;
     const auto& list = with_space_[lease->size_class];
     if (!lease->bitmap.full() && current_[lease->size_class] != lease.get() &&
         std::find(list.begin(), list.end(), lease.get()) == list.end()) {
-      return absl::InternalError(absl::StrCat(
-          "chunk ", lease->chunk, " has free slots but cannot be found"));
+      return absl::InternalError(
+          absl::StrCat("chunk ", lease->chunk, " has free slots but cannot be found"));
     }
   }
   for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
     if (current_[c] != nullptr && current_[c]->size_class != c) {
-      return absl::InternalError(absl::StrCat("current chunk of class ", c,
-                                              " has another class"));
+      return absl::InternalError(absl::StrCat("current chunk of class ", c, " has another class"));
     }
   }
   return absl::OkStatus();

@@ -35,8 +35,8 @@ class LeaseSource {
  public:
   virtual ~LeaseSource() = default;
   // Leases up to `count` chunks of `size_class` (at least one on success).
-  virtual absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(
-      uint32_t size_class, uint32_t count) = 0;
+  virtual absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
+                                                              uint32_t count) = 0;
 };
 
 enum class LocalFree {
@@ -73,8 +73,8 @@ class LeasePool {
     if (lease == nullptr) return LocalFree::kNotLeased;
     const uint64_t in_chunk = offset & (kChunkSize - 1);
     const uint32_t slot = SlotIndex(lease->size_class, in_chunk);
-    if (uint64_t{slot} * lease->slot_size != in_chunk ||
-        slot >= lease->bitmap.slot_count() || !lease->bitmap.IsAllocated(slot)) {
+    if (uint64_t{slot} * lease->slot_size != in_chunk || slot >= lease->bitmap.slot_count() ||
+        !lease->bitmap.IsAllocated(slot)) {
       return LocalFree::kNotLive;
     }
     const bool was_full = lease->bitmap.full();

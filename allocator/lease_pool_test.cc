@@ -51,8 +51,7 @@ TEST(LeasePoolTest, FreeValidatesLocally) {
   const uint32_t c = SizeClassFor(64);
   uint64_t a = *pool.Allocate(c);
   EXPECT_EQ(pool.Free(a + 8), LocalFree::kNotLive);
-  EXPECT_NE(pool.DescribeNotLive(a + 8).find("inside an object of 64 bytes"),
-            std::string::npos);
+  EXPECT_NE(pool.DescribeNotLive(a + 8).find("inside an object of 64 bytes"), std::string::npos);
   EXPECT_EQ(pool.Free(a), LocalFree::kFreed);
   EXPECT_EQ(pool.Free(a), LocalFree::kNotLive);
   EXPECT_NE(pool.DescribeNotLive(a).find("double free"), std::string::npos);

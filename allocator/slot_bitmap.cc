@@ -20,12 +20,12 @@ SlotBitmap::SlotBitmap(uint32_t slot_count)
   RebuildSummary();
 }
 
-absl::StatusOr<SlotBitmap> SlotBitmap::FromWords(
-    uint32_t slot_count, absl::Span<const uint64_t> words) {
+absl::StatusOr<SlotBitmap> SlotBitmap::FromWords(uint32_t slot_count,
+                                                 absl::Span<const uint64_t> words) {
   if (slot_count == 0 || words.size() != WordCount(slot_count)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot bitmap has ", words.size(), " words; a chunk of ",
-                     slot_count, " slots needs ", WordCount(slot_count)));
+    return absl::InvalidArgumentError(absl::StrCat("slot bitmap has ", words.size(),
+                                                   " words; a chunk of ", slot_count,
+                                                   " slots needs ", WordCount(slot_count)));
   }
   SlotBitmap bitmap(slot_count);
   bitmap.words_.assign(words.begin(), words.end());
@@ -65,8 +65,7 @@ absl::Status SlotBitmap::CheckInvariants() const {
     live += __builtin_popcountll(words_[w]);
     const bool full_bit = (full_[w >> 6] >> (w & 63)) & 1;
     if (full_bit != (words_[w] == ~uint64_t{0})) {
-      return absl::InternalError(
-          absl::StrCat("slot bitmap summary is wrong for word ", w));
+      return absl::InternalError(absl::StrCat("slot bitmap summary is wrong for word ", w));
     }
     if (w < search_hint_ * 64 && words_[w] != ~uint64_t{0}) {
       return absl::InternalError(
@@ -75,8 +74,8 @@ absl::Status SlotBitmap::CheckInvariants() const {
   }
   live -= __builtin_popcountll(padding);
   if (live != live_) {
-    return absl::InternalError(absl::StrCat("slot bitmap counts ", live_,
-                                            " live slots but holds ", live));
+    return absl::InternalError(
+        absl::StrCat("slot bitmap counts ", live_, " live slots but holds ", live));
   }
   return absl::OkStatus();
 }

@@ -57,9 +57,7 @@ class SlotBitmap {
     return -1;
   }
 
-  bool IsAllocated(uint32_t slot) const {
-    return (words_[slot >> 6] >> (slot & 63)) & 1;
-  }
+  bool IsAllocated(uint32_t slot) const { return (words_[slot >> 6] >> (slot & 63)) & 1; }
 
   // Marks `slot` free. REQUIRES: slot < slot_count() && IsAllocated(slot).
   void Free(uint32_t slot) {

@@ -6,20 +6,28 @@
 #include <cerrno>
 #include <mutex>
 
+#include "absl/base/const_init.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "heap/heap_mapping.h"
-
 
 namespace heapd {
 namespace {
 
 constexpr int kSlots = 64;
 
+// Serializes Register and Unregister. The signal handler cannot take it:
+// it reads a slot's fields only after an acquire load of a non-null
+// `base`, which Register stores last (release), and they do not change
+// until Unregister clears `base`.
+ABSL_CONST_INIT absl::Mutex registering(absl::kConstInit);
+
 struct Registered {
   std::atomic<char*> base{nullptr};  // null: free slot
-  uint64_t max_size = 0;
-  int fd = -1;
-  bool writable = false;
-  std::atomic<uint64_t>* mapped = nullptr;
+  uint64_t max_size ABSL_GUARDED_BY(registering) = 0;
+  int fd ABSL_GUARDED_BY(registering) = -1;
+  bool writable ABSL_GUARDED_BY(registering) = false;
+  std::atomic<uint64_t>* mapped ABSL_GUARDED_BY(registering) = nullptr;
 };
 
 Registered slots[kSlots];
@@ -27,8 +35,9 @@ struct sigaction previous;
 std::once_flag installed;
 
 // Maps the file of `heap` up to its size; false if the fault at `offset`
-// lies beyond it too (a real fault).
-bool MapGrowth(Registered& heap, uint64_t offset) {
+// lies beyond it too (a real fault). Exempt from the analysis: called by
+// the signal handler, which reads the slot without `registering` (above).
+bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   struct stat st;
   if (fstat(heap.fd, &st) != 0) return false;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -36,8 +45,8 @@ bool MapGrowth(Registered& heap, uint64_t offset) {
   if (offset >= size || size > heap.max_size) return false;
   if (size > mapped) {
     bool map_sync = false;
-    if (MapFileAt(heap.base.load(std::memory_order_acquire) + mapped, size - mapped,
-                  heap.writable, heap.fd, mapped, &map_sync) != 0) {
+    if (MapFileAt(heap.base.load(std::memory_order_acquire) + mapped, size - mapped, heap.writable,
+                  heap.fd, mapped, &map_sync) != 0) {
       return false;
     }
     uint64_t seen = mapped;
@@ -47,15 +56,16 @@ bool MapGrowth(Registered& heap, uint64_t offset) {
   return true;  // mapped now (by us or by another thread)
 }
 
-void OnSegv(int signal, siginfo_t* info, void* context) {
+// Exempt from the analysis: it cannot take `registering` (above).
+void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   char* address = static_cast<char*>(info->si_addr);
   const int saved_errno = errno;  // the interrupted code's
   for (Registered& heap : slots) {
     char* base = heap.base.load(std::memory_order_acquire);
     if (base == nullptr || address < base || address >= base + heap.max_size) continue;
     const uint64_t offset = static_cast<uint64_t>(address - base);
-    const bool mapped = offset >= heap.mapped->load(std::memory_order_acquire) &&
-                        MapGrowth(heap, offset);
+    const bool mapped =
+        offset >= heap.mapped->load(std::memory_order_acquire) && MapGrowth(heap, offset);
     errno = saved_errno;
     if (mapped) return;  // the access is retried
     break;
@@ -84,8 +94,7 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     sigemptyset(&action.sa_mask);
     sigaction(SIGSEGV, &action, &previous);
   });
-  static std::mutex registering;
-  std::lock_guard<std::mutex> lock(registering);
+  absl::MutexLock lock(&registering);
   for (int i = 0; i < kSlots; ++i) {
     if (slots[i].base.load() != nullptr) continue;
     slots[i].max_size = max_size;
@@ -99,7 +108,9 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
 }
 
 void UnregisterHeapForGrowthFaults(int slot) {
-  if (slot >= 0 && slot < kSlots) slots[slot].base.store(nullptr, std::memory_order_release);
+  if (slot < 0 || slot >= kSlots) return;
+  absl::MutexLock lock(&registering);
+  slots[slot].base.store(nullptr, std::memory_order_release);
 }
 
 }  // namespace heapd

@@ -96,14 +96,14 @@ struct Heap::ThreadCache final : LeaseSource {
 
   Heap* const heap;
   OwnerGate gate;
-  LeasePool pool;  // inside `gate` only
+  LeasePool pool ABSL_GUARDED_BY(gate);
 
   SpinLock remote_lock;
-  std::vector<uint64_t> remote_frees;  // under remote_lock
+  std::vector<uint64_t> remote_frees ABSL_GUARDED_BY(remote_lock);
   std::atomic<bool> has_remote_frees{false};
 };
 
-void Heap::ApplyRemoteFrees(ThreadCache* cache) {
+void Heap::ApplyRemoteFrees(ThreadCache* cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache->gate) {
   std::vector<uint64_t> frees;
   cache->remote_lock.lock();
   frees.swap(cache->remote_frees);
@@ -170,7 +170,10 @@ Heap::~Heap() {
                    s.ToString().c_str());
     }
   }
-  if (fd_connection_ >= 0) close(fd_connection_);
+  {
+    absl::MutexLock lock(&fd_mu_);
+    if (fd_connection_ >= 0) close(fd_connection_);
+  }
   if (data_fd_ >= 0) close(data_fd_);
 }
 
@@ -495,6 +498,7 @@ absl::Status Heap::detach() {
   status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));
   UnregisterHeapForGrowthFaults(fault_slot_);
   mapping_.reset();
+  absl::MutexLock lock(&fd_mu_);
   close(fd_connection_);
   fd_connection_ = -1;
   return status;
@@ -556,7 +560,7 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
     if (n <= 0) return io_error("writing to");
     sent += static_cast<size_t>(n);
   }
-  auto read_exactly = [this](char* into, size_t bytes) {
+  auto read_exactly = [this](char* into, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fd_mu_) {
     for (size_t got = 0; got < bytes;) {
       const ssize_t n = recv(fd_connection_, into + got, bytes - got, 0);
       if (n < 0 && errno == EINTR) continue;

@@ -199,15 +199,19 @@ class Heap {
   const uint32_t lease_batch_;
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
   int data_fd_ = -1;
-  int fd_connection_ = -1;  // heapd.fd.sock, open for the whole session
-  absl::Mutex fd_mu_;       // one request at a time on fd_connection_
+  absl::Mutex fd_mu_;  // one request at a time on fd_connection_
+  // heapd.fd.sock, open for the whole session.
+  int fd_connection_ ABSL_GUARDED_BY(fd_mu_) = -1;
   // Set when an exchange on fd_connection_ failed midway: the stream is out
   // of step, so lookups go through gRPC from then on.
   bool fd_broken_ ABSL_GUARDED_BY(fd_mu_) = false;
   int fault_slot_ = -1;     // see growth_fault_handler.h
   bool detached_ = false;
 
-  absl::Mutex mapping_mu_;  // growth of the mapping
+  // mapping_ is set by Start and reset by detach (nothing runs concurrently
+  // with either); in between, calls of mapping_->Extend take mapping_mu_
+  // (MapUpTo), and the rest of HeapMapping may run beside them.
+  absl::Mutex mapping_mu_;
   std::unique_ptr<HeapMapping> mapping_;
   char* base_ = nullptr;    // mapping_->base(), kept here for the fast path
   uint64_t max_size_ = 0;

@@ -110,8 +110,8 @@ TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
     const bool checkpoints_only = run % 3 == 2;
     const int kill_hit = 1 + static_cast<int>(rng() % (checkpoints_only ? 12 : 160));
     const int kill_step = 1 + static_cast<int>(rng() % kMaxSteps);
-    const std::string where = absl::StrCat("run ", run, " (seed ", seed, ", hit ", kill_hit,
-                                           ", step ", kill_step, ")");
+    const std::string where =
+        absl::StrCat("run ", run, " (seed ", seed, ", hit ", kill_hit, ", step ", kill_step, ")");
     const std::string path = root.Sub(absl::StrCat("heap", run));
     ASSERT_TRUE(PersistentHeap::Create(path, Config(), Options()).ok());
 
@@ -185,10 +185,10 @@ TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
     std::printf("kills at %-28s %d\n", point.c_str(), kills);
   }
   // Every crash-relevant place was hit, half-written records included.
-  for (const char* point : {"between-steps", "sync.after_data_flush", "log.before_write",
-                            "log.torn", "log.before_sync", "log.after_sync", "checkpoint.torn",
-                            "checkpoint.before_rename", "checkpoint.after_rename",
-                            "checkpoint.new_log"}) {
+  for (const char* point :
+       {"between-steps", "sync.after_data_flush", "log.before_write", "log.torn", "log.before_sync",
+        "log.after_sync", "checkpoint.torn", "checkpoint.before_rename", "checkpoint.after_rename",
+        "checkpoint.new_log"}) {
     EXPECT_GT(kills_by_point[point], 0) << point;
   }
 }

@@ -55,8 +55,7 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
 BackingKind DetectBacking(int fd) {
   struct statx stx;
   if (statx(fd, "", AT_EMPTY_PATH, STATX_BASIC_STATS, &stx) == 0 &&
-      (stx.stx_attributes_mask & STATX_ATTR_DAX) &&
-      (stx.stx_attributes & STATX_ATTR_DAX)) {
+      (stx.stx_attributes_mask & STATX_ATTR_DAX) && (stx.stx_attributes & STATX_ATTR_DAX)) {
     return BackingKind::kDax;
   }
   struct statfs fs;
@@ -64,8 +63,7 @@ BackingKind DetectBacking(int fd) {
   return BackingKind::kFile;
 }
 
-absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Create(const std::string& path,
-                                                           uint64_t size) {
+absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Create(const std::string& path, uint64_t size) {
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create data file ", path));
   std::unique_ptr<DataFile> file(new DataFile(path, fd, 0, DetectBacking(fd)));
@@ -103,7 +101,8 @@ absl::Status DataFile::Grow(uint64_t new_size) {
     const int err = errno;
     // A failed fallocate may leave blocks past the old end: give them back.
     if (ftruncate(fd_, static_cast<off_t>(size)) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("shrink data file ", path_, " back after a failed grow"));
+      return ErrnoStatus(errno,
+                         absl::StrCat("shrink data file ", path_, " back after a failed grow"));
     }
     return ErrnoStatus(err, absl::StrCat("reserve ", new_size - size, " bytes to grow data file ",
                                          path_, " to ", new_size, " bytes"));

@@ -28,8 +28,7 @@ class DataFile {
  public:
   // Creates `path` (which must not exist) and reserves `size` bytes. On
   // failure no file is left at `path`.
-  static absl::StatusOr<std::unique_ptr<DataFile>> Create(const std::string& path,
-                                                          uint64_t size);
+  static absl::StatusOr<std::unique_ptr<DataFile>> Create(const std::string& path, uint64_t size);
   // Opens an existing data file for reading and writing.
   static absl::StatusOr<std::unique_ptr<DataFile>> Open(const std::string& path);
   // Takes `fd`, an open regular file of `size` bytes named `label` in

@@ -56,11 +56,11 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
     if (key != "MemAvailable:") continue;
     const uint64_t available = kib << 10;
     if (available < reserve || available - reserve < bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "heap ", heap, " is on tmpfs (memory): growing it by ", bytes,
-          " bytes would leave less than the reserve of ", reserve,
-          " bytes (--tmpfs_reserve_bytes) of the node's ", available,
-          " bytes of available memory"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("heap ", heap, " is on tmpfs (memory): growing it by ", bytes,
+                       " bytes would leave less than the reserve of ", reserve,
+                       " bytes (--tmpfs_reserve_bytes) of the node's ", available,
+                       " bytes of available memory"));
     }
     return absl::OkStatus();
   }
@@ -70,9 +70,9 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
 absl::Status ValidateHeapConfig(const HeapConfig& config) {
   if (config.max_size < kChunkSize || config.max_size % kChunkSize != 0 ||
       config.max_size > kMaxHeapBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "heap maximum size ", config.max_size, " is not a positive multiple of ", kChunkSize,
-        " bytes (2 MiB) up to ", kMaxHeapBytes));
+    return absl::InvalidArgumentError(absl::StrCat("heap maximum size ", config.max_size,
+                                                   " is not a positive multiple of ", kChunkSize,
+                                                   " bytes (2 MiB) up to ", kMaxHeapBytes));
   }
   if (config.mode > 0777) {
     return absl::InvalidArgumentError(
@@ -119,9 +119,10 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   FaultPoint("create.before_rename");
   if (renameat2(AT_FDCWD, building.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
-    return give_up(err == EEXIST ? absl::AlreadyExistsError(absl::StrCat(
-                                       "heap directory ", dir, " already exists"))
-                                 : ErrnoStatus(err, absl::StrCat("rename ", building, " to ", dir)));
+    return give_up(
+        err == EEXIST
+            ? absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " already exists"))
+            : ErrnoStatus(err, absl::StrCat("rename ", building, " to ", dir)));
   }
   if (absl::Status s = SyncDirectory(ParentOf(dir)); !s.ok()) return s;
   return Open(dir, options);
@@ -147,8 +148,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
       DataFile::Open(absl::StrCat(dir, "/", kDataFile));
   if (!data.ok()) return data.status();
   const uint64_t log_bytes = (*store)->log_bytes();
-  std::unique_ptr<PersistentHeap> heap(
-      new PersistentHeap(dir, recovered.state.config, options));
+  std::unique_ptr<PersistentHeap> heap(new PersistentHeap(dir, recovered.state.config, options));
   heap->lock_fd_ = std::move(lock_fd);  // closing it releases the lock
   heap->data_ = *std::move(data);
   heap->store_ = *std::move(store);
@@ -194,9 +194,9 @@ absl::Status PersistentHeap::LoadLocked(const std::string& label, const Checkpoi
   const uint64_t file_chunks = data_bytes / kChunkSize;
   if (file_chunks < state.capacity_chunks || state.capacity_chunks > max_chunks()) {
     return absl::DataLossError(absl::StrCat(
-        "heap ", label, ": data file ", data_ == nullptr ? "" : data_->path(), " has ",
-        data_bytes, " bytes; its metadata says ", uint64_t{state.capacity_chunks} * kChunkSize,
-        " of at most ", config_.max_size));
+        "heap ", label, ": data file ", data_ == nullptr ? "" : data_->path(), " has ", data_bytes,
+        " bytes; its metadata says ", uint64_t{state.capacity_chunks} * kChunkSize, " of at most ",
+        config_.max_size));
   }
   // Chunks past the recorded capacity were added after the last sync: free.
   const uint32_t capacity = static_cast<uint32_t>(std::min<uint64_t>(file_chunks, max_chunks()));
@@ -288,8 +288,8 @@ absl::Status PersistentHeap::Grow(uint32_t chunks, uint32_t capacity_seen) {
   const uint64_t target = std::min(capacity + step, max_chunks());
   if (target < capacity + chunks) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "heap ", dir_, " is full: it needs ", chunks, " more chunks of 2 MiB beyond its ",
-        capacity, " (maximum size ", config_.max_size, " bytes)"));
+        "heap ", dir_, " is full: it needs ", chunks, " more chunks of 2 MiB beyond its ", capacity,
+        " (maximum size ", config_.max_size, " bytes)"));
   }
   if (absl::Status s = RepairDataFileLocked(); !s.ok()) return s;
   if (data_->backing() == BackingKind::kTmpfs && options_.tmpfs_reserve_bytes != 0) {
@@ -317,8 +317,7 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("lease chunks"); !s.ok()) return s;
-      absl::StatusOr<std::vector<LeaseGrant>> grants =
-          directory_->Lease(client, size_class, count);
+      absl::StatusOr<std::vector<LeaseGrant>> grants = directory_->Lease(client, size_class, count);
       if (!grants.ok() || !grants->empty() || attempt == kMaxGrowAttempts) return grants;
       capacity_seen = directory_->capacity_chunks();
     }
@@ -328,9 +327,9 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
 
 absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size) {
   if (size == 0 || size > config_.max_size) {
-    return absl::InvalidArgumentError(absl::StrCat("large allocation of ", size,
-                                                   " bytes in heap ", dir_, " of at most ",
-                                                   config_.max_size, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("large allocation of ", size, " bytes in heap ",
+                                                   dir_, " of at most ", config_.max_size,
+                                                   " bytes"));
   }
   const uint32_t chunks = static_cast<uint32_t>((size + kChunkSize - 1) / kChunkSize);
   for (int attempt = 0;; ++attempt) {
@@ -372,9 +371,9 @@ absl::Status PersistentHeap::Bind(ClientId client, const NameEntry& entry) {
                                                  ", type ", taken->type_name, ")"));
   }
   if (options_.max_names != 0 && names_.size() >= options_.max_names) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot bind '", entry.name, "': the heap holds ", names_.size(),
-                     " names, its limit (--max_names_per_heap)"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot bind '", entry.name,
+                                                     "': the heap holds ", names_.size(),
+                                                     " names, its limit (--max_names_per_heap)"));
   }
   if (absl::Status s = directory_->Pin(client, {entry.offset, entry.size}); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("cannot bind '", entry.name, "': ", s.message()));
@@ -415,8 +414,8 @@ absl::Status PersistentHeap::FlushDataLocked() {
   absl::MutexLock lock(&mu_);
   broken_ = absl::DataLossError(absl::StrCat(
       "heap ", dir_, " is broken: ", flushed.message(),
-      "; no sync can commit after a failed flush (restart heapd to reopen it at epoch ",
-      epoch_, ")"));
+      "; no sync can commit after a failed flush (restart heapd to reopen it at epoch ", epoch_,
+      ")"));
   return broken_;
 }
 
@@ -463,8 +462,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     // The changes taken above are still in memory; a full checkpoint at the
     // next sync persists them.
     checkpoint_next_ = true;
-    return absl::Status(status.code(),
-                        absl::StrCat("sync of heap ", dir_, ": ", status.message()));
+    return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
   checkpoint_next_ = false;
   absl::MutexLock lock(&mu_);

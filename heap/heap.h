@@ -53,11 +53,11 @@ namespace heapd {
 
 struct HeapStats {
   uint64_t epoch = 0;
-  bool read_only = false;       // a snapshot opened in place
-  std::string broken;           // why the heap is broken; empty if it is not
+  bool read_only = false;          // a snapshot opened in place
+  std::string broken;              // why the heap is broken; empty if it is not
   uint64_t data_file_repairs = 0;  // times a client's truncation was undone
   uint64_t max_size = 0;
-  uint64_t capacity_bytes = 0;   // reserved in the data file
+  uint64_t capacity_bytes = 0;  // reserved in the data file
   BackingKind backing = BackingKind::kFile;
   DirectoryStats directory;
   size_t names = 0;
@@ -87,8 +87,8 @@ struct CommittedState {
   HeapConfig config;
   // The metadata files of `epoch` by name ("checkpoint", "log.G").
   std::map<std::string, std::string> metadata_files;
-  int data_fd = -1;          // the data file, durable; owned by the heap
-  uint64_t data_bytes = 0;   // its size
+  int data_fd = -1;         // the data file, durable; owned by the heap
+  uint64_t data_bytes = 0;  // its size
 };
 
 // OK if `config` may describe a heap: max_size a positive multiple of 2 MiB
@@ -109,14 +109,14 @@ class PersistentHeap {
   // leaves no half-made heap there). ALREADY_EXISTS if `dir` exists.
   // config.max_size must be a positive multiple of 2 MiB.
   static absl::StatusOr<std::unique_ptr<PersistentHeap>> Create(const std::string& dir,
-                                                      HeapConfig config,
-                                                      HeapOptions options = {});
+                                                                HeapConfig config,
+                                                                HeapOptions options = {});
 
   // Opens the heap in `dir` at its last committed epoch. FAILED_PRECONDITION
   // if another process has it open; DATA_LOSS naming the file if its
   // metadata is corrupt.
   static absl::StatusOr<std::unique_ptr<PersistentHeap>> Open(const std::string& dir,
-                                                    HeapOptions options = {});
+                                                              HeapOptions options = {});
 
   // A read-only heap over a snapshot: its recovered metadata and its data
   // file `data` (a regular file, read-only), with no directory of its own.
@@ -140,8 +140,7 @@ class PersistentHeap {
   // Leases up to `count` chunks of `size_class`, growing the data file when
   // none is free. RESOURCE_EXHAUSTED when the heap is at its maximum size or
   // the file system is full.
-  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(ClientId client,
-                                                      uint32_t size_class,
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(ClientId client, uint32_t size_class,
                                                       uint32_t count);
 
   // Allocates a large object (whole chunks) of `size` bytes, growing the
@@ -193,9 +192,7 @@ class PersistentHeap {
   absl::Status broken() const;
   // Times the data file was put back to its size (a client truncated or
   // extended it); thread-safe.
-  uint64_t data_file_repairs() const {
-    return data_file_repairs_.load(std::memory_order_relaxed);
-  }
+  uint64_t data_file_repairs() const { return data_file_repairs_.load(std::memory_order_relaxed); }
 
   HeapStats Stats() const;
   absl::Status CheckInvariants() const;
@@ -221,8 +218,8 @@ class PersistentHeap {
 
   // Builds the chunk directory and names from `state`, checked against a
   // data file of `data_bytes` bytes. DATA_LOSS naming `label`.
-  absl::Status LoadLocked(const std::string& label, const Checkpoint& state,
-                          uint64_t data_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadLocked(const std::string& label, const Checkpoint& state, uint64_t data_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grows the data file by at least `chunks` chunks, unless the capacity is
   // no longer `capacity_seen` (another thread grew it meanwhile).
   absl::Status Grow(uint32_t chunks, uint32_t capacity_seen) ABSL_LOCKS_EXCLUDED(mu_);
@@ -236,14 +233,13 @@ class PersistentHeap {
   // Sync and Detach: record the reports (ending the leases with `release`),
   // commit the client's large runs, persist an epoch.
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client,
-                                              absl::Span<const LeaseReport> reports,
-                                              bool release);
+                                              absl::Span<const LeaseReport> reports, bool release);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }
 
   const std::string dir_;
   const HeapConfig config_;
   const HeapOptions options_;
-  UniqueFd lock_fd_;  // flocked while the heap is open; none for a snapshot
+  UniqueFd lock_fd_;                // flocked while the heap is open; none for a snapshot
   std::unique_ptr<DataFile> data_;  // set at open; the file's size under grow_mu_
 
   mutable absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(grow_mu_, mu_);

@@ -18,8 +18,8 @@
 
 namespace {
 
-using heapd::PersistentHeap;
 using heapd::HeapSession;
+using heapd::PersistentHeap;
 
 // Lives in the heap: offsets, never pointers, so any process can map it.
 struct Graph {
@@ -57,8 +57,8 @@ absl::Status Build(PersistentHeap* heap) {
     checksum += e[i].from * 31 + e[i].to;
   }
   *(*session)->At<Graph>(*graph_offset) = Graph{1 << 18, kEdges, *edges, checksum};
-  if (absl::Status s = heap->Bind(1, heapd::NameEntry{kName, *graph_offset, sizeof(Graph), kType,
-                                                      getuid(), 0});
+  if (absl::Status s =
+          heap->Bind(1, heapd::NameEntry{kName, *graph_offset, sizeof(Graph), kType, getuid(), 0});
       !s.ok()) {
     return s;
   }
@@ -82,11 +82,10 @@ absl::Status Check(PersistentHeap* heap) {
   if (checksum != graph->checksum) {
     return absl::DataLossError("graph checksum mismatch");
   }
-  std::printf("found '%s' at offset %lu: %lu vertices, %lu edges, checksum ok (epoch %lu)\n",
-              kName, static_cast<unsigned long>(entry->offset),
-              static_cast<unsigned long>(graph->vertices),
-              static_cast<unsigned long>(graph->edge_count),
-              static_cast<unsigned long>(heap->epoch()));
+  std::printf(
+      "found '%s' at offset %lu: %lu vertices, %lu edges, checksum ok (epoch %lu)\n", kName,
+      static_cast<unsigned long>(entry->offset), static_cast<unsigned long>(graph->vertices),
+      static_cast<unsigned long>(graph->edge_count), static_cast<unsigned long>(heap->epoch()));
   return (*session)->Detach();
 }
 

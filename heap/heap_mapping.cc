@@ -20,18 +20,17 @@ absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t m
                                                               uint64_t size, bool writable,
                                                               uint64_t prefix_bytes) {
   if (size > max_size) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot map ", size, " bytes in a ",
-                                                   max_size, "-byte reservation"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot map ", size, " bytes in a ", max_size, "-byte reservation"));
   }
   void* reserved = mmap(nullptr, prefix_bytes + max_size, PROT_NONE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) {
-    return ErrnoStatus(errno, absl::StrCat("reserve ", prefix_bytes + max_size,
-                                           " bytes of address space"));
+    return ErrnoStatus(
+        errno, absl::StrCat("reserve ", prefix_bytes + max_size, " bytes of address space"));
   }
-  if (prefix_bytes != 0 &&
-      mmap(reserved, prefix_bytes, PROT_READ | PROT_WRITE,
-           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+  if (prefix_bytes != 0 && mmap(reserved, prefix_bytes, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
     const int error = errno;
     munmap(reserved, prefix_bytes + max_size);
     return ErrnoStatus(error, "map the heap's per-process header");
@@ -44,8 +43,7 @@ absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t m
 
 HeapMapping::~HeapMapping() { munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_); }
 
-int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset,
-              bool* map_sync) {
+int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset, bool* map_sync) {
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (writable) {
     if (mmap(at, length, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd,
@@ -63,27 +61,31 @@ int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset,
 }
 
 absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
-  if (const int error = MapFileAt(base_ + begin, end - begin, writable_, fd_, begin, &map_sync_);
+  bool map_sync = false;
+  if (const int error = MapFileAt(base_ + begin, end - begin, writable_, fd_, begin, &map_sync);
       error != 0) {
     return ErrnoStatus(error, absl::StrCat("map heap bytes ", begin, "..", end));
   }
+  if (map_sync) map_sync_.store(true, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 absl::Status HeapMapping::Extend(uint64_t new_size) {
-  if (new_size <= size_) return absl::OkStatus();
+  const uint64_t size = size_.load(std::memory_order_relaxed);
+  if (new_size <= size) return absl::OkStatus();
   if (new_size > max_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot map ", new_size, " bytes in a ",
-                                                   max_size_, "-byte reservation"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot map ", new_size, " bytes in a ", max_size_, "-byte reservation"));
   }
-  if (absl::Status s = MapRange(size_, new_size); !s.ok()) return s;
-  size_ = new_size;
+  if (absl::Status s = MapRange(size, new_size); !s.ok()) return s;
+  size_.store(new_size, std::memory_order_release);
   return absl::OkStatus();
 }
 
 absl::Status HeapMapping::Flush() {
-  if (size_ == 0 || !writable_) return absl::OkStatus();
-  if (msync(base_, size_, MS_SYNC) != 0) return ErrnoStatus(errno, "msync heap mapping");
+  const uint64_t size = size_.load(std::memory_order_acquire);
+  if (size == 0 || !writable_) return absl::OkStatus();
+  if (msync(base_, size, MS_SYNC) != 0) return ErrnoStatus(errno, "msync heap mapping");
   return absl::OkStatus();
 }
 

@@ -7,9 +7,14 @@
 // On fs-dax the file is mapped MAP_SHARED_VALIDATE | MAP_SYNC when the
 // kernel accepts it (stores reach persistence with a cache flush), else
 // MAP_SHARED.
+//
+// Thread safety: Extend calls must not overlap (the caller serializes
+// them); Flush and the accessors may run concurrently with an Extend (they
+// see the size before or after it).
 #ifndef HEAPD_HEAP_HEAP_MAPPING_H_
 #define HEAPD_HEAP_HEAP_MAPPING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -22,8 +27,7 @@ namespace heapd {
 // MAP_SHARED_VALIDATE | MAP_SYNC if writable and the kernel accepts it,
 // else MAP_SHARED. Returns 0, or the errno. Sets *map_sync when MAP_SYNC
 // took. Async-signal-safe (the client's fault handler calls it).
-int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset,
-              bool* map_sync);
+int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset, bool* map_sync);
 
 class HeapMapping {
  public:
@@ -32,9 +36,8 @@ class HeapMapping {
   // `prefix_bytes`, that much private read-write memory sits just before
   // base() (the client keeps its per-process header there).
   // REQUIRES: size <= max_size; all three multiples of the page size.
-  static absl::StatusOr<std::unique_ptr<HeapMapping>> Map(int fd, uint64_t max_size,
-                                                          uint64_t size, bool writable,
-                                                          uint64_t prefix_bytes = 0);
+  static absl::StatusOr<std::unique_ptr<HeapMapping>> Map(int fd, uint64_t max_size, uint64_t size,
+                                                          bool writable, uint64_t prefix_bytes = 0);
   ~HeapMapping();
   HeapMapping(const HeapMapping&) = delete;
   HeapMapping& operator=(const HeapMapping&) = delete;
@@ -47,13 +50,16 @@ class HeapMapping {
   absl::Status Flush();
 
   char* base() const { return base_; }
-  uint64_t size() const { return size_; }
+  uint64_t size() const { return size_.load(std::memory_order_acquire); }
   uint64_t max_size() const { return max_size_; }
-  bool map_sync() const { return map_sync_; }
+  bool map_sync() const { return map_sync_.load(std::memory_order_relaxed); }
 
  private:
   HeapMapping(int fd, char* base, uint64_t max_size, uint64_t prefix_bytes, bool writable)
-      : fd_(fd), base_(base), max_size_(max_size), prefix_bytes_(prefix_bytes),
+      : fd_(fd),
+        base_(base),
+        max_size_(max_size),
+        prefix_bytes_(prefix_bytes),
         writable_(writable) {}
   absl::Status MapRange(uint64_t begin, uint64_t end);
 
@@ -61,9 +67,9 @@ class HeapMapping {
   char* base_;
   uint64_t max_size_;
   uint64_t prefix_bytes_;
-  uint64_t size_ = 0;
+  std::atomic<uint64_t> size_{0};  // written by Extend only
   bool writable_;
-  bool map_sync_ = false;
+  std::atomic<bool> map_sync_{false};
 };
 
 }  // namespace heapd

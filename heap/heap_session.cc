@@ -9,7 +9,8 @@ HeapSession::HeapSession(PersistentHeap* heap, ClientId client, uint32_t lease_b
       client_(client),
       pool_(this, heap->config().max_size / kChunkSize, lease_batch) {}
 
-absl::StatusOr<std::unique_ptr<HeapSession>> HeapSession::Start(PersistentHeap* heap, ClientId client,
+absl::StatusOr<std::unique_ptr<HeapSession>> HeapSession::Start(PersistentHeap* heap,
+                                                                ClientId client,
                                                                 uint32_t lease_batch) {
   if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
   std::unique_ptr<HeapSession> session(new HeapSession(heap, client, lease_batch));

@@ -24,7 +24,7 @@ class HeapSession : private LeaseSource {
   // Starts session `client` on `heap` (which outlives the session) and maps
   // the heap. REQUIRES: client ids are unique among the heap's sessions.
   static absl::StatusOr<std::unique_ptr<HeapSession>> Start(PersistentHeap* heap, ClientId client,
-                                                             uint32_t lease_batch = 4);
+                                                            uint32_t lease_batch = 4);
 
   // Allocates `size` bytes and returns the object's offset.
   absl::StatusOr<uint64_t> Allocate(uint64_t size);
@@ -53,8 +53,7 @@ class HeapSession : private LeaseSource {
 
  private:
   HeapSession(PersistentHeap* heap, ClientId client, uint32_t lease_batch);
-  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
-                                                      uint32_t count) override;
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class, uint32_t count) override;
 
   PersistentHeap* heap_;
   ClientId client_;

@@ -61,8 +61,7 @@ TEST(HeapSessionTest, BadFreesAreRejected) {
   EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(twice.message().find("double free"), std::string::npos);
   EXPECT_EQ((*session)->Deallocate(100 * kChunkSize).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(HeapSession::Start(heap->get(), 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HeapSession::Start(heap->get(), 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

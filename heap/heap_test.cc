@@ -31,7 +31,8 @@ TEST(HeapTest, CreateThenOpenKeepsConfigAndRefusesDuplicates) {
     auto heap = PersistentHeap::Create(path, Config(16));
     ASSERT_TRUE(heap.ok()) << heap.status();
     EXPECT_EQ((*heap)->epoch(), 0u);
-    EXPECT_EQ(PersistentHeap::Create(path, Config(16)).status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(PersistentHeap::Create(path, Config(16)).status().code(),
+              absl::StatusCode::kAlreadyExists);
   }
   auto heap = PersistentHeap::Open(path);
   ASSERT_TRUE(heap.ok()) << heap.status();
@@ -47,10 +48,12 @@ TEST(HeapTest, BadConfigIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   HeapConfig odd = Config(4);
   odd.max_size += 4096;
-  EXPECT_EQ(PersistentHeap::Create(dir.Sub("b"), odd).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PersistentHeap::Create(dir.Sub("b"), odd).status().code(),
+            absl::StatusCode::kInvalidArgument);
   HeapConfig mode = Config(4);
   mode.mode = 01777;
-  EXPECT_EQ(PersistentHeap::Create(dir.Sub("c"), mode).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PersistentHeap::Create(dir.Sub("c"), mode).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PersistentHeap::Open(dir.Sub("missing")).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -114,10 +117,8 @@ TEST(HeapTest, NamesPinObjectsAndValidateInput) {
   no_type.type_name = "";
   EXPECT_EQ((*heap)->Bind(1, no_type).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*heap)->Bind(1, Name("x", object, 0)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*heap)->Bind(1, Name("x", object + 8, 8)).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*heap)->Bind(1, Name("x", 1ull << 40, 8)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Bind(1, Name("x", object + 8, 8)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*heap)->Bind(1, Name("x", 1ull << 40, 8)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*heap)->Bind(2, Name("x", object, 8)).code(),
             absl::StatusCode::kFailedPrecondition);  // not live as far as client 2 can know
   ASSERT_TRUE((*heap)->Bind(1, Name("x", object, 64)).ok());

@@ -52,8 +52,8 @@ class ByteReader {
   const absl::Status& status() const { return status_; }
   void Fail(absl::string_view what) {
     if (status_.ok()) {
-      status_ = absl::DataLossError(absl::StrCat("metadata file ", file_, ": ", what,
-                                                 " at payload byte ", pos_));
+      status_ = absl::DataLossError(
+          absl::StrCat("metadata file ", file_, ": ", what, " at payload byte ", pos_));
     }
   }
   absl::Status Finish() {
@@ -201,8 +201,7 @@ std::string EncodeEpochRecord(const EpochRecord& record) {
   return Frame(FrameKind::kEpoch, w.out());
 }
 
-absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes,
-                                         absl::string_view file) {
+absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_view file) {
   if (bytes.size() < kFrameHeaderSize) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": truncated frame header (",
                                             bytes.size(), " bytes)"));
@@ -215,12 +214,12 @@ absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes,
   std::memcpy(&length, bytes.data() + 8, 4);
   std::memcpy(&crc, bytes.data() + 12, 4);
   if (magic != kFrameMagic) {
-    return absl::DataLossError(absl::StrCat("metadata file ", file, ": bad magic 0x",
-                                            absl::Hex(magic)));
+    return absl::DataLossError(
+        absl::StrCat("metadata file ", file, ": bad magic 0x", absl::Hex(magic)));
   }
   if (version != kFormatVersion) {
-    return absl::DataLossError(absl::StrCat("metadata file ", file, ": format version ",
-                                            version, ", this heapd reads ", kFormatVersion));
+    return absl::DataLossError(absl::StrCat("metadata file ", file, ": format version ", version,
+                                            ", this heapd reads ", kFormatVersion));
   }
   if (bytes.size() - kFrameHeaderSize < length) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": frame of ", length,
@@ -238,8 +237,7 @@ absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes,
   return DecodedFrame{static_cast<FrameKind>(kind), payload, kFrameHeaderSize + length};
 }
 
-absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload,
-                                            absl::string_view file) {
+absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::string_view file) {
   ByteReader r(payload, file);
   Checkpoint cp;
   cp.config.max_size = r.Get<uint64_t>();
@@ -256,16 +254,14 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload,
   return cp;
 }
 
-absl::StatusOr<EpochRecord> DecodeEpochRecord(absl::string_view payload,
-                                              absl::string_view file) {
+absl::StatusOr<EpochRecord> DecodeEpochRecord(absl::string_view payload, absl::string_view file) {
   ByteReader r(payload, file);
   EpochRecord record;
   record.epoch = r.Get<uint64_t>();
   record.capacity_chunks = r.Get<uint32_t>();
   record.chunks = GetList<ChunkRecord>(r, GetChunk);
   record.names.bound = GetList<NameEntry>(r, GetName);
-  record.names.unbound =
-      GetList<std::string>(r, [](ByteReader& r) { return r.GetString(); });
+  record.names.unbound = GetList<std::string>(r, [](ByteReader& r) { return r.GetString(); });
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return record;
 }

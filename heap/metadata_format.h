@@ -38,9 +38,8 @@ struct HeapConfig {
   int64_t created_unix_ns = 0;
 
   bool operator==(const HeapConfig& o) const {
-    return max_size == o.max_size && owner_uid == o.owner_uid &&
-           owner_gid == o.owner_gid && mode == o.mode &&
-           created_unix_ns == o.created_unix_ns;
+    return max_size == o.max_size && owner_uid == o.owner_uid && owner_gid == o.owner_gid &&
+           mode == o.mode && created_unix_ns == o.created_unix_ns;
   }
 };
 
@@ -72,13 +71,10 @@ struct DecodedFrame {
   absl::string_view payload;
   size_t frame_size;  // header + payload
 };
-absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes,
-                                         absl::string_view file);
+absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_view file);
 
-absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload,
-                                            absl::string_view file);
-absl::StatusOr<EpochRecord> DecodeEpochRecord(absl::string_view payload,
-                                              absl::string_view file);
+absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::string_view file);
+absl::StatusOr<EpochRecord> DecodeEpochRecord(absl::string_view payload, absl::string_view file);
 
 }  // namespace heapd
 

@@ -120,8 +120,8 @@ EpochRecord SampleEpoch(uint64_t epoch) {
   record.capacity_chunks = 16;
   record.chunks = {Small(2, 20, 0x8000000000000001), ChunkRecord{4, ChunkKind::kFree, 0, 0, {}},
                    ChunkRecord{5, ChunkKind::kLargeHead, 0, 11, {}}};
-  record.names.bound = {NameEntry{std::string(kMaxNameLength, 'n'), 5 * kChunkSize, 1,
-                                  "int", 4242, -1}};
+  record.names.bound = {
+      NameEntry{std::string(kMaxNameLength, 'n'), 5 * kChunkSize, 1, "int", 4242, -1}};
   record.names.unbound = {"graph", "old"};
   return record;
 }

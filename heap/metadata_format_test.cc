@@ -11,8 +11,9 @@ Checkpoint SampleCheckpoint() {
   cp.epoch = 7;
   cp.log_generation = 3;
   cp.capacity_chunks = 12;
-  ChunkRecord small{2, ChunkKind::kSmall, SizeClassFor(64), 0,
-                    std::vector<uint64_t>(SlotBitmap::WordCount(SlotsPerChunk(SizeClassFor(64))), 5)};
+  ChunkRecord small{
+      2, ChunkKind::kSmall, SizeClassFor(64), 0,
+      std::vector<uint64_t>(SlotBitmap::WordCount(SlotsPerChunk(SizeClassFor(64))), 5)};
   cp.chunks = {small, ChunkRecord{4, ChunkKind::kLargeHead, 0, 3, {}},
                ChunkRecord{9, ChunkKind::kFree, 0, 0, {}}};
   cp.names = {NameEntry{"graph", 2 * kChunkSize, 48, "app::Graph", 1000, 99}};

@@ -92,9 +92,8 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
   const std::string tmp = path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
-  absl::Status status =
-      WriteWithTornPoint(fd, bytes, absl::StrCat("write ", tmp),
-                         absl::StrCat(fault_prefix, ".torn").c_str());
+  absl::Status status = WriteWithTornPoint(fd, bytes, absl::StrCat("write ", tmp),
+                                           absl::StrCat(fault_prefix, ".torn").c_str());
   if (status.ok() && fsync(fd) != 0) status = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
   close(fd);
   if (status.ok()) FaultPoint(absl::StrCat(fault_prefix, ".before_rename").c_str());
@@ -131,15 +130,14 @@ absl::Status MetadataStore::OpenLog(bool create) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Create(
-    const std::string& dir, const Checkpoint& initial) {
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Create(const std::string& dir,
+                                                                     const Checkpoint& initial) {
   std::unique_ptr<MetadataStore> store(new MetadataStore(dir, 0));
   if (absl::Status s = store->WriteCheckpoint(initial); !s.ok()) return s;
   return store;
 }
 
-absl::StatusOr<Checkpoint> DecodeCheckpointFile(absl::string_view bytes,
-                                                absl::string_view file) {
+absl::StatusOr<Checkpoint> DecodeCheckpointFile(absl::string_view bytes, absl::string_view file) {
   absl::StatusOr<DecodedFrame> frame = DecodeFrame(bytes, file);
   if (!frame.ok()) return frame.status();
   if (frame->kind != FrameKind::kCheckpoint || frame->frame_size != bytes.size()) {
@@ -163,8 +161,8 @@ absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_
       // good one is corruption, even if its length field claims the rest.
       if (torn_tail == TornTail::kCorrupt || FrameStartsAfter(log_bytes, pos, log_file)) {
         return absl::DataLossError(absl::StrCat(record_frame.status().message(),
-                                                " (record at byte ", pos, " of ",
-                                                log_bytes.size(), ")"));
+                                                " (record at byte ", pos, " of ", log_bytes.size(),
+                                                ")"));
       }
       recovered.torn_bytes = log_bytes.size() - pos;
       break;
@@ -176,8 +174,8 @@ absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_
     absl::StatusOr<EpochRecord> record = DecodeEpochRecord(record_frame->payload, log_file);
     if (!record.ok()) return record.status();
     if (record->epoch != state.epoch + 1) {
-      return absl::DataLossError(absl::StrCat("metadata file ", log_file, ": epoch ",
-                                              record->epoch, " follows epoch ", state.epoch));
+      return absl::DataLossError(absl::StrCat("metadata file ", log_file, ": epoch ", record->epoch,
+                                              " follows epoch ", state.epoch));
     }
     state.epoch = record->epoch;
     state.capacity_chunks = record->capacity_chunks;
@@ -195,15 +193,15 @@ absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_
 absl::StatusOr<RecoveredMetadata> RecoverMetadata(absl::string_view checkpoint_bytes,
                                                   absl::string_view log_bytes,
                                                   absl::string_view checkpoint_file,
-                                                  absl::string_view log_file,
-                                                  TornTail torn_tail) {
+                                                  absl::string_view log_file, TornTail torn_tail) {
   absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpointFile(checkpoint_bytes, checkpoint_file);
   if (!checkpoint.ok()) return checkpoint.status();
   return ReplayLog(*std::move(checkpoint), log_bytes, log_file, torn_tail);
 }
 
-absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
-    const std::string& dir, RecoveredMetadata* recovered, uint64_t checkpoint_log_bytes) {
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& dir,
+                                                                   RecoveredMetadata* recovered,
+                                                                   uint64_t checkpoint_log_bytes) {
   const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFile);
   absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
   if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
@@ -253,7 +251,8 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(
 
 absl::Status MetadataStore::Append(const EpochRecord& record) {
   const std::string bytes = EncodeEpochRecord(record);
-  const std::string what = absl::StrCat("append epoch ", record.epoch, " to ", LogPath(generation_));
+  const std::string what =
+      absl::StrCat("append epoch ", record.epoch, " to ", LogPath(generation_));
   FaultPoint("log.before_write");
   absl::Status status = WriteWithTornPoint(log_fd_, bytes, what, "log.torn");
   if (status.ok()) {
@@ -276,8 +275,7 @@ absl::Status MetadataStore::Append(const EpochRecord& record) {
 absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
   checkpoint.log_generation = generation_ + 1;
   const std::string bytes = EncodeCheckpoint(checkpoint);
-  if (absl::Status s = WriteFileAtomically(dir_, kCheckpointFile, bytes, "checkpoint");
-      !s.ok()) {
+  if (absl::Status s = WriteFileAtomically(dir_, kCheckpointFile, bytes, "checkpoint"); !s.ok()) {
     return s;
   }
   checkpoint_bytes_ = bytes.size();

@@ -54,8 +54,7 @@ absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_
 absl::StatusOr<RecoveredMetadata> RecoverMetadata(absl::string_view checkpoint_bytes,
                                                   absl::string_view log_bytes,
                                                   absl::string_view checkpoint_file,
-                                                  absl::string_view log_file,
-                                                  TornTail torn_tail);
+                                                  absl::string_view log_file, TornTail torn_tail);
 
 class MetadataStore {
  public:

@@ -17,8 +17,8 @@ EpochRecord Record(uint64_t epoch, uint32_t chunk) {
   record.epoch = epoch;
   record.capacity_chunks = 64;
   record.chunks = {ChunkRecord{chunk, ChunkKind::kLargeHead, 0, 1, {}}};
-  record.names.bound = {NameEntry{"n" + std::to_string(epoch), uint64_t{chunk} << kChunkShift,
-                                  8, "t", 0, 0}};
+  record.names.bound = {
+      NameEntry{"n" + std::to_string(epoch), uint64_t{chunk} << kChunkShift, 8, "t", 0, 0}};
   return record;
 }
 

@@ -8,15 +8,15 @@ namespace heapd {
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (name.size() > kMaxNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " '", name.substr(0, 32), "...' has ", name.size(),
-        " bytes; at most ", kMaxNameLength, " are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", name.substr(0, 32), "...' has ",
+                                                   name.size(), " bytes; at most ", kMaxNameLength,
+                                                   " are allowed"));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(name[i]);
     if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " has control character 0x", absl::Hex(c), " at byte ", i));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has control character 0x", absl::Hex(c), " at byte ", i));
     }
   }
   return absl::OkStatus();
@@ -25,9 +25,9 @@ absl::Status ValidateName(absl::string_view name, absl::string_view what) {
 absl::Status NameTable::Bind(const NameEntry& entry) {
   auto [it, inserted] = entries_.emplace(entry.name, entry);
   if (!inserted) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "name '", entry.name, "' is already bound (offset ", it->second.offset,
-        ", type ", it->second.type_name, ")"));
+    return absl::AlreadyExistsError(absl::StrCat("name '", entry.name,
+                                                 "' is already bound (offset ", it->second.offset,
+                                                 ", type ", it->second.type_name, ")"));
   }
   changed_.insert(entry.name);
   return absl::OkStatus();

@@ -18,12 +18,10 @@ uint64_t Footprint(uint64_t size) {
 
 }  // namespace
 
-uint64_t RandomWorkload::Tag(const std::string& name) {
-  return std::hash<std::string>()(name) | 1;
-}
+uint64_t RandomWorkload::Tag(const std::string& name) { return std::hash<std::string>()(name) | 1; }
 
-absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(PersistentHeap* heap, uint64_t seed,
-                                                                      int sessions,
+absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(PersistentHeap* heap,
+                                                                      uint64_t seed, int sessions,
                                                                       size_t live_target,
                                                                       int syncs_per_mille) {
   std::unique_ptr<RandomWorkload> workload(
@@ -69,7 +67,8 @@ absl::Status RandomWorkload::Allocate(int s) {
                         : kind < 99 ? 513 + rng_() % 65536
                                     : kMaxSmallSize + 1 + rng_() % (3 * kChunkSize);
   absl::StatusOr<uint64_t> offset = sessions_[s]->Allocate(size);
-  if (!offset.ok()) return Mismatch(steps_, absl::StrCat("allocate ", size, ": ", offset.status().ToString()));
+  if (!offset.ok())
+    return Mismatch(steps_, absl::StrCat("allocate ", size, ": ", offset.status().ToString()));
   const uint64_t footprint = Footprint(size);
   if (*offset % 8 != 0 || *offset + footprint > heap_->capacity_bytes()) {
     return Mismatch(steps_, absl::StrCat("allocate ", size, " returned offset ", *offset));
@@ -78,9 +77,10 @@ absl::Status RandomWorkload::Allocate(int s) {
   if (next != objects_.end() && next->first < *offset + footprint) {
     return Mismatch(steps_, absl::StrCat("object at ", *offset, " overlaps live ", next->first));
   }
-  if (next != objects_.begin() && std::prev(next)->first + std::prev(next)->second.footprint > *offset) {
-    return Mismatch(steps_, absl::StrCat("object at ", *offset, " overlaps live ",
-                                         std::prev(next)->first));
+  if (next != objects_.begin() &&
+      std::prev(next)->first + std::prev(next)->second.footprint > *offset) {
+    return Mismatch(steps_,
+                    absl::StrCat("object at ", *offset, " overlaps live ", std::prev(next)->first));
   }
   if (size >= 8) std::memcpy(sessions_[s]->At<char>(*offset), &kFreshMark, sizeof(kFreshMark));
   objects_.emplace(*offset, Object{size, footprint, s, false, 0, kFreshMark});
@@ -101,9 +101,9 @@ absl::Status RandomWorkload::Free(int s) {
       object.pins > 0 ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kOk;
   const absl::Status status = sessions_[s]->Deallocate(offset);
   if (status.code() != expected) {
-    return Mismatch(steps_, absl::StrCat("free of ", offset, " by session ", s, " gave ",
-                                         status.ToString(), ", expected ",
-                                         absl::StatusCodeToString(expected)));
+    return Mismatch(steps_,
+                    absl::StrCat("free of ", offset, " by session ", s, " gave ", status.ToString(),
+                                 ", expected ", absl::StatusCodeToString(expected)));
   }
   if (status.ok()) {
     objects_.erase(it);
@@ -150,10 +150,9 @@ absl::Status RandomWorkload::Bind(int s) {
     object.tag = Tag(name);
     std::memcpy(sessions_[s]->At<char>(it->first), &object.tag, sizeof(object.tag));
   }
-  const absl::Status status =
-      heap_->Bind(static_cast<ClientId>(s + 1),
-                  NameEntry{name, it->first, object.size, "workload::Object", 0,
-                            static_cast<int64_t>(steps_)});
+  const absl::Status status = heap_->Bind(
+      static_cast<ClientId>(s + 1),
+      NameEntry{name, it->first, object.size, "workload::Object", 0, static_cast<int64_t>(steps_)});
   // As for frees, a reused slot that held an object at its allocator's last
   // sync is live to the daemon.
   const bool reused_slot = !known && status.ok() && object.size <= kMaxSmallSize;
@@ -166,8 +165,8 @@ absl::Status RandomWorkload::Bind(int s) {
   ++object.pins;
   names_[name] = it->first;
   if (rng_() % 4 == 0) {
-    const absl::Status again = heap_->Bind(static_cast<ClientId>(s + 1),
-                                           NameEntry{name, it->first, 1, "t", 0, 0});
+    const absl::Status again =
+        heap_->Bind(static_cast<ClientId>(s + 1), NameEntry{name, it->first, 1, "t", 0, 0});
     if (again.code() != absl::StatusCode::kAlreadyExists) {
       return Mismatch(steps_, "rebinding a bound name gave " + again.ToString());
     }

@@ -25,8 +25,7 @@ class RandomWorkload {
   // outlives the workload. `live_target` is about how many objects stay
   // live; `syncs_per_mille` is how often a step syncs every session.
   static absl::StatusOr<std::unique_ptr<RandomWorkload>> Start(PersistentHeap* heap, uint64_t seed,
-                                                               int sessions,
-                                                               size_t live_target,
+                                                               int sessions, size_t live_target,
                                                                int syncs_per_mille = 5);
 
   // Runs one random operation; an error describes where the heap and the

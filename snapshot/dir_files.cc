@@ -80,8 +80,8 @@ absl::StatusOr<std::string> ReadFileAt(int dir, const std::string& name, uint64_
 }
 
 absl::Status WriteNewFileAt(int dir, const std::string& name, absl::string_view bytes) {
-  UniqueFd fd(openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                     0600));
+  UniqueFd fd(
+      openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", name));
   while (!bytes.empty()) {
     const ssize_t n = write(fd.get(), bytes.data(), bytes.size());

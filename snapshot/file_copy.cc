@@ -38,8 +38,8 @@ int CopyRange(int from, int to, uint64_t offset, uint64_t length) {
       const ssize_t got = pread(from, buffer.data(), want, in);
       if (got <= 0) return got == 0 ? EIO : errno;
       for (ssize_t done = 0; done < got;) {
-        const ssize_t put = pwrite(to, buffer.data() + done, static_cast<size_t>(got - done),
-                                   out + done);
+        const ssize_t put =
+            pwrite(to, buffer.data() + done, static_cast<size_t>(got - done), out + done);
         if (put < 0) return errno;
         done += put;
       }
@@ -97,8 +97,8 @@ int CopySparse(int from, int to, uint64_t size, uint64_t* written) {
     if (data < 0) return errno == ENXIO ? 0 : errno;  // ENXIO: only a hole remains
     const off_t hole = lseek(from, data, SEEK_HOLE);
     if (hole < 0) return errno;
-    if (const int error = CopyRange(from, to, static_cast<uint64_t>(data),
-                                    static_cast<uint64_t>(hole - data));
+    if (const int error =
+            CopyRange(from, to, static_cast<uint64_t>(data), static_cast<uint64_t>(hole - data));
         error != 0) {
       return error;
     }

@@ -6,8 +6,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "heap/heap.h"
 #include "heap/heap_name.h"
@@ -35,8 +35,7 @@ bool IsMetadataFileName(absl::string_view name) {
 
 absl::Status ValidateLabels(const std::map<std::string, std::string>& labels) {
   if (labels.size() > kMaxLabels) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(labels.size(), " labels; at most ", kMaxLabels));
+    return absl::InvalidArgumentError(absl::StrCat(labels.size(), " labels; at most ", kMaxLabels));
   }
   for (const auto& [key, value] : labels) {
     if (key.empty() || key.size() > kMaxLabelBytes || value.size() > kMaxLabelBytes) {
@@ -53,9 +52,9 @@ absl::Status ValidateSnapshotDir(absl::string_view target_dir) {
   if (target_dir.empty()) return absl::OkStatus();
   if (target_dir[0] != '/' || target_dir.size() >= PATH_MAX ||
       target_dir.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "snapshot directory '", absl::CHexEscape(target_dir.substr(0, 256)),
-        "' is not an absolute path"));
+    return absl::InvalidArgumentError(absl::StrCat("snapshot directory '",
+                                                   absl::CHexEscape(target_dir.substr(0, 256)),
+                                                   "' is not an absolute path"));
   }
   return absl::OkStatus();
 }
@@ -149,8 +148,7 @@ absl::StatusOr<VerifiedSnapshot> VerifySnapshotFiles(
     return Corrupt(where, absl::StrCat("its data file has ", data_bytes,
                                        " bytes, its manifest says ", manifest->data_bytes()));
   }
-  if (absl::Status s = PersistentHeap::ValidateState(label, metadata->state, data_bytes);
-      !s.ok()) {
+  if (absl::Status s = PersistentHeap::ValidateState(label, metadata->state, data_bytes); !s.ok()) {
     return s;
   }
   return VerifiedSnapshot{*std::move(manifest), *std::move(metadata)};

@@ -51,8 +51,7 @@ std::string ManifestToJson(const v1::SnapshotManifest& manifest);
 // Parses manifest.json of the snapshot `where` and checks its fields
 // (names, labels, sizes, metadata file names). DATA_LOSS saying what is
 // wrong.
-absl::StatusOr<v1::SnapshotManifest> ParseManifest(absl::string_view json,
-                                                   absl::string_view where);
+absl::StatusOr<v1::SnapshotManifest> ParseManifest(absl::string_view json, absl::string_view where);
 
 // A snapshot whose files were read and checked.
 struct VerifiedSnapshot {

@@ -194,7 +194,8 @@ void FixUp(const std::map<std::string, std::string>& files, Input& in) {
     manifest.clear_metadata_crc32();
     for (const auto& [name, bytes] : files) {
       // Other names fail anyway, and might not be UTF-8, which JSON needs.
-      if (IsMetadataFileName(name)) (*manifest.mutable_metadata_crc32())[name] = MetadataCrc32(bytes);
+      if (IsMetadataFileName(name))
+        (*manifest.mutable_metadata_crc32())[name] = MetadataCrc32(bytes);
     }
   }
   if (in.flags & kClaimManifestSize) {
@@ -351,7 +352,8 @@ v1::SnapshotManifest SeedManifest(uint64_t epoch, const std::map<std::string, st
   m.set_created_unix_ns(1700000000000000000);
   m.set_data_bytes(kSeedCapacity * kChunkSize);
   (*m.mutable_labels())["slurm_job_id"] = "4242";
-  for (const auto& [name, bytes] : files) (*m.mutable_metadata_crc32())[name] = MetadataCrc32(bytes);
+  for (const auto& [name, bytes] : files)
+    (*m.mutable_metadata_crc32())[name] = MetadataCrc32(bytes);
   v1::HeapInfo* source = m.mutable_source();
   source->set_name("graph-heap");
   source->set_max_size(2 * kSeedCapacity * kChunkSize);

@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/random.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -134,10 +134,10 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::st
   struct stat st;
   if (fstat(own.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", own_dir));
   if (st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "snapshot directory ", own_dir, " must belong to uid ", geteuid(),
-        " and be writable by no one else (it is uid ", st.st_uid, ", mode 0",
-        absl::StrFormat("%o", st.st_mode & 07777), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("snapshot directory ", own_dir, " must belong to uid ", geteuid(),
+                     " and be writable by no one else (it is uid ", st.st_uid, ", mode 0",
+                     absl::StrFormat("%o", st.st_mode & 07777), ")"));
   }
   struct stat state;
   if (stat(state_dir.c_str(), &state) != 0) {
@@ -189,15 +189,15 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCal
           return ErrnoStatus(errno, absl::StrCat("open snapshot directory ", target_dir));
         }
         if (IsWithinDirectory(target.get(), state_device, state_inode)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "snapshot directory ", target_dir, " is inside heapd's state directory"));
+          return absl::InvalidArgumentError(absl::StrCat("snapshot directory ", target_dir,
+                                                         " is inside heapd's state directory"));
         }
         return work(target.get(), out);
       });
   if (!messages.ok()) {
-    return absl::Status(messages.status().code(),
-                        absl::StrCat(what, " as uid ", caller.credentials.uid, ": ",
-                                     messages.status().message()));
+    return absl::Status(
+        messages.status().code(),
+        absl::StrCat(what, " as uid ", caller.credentials.uid, ": ", messages.status().message()));
   }
   return messages;
 }
@@ -212,9 +212,9 @@ absl::Status SnapshotStore::CheckOwnAccess(const SnapshotCaller& caller,
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
-      "uid ", who.uid, " may not ", remove ? "remove" : "read", " snapshot heapd:",
-      manifest.name(), " (made by uid ", manifest.created_by_uid(), " of heap ", manifest.heap(),
-      " owned by uid ", source.owner_uid(), ", mode 0", absl::StrFormat("%o", source.mode()), ")"));
+      "uid ", who.uid, " may not ", remove ? "remove" : "read", " snapshot heapd:", manifest.name(),
+      " (made by uid ", manifest.created_by_uid(), " of heap ", manifest.heap(), " owned by uid ",
+      source.owner_uid(), ", mode 0", absl::StrFormat("%o", source.mode()), ")"));
 }
 
 absl::StatusOr<uint64_t> SnapshotStore::OwnBytesOf(uint32_t uid) {
@@ -256,11 +256,11 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
       absl::MutexLock lock(&own_mu_);
       const uint64_t used = *kept + own_pending_[uid];
       if (used + state.data_bytes > options_.max_bytes_per_user) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "snapshot ", where, ": uid ", uid, " keeps ", used,
-            " bytes of snapshots in heapd's directory; ", state.data_bytes,
-            " more would pass the limit of ", options_.max_bytes_per_user,
-            " (--max_snapshot_bytes_per_user)"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("snapshot ", where, ": uid ", uid, " keeps ", used,
+                         " bytes of snapshots in heapd's directory; ", state.data_bytes,
+                         " more would pass the limit of ", options_.max_bytes_per_user,
+                         " (--max_snapshot_bytes_per_user)"));
       }
       own_pending_[uid] += state.data_bytes;
     }
@@ -283,57 +283,57 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
     UniqueFd data_fd(*data);
     const int from = data_fd.get();
     const std::string building = absl::StrCat(".", ref.name, ".partial-", RandomHex());
-    absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
-        caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
-        [&](int target, MessageSink& out) -> absl::Status {
-          struct stat st;
-          if (fstatat(target, ref.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-            return absl::AlreadyExistsError("it already exists");
-          }
-          // A create of this name that was killed midway left a hidden
-          // partial directory: nothing lists it; clear it now.
-          if (absl::StatusOr<std::vector<std::string>> entries =
-                  ListDirectory(target, kMaxEntriesSwept);
-              entries.ok()) {
-            for (const std::string& entry : *entries) {
-              if (absl::StartsWith(entry, absl::StrCat(".", ref.name, ".partial-"))) {
-                (void)RemoveTreeAt(target, entry);
-              }
-            }
-          }
-          if (mkdirat(target, building.c_str(), 0700) != 0) {
-            return ErrnoStatus(errno, absl::StrCat("create ", building));
-          }
-          auto built = [&]() -> absl::StatusOr<CopyResult> {
-            absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
-            if (!dir.ok()) return dir.status();
-            UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
-                                 O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-            if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
-            absl::StatusOr<CopyResult> copied =
-                CopyFileContents(from, state.data_bytes, copy.get(), "its data file");
-            if (!copied.ok()) return copied.status();
-            for (const auto& [name, bytes] : state.metadata_files) {
-              if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
-            }
-            if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
-              return s;
-            }
-            if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
-            if (renameat2(target, building.c_str(), target, ref.name.c_str(),
-                          RENAME_NOREPLACE) != 0) {
-              return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
-                                     : ErrnoStatus(errno, "rename it into place");
-            }
-            return copied;
-          }();
-          if (!built.ok()) {
-            (void)RemoveTreeAt(target, building);
-            return built.status();
-          }
-          if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
-          return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
-        });
+    absl::StatusOr<std::vector<ChildMessage>> messages =
+        RunIn(caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
+              [&](int target, MessageSink& out) -> absl::Status {
+                struct stat st;
+                if (fstatat(target, ref.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                  return absl::AlreadyExistsError("it already exists");
+                }
+                // A create of this name that was killed midway left a hidden
+                // partial directory: nothing lists it; clear it now.
+                if (absl::StatusOr<std::vector<std::string>> entries =
+                        ListDirectory(target, kMaxEntriesSwept);
+                    entries.ok()) {
+                  for (const std::string& entry : *entries) {
+                    if (absl::StartsWith(entry, absl::StrCat(".", ref.name, ".partial-"))) {
+                      (void)RemoveTreeAt(target, entry);
+                    }
+                  }
+                }
+                if (mkdirat(target, building.c_str(), 0700) != 0) {
+                  return ErrnoStatus(errno, absl::StrCat("create ", building));
+                }
+                auto built = [&]() -> absl::StatusOr<CopyResult> {
+                  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
+                  if (!dir.ok()) return dir.status();
+                  UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
+                                       O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+                  if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
+                  absl::StatusOr<CopyResult> copied =
+                      CopyFileContents(from, state.data_bytes, copy.get(), "its data file");
+                  if (!copied.ok()) return copied.status();
+                  for (const auto& [name, bytes] : state.metadata_files) {
+                    if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
+                  }
+                  if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
+                    return s;
+                  }
+                  if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
+                  if (renameat2(target, building.c_str(), target, ref.name.c_str(),
+                                RENAME_NOREPLACE) != 0) {
+                    return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
+                                           : ErrnoStatus(errno, "rename it into place");
+                  }
+                  return copied;
+                }();
+                if (!built.ok()) {
+                  (void)RemoveTreeAt(target, building);
+                  return built.status();
+                }
+                if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
+                return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
+              });
     if (!messages.ok()) return messages.status();
     CopyResult copied;
     if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
@@ -350,9 +350,8 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
 }
 
 absl::StatusOr<SnapshotStore::Read> SnapshotStore::ReadSnapshot(const SnapshotCaller& caller,
-                                                                const SnapshotRef& ref,
-                                                                int copy_to, bool want_fd,
-                                                                uint64_t max_bytes) {
+                                                                const SnapshotRef& ref, int copy_to,
+                                                                bool want_fd, uint64_t max_bytes) {
   if (absl::Status s = ValidateHeapName(ref.name, "snapshot"); !s.ok()) return s;
   const std::string where = Where(ref);
   std::vector<int> keep;
@@ -438,8 +437,7 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
       caller, target_dir, {},
       absl::StrCat("list snapshots in ", target_dir.empty() ? "heapd's directory" : target_dir),
       [&](int target, MessageSink& out) -> absl::Status {
-        absl::StatusOr<std::vector<std::string>> names =
-            ListDirectory(target, kMaxSnapshotEntries);
+        absl::StatusOr<std::vector<std::string>> names = ListDirectory(target, kMaxSnapshotEntries);
         if (!names.ok()) return names.status();
         for (const std::string& name : *names) {
           if (!ValidateHeapName(name, "snapshot").ok()) continue;
@@ -464,8 +462,7 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
         !SplitNamed(absl::string_view(message.bytes).substr(1), &name, &json)) {
       return Malformed("list snapshots");
     }
-    absl::StatusOr<v1::SnapshotManifest> manifest =
-        ParseManifest(json, Where({target_dir, name}));
+    absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(json, Where({target_dir, name}));
     if (!manifest.ok() || manifest->name() != name) continue;  // damaged, or not a snapshot
     if (target_dir.empty() && !CheckOwnAccess(caller, *manifest, false).ok()) continue;
     snapshots.push_back(*std::move(manifest));
@@ -541,8 +538,8 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
   auto restored = std::make_unique<RestoredHeapDir>(std::move(parent), hidden);
   absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(parent_fd, hidden);
   if (!dir.ok()) return dir.status();
-  UniqueFd data(openat(dir->get(), "data", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                       0600));
+  UniqueFd data(
+      openat(dir->get(), "data", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!data.valid()) return ErrnoStatus(errno, "create the restored heap's data file");
   absl::StatusOr<Read> read = ReadSnapshot(caller, ref, data.get(), false, options.max_bytes);
   if (!read.ok()) return read.status();
@@ -562,18 +559,18 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
   }
   Checkpoint state = std::move(verified->metadata.state);
   if (options.max_names != 0 && state.names.size() > options.max_names) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "snapshot ", where, " has ", state.names.size(), " names; a heap may hold ",
-        options.max_names, " (--max_names_per_heap)"));
+    return absl::ResourceExhaustedError(absl::StrCat("snapshot ", where, " has ",
+                                                     state.names.size(), " names; a heap may hold ",
+                                                     options.max_names, " (--max_names_per_heap)"));
   }
   if (!options.keep_recorded_owner) {
     state.config.owner_uid = options.owner_uid;
     state.config.owner_gid = options.owner_gid;
   }
   if (state.config.max_size > options.max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "snapshot ", where, " is of a heap of maximum size ", state.config.max_size,
-        "; at most ", options.max_bytes, " bytes are allowed here"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("snapshot ", where, " is of a heap of maximum size ", state.config.max_size,
+                     "; at most ", options.max_bytes, " bytes are allowed here"));
   }
   if (absl::Status s = ReserveFile(data.get(), static_cast<uint64_t>(st.st_size),
                                    absl::StrCat("restored heap ", heap_name));
@@ -608,9 +605,9 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> SnapshotStore::OpenInPlace(
     if (absl::Status s = CheckOwnAccess(caller, verified->manifest, false); !s.ok()) return s;
   }
   if (max_names != 0 && verified->metadata.state.names.size() > max_names) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "snapshot ", where, " has ", verified->metadata.state.names.size(),
-        " names; a heap may hold ", max_names, " (--max_names_per_heap)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("snapshot ", where, " has ", verified->metadata.state.names.size(),
+                     " names; a heap may hold ", max_names, " (--max_names_per_heap)"));
   }
   *manifest = verified->manifest;
   return PersistentHeap::OpenSnapshot(absl::StrCat("snapshot ", where), std::move(read->data_fd),

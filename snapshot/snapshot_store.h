@@ -139,8 +139,8 @@ class SnapshotStore {
   // Reads and checks every file of the snapshot, whose data may have at
   // most `max_bytes`. DATA_LOSS naming what is wrong; NOT_FOUND;
   // PERMISSION_DENIED; RESOURCE_EXHAUSTED.
-  absl::StatusOr<v1::SnapshotManifest> Verify(const SnapshotCaller& caller,
-                                              const SnapshotRef& ref, uint64_t max_bytes);
+  absl::StatusOr<v1::SnapshotManifest> Verify(const SnapshotCaller& caller, const SnapshotRef& ref,
+                                              uint64_t max_bytes);
 
   // Removes the snapshot (renamed away first, then deleted; the target
   // fsynced). In heapd's own directory: its maker, the source heap's owner
@@ -151,12 +151,9 @@ class SnapshotStore {
   // whole first: data cloned or copied (never more than options.max_bytes),
   // metadata rewritten by heapd with the new owner, the data file reserved.
   // `heap_name` names the heap in errors and in the hidden name.
-  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> Restore(const SnapshotCaller& caller,
-                                                           const SnapshotRef& ref,
-                                                           const std::string& heaps_dir,
-                                                           const std::string& heap_name,
-                                                           const RestoreOptions& options,
-                                                           v1::SnapshotManifest* manifest);
+  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> Restore(
+      const SnapshotCaller& caller, const SnapshotRef& ref, const std::string& heaps_dir,
+      const std::string& heap_name, const RestoreOptions& options, v1::SnapshotManifest* manifest);
 
   // The snapshot as a read-only heap, checked whole, with its data file
   // opened by the caller (or heapd, in its own directory), of at most

@@ -87,8 +87,7 @@ class SnapshotStoreTest : public ::testing::Test {
     heap_ = MakeHeap(dir_.Sub("state/heaps/h"));
   }
 
-  absl::StatusOr<v1::SnapshotManifest> Create(const SnapshotCaller& caller,
-                                              const SnapshotRef& ref,
+  absl::StatusOr<v1::SnapshotManifest> Create(const SnapshotCaller& caller, const SnapshotRef& ref,
                                               std::map<std::string, std::string> labels = {}) {
     return store_->Create(caller, *heap_, "h", Source(*heap_), ref, labels);
   }
@@ -184,10 +183,12 @@ TEST_F(SnapshotStoreTest, VerifyFindsACorruptFile) {
   const absl::Status verified = store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).status();
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(verified.message().find("checkpoint"), absl::string_view::npos) << verified;
-  EXPECT_EQ(store_->Verify(kRoot, {target, "none"}, kMaxHeapBytes).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Verify(kRoot, {target, "none"}, kMaxHeapBytes).status().code(),
+            absl::StatusCode::kNotFound);
   ASSERT_TRUE(Create(kRoot, {target, "t"}).ok());
   ASSERT_EQ(truncate((target + "/t/data").c_str(), 1 << 20), 0);
-  EXPECT_EQ(store_->Verify(kRoot, {target, "t"}, kMaxHeapBytes).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Verify(kRoot, {target, "t"}, kMaxHeapBytes).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // Work in a caller's directory is done as the caller: a user cannot write
@@ -258,7 +259,8 @@ TEST_F(SnapshotStoreTest, AKilledSnapshotLeavesNoSnapshot) {
     waitpid(child, nullptr, 0);
     usleep(20000);  // the worker dies with its parent (PR_SET_PDEATHSIG)
     if (std::filesystem::exists(target + "/s")) {
-      EXPECT_TRUE(store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).ok());  // it had finished: whole
+      EXPECT_TRUE(
+          store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).ok());  // it had finished: whole
       std::filesystem::remove_all(target + "/s");
     }
     EXPECT_TRUE(store_->List(kRoot, target)->empty());
@@ -357,8 +359,8 @@ TEST_F(SnapshotStoreTest, OnXfsWithReflinkTheDataIsCloned) {
     ASSERT_EQ(statvfs(mount_point.c_str(), &after), 0);
     // Free space barely moves: metadata and the manifest only.
     const uint64_t used = (before.f_bfree - after.f_bfree) * uint64_t{before.f_frsize};
-    EXPECT_LT(used, uint64_t{1} << 20) << used << " bytes used by a snapshot of "
-                                       << manifest->data_bytes();
+    EXPECT_LT(used, uint64_t{1} << 20)
+        << used << " bytes used by a snapshot of " << manifest->data_bytes();
     EXPECT_EQ(manifest->copy_method(), "reflink");
     EXPECT_EQ(manifest->bytes_written(), 0u);
     EXPECT_TRUE(AllExtentsShared(mount_point + "/target/s/data"));

@@ -192,8 +192,8 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
   for (;;) {
     pollfd polled[2] = {{ours.get(), POLLIN, 0}, {options.cancel_fd, POLLIN, 0}};
     const absl::Duration left = deadline - absl::Now();
-    const int wait_ms = static_cast<int>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 100));
+    const int wait_ms =
+        static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 100));
     const int ready = poll(polled, options.cancel_fd >= 0 ? 2 : 1, wait_ms);
     if (ready < 0 && errno != EINTR) {
       interruption = SysError(absl::StrCat(options.what, ": poll"));
@@ -220,8 +220,8 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
     if (n <= 0) break;  // the child is gone (or sent garbage): judged by its exit below
     received += static_cast<uint64_t>(n);
     if (received > options.max_reply_bytes) {
-      interruption = absl::ResourceExhaustedError(absl::StrCat(
-          options.what, ": more than ", options.max_reply_bytes, " bytes to read"));
+      interruption = absl::ResourceExhaustedError(
+          absl::StrCat(options.what, ": more than ", options.max_reply_bytes, " bytes to read"));
       break;
     }
     if (options.budget != nullptr &&
@@ -254,8 +254,8 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(
   if (!failure.ok()) return failure;
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) return messages;
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kNoCredentials) {
-    return absl::InternalError(absl::StrCat(options.what, ": could not switch to uid ", who.uid,
-                                            " gid ", who.gid));
+    return absl::InternalError(
+        absl::StrCat(options.what, ": could not switch to uid ", who.uid, " gid ", who.gid));
   }
   return absl::AbortedError(absl::StrCat(
       options.what, ": the process working as uid ", who.uid, " ",

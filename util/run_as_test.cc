@@ -47,8 +47,7 @@ TEST_F(RunAsTest, TheChildHasExactlyTheCallersIdsAndGroupsAndIsNotDumpable) {
   });
   ASSERT_TRUE(messages.ok()) << messages.status();
   ASSERT_EQ(messages->size(), 1u);
-  EXPECT_EQ((*messages)[0].bytes,
-            "61001 61001 61001 61001 61001 61001 groups 61005 dumpable 0");
+  EXPECT_EQ((*messages)[0].bytes, "61001 61001 61001 61001 61001 61001 groups 61005 dumpable 0");
 }
 
 TEST_F(RunAsTest, TheKernelRefusesWhatTheCallerMayNotDo) {
