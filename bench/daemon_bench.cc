@@ -196,10 +196,10 @@ double B2Heapd(Heap& heap, uint64_t seed) {
         if (!p.ok()) Die("allocate", p.status());
         return *p;
       },
-                [&](void* p) {
-                  if (absl::Status s = heap.deallocate(p); !s.ok()) Die("deallocate", s);
-                },
-                seed);
+      [&](void* p) {
+        if (absl::Status s = heap.deallocate(p); !s.ok()) Die("deallocate", s);
+      },
+      seed);
 }
 
 double B2Std(uint64_t seed) {
@@ -233,8 +233,8 @@ void RunB2(Client& client, const std::string& scratch) {
   auto two = B2Threads(2, [&](int t) { return B2Heapd(*heap, t); });
   Check(heap->sync(), "sync");
   heap.reset();
-  const std::vector<std::string> outputs = RunChildren(
-      2, {"--child=b2", "--socket=" + client.socket_path(), "--heap=b2"}, scratch, 500);
+  const std::vector<std::string> outputs =
+      RunChildren(2, {"--child=b2", "--socket=" + client.socket_path(), "--heap=b2"}, scratch, 500);
   double end = 0, start = 0, ns = 0;
   for (const std::string& out : outputs) {
     auto v = Parse(out);
@@ -349,8 +349,8 @@ int B4Child() {
     std::fprintf(stderr, "b4 child %d started late\n", part);
     return 1;
   }
-  Graph* graph = Check(
-      heap->construct<Graph>(absl::StrCat("graph-", part))(allocator<char>(*heap)), "construct");
+  Graph* graph = Check(heap->construct<Graph>(absl::StrCat("graph-", part))(allocator<char>(*heap)),
+                       "construct");
   Ingest(*graph, edges);
   const int64_t end = MonotonicNs();
   std::printf("edges=%zu start=%lld end=%lld\n", edges.size(),
@@ -400,7 +400,8 @@ int B5Child() {
   auto client = Check(Client::Connect(absl::GetFlag(FLAGS_socket)), "connect");
   AttachOptions read_only;
   read_only.read_only = true;
-  std::unique_ptr<Heap> heap = Check(client->Attach(absl::GetFlag(FLAGS_heap), read_only), "attach");
+  std::unique_ptr<Heap> heap =
+      Check(client->Attach(absl::GetFlag(FLAGS_heap), read_only), "attach");
   const bool via_find = absl::GetFlag(FLAGS_via) == "find";
   v1::LookupRequest request;
   request.set_heap(absl::GetFlag(FLAGS_heap));

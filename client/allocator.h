@@ -64,9 +64,7 @@ class allocator {
     (void)heap().deallocate(boost::interprocess::ipcdetail::to_raw_pointer(p), n * sizeof(T));
   }
 
-  size_type max_size() const noexcept {
-    return std::numeric_limits<size_type>::max() / sizeof(T);
-  }
+  size_type max_size() const noexcept { return std::numeric_limits<size_type>::max() / sizeof(T); }
 
   Heap& heap() const { return *header_->heap; }
   const boost::interprocess::offset_ptr<ProcessHeader>& header() const { return header_; }

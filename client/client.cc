@@ -38,9 +38,8 @@ absl::StatusOr<UniqueFd> ConnectToHeapd(const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path '", path, "' is not 1 to ", sizeof(address.sun_path) - 1,
-                     " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is not 1 to ",
+                                                   sizeof(address.sun_path) - 1, " bytes"));
   }
   std::memcpy(address.sun_path, path.data(), path.size());
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -56,9 +55,9 @@ absl::StatusOr<UniqueFd> ConnectToHeapd(const std::string& path) {
     return ErrnoStatus(errno, absl::StrCat("read who serves ", path));
   }
   if (server.uid != 0 && server.uid != geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        path, " is served by uid ", server.uid, " (pid ", server.pid,
-        "), neither root nor this user: not heapd's; nothing was sent"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, " is served by uid ", server.uid, " (pid ", server.pid,
+                     "), neither root nor this user: not heapd's; nothing was sent"));
   }
   return fd;
 }
@@ -92,8 +91,8 @@ absl::Status FetchDataFd(const std::string& path, const std::string& token, int*
   const cmsghdr* header = CMSG_FIRSTHDR(&message);
   if (reply[0] != 'K' || header == nullptr || header->cmsg_level != SOL_SOCKET ||
       header->cmsg_type != SCM_RIGHTS || header->cmsg_len != CMSG_LEN(sizeof(int))) {
-    return fail(absl::PermissionDeniedError(absl::StrCat(
-        kRefusedToken, std::string(reply + 1, static_cast<size_t>(n - 1)))));
+    return fail(absl::PermissionDeniedError(
+        absl::StrCat(kRefusedToken, std::string(reply + 1, static_cast<size_t>(n - 1)))));
   }
   UniqueFd received;
   int raw;

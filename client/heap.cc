@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -39,7 +38,7 @@ void ToProto(const LeaseReport& report, v1::LeaseReport* out) {
 }
 
 NameEntry FromProto(const v1::NameEntry& entry) {
-  return {entry.name(),       entry.offset(),    entry.size(),
+  return {entry.name(),      entry.offset(),    entry.size(),
           entry.type_name(), entry.owner_uid(), entry.created_unix_ns()};
 }
 
@@ -51,18 +50,16 @@ absl::Status Unexpected(const std::string& heap, const std::string& what) {
 
 absl::Status CheckCapacity(const std::string& heap, uint64_t capacity, uint64_t max_size) {
   if (capacity > max_size || capacity % kChunkSize != 0) {
-    return Unexpected(heap, absl::StrCat("a capacity of ", capacity, " bytes (maximum ",
-                                         max_size, ")"));
+    return Unexpected(heap,
+                      absl::StrCat("a capacity of ", capacity, " bytes (maximum ", max_size, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckGrant(const std::string& heap, const v1::LeaseGrant& grant,
-                        uint32_t size_class, uint64_t capacity) {
-  if (grant.size_class() != size_class ||
-      uint64_t{grant.chunk()} >= capacity / kChunkSize ||
-      static_cast<size_t>(grant.words_size()) !=
-          SlotBitmap::WordCount(SlotsPerChunk(size_class))) {
+absl::Status CheckGrant(const std::string& heap, const v1::LeaseGrant& grant, uint32_t size_class,
+                        uint64_t capacity) {
+  if (grant.size_class() != size_class || uint64_t{grant.chunk()} >= capacity / kChunkSize ||
+      static_cast<size_t>(grant.words_size()) != SlotBitmap::WordCount(SlotsPerChunk(size_class))) {
     return Unexpected(heap, absl::StrCat("a lease of chunk ", grant.chunk(), " of size class ",
                                          grant.size_class(), " with ", grant.words_size(),
                                          " bitmap words for class ", size_class));
@@ -121,8 +118,7 @@ void Heap::ApplyRemoteFrees(ThreadCache* cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ca
   }
 }
 
-Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session,
-           uint32_t lease_batch)
+Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session, uint32_t lease_batch)
     : client_(client),
       name_(std::move(name)),
       read_only_(read_only),
@@ -145,17 +141,16 @@ absl::Status Heap::Start(const v1::AttachResponse& attached) {
       return s;
     }
   }
-  absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
-      HeapMapping::Map(data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_,
-                       kProcessHeaderBytes);
+  absl::StatusOr<std::unique_ptr<HeapMapping>> mapping = HeapMapping::Map(
+      data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_, kProcessHeaderBytes);
   if (!mapping.ok()) return mapping.status();
   mapping_ = *std::move(mapping);
   base_ = mapping_->base();
   max_size_ = max_size;
   mapped_bytes_ = mapping_->size();
   *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
-  fault_slot_ = RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_,
-                                            &mapped_bytes_);
+  fault_slot_ =
+      RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_, &mapped_bytes_);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
@@ -575,8 +570,8 @@ absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
       DecodeFrameLength(absl::string_view(header, sizeof(header)), kMaxFdAnswerBytes);
   if (!length.ok()) {
     fd_broken_ = true;
-    return absl::UnavailableError(absl::StrCat("heapd's connection of heap ", name_, ": ",
-                                               length.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("heapd's connection of heap ", name_, ": ", length.status().message()));
   }
   std::string answer(*length, '\0');
   if (!read_exactly(answer.data(), answer.size())) return io_error("reading from");
@@ -604,9 +599,8 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
   }
   if (absl::Status s = CheckObject(name_, entry.offset, entry.size, max_size_); !s.ok()) return s;
   if (entry.type_name != type_name) {
-    return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
-                                                      " binds a ", entry.type_name, ", not a ",
-                                                      type_name));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name '", name, "' in heap ", name_, " binds a ", entry.type_name, ", not a ", type_name));
   }
   if (entry.size < size) {
     return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
@@ -619,12 +613,11 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
     struct stat st;
     if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
     if (entry.offset + entry.size > static_cast<uint64_t>(st.st_size)) {
-      return absl::DataLossError(absl::StrCat("name '", name, "' in heap ", name_,
-                                              " binds bytes beyond the data file"));
+      return absl::DataLossError(
+          absl::StrCat("name '", name, "' in heap ", name_, " binds bytes beyond the data file"));
     }
-    if (absl::Status s = MapUpTo(std::min<uint64_t>(static_cast<uint64_t>(st.st_size) /
-                                                         kChunkSize * kChunkSize,
-                                                     max_size_));
+    if (absl::Status s = MapUpTo(std::min<uint64_t>(
+            static_cast<uint64_t>(st.st_size) / kChunkSize * kChunkSize, max_size_));
         !s.ok()) {
       return s;
     }

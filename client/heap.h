@@ -165,8 +165,7 @@ class Heap {
   absl::Status Bind(const std::string& name, const void* object, uint64_t size,
                     const std::string& type_name);
   // The object bound to `name`, checked to be a `type_name` of `size` bytes.
-  absl::StatusOr<void*> Find(const std::string& name, const std::string& type_name,
-                             uint64_t size);
+  absl::StatusOr<void*> Find(const std::string& name, const std::string& type_name, uint64_t size);
 
  private:
   friend class Client;
@@ -205,7 +204,7 @@ class Heap {
   // Set when an exchange on fd_connection_ failed midway: the stream is out
   // of step, so lookups go through gRPC from then on.
   bool fd_broken_ ABSL_GUARDED_BY(fd_mu_) = false;
-  int fault_slot_ = -1;     // see growth_fault_handler.h
+  int fault_slot_ = -1;  // see growth_fault_handler.h
   bool detached_ = false;
 
   // mapping_ is set by Start and reset by detach (nothing runs concurrently
@@ -213,7 +212,7 @@ class Heap {
   // (MapUpTo), and the rest of HeapMapping may run beside them.
   absl::Mutex mapping_mu_;
   std::unique_ptr<HeapMapping> mapping_;
-  char* base_ = nullptr;    // mapping_->base(), kept here for the fast path
+  char* base_ = nullptr;  // mapping_->base(), kept here for the fast path
   uint64_t max_size_ = 0;
   std::atomic<uint64_t> mapped_bytes_{0};
 

@@ -74,7 +74,7 @@ TEST_F(HeapTest, ContainersLiveInTheHeapAndWorkAtAnyAddress) {
   const uint64_t a_before = a->offset_of(&(*built)->map.find(1)->second[0]);
   for (int i = 0; i < 100; ++i) (*seen)->AddEdge(1, 7);
   EXPECT_NE(a->offset_of(&(*built)->map.find(1)->second[0]), a_before);  // reallocated
-  EXPECT_EQ((*built)->map.find(1)->second.size(), 101u);  // a sees it: one file
+  EXPECT_EQ((*built)->map.find(1)->second.size(), 101u);                 // a sees it: one file
   ASSERT_TRUE(b->detach().ok());
   ASSERT_TRUE(a->detach().ok());
   const v1::HeapStats stats = Stat();

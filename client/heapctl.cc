@@ -42,8 +42,7 @@ ABSL_FLAG(bool, keep_owner, false,
           "instead of belonging to the caller");
 ABSL_FLAG(std::string, to, "", "snapshot: target directory (default: heapd's own)");
 ABSL_FLAG(std::vector<std::string>, label, {}, "snapshot create: KEY=VALUE labels");
-ABSL_FLAG(uint32_t, wait_ms, 10000,
-          "snapshot create: how long to wait for writers to sync");
+ABSL_FLAG(uint32_t, wait_ms, 10000, "snapshot create: how long to wait for writers to sync");
 
 namespace heapd {
 namespace {
@@ -119,10 +118,9 @@ int PrintJson(const google::protobuf::Message& message) {
 void PrintHeapRow(const v1::HeapInfo& heap) {
   std::printf("%-24s %10s %10s %10s %8llu %7u %6u %5u %04o %-5s %s\n", heap.name().c_str(),
               Bytes(heap.max_size()).c_str(), Bytes(heap.capacity_bytes()).c_str(),
-              Bytes(heap.allocated_bytes()).c_str(),
-              static_cast<unsigned long long>(heap.epoch()), heap.clients(), heap.names(),
-              heap.owner_uid(), heap.mode(), BackingName(heap.backing()),
-              Time(heap.last_sync_unix_ns()).c_str());
+              Bytes(heap.allocated_bytes()).c_str(), static_cast<unsigned long long>(heap.epoch()),
+              heap.clients(), heap.names(), heap.owner_uid(), heap.mode(),
+              BackingName(heap.backing()), Time(heap.last_sync_unix_ns()).c_str());
 }
 
 void PrintHeapHeader() {
@@ -131,8 +129,8 @@ void PrintHeapHeader() {
 }
 
 void PrintClients(const google::protobuf::RepeatedPtrField<v1::ClientInfo>& clients) {
-  std::printf("%-8s %-24s %6s %6s %8s %-3s %7s %s\n", "SESSION", "HEAP", "UID", "GID", "PID",
-              "RW", "LEASED", "ATTACHED");
+  std::printf("%-8s %-24s %6s %6s %8s %-3s %7s %s\n", "SESSION", "HEAP", "UID", "GID", "PID", "RW",
+              "LEASED", "ATTACHED");
   for (const v1::ClientInfo& c : clients) {
     std::printf("%-8llu %-24s %6u %6u %8d %-3s %7u %s%s\n",
                 static_cast<unsigned long long>(c.session()), c.heap().c_str(), c.uid(), c.gid(),
@@ -179,9 +177,10 @@ int Run(const std::vector<std::string>& args) {
     const int64_t owner = absl::GetFlag(FLAGS_owner);
     if (owner >= 0) {
       auto* heaps = response.mutable_heaps();
-      heaps->erase(std::remove_if(heaps->begin(), heaps->end(),
-                                  [owner](const v1::HeapInfo& h) { return h.owner_uid() != owner; }),
-                   heaps->end());
+      heaps->erase(
+          std::remove_if(heaps->begin(), heaps->end(),
+                         [owner](const v1::HeapInfo& h) { return h.owner_uid() != owner; }),
+          heaps->end());
     }
     if (json) return PrintJson(response);
     if (absl::GetFlag(FLAGS_quiet)) {
@@ -204,13 +203,13 @@ int Run(const std::vector<std::string>& args) {
     PrintHeapHeader();
     PrintHeapRow(stats.info());
     std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
-    std::printf("chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects; "
-                "%llu live objects; metadata log %s\n",
-                stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(),
-                stats.leased_chunks(), stats.large_chunks(),
-                static_cast<unsigned long long>(stats.large_objects()),
-                static_cast<unsigned long long>(stats.info().live_objects()),
-                Bytes(stats.metadata_log_bytes()).c_str());
+    std::printf(
+        "chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects; "
+        "%llu live objects; metadata log %s\n",
+        stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(), stats.leased_chunks(),
+        stats.large_chunks(), static_cast<unsigned long long>(stats.large_objects()),
+        static_cast<unsigned long long>(stats.info().live_objects()),
+        Bytes(stats.metadata_log_bytes()).c_str());
     if (stats.size_classes_size() != 0) {
       std::printf("\n%-6s %9s %7s %12s %9s\n", "CLASS", "SLOT", "CHUNKS", "LIVE", "OCCUPIED");
       for (const v1::SizeClassStats& c : stats.size_classes()) {
@@ -355,8 +354,7 @@ int Run(const std::vector<std::string>& args) {
       return Fail(s);
     }
     if (json) return PrintJson(manifest);
-    std::printf("snapshot %s verified: metadata checksums and data size match\n",
-                args[2].c_str());
+    std::printf("snapshot %s verified: metadata checksums and data size match\n", args[2].c_str());
     return 0;
   }
   return Usage("unknown command '" + what + "'");

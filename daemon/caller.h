@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,7 +29,7 @@ namespace heapd {
 struct Caller {
   uint32_t uid = 0;
   uint32_t gid = 0;
-  pid_t pid = 0;  // for logs and client lists only, never for decisions
+  pid_t pid = 0;                 // for logs and client lists only, never for decisions
   std::vector<uint32_t> groups;  // supplementary groups
 
   std::string ToString() const;

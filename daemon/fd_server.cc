@@ -122,9 +122,10 @@ bool FdServer::AcceptAll() {
       SendError(fd, "too many connections (--max_connections_per_user)");
       close(fd);
       callbacks_.refused();
-      spdlog::warn("fd socket: refused a connection of {}: it holds {}, its limit "
-                   "(--max_connections_per_user)",
-                   caller->ToString(), held);
+      spdlog::warn(
+          "fd socket: refused a connection of {}: it holds {}, its limit "
+          "(--max_connections_per_user)",
+          caller->ToString(), held);
       continue;
     }
     ++held;

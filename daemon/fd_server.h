@@ -61,9 +61,9 @@ class FdServer {
   struct Connection {
     Caller caller;
     absl::Time accepted;
-    std::string token;       // bytes received so far
+    std::string token;                           // bytes received so far
     FrameSplitter requests{kMaxFdRequestBytes};  // bytes not yet answered
-    ClientId session = 0;    // set once the fd was sent
+    ClientId session = 0;                        // set once the fd was sent
   };
 
   void Run();

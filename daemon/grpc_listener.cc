@@ -82,9 +82,10 @@ bool GrpcListener::AcceptAll() {
       if (caller->uid != 0 && LiveConnectionsLocked(caller->uid) >= max_per_user_) {
         close(fd);
         refused_();
-        spdlog::warn("gRPC socket: refused a connection of {}: it holds {} connections, its "
-                     "limit (--max_connections_per_user)",
-                     caller->ToString(), max_per_user_);
+        spdlog::warn(
+            "gRPC socket: refused a connection of {}: it holds {} connections, its "
+            "limit (--max_connections_per_user)",
+            caller->ToString(), max_per_user_);
         continue;
       }
       callers_[fd] = Peer{*caller, st.st_ino};

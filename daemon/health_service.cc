@@ -24,8 +24,7 @@ grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest
   return grpc::Status::OK;
 }
 
-grpc::Status HealthService::Watch(grpc::ServerContext* context,
-                                  const HealthCheckRequest* request,
+grpc::Status HealthService::Watch(grpc::ServerContext* context, const HealthCheckRequest* request,
                                   grpc::ServerWriter<HealthCheckResponse>* writer) {
   HealthCheckResponse::ServingStatus last = HealthCheckResponse::UNKNOWN;
   while (!context->IsCancelled()) {

@@ -120,8 +120,7 @@ uint64_t HeapRegistry::HeapBytesLeft(uint32_t uid) const {
 
 absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::string& name,
                                                                 uint32_t owner_uid,
-                                                                uint64_t max_size,
-                                                                bool replacing) {
+                                                                uint64_t max_size, bool replacing) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);
@@ -170,14 +169,14 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(Reservation reservation,
                                                                  const HeapConfig& config) {
   // Built on disk with no lock held: Get and List go on meanwhile.
-  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap = PersistentHeap::Create(
-      absl::StrCat(heaps_dir_, "/", reservation.name()), config, options_);
+  absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
+      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", reservation.name()), config, options_);
   if (!heap.ok()) return heap.status();
   return Add(std::move(reservation), *std::move(heap));
 }
 
-absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::AddRestored(
-    Reservation reservation, RestoredHeapDir& restored) {
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::AddRestored(Reservation reservation,
+                                                                      RestoredHeapDir& restored) {
   if (absl::Status s = restored.Commit(reservation.name()); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
       PersistentHeap::Open(absl::StrCat(heaps_dir_, "/", reservation.name()), options_);
@@ -236,7 +235,7 @@ void HeapRegistry::DeleteRemoved(const std::string& dir) {
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::GetMade(absl::string_view name,
-                                                                   absl::Duration wait) const {
+                                                                  absl::Duration wait) const {
   {
     absl::MutexLock lock(&mu_);
     auto made = [this, name]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

@@ -135,8 +135,7 @@ class HeapRegistry {
   std::map<std::string, std::shared_ptr<ServedHeap>, std::less<>> heaps_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status, std::less<>> broken_ ABSL_GUARDED_BY(mu_);
   // Names being built: owner and maximum size.
-  std::map<std::string, std::pair<uint32_t, uint64_t>, std::less<>> reserved_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<uint32_t, uint64_t>, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace heapd

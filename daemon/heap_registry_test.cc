@@ -116,8 +116,7 @@ TEST(HeapRegistryTest, PerUserLimitsCountHeapsAndBytesIncludingReservations) {
   EXPECT_NE(third.message().find("--max_heaps_per_user"), std::string::npos) << third;
   EXPECT_EQ((*registry)->Get("b").status().code(), absl::StatusCode::kUnavailable);
   // Bytes: another user, one heap too big.
-  const absl::Status big =
-      (*registry)->Reserve("d", 2000, 4 * Config().max_size).status();
+  const absl::Status big = (*registry)->Reserve("d", 2000, 4 * Config().max_size).status();
   EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(big.message().find("--max_heap_bytes_per_user"), std::string::npos) << big;
   EXPECT_EQ((*registry)->HeapBytesLeft(1000), Config().max_size);

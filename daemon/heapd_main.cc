@@ -143,9 +143,9 @@ absl::Status PrepareRuntimeDir(const std::string& dir) {
   struct stat st;
   if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
       (st.st_mode & 022) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "runtime directory ", dir, " must be a directory of uid ", geteuid(),
-        " that no one else may write"));
+    return absl::FailedPreconditionError(absl::StrCat("runtime directory ", dir,
+                                                      " must be a directory of uid ", geteuid(),
+                                                      " that no one else may write"));
   }
   if (chmod(dir.c_str(), 0755) != 0) {
     return absl::InternalError(absl::StrCat("chmod ", dir, ": ", std::strerror(errno)));
@@ -191,7 +191,8 @@ int Run() {
   const UserLimits limits = LimitsFromFlags();
   RaiseDescriptorLimit();
   SetOomScore(absl::GetFlag(FLAGS_oom_score_adj));
-  absl::StatusOr<std::optional<uint32_t>> admin_gid = ResolveGroup(absl::GetFlag(FLAGS_admin_group));
+  absl::StatusOr<std::optional<uint32_t>> admin_gid =
+      ResolveGroup(absl::GetFlag(FLAGS_admin_group));
   if (!admin_gid.ok()) {
     spdlog::critical("{}", admin_gid.status().ToString());
     return 2;
@@ -302,8 +303,9 @@ int Run() {
     spdlog::critical("the gRPC server did not start");
     return 1;
   }
-  listener = std::make_unique<GrpcListener>(*grpc_fd, server.get(), limits.connections,
-                                            [&metrics] { metrics.CountLimitRefusal("connections_per_user"); });
+  listener = std::make_unique<GrpcListener>(*grpc_fd, server.get(), limits.connections, [&metrics] {
+    metrics.CountLimitRefusal("connections_per_user");
+  });
 
   FdServer::Callbacks callbacks;
   callbacks.redeem = [&sessions](const std::string& token,

@@ -21,8 +21,7 @@ namespace {
 constexpr absl::Duration kWaitForCreation = absl::Seconds(10);
 
 grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 }  // namespace
@@ -77,9 +76,9 @@ grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* metho
         if (--calls_in_flight_[caller->uid] == 0) calls_in_flight_.erase(caller->uid);
       }
     } else {
-      status = CountIfLimited(absl::ResourceExhaustedError(absl::StrCat(
-          caller->ToString(), " has ", options_.limits.calls,
-          " calls in flight, its limit (--max_calls_per_user)")));
+      status = CountIfLimited(absl::ResourceExhaustedError(
+          absl::StrCat(caller->ToString(), " has ", options_.limits.calls,
+                       " calls in flight, its limit (--max_calls_per_user)")));
     }
   }
   metrics_->CountCall(method, status, absl::ToDoubleSeconds(absl::Now() - start));
@@ -92,9 +91,9 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::HeapFor(const std::str
   absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(name);
   if (!served.ok()) return served;
   if (!MayAccess(caller, (*served)->heap->config(), access)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        caller.ToString(), " may not ", access == Access::kWrite ? "write" : "read", " heap ",
-        name));
+    return absl::PermissionDeniedError(absl::StrCat(caller.ToString(), " may not ",
+                                                    access == Access::kWrite ? "write" : "read",
+                                                    " heap ", name));
   }
   return served;
 }
@@ -149,13 +148,12 @@ grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::string& name,
-                                                                  uint64_t max_size,
-                                                                  uint32_t mode,
+                                                                  uint64_t max_size, uint32_t mode,
                                                                   const Caller& caller) {
   if (max_size == 0) max_size = options_.default_max_size;
   if (max_size > kMaxHeapBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("heap maximum size ", max_size,
-                                                   " is above the limit of ", kMaxHeapBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("heap maximum size ", max_size, " is above the limit of ", kMaxHeapBytes));
   }
   HeapConfig config;
   config.max_size = (max_size + kChunkSize - 1) / kChunkSize * kChunkSize;
@@ -166,8 +164,7 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
   absl::StatusOr<HeapRegistry::Reservation> reserved =
       heaps_->Reserve(name, caller.uid, config.max_size);
   if (!reserved.ok()) return CountIfLimited(reserved.status());
-  absl::StatusOr<std::shared_ptr<ServedHeap>> served =
-      heaps_->Create(*std::move(reserved), config);
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Create(*std::move(reserved), config);
   if (served.ok()) {
     spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}", name,
                  caller.ToString(), config.max_size, config.mode);
@@ -297,8 +294,8 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       served = heaps_->GetMade(request->heap(), kWaitForCreation);
       if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
           request->create_if_missing()) {
-        served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
-                         caller);
+        served =
+            NewHeap(request->heap(), request->create_max_size(), request->create_mode(), caller);
         created = served.ok();
         if (served.status().code() == absl::StatusCode::kAlreadyExists) {
           // Another call was first: use the heap it makes.
@@ -311,18 +308,18 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     // user's heap of that name (squatted to read what it writes).
     if (request->create_if_missing() && !created &&
         (*served)->heap->config().owner_uid != caller.uid) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "heap ", request->heap(), " exists and belongs to uid ",
-          (*served)->heap->config().owner_uid, ", not to ", caller.ToString(),
-          "; attach without create_if_missing to use another user's heap"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("heap ", request->heap(), " exists and belongs to uid ",
+                       (*served)->heap->config().owner_uid, ", not to ", caller.ToString(),
+                       "; attach without create_if_missing to use another user's heap"));
     }
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
     const HeapConfig& config = (*served)->heap->config();
     if (!MayAccess(caller, config, access)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          caller.ToString(), " may not attach heap ", (*served)->name,
-          request->read_only() ? " read-only" : " read-write", " (owner uid ", config.owner_uid,
-          ", mode 0", absl::StrFormat("%o", config.mode), ")"));
+      return absl::PermissionDeniedError(
+          absl::StrCat(caller.ToString(), " may not attach heap ", (*served)->name,
+                       request->read_only() ? " read-only" : " read-write", " (owner uid ",
+                       config.owner_uid, ", mode 0", absl::StrFormat("%o", config.mode), ")"));
     }
     if (!request->read_only()) {
       if (absl::Status s = (*served)->heap->broken(); !s.ok()) return s;
@@ -455,8 +452,8 @@ grpc::Status HeapdService::Bind(grpc::ServerContext* context, const v1::BindRequ
   });
 }
 
-grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
-                                  const v1::LookupRequest* request, v1::NameEntry* response) {
+grpc::Status HeapdService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                                  v1::NameEntry* response) {
   return Serve(context, "Lookup", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         HeapFor(request->heap(), caller, Access::kRead);
@@ -471,10 +468,11 @@ grpc::Status HeapdService::Lookup(grpc::ServerContext* context,
   });
 }
 
-grpc::Status HeapdService::Unbind(grpc::ServerContext* context,
-                                  const v1::UnbindRequest* request, v1::NameEntry* response) {
+grpc::Status HeapdService::Unbind(grpc::ServerContext* context, const v1::UnbindRequest* request,
+                                  v1::NameEntry* response) {
   return Serve(context, "Unbind", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<NameEntry> entry = sessions_->Unbind(request->session(), caller, request->name());
+    absl::StatusOr<NameEntry> entry =
+        sessions_->Unbind(request->session(), caller, request->name());
     if (!entry.ok()) return entry.status();
     ToProto(*entry, response);
     return absl::OkStatus();
@@ -500,8 +498,7 @@ uint64_t HeapdService::SnapshotBytesAllowed(const Caller& caller) const {
 }
 
 absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time since,
-                                          absl::Time deadline,
-                                          grpc::ServerContext* context) const {
+                                          absl::Time deadline, grpc::ServerContext* context) const {
   const int64_t since_ns = absl::ToUnixNanos(since);
   for (;;) {
     std::string laggards;
@@ -520,9 +517,9 @@ absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time sin
       return absl::CancelledError(absl::StrCat("snapshot of heap ", heap.name, " cancelled"));
     }
     if (absl::Now() >= deadline) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "heap ", heap.name, " is not at a consistent point: ", laggards,
-          " did not sync or detach in time"));
+      return absl::FailedPreconditionError(absl::StrCat("heap ", heap.name,
+                                                        " is not at a consistent point: ", laggards,
+                                                        " did not sync or detach in time"));
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
@@ -539,17 +536,17 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
       if (!served.ok()) return served.status();
       SnapshotCallSlot slot(this, caller);
       if (!slot.status().ok()) return slot.status();
-      if (absl::Status s = WaitForWriters(
-              **served, start, start + absl::Milliseconds(request->wait_ms()), context);
+      if (absl::Status s = WaitForWriters(**served, start,
+                                          start + absl::Milliseconds(request->wait_ms()), context);
           !s.ok()) {
         return s;
       }
       v1::HeapInfo source;
       FillInfo(**served, /*with_usage=*/true, &source);
-      absl::StatusOr<v1::SnapshotManifest> manifest = snapshots_->Create(
-          SnapshotCallerOf(caller, context), *(*served)->heap, (*served)->name, source,
-          {request->target_dir(), request->name()},
-          {request->labels().begin(), request->labels().end()});
+      absl::StatusOr<v1::SnapshotManifest> manifest =
+          snapshots_->Create(SnapshotCallerOf(caller, context), *(*served)->heap, (*served)->name,
+                             source, {request->target_dir(), request->name()},
+                             {request->labels().begin(), request->labels().end()});
       if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
       spdlog::info("snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied)",
@@ -591,8 +588,8 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<v1::SnapshotManifest> manifest =
-        snapshots_->Verify(SnapshotCallerOf(caller, context), {request->target_dir(), request->name()},
-                           SnapshotBytesAllowed(caller));
+        snapshots_->Verify(SnapshotCallerOf(caller, context),
+                           {request->target_dir(), request->name()}, SnapshotBytesAllowed(caller));
     if (!manifest.ok()) return manifest.status();
     *response = *std::move(manifest);
     return absl::OkStatus();
@@ -605,8 +602,8 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
   return Serve(context, "RemoveSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
-    if (absl::Status s =
-            snapshots_->Remove(SnapshotCallerOf(caller, context), {request->target_dir(), request->name()});
+    if (absl::Status s = snapshots_->Remove(SnapshotCallerOf(caller, context),
+                                            {request->target_dir(), request->name()});
         !s.ok()) {
       return s;
     }
@@ -640,9 +637,9 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
     // Copied and checked whole with no lock held.
     v1::SnapshotManifest manifest;
     absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored =
-        snapshots_->Restore(SnapshotCallerOf(caller, context), {request->target_dir(), request->name()},
-                            heaps_->heaps_dir(), request->heap().empty() ? "heap" : request->heap(),
-                            options, &manifest);
+        snapshots_->Restore(SnapshotCallerOf(caller, context),
+                            {request->target_dir(), request->name()}, heaps_->heaps_dir(),
+                            request->heap().empty() ? "heap" : request->heap(), options, &manifest);
     if (!restored.ok()) return CountIfLimited(restored.status());
     const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
     const HeapConfig& config = (*restored)->config();

@@ -39,8 +39,8 @@ class HeapdService final : public v1::Heapd::Service {
  public:
   using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
 
-  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotStore* snapshots,
-               Metrics* metrics, CallerLookup caller_of, ServiceOptions options)
+  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotStore* snapshots, Metrics* metrics,
+               CallerLookup caller_of, ServiceOptions options)
       : heaps_(heaps),
         sessions_(sessions),
         snapshots_(snapshots),
@@ -52,14 +52,11 @@ class HeapdService final : public v1::Heapd::Service {
                           v1::HeapInfo*) override;
   grpc::Status ListHeaps(grpc::ServerContext*, const v1::ListHeapsRequest*,
                          v1::ListHeapsResponse*) override;
-  grpc::Status StatHeap(grpc::ServerContext*, const v1::StatHeapRequest*,
-                        v1::HeapStats*) override;
+  grpc::Status StatHeap(grpc::ServerContext*, const v1::StatHeapRequest*, v1::HeapStats*) override;
   grpc::Status RemoveHeap(grpc::ServerContext*, const v1::RemoveHeapRequest*,
                           v1::RemoveHeapResponse*) override;
-  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*,
-                      v1::AttachResponse*) override;
-  grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*,
-                      v1::DetachResponse*) override;
+  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*, v1::AttachResponse*) override;
+  grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*, v1::DetachResponse*) override;
   grpc::Status ListClients(grpc::ServerContext*, const v1::ListClientsRequest*,
                            v1::ListClientsResponse*) override;
   grpc::Status LeaseChunks(grpc::ServerContext*, const v1::LeaseChunksRequest*,
@@ -103,8 +100,8 @@ class HeapdService final : public v1::Heapd::Service {
   grpc::Status Serve(grpc::ServerContext* context, const char* method,
                      const std::function<absl::Status(const Caller&)>& body);
   // Heap `name` if `caller` may `access` it.
-  absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name,
-                                                      const Caller& caller, Access access);
+  absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name, const Caller& caller,
+                                                      Access access);
   // Creates heap `name` owned by `caller` (max_size 0: the default; mode 0:
   // 0600). ALREADY_EXISTS if it exists; RESOURCE_EXHAUSTED at a limit.
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,

@@ -35,10 +35,10 @@ struct UserLimits {
 
 // The limit names of heapd_limit_refusals_total, as the flags without
 // their "max_" prefix.
-inline constexpr const char* kLimitNames[] = {
-    "heaps_per_user",       "heap_bytes_per_user",     "names_per_heap",
-    "sessions_per_user",    "connections_per_user",    "snapshot_bytes_per_user",
-    "snapshot_calls_per_user", "calls_per_user"};
+inline constexpr const char* kLimitNames[] = {"heaps_per_user",          "heap_bytes_per_user",
+                                              "names_per_heap",          "sessions_per_user",
+                                              "connections_per_user",    "snapshot_bytes_per_user",
+                                              "snapshot_calls_per_user", "calls_per_user"};
 
 }  // namespace heapd
 

@@ -20,8 +20,8 @@ namespace {
 // Latency buckets from 20 µs to 10 s, about three per decade.
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3,
-      10e-3, 20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1, 2, 5, 10};
+      20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3,
+      20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1,    2,    5,    10};
   return *buckets;
 }
 
@@ -49,8 +49,8 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& max_size = f.Gauge("heapd_heap_capacity_bytes", "Maximum size of the heap.");
     auto& reserved = f.Gauge("heapd_heap_reserved_bytes",
                              "Bytes of the data file reserved on disk (fallocate).");
-    auto& allocated = f.Gauge("heapd_heap_allocated_bytes",
-                              "Bytes in live objects (slot sizes and large runs).");
+    auto& allocated =
+        f.Gauge("heapd_heap_allocated_bytes", "Bytes in live objects (slot sizes and large runs).");
     auto& live = f.Gauge("heapd_heap_live_objects", "Live objects, small and large.");
     auto& chunks = f.Gauge("heapd_heap_chunks",
                            "2 MiB chunks by state: free, leased (small, leased to a client), "
@@ -67,12 +67,11 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& backing = f.Gauge("heapd_heap_backing_info",
                             "The heap's storage kind (dax, tmpfs, file) and whether its file "
                             "system can clone files (reflink); always 1.");
-    auto& class_chunks = f.Gauge("heapd_size_class_chunks",
-                                 "Small-object chunks of a size class.");
+    auto& class_chunks = f.Gauge("heapd_size_class_chunks", "Small-object chunks of a size class.");
     auto& class_live = f.Gauge("heapd_size_class_live_objects", "Live objects of a size class.");
-    auto& class_occupancy = f.Gauge(
-        "heapd_size_class_occupancy_ratio",
-        "Live slots over all slots in the chunks of a size class (1 - fragmentation).");
+    auto& class_occupancy =
+        f.Gauge("heapd_size_class_occupancy_ratio",
+                "Live slots over all slots in the chunks of a size class (1 - fragmentation).");
     for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
       const HeapStats stats = served->heap->Stats();
       const DirectoryStats& d = stats.directory;
@@ -91,7 +90,8 @@ class HeapStateCollector : public prometheus::Collectable {
       Add(last_sync, {{"heap", h}}, stats.last_sync_unix_ns / 1e9);
       Add(repairs, {{"heap", h}}, static_cast<double>(stats.data_file_repairs));
       Add(backing,
-          {{"heap", h}, {"kind", BackingKindName(stats.backing)},
+          {{"heap", h},
+           {"kind", BackingKindName(stats.backing)},
            {"reflink", served->reflink ? "true" : "false"}},
           1);
       for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
@@ -227,8 +227,8 @@ absl::Status Metrics::Serve(const std::string& flag_address, const HeapRegistry*
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
-                                               e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
   heap_state_ = std::make_shared<HeapStateCollector>(heaps, sessions);
   exposer_->RegisterCollectable(registry_);

@@ -52,8 +52,7 @@ std::vector<LeaseWant> FromProto(const google::protobuf::RepeatedPtrField<v1::Le
   return out;
 }
 
-std::vector<ObjectRef> FromProto(
-    const google::protobuf::RepeatedPtrField<v1::ObjectRef>& objects) {
+std::vector<ObjectRef> FromProto(const google::protobuf::RepeatedPtrField<v1::ObjectRef>& objects) {
   std::vector<ObjectRef> out;
   out.reserve(objects.size());
   for (const v1::ObjectRef& object : objects) out.push_back({object.offset(), object.size()});

@@ -72,9 +72,9 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
                                   kNumSizeClasses - 1, ")"));
     }
     if (want.count() == 0 || want.count() > kMaxLeasesPerWant) {
-      return Invalid(absl::StrCat(field, "[", i, "].count"),
-                     absl::StrCat("lease count ", want.count(), " is not in 1..",
-                                  kMaxLeasesPerWant));
+      return Invalid(
+          absl::StrCat(field, "[", i, "].count"),
+          absl::StrCat("lease count ", want.count(), " is not in 1..", kMaxLeasesPerWant));
     }
   }
   return absl::OkStatus();
@@ -157,8 +157,7 @@ absl::Status ValidateRequest(const v1::AllocateLargeRequest& request) {
   if (request.size() == 0) return Invalid("size", "cannot allocate 0 bytes");
   if (request.size() > kMaxHeapBytes) {
     return Invalid("size", absl::StrCat("cannot allocate ", request.size(),
-                                        " bytes: no heap's maximum size is above ",
-                                        kMaxHeapBytes));
+                                        " bytes: no heap's maximum size is above ", kMaxHeapBytes));
   }
   return absl::OkStatus();
 }
@@ -215,8 +214,8 @@ absl::Status ValidateRequest(const v1::CreateSnapshotRequest& request) {
     return s;
   }
   if (request.wait_ms() > kMaxSnapshotWaitMs) {
-    return Invalid("wait_ms", absl::StrCat("wait_ms ", request.wait_ms(),
-                                           " is above the limit of ", kMaxSnapshotWaitMs));
+    return Invalid("wait_ms", absl::StrCat("wait_ms ", request.wait_ms(), " is above the limit of ",
+                                           kMaxSnapshotWaitMs));
   }
   return absl::OkStatus();
 }

@@ -21,9 +21,9 @@ namespace heapd {
 
 // Bounds on one request, so that a hostile client cannot make the daemon
 // do unbounded work in one call.
-inline constexpr uint32_t kMaxLeasesPerWant = 64;     // LeaseWant.count: 1..this
-inline constexpr int kMaxFreesPerCall = 1 << 16;      // FreeRequest.objects
-inline constexpr int kMaxLookupsPerAttach = 64;       // AttachRequest.lookup
+inline constexpr uint32_t kMaxLeasesPerWant = 64;               // LeaseWant.count: 1..this
+inline constexpr int kMaxFreesPerCall = 1 << 16;                // FreeRequest.objects
+inline constexpr int kMaxLookupsPerAttach = 64;                 // AttachRequest.lookup
 inline constexpr uint32_t kMaxSnapshotWaitMs = 10 * 60 * 1000;  // wait_ms
 
 // One per request message of the service (SnapshotRef serves

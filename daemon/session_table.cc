@@ -30,13 +30,14 @@ ClientId NewSessionId() {
 }  // namespace
 
 absl::StatusOr<SessionTable::Started> SessionTable::Start(std::shared_ptr<ServedHeap> heap,
-                                                         const Caller& caller, bool read_only) {
+                                                          const Caller& caller, bool read_only) {
   std::string token = NewToken();
   absl::MutexLock lock(&mu_);
   uint32_t& count = per_user_[caller.uid];
   if (caller.uid != 0 && count >= max_per_user_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "uid ", caller.uid, " has ", count, " sessions attached, its limit (--max_sessions_per_user)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", caller.uid, " has ", count,
+                     " sessions attached, its limit (--max_sessions_per_user)"));
   }
   ++count;
   // Random, not counted: ids are unique across heapd's restarts, so a
@@ -84,8 +85,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionTable::Redeem(const std::string&
                      entry.session->caller.uid, ", not to uid ", caller.uid));
   }
   if (absl::Now() > entry.token_deadline) {
-    return absl::NotFoundError(absl::StrCat("the fd token of session ", entry.session->id,
-                                            " expired"));
+    return absl::NotFoundError(
+        absl::StrCat("the fd token of session ", entry.session->id, " expired"));
   }
   tokens_.erase(it);
   entry.token.clear();

@@ -69,8 +69,7 @@ class SessionTable {
   // Redeems a token on the fd socket. NOT_FOUND if unknown, used or
   // expired; PERMISSION_DENIED if `caller` is not the attaching user (the
   // token stays valid for its owner).
-  absl::StatusOr<std::shared_ptr<Session>> Redeem(const std::string& token,
-                                                  const Caller& caller);
+  absl::StatusOr<std::shared_ptr<Session>> Redeem(const std::string& token, const Caller& caller);
 
   // Takes session `id` out of the table; null if already taken.
   std::shared_ptr<Session> Take(ClientId id);

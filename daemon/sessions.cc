@@ -81,8 +81,7 @@ void Sessions::Reap() {
   }
 }
 
-void Sessions::End(const std::shared_ptr<Session>& session, const char* reason,
-                   const char* why) {
+void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, const char* why) {
   if (session == nullptr) return;
   absl::MutexLock lock(&session->mu);
   if (session->ended) return;
@@ -90,10 +89,11 @@ void Sessions::End(const std::shared_ptr<Session>& session, const char* reason,
   const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
   metrics_->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
   LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
-  spdlog::info("session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
-               "uncommitted large objects",
-               session->id, session->heap->name, session->caller.ToString(), why,
-               reclaimed.leases, reclaimed.large_runs);
+  spdlog::info(
+      "session {} on heap {} ({}) ended: {}; reclaimed {} leased chunks and {} "
+      "uncommitted large objects",
+      session->id, session->heap->name, session->caller.ToString(), why, reclaimed.leases,
+      reclaimed.large_runs);
 }
 
 void Sessions::ConnectionClosed(ClientId id) {
@@ -109,8 +109,7 @@ void Sessions::ExpireTokens() {
   if (expired.empty()) return;
   absl::MutexLock lock(&reaper_mu_);
   for (std::shared_ptr<Session>& session : expired) {
-    to_end_.push_back(
-        {std::move(session), "token_expired", "it did not fetch its fd in time"});
+    to_end_.push_back({std::move(session), "token_expired", "it did not fetch its fd in time"});
   }
 }
 
@@ -153,10 +152,11 @@ absl::Status Sessions::OnSession(uint64_t id, const Caller& caller,
   const uint64_t repairs = s.heap->heap->data_file_repairs();
   absl::Status status = body(s);
   if (s.heap->heap->data_file_repairs() != repairs) {
-    spdlog::warn("heap {}: its data file had been truncated or extended by a client holding it "
-                 "writable; heapd put it back to {} bytes (noticed during a call of session {}, "
-                 "{})",
-                 s.heap->name, s.heap->heap->capacity_bytes(), id, caller.ToString());
+    spdlog::warn(
+        "heap {}: its data file had been truncated or extended by a client holding it "
+        "writable; heapd put it back to {} bytes (noticed during a call of session {}, "
+        "{})",
+        s.heap->name, s.heap->heap->capacity_bytes(), id, caller.ToString());
   }
   return status;
 }
@@ -280,9 +280,10 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
     const ReclaimResult reclaimed = heap.Reclaim(session->id);
     metrics_->CountReclaim("detach_failed", reclaimed.leases, reclaimed.large_runs);
     LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
-    spdlog::warn("session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
-                 "last sync",
-                 id, session->heap->name, result.status().ToString(), reclaimed.leases);
+    spdlog::warn(
+        "session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
+        "last sync",
+        id, session->heap->name, result.status().ToString(), reclaimed.leases);
     return absl::Status(result.status().code(),
                         absl::StrCat(result.status().message(), "; session ", id,
                                      " ended with its leases at their last sync"));

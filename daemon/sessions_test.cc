@@ -95,8 +95,7 @@ TEST_F(SessionsTest, AClosedConnectionNeverWaitsForABusySession) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(heap_->heap->LeaseCount(session->id), 0u);
-  EXPECT_EQ(sessions_.Sync(session->id, kAlice, {}).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions_.Sync(session->id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(SessionsTest, TokensAreOneTimeAndTheAttachingUsers) {
@@ -107,8 +106,7 @@ TEST_F(SessionsTest, TokensAreOneTimeAndTheAttachingUsers) {
   auto redeemed = sessions_.Redeem(started->token, kAlice);
   ASSERT_TRUE(redeemed.ok());
   close(redeemed->fd);
-  EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ absl::StatusOr<uint32_t> DecodeFrameLength(absl::string_view header, uint32_t ma
   }
   if (length > max_payload) {
     return absl::InvalidArgumentError(absl::StrCat("a frame announces ", length,
-                                                   " bytes, more than the limit of ",
-                                                   max_payload, ": not heapd's fd protocol"));
+                                                   " bytes, more than the limit of ", max_payload,
+                                                   ": not heapd's fd protocol"));
   }
   return length;
 }

@@ -225,10 +225,10 @@ Seeds MakeSeeds() {
   const std::string lookups = Framed(EncodeLookupRequest("graph")) +
                               Framed(EncodeLookupRequest(std::string(kMaxNameLength, 'n'))) +
                               Framed(EncodeLookupRequest("bad\nname")) + EncodeFrame("X");
-  const std::string answers = EncodeFrame(EncodeLookupAnswer(SampleEntry())) +
-                              EncodeFrame(EncodeLookupAnswer(v1::NameEntry())) +
-                              EncodeFrame(EncodeLookupAnswer(
-                                  absl::NotFoundError("heap h: name 'x' is not bound")));
+  const std::string answers =
+      EncodeFrame(EncodeLookupAnswer(SampleEntry())) +
+      EncodeFrame(EncodeLookupAnswer(v1::NameEntry())) +
+      EncodeFrame(EncodeLookupAnswer(absl::NotFoundError("heap h: name 'x' is not bound")));
   return {{"lookups", real_limit + lookups},
           {"lookups_partial", real_limit + lookups.substr(0, lookups.size() - 3)},
           {"answers", real_limit + answers},

@@ -24,7 +24,9 @@ std::vector<std::string> Drain(FrameSplitter& splitter) {
 }
 
 TEST(FdProtocolTest, FrameIsLittleEndianLengthThenPayload) {
-  EXPECT_EQ(EncodeFrame("abc"), std::string("\x03\x00\x00\x00" "abc", 7));
+  EXPECT_EQ(EncodeFrame("abc"), std::string("\x03\x00\x00\x00"
+                                            "abc",
+                                            7));
   EXPECT_EQ(EncodeFrame(""), std::string(4, '\0'));
   const std::string long_payload(0x0102, 'x');
   EXPECT_EQ(EncodeFrame(long_payload).substr(0, 4), std::string("\x02\x01\x00\x00", 4));
@@ -127,8 +129,8 @@ TEST(FdProtocolTest, AnswerCarriesAnEntry) {
 
 TEST(FdProtocolTest, AnswerCarriesAnError) {
   const std::string payload = EncodeLookupAnswer(absl::NotFoundError("name 'x' is not bound"));
-  EXPECT_EQ(payload, std::string(1, static_cast<char>(StatusCode::kNotFound)) +
-                         "name 'x' is not bound");
+  EXPECT_EQ(payload,
+            std::string(1, static_cast<char>(StatusCode::kNotFound)) + "name 'x' is not bound");
   absl::StatusOr<v1::NameEntry> parsed = ParseLookupAnswer(payload);
   EXPECT_EQ(parsed.status(), absl::NotFoundError("name 'x' is not bound"));
   // Cut to fit an answer.
@@ -145,14 +147,18 @@ TEST(FdProtocolTest, ParseLookupAnswerRejectsWhatTheDaemonNeverSends) {
   EXPECT_EQ(unknown.status().code(), StatusCode::kInternal);
   EXPECT_NE(unknown.status().message().find("17"), absl::string_view::npos);
   // Not a NameEntry.
-  EXPECT_EQ(ParseLookupAnswer(std::string("\0\x0a\x05" "ab", 5)).status().code(),
+  EXPECT_EQ(ParseLookupAnswer(std::string("\0\x0a\x05"
+                                          "ab",
+                                          5))
+                .status()
+                .code(),
             StatusCode::kInternal);
   // A NameEntry, but not as the daemon encodes it: a field repeated, and a
   // varint with a redundant continuation byte.
   v1::NameEntry entry;
   entry.set_name("a");
-  const std::string twice = std::string(1, '\0') + entry.SerializeAsString() +
-                            entry.SerializeAsString();
+  const std::string twice =
+      std::string(1, '\0') + entry.SerializeAsString() + entry.SerializeAsString();
   EXPECT_EQ(ParseLookupAnswer(twice).status().code(), StatusCode::kInternal);
   EXPECT_EQ(ParseLookupAnswer(std::string("\0\x10\x81\x00", 4)).status().code(),
             StatusCode::kInternal);

@@ -59,8 +59,7 @@ class AccessTest : public ::testing::Test {
     return argv;
   }
   std::vector<std::string> Heapctl(std::vector<std::string> args) const {
-    std::vector<std::string> argv = {daemon_.dir().Sub("heapctl"),
-                                     "--socket=" + daemon_.socket()};
+    std::vector<std::string> argv = {daemon_.dir().Sub("heapctl"), "--socket=" + daemon_.socket()};
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
   }

@@ -37,19 +37,18 @@
 //                                               the data file it holds to 0 bytes,
 //                                               allocate and sync again; print each
 //                                               step's status
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -201,8 +200,7 @@ int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool
   for (int i = 0; i < 1000; ++i) {
     if (absl::StatusOr<void*> p = (*heap)->allocate(64); !p.ok()) return Fail(p.status());
   }
-  absl::StatusOr<uint64_t*> marker =
-      (*heap)->construct<uint64_t>("pre-" + std::to_string(id))(id);
+  absl::StatusOr<uint64_t*> marker = (*heap)->construct<uint64_t>("pre-" + std::to_string(id))(id);
   if (!marker.ok()) return Fail(marker.status());
   if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
   std::printf("synced\n");
@@ -210,7 +208,8 @@ int AllocForever(Client& client, const std::string& heap_name, uint64_t id, bool
   // Idle: sync again at each SIGUSR1 (a writer finishing a phase).
   while (idle) {
     if (sync_requested.exchange(false)) {
-      if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok()) return Fail(epoch.status());
+      if (absl::StatusOr<uint64_t> epoch = (*heap)->sync(); !epoch.ok())
+        return Fail(epoch.status());
       std::printf("synced again\n");
       std::fflush(stdout);
     }
@@ -350,8 +349,8 @@ int Produce(Client& client, const std::string& heap_name, uint64_t count) {
   }
   // Binding the hand-off makes it (and only it) known; the objects are not
   // synced: the consumer frees them before their allocator's next sync.
-  absl::StatusOr<Handoff*> handoff = (*heap)->construct<Handoff>("handoff")(Handoff{
-      count, static_cast<uint64_t*>(*offsets), static_cast<uint64_t*>(*sizes)});
+  absl::StatusOr<Handoff*> handoff = (*heap)->construct<Handoff>("handoff")(
+      Handoff{count, static_cast<uint64_t*>(*offsets), static_cast<uint64_t*>(*sizes)});
   if (!handoff.ok()) return Fail(handoff.status());
   std::printf("produced\n");
   std::fflush(stdout);
@@ -405,8 +404,7 @@ int BindMany(Client& client, const std::string& heap_name, uint64_t count) {
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
   if (!heap.ok()) return Fail(heap.status());
   for (uint64_t i = 0; i < count; ++i) {
-    absl::StatusOr<uint64_t*> object =
-        (*heap)->construct<uint64_t>("n-" + std::to_string(i))(i);
+    absl::StatusOr<uint64_t*> object = (*heap)->construct<uint64_t>("n-" + std::to_string(i))(i);
     if (!object.ok()) {
       std::printf("error %s at %llu\n", object.status().ToString().c_str(),
                   static_cast<unsigned long long>(i));

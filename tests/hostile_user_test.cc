@@ -8,13 +8,13 @@
 //
 // Needs root (to run clients as other users); skips otherwise.
 // HEAPD_TEST_DAEMON=PATH runs them against another heapd binary.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,8 +35,8 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "google/protobuf/util/json_util.h"
-#include "gtest/gtest.h"
 #include "grpcpp/create_channel_posix.h"
+#include "gtest/gtest.h"
 #include "heap/metadata_format.h"
 #include "proto/heapd.grpc.pb.h"
 #include "tests/test_daemon.h"
@@ -190,9 +190,15 @@ class HostileUserTest : public ::testing::Test {
   // `argv` run as `uid` with a clean environment (plus `env`).
   static std::vector<std::string> As(uint32_t uid, std::vector<std::string> argv,
                                      std::vector<std::string> env = {}) {
-    std::vector<std::string> full = {"setpriv", absl::StrCat("--reuid=", uid),
-                                     absl::StrCat("--regid=", uid), "--clear-groups", "--",
-                                     "env", "-i", "PATH=/usr/bin:/bin", "HOME=/nonexistent"};
+    std::vector<std::string> full = {"setpriv",
+                                     absl::StrCat("--reuid=", uid),
+                                     absl::StrCat("--regid=", uid),
+                                     "--clear-groups",
+                                     "--",
+                                     "env",
+                                     "-i",
+                                     "PATH=/usr/bin:/bin",
+                                     "HOME=/nonexistent"};
     full.insert(full.end(), env.begin(), env.end());
     full.insert(full.end(), argv.begin(), argv.end());
     return full;
@@ -215,8 +221,8 @@ class HostileUserTest : public ::testing::Test {
     ASSERT_TRUE(RunChild(As(kAttacker, Worker("a-heap", {"put", "answer", "42"}))).Exited(0));
     std::filesystem::create_directories(Dir("attacker/snaps"));
     chown(Dir("attacker/snaps").c_str(), kAttacker, kAttacker);
-    const ChildResult made = Ctl(kAttacker, {"snapshot", "create", "a-heap", "legit",
-                                             "--to=" + Dir("attacker/snaps")});
+    const ChildResult made =
+        Ctl(kAttacker, {"snapshot", "create", "a-heap", "legit", "--to=" + Dir("attacker/snaps")});
     ASSERT_TRUE(made.Exited(0)) << made.output << daemon_->Log();
   }
 
@@ -257,9 +263,8 @@ class HostileUserTest : public ::testing::Test {
 TEST_F(HostileUserTest, SnapshotTargetsLeadingToRootsDirectoriesWriteNothing) {
   MakeAttackerHeapAndSnapshot();
   ASSERT_EQ(symlink(Dir("victim/dir").c_str(), Dir("attacker/link").c_str()), 0);
-  for (const std::string& target :
-       {Dir("victim/dir"), Dir("attacker/link"), Dir("attacker/link/"), Dir("state/heaps"),
-        Dir("state/snapshots")}) {
+  for (const std::string& target : {Dir("victim/dir"), Dir("attacker/link"), Dir("attacker/link/"),
+                                    Dir("state/heaps"), Dir("state/snapshots")}) {
     const ChildResult result =
         Ctl(kAttacker, {"snapshot", "create", "a-heap", "s", "--to=" + target});
     EXPECT_FALSE(result.Exited(0)) << target << ": " << result.output;
@@ -334,9 +339,9 @@ TEST_F(HostileUserTest, PlantedSymlinksInASnapshotReadAndTruncateNothing) {
   {
     const std::string dir = Forge("torn-log");
     v1::SnapshotManifest manifest;
-    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ReadAll(dir + "/manifest.json"),
-                                                            &manifest)
-                    .ok());
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(ReadAll(dir + "/manifest.json"), &manifest)
+            .ok());
     for (auto it = manifest.mutable_metadata_crc32()->begin();
          it != manifest.mutable_metadata_crc32()->end();) {
       it = it->first == "checkpoint" ? std::next(it) : manifest.mutable_metadata_crc32()->erase(it);
@@ -365,8 +370,8 @@ TEST_F(HostileUserTest, PlantedSymlinksInASnapshotReadAndTruncateNothing) {
     const ChildResult restored =
         Ctl(kAttacker, {"snapshot", "restore", name, to, "--heap=r-" + name});
     outputs.push_back(restored.output);
-    const ChildResult attached = RunChild(
-        As(kAttacker, Worker("-", {"attach-snapshot", Dir("attacker/snaps"), name})));
+    const ChildResult attached =
+        RunChild(As(kAttacker, Worker("-", {"attach-snapshot", Dir("attacker/snaps"), name})));
     outputs.push_back(attached.output);
     // A lock file is never read: a symlink there harms nothing.
     if (name.find("torn-log") == std::string::npos && name.find("-lock-") == std::string::npos) {
@@ -374,8 +379,8 @@ TEST_F(HostileUserTest, PlantedSymlinksInASnapshotReadAndTruncateNothing) {
       EXPECT_FALSE(attached.Exited(0)) << name << ": " << attached.output;
     }
   }
-  outputs.push_back(Ctl(kAttacker, {"--json", "snapshot", "ls", "--to=" + Dir("attacker/snaps")})
-                        .output);
+  outputs.push_back(
+      Ctl(kAttacker, {"--json", "snapshot", "ls", "--to=" + Dir("attacker/snaps")}).output);
   ExpectVictimsUntouched();
   for (const std::string& output : outputs) {
     EXPECT_EQ(output.find(kSecret), std::string::npos) << output;
@@ -456,9 +461,8 @@ TEST_F(HostileUserTest, FifosDevicesAndHugeFilesStallNoOne) {
 // attacker's (or none), within the attacker's limits.
 TEST_F(HostileUserTest, AForgedSnapshotConfigGivesNeitherOwnershipNorSize) {
   MakeAttackerHeapAndSnapshot();
-  for (const auto& [name, max_size] :
-       std::vector<std::pair<std::string, uint64_t>>{{"huge", uint64_t{32} << 40},
-                                                     {"rooted", uint64_t{64} << 20}}) {
+  for (const auto& [name, max_size] : std::vector<std::pair<std::string, uint64_t>>{
+           {"huge", uint64_t{32} << 40}, {"rooted", uint64_t{64} << 20}}) {
     const std::string dir = Forge(name);
     Checkpoint checkpoint;
     checkpoint.config.max_size = max_size;
@@ -490,15 +494,13 @@ TEST_F(HostileUserTest, AForgedSnapshotConfigGivesNeitherOwnershipNorSize) {
   EXPECT_FALSE(Ctl(kAttacker, {"snapshot", "restore", "huge", to, "--heap=big"}).Exited(0));
   EXPECT_FALSE(Ctl(kAttacker, {"snapshot", "restore", "rooted", to, "--heap=mine", "--keep_owner"})
                    .Exited(0));
-  const ChildResult restored =
-      Ctl(kAttacker, {"snapshot", "restore", "rooted", to, "--heap=mine"});
+  const ChildResult restored = Ctl(kAttacker, {"snapshot", "restore", "rooted", to, "--heap=mine"});
   ASSERT_TRUE(restored.Exited(0)) << restored.output;
-  const ChildResult stat = RunChild(
-      {Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "mine"});
+  const ChildResult stat =
+      RunChild({Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "mine"});
   ASSERT_TRUE(stat.Exited(0)) << stat.output;
   v1::HeapStats stats;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok())
-      << stat.output;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok()) << stat.output;
   EXPECT_EQ(stats.info().owner_uid(), kAttacker);
   EXPECT_EQ(stats.info().owner_gid(), kAttacker);
   EXPECT_FALSE(std::filesystem::exists(Dir("state/heaps/big")));
@@ -555,8 +557,8 @@ TEST_F(HostileUserTest, ASquattedSocketGetsNothingFromClients) {
   char ready;
   ASSERT_EQ(read(report[0], &ready, 1), 1);
   // A user whose client is pointed at the fake, and one using defaults.
-  const ChildResult pointed = RunChild(As(kOtherUser, {Dir("heap_worker"), fake, "h", "attach",
-                                                       "rw"}));
+  const ChildResult pointed =
+      RunChild(As(kOtherUser, {Dir("heap_worker"), fake, "h", "attach", "rw"}));
   EXPECT_FALSE(pointed.Exited(0));
   EXPECT_NE(pointed.output.find("uid 61001"), std::string::npos) << pointed.output;
   // With no HEAPD_SOCKET and no XDG_RUNTIME_DIR: the system daemon's
@@ -642,8 +644,8 @@ TEST_F(HostileUserTest, AReusedPidLendsNoGroups) {
     kill(z, SIGKILL);
     WaitExit(z);
     close(go[1]);  // Y ends
-    for (int fd : {go[0], verdict[0], verdict[1], pid_pipe[0], pid_pipe[1], z_ready[0],
-                   z_ready[1]}) {
+    for (int fd :
+         {go[0], verdict[0], verdict[1], pid_pipe[0], pid_pipe[1], z_ready[0], z_ready[1]}) {
       close(fd);
     }
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
@@ -658,8 +660,8 @@ TEST_F(HostileUserTest, FloodsStopAtTheUsersLimits) {
   StartDaemon({"--max_heaps_per_user=3", "--max_names_per_heap=50", "--max_sessions_per_user=4",
                "--max_connections_per_user=16", "--max_heap_bytes_per_user=1073741824"});
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(Ctl(kAttacker, {"heap", "create", absl::StrCat("a", i), "--max_size=67108864"})
-                    .Exited(0));
+    ASSERT_TRUE(
+        Ctl(kAttacker, {"heap", "create", absl::StrCat("a", i), "--max_size=67108864"}).Exited(0));
   }
   ChildResult refused = Ctl(kAttacker, {"heap", "create", "a3", "--max_size=67108864"});
   EXPECT_FALSE(refused.Exited(0));
@@ -768,8 +770,9 @@ TEST_F(HostileUserTest, SnapshotWaitsAreBoundedAndEndAtShutdown) {
   EXPECT_FALSE(forever.Exited(0));
   Child writer(As(kAttacker, Worker("a-heap", {"hold", "7"})));
   ASSERT_TRUE(writer.WaitForOutput("synced"));
-  std::vector<std::string> argv = {Dir("heapctl"), "--socket=" + daemon_->socket(), "snapshot",
-                                   "create", "a-heap", "waiting", "--wait_ms=600000"};
+  std::vector<std::string> argv = {
+      Dir("heapctl"),    "--socket=" + daemon_->socket(), "snapshot", "create", "a-heap", "waiting",
+      "--wait_ms=600000"};
   Child waiting(As(kAttacker, argv));
   usleep(500 * 1000);
   const absl::Time start = absl::Now();
@@ -782,13 +785,13 @@ TEST_F(HostileUserTest, SnapshotWaitsAreBoundedAndEndAtShutdown) {
 // A writer cuts the data file it holds to nothing: heapd survives, puts
 // the file back to its size and goes on serving the heap.
 TEST_F(HostileUserTest, AWriterTruncatingTheDataFileIsRepairedNotFatal) {
-  ASSERT_TRUE(Ctl(kAttacker, {"heap", "create", "t", "--max_size=268435456", "--mode=0666"})
-                  .Exited(0));
+  ASSERT_TRUE(
+      Ctl(kAttacker, {"heap", "create", "t", "--max_size=268435456", "--mode=0666"}).Exited(0));
   const ChildResult truncated = RunChild(As(kAttacker, Worker("t", {"truncate-data"})));
   EXPECT_NE(truncated.output.find("truncated"), std::string::npos) << truncated.output;
   EXPECT_EQ(kill(daemon_->pid(), 0), 0) << "heapd died";
-  const ChildResult stat = RunChild(
-      {Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "t"});
+  const ChildResult stat =
+      RunChild({Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "t"});
   ASSERT_TRUE(stat.Exited(0)) << stat.output;
   v1::HeapStats stats;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok());
@@ -830,8 +833,9 @@ TEST_F(HostileUserTest, AStoppedSnapshotWorkerStallsOnlyItsOwner) {
   ASSERT_TRUE(Ctl(kOtherUser, {"heap", "create", "o-heap", "--max_size=67108864"}).Exited(0));
   std::filesystem::create_directories(Dir("attacker/stall"));
   chown(Dir("attacker/stall").c_str(), kAttacker, kAttacker);
-  std::vector<std::string> argv = {Dir("heapctl"), "--socket=" + daemon_->socket(), "snapshot",
-                                   "create", "a-heap", "stalled", "--to=" + Dir("attacker/stall")};
+  std::vector<std::string> argv = {
+      Dir("heapctl"), "--socket=" + daemon_->socket(), "snapshot", "create", "a-heap",
+      "stalled",      "--to=" + Dir("attacker/stall")};
   auto snapshot = std::make_unique<Child>(As(kAttacker, argv));
   std::vector<pid_t> workers;
   for (int i = 0; i < 500 && workers.empty(); ++i) {
@@ -844,7 +848,8 @@ TEST_F(HostileUserTest, AStoppedSnapshotWorkerStallsOnlyItsOwner) {
   // The attacker's sessions pile syncs behind the held sync point, and end.
   std::vector<std::unique_ptr<Child>> piled;
   for (int i = 0; i < 40; ++i) {
-    piled.push_back(std::make_unique<Child>(As(kAttacker, Worker("a-heap", {"put", absl::StrCat("p", i), "1"}))));
+    piled.push_back(std::make_unique<Child>(
+        As(kAttacker, Worker("a-heap", {"put", absl::StrCat("p", i), "1"}))));
   }
   usleep(500 * 1000);
   for (int i = 0; i < 5; ++i) {
@@ -870,8 +875,8 @@ TEST_F(HostileUserTest, AStoppedSnapshotWorkerStallsOnlyItsOwner) {
 // Asked to make its own heap, a user's job does not silently attach a heap
 // of that name another user made (to read what the job writes into it).
 TEST_F(HostileUserTest, ASquattedHeapNameGetsNothingWritten) {
-  ASSERT_TRUE(Ctl(kAttacker, {"heap", "create", "results", "--mode=0666",
-                              "--max_size=67108864"}).Exited(0));
+  ASSERT_TRUE(Ctl(kAttacker, {"heap", "create", "results", "--mode=0666", "--max_size=67108864"})
+                  .Exited(0));
   const ChildResult victim = RunChild(As(kOtherUser, Worker("results", {"alloc", "1", "10"})));
   EXPECT_FALSE(victim.Exited(0));
   EXPECT_NE(victim.output.find("belongs to uid 61001"), std::string::npos) << victim.output;
@@ -921,8 +926,8 @@ TEST_F(HostileUserTest, MagicLinkTargetsLeadNowhere) {
   MakeAttackerHeapAndSnapshot();
   const std::vector<std::string> before = Entries(std::filesystem::current_path());
   for (const char* target : {"/proc/self/cwd", "/proc/self/root/tmp", "/proc/thread-self/cwd"}) {
-    const ChildResult made = Ctl(kAttacker, {"snapshot", "create", "a-heap", "planted",
-                                             std::string("--to=") + target});
+    const ChildResult made =
+        Ctl(kAttacker, {"snapshot", "create", "a-heap", "planted", std::string("--to=") + target});
     EXPECT_FALSE(made.Exited(0)) << target << ": " << made.output;
   }
   EXPECT_EQ(Entries(std::filesystem::current_path()), before);

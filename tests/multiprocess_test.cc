@@ -44,8 +44,8 @@ class MultiProcessTest : public ::testing::Test {
   void AllocConcurrently(int first_id, int count, int objects) {
     std::vector<std::unique_ptr<Child>> workers;
     for (int id = first_id; id < first_id + count; ++id) {
-      workers.push_back(std::make_unique<Child>(
-          Worker({"alloc", std::to_string(id), std::to_string(objects)})));
+      workers.push_back(
+          std::make_unique<Child>(Worker({"alloc", std::to_string(id), std::to_string(objects)})));
     }
     for (auto& worker : workers) {
       const ChildResult result = worker->Wait();
@@ -87,8 +87,7 @@ TEST_F(MultiProcessTest, AProcessFreesAnothersObjectsAndADoubleFreeIsRejected) {
   const ChildResult freed = RunChild(Worker({"free-half", "1"}));
   ASSERT_TRUE(freed.Exited(0)) << freed.output;
   EXPECT_NE(freed.output.find("ok freed 2000"), std::string::npos) << freed.output;
-  EXPECT_NE(freed.output.find("double free: INVALID_ARGUMENT"), std::string::npos)
-      << freed.output;
+  EXPECT_NE(freed.output.find("double free: INVALID_ARGUMENT"), std::string::npos) << freed.output;
   EXPECT_EQ(Stat().info().live_objects(), before - 2000);
   VerifyAll(1, 1);  // the other half is intact
 }
@@ -117,8 +116,7 @@ TEST_F(MultiProcessTest, AClientKilledMidAllocationLeaksNothingAndOthersGoOn) {
   // What remains is what the dead client had synced (1000 objects and its
   // marker) plus worker 2's, and nothing it allocated afterwards.
   EXPECT_EQ(after.info().live_objects(), before.info().live_objects() + 1001 + 3002);
-  EXPECT_NE(daemon_.Log().find("fd-socket connection closed without a detach"),
-            std::string::npos);
+  EXPECT_NE(daemon_.Log().find("fd-socket connection closed without a detach"), std::string::npos);
   VerifyAll(1, 2);
 }
 

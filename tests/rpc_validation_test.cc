@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstring>
-
 #include <memory>
 #include <string>
 
@@ -189,8 +188,7 @@ TEST_F(RpcValidationTest, AllocationCallsRejectBadInputAndChangeNothing) {
   // Reports for a chunk the session does not lease, or of the wrong size.
   v1::LeaseReport* report = sync.add_reports();
   report->set_chunk(leased + 7);
-  report->mutable_words()->Add(session.grants(0).words().begin(),
-                               session.grants(0).words().end());
+  report->mutable_words()->Add(session.grants(0).words().begin(), session.grants(0).words().end());
   ExpectError(Call(&v1::Heapd::Stub::Sync, sync), StatusCode::kFailedPrecondition,
               std::to_string(leased + 7));
   report->set_chunk(leased);
@@ -241,8 +239,7 @@ TEST_F(RpcValidationTest, ReturnedChunksAreNoLongerTheSessions) {
   give_back.set_session(session.session());
   v1::LeaseReport* report = give_back.add_reports();
   report->set_chunk(session.grants(0).chunk());
-  report->mutable_words()->Add(session.grants(0).words().begin(),
-                               session.grants(0).words().end());
+  report->mutable_words()->Add(session.grants(0).words().begin(), session.grants(0).words().end());
   ASSERT_TRUE(Call(&v1::Heapd::Stub::ReturnChunks, give_back).ok());
   EXPECT_EQ(Stat().leased_chunks(), 0u);
   // Twice: the chunk is not the session's any more.

@@ -141,8 +141,8 @@ void TestDaemon::Start() {
     argv.push_back(arg);
   }
   argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
-  const int log = open(dir_.Sub("heapd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
-                       0644);
+  const int log =
+      open(dir_.Sub("heapd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   unlink(socket().c_str());
   pid_ = Spawn(argv, log);
   close(log);

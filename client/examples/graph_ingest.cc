@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto start = std::chrono::steady_clock::now();
-  auto graph = (*heap)->construct<heapd::Graph>(absl::GetFlag(FLAGS_name))(
-      heapd::allocator<char>(**heap));
+  auto graph =
+      (*heap)->construct<heapd::Graph>(absl::GetFlag(FLAGS_name))(heapd::allocator<char>(**heap));
   if (!graph.ok()) {
     std::fprintf(stderr, "graph_ingest: %s\n", graph.status().ToString().c_str());
     return 1;

@@ -67,11 +67,12 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("attach+find %.2f ms; %zu vertices, %llu edges (recorded %llu); "
-              "max out-degree %llu at vertex %llu; vertex %llu reaches %zu vertices in 2 hops\n",
-              attach_ms, g.map.size(), static_cast<unsigned long long>(edges),
-              static_cast<unsigned long long>(g.edges), static_cast<unsigned long long>(max_degree),
-              static_cast<unsigned long long>(max_vertex), static_cast<unsigned long long>(root),
-              two_hop.size());
+  std::printf(
+      "attach+find %.2f ms; %zu vertices, %llu edges (recorded %llu); "
+      "max out-degree %llu at vertex %llu; vertex %llu reaches %zu vertices in 2 hops\n",
+      attach_ms, g.map.size(), static_cast<unsigned long long>(edges),
+      static_cast<unsigned long long>(g.edges), static_cast<unsigned long long>(max_degree),
+      static_cast<unsigned long long>(max_vertex), static_cast<unsigned long long>(root),
+      two_hop.size());
   return edges == g.edges ? 0 : 1;
 }
