@@ -65,7 +65,7 @@ absl::StatusOr<UniqueFd> ConnectToHeapd(const std::string& path) {
 // Connects to heapd.fd.sock, redeems `token` and returns the connection and
 // the heap's data fd.
 absl::Status FetchDataFd(const std::string& path, const std::string& token, int* connection,
-                         int* data_fd) {
+                         int* data_fd, int* journal_fd) {
   absl::StatusOr<UniqueFd> connected = ConnectToHeapd(path);
   if (!connected.ok()) return connected.status();
   const int fd = connected->release();
@@ -78,7 +78,7 @@ absl::Status FetchDataFd(const std::string& path, const std::string& token, int*
   }
   char reply[512];
   iovec iov{reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr message{};
   message.msg_iov = &iov;
   message.msg_iovlen = 1;
@@ -89,20 +89,29 @@ absl::Status FetchDataFd(const std::string& path, const std::string& token, int*
     return fail(absl::UnavailableError(absl::StrCat("heapd closed ", path, " without an answer")));
   }
   const cmsghdr* header = CMSG_FIRSTHDR(&message);
-  if (reply[0] != 'K' || header == nullptr || header->cmsg_level != SOL_SOCKET ||
-      header->cmsg_type != SCM_RIGHTS || header->cmsg_len != CMSG_LEN(sizeof(int))) {
+  // The data fd, and the session's undo journal when heapd tracks contents.
+  const bool fds_ok =
+      header != nullptr && header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS &&
+      (header->cmsg_len == CMSG_LEN(sizeof(int)) || header->cmsg_len == CMSG_LEN(2 * sizeof(int)));
+  UniqueFd received[2];
+  if (fds_ok) {
+    int raw[2] = {-1, -1};
+    std::memcpy(raw, CMSG_DATA(header), header->cmsg_len - CMSG_LEN(0));
+    received[0].reset(raw[0]);
+    received[1].reset(raw[1]);
+  }
+  if (reply[0] != 'K' || !fds_ok || (message.msg_flags & MSG_CTRUNC) != 0) {
     return fail(absl::PermissionDeniedError(
         absl::StrCat(kRefusedToken, std::string(reply + 1, static_cast<size_t>(n - 1)))));
   }
-  UniqueFd received;
-  int raw;
-  std::memcpy(&raw, CMSG_DATA(header), sizeof(int));
-  received.reset(raw);
-  struct stat st;
-  if (fstat(received.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return fail(absl::InternalError("heapd sent a descriptor that is not a regular file"));
+  for (const UniqueFd& fd : received) {
+    struct stat st;
+    if (fd.valid() && (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))) {
+      return fail(absl::InternalError("heapd sent a descriptor that is not a regular file"));
+    }
   }
-  *data_fd = received.release();
+  *data_fd = received[0].release();
+  *journal_fd = received[1].release();
   *connection = fd;
   return absl::OkStatus();
 }
@@ -193,9 +202,10 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::AttachOnce(const v1::AttachRequest
   if (absl::Status s = FromGrpc(stub_->Attach(&context, request, &response)); !s.ok()) return s;
   std::unique_ptr<Heap> heap(
       new Heap(this, name, options.read_only, response.session(), options.lease_batch));
+  int journal_fd = -1;
   absl::Status status = FetchDataFd(FdSocketBeside(socket_path_), response.fd_token(),
-                                    &heap->fd_connection_, &heap->data_fd_);
-  if (status.ok()) status = heap->Start(response);
+                                    &heap->fd_connection_, &heap->data_fd_, &journal_fd);
+  if (status.ok()) status = heap->Start(response, UniqueFd(journal_fd));
   if (!status.ok()) {
     // The daemon ends the session when the connection closes (with the
     // heap) or the token expires.

@@ -9,6 +9,7 @@
 #include "absl/base/const_init.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "client/write_tracker.h"
 #include "heap/heap_mapping.h"
 
 namespace heapd {
@@ -28,6 +29,7 @@ struct Registered {
   int fd ABSL_GUARDED_BY(registering) = -1;
   bool writable ABSL_GUARDED_BY(registering) = false;
   std::atomic<uint64_t>* mapped ABSL_GUARDED_BY(registering) = nullptr;
+  int uffd ABSL_GUARDED_BY(registering) = -1;  // write tracking; -1: none
 };
 
 Registered slots[kSlots];
@@ -48,6 +50,10 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
     if (MapFileAt(heap.base.load(std::memory_order_acquire) + mapped, size - mapped, heap.writable,
                   heap.fd, mapped, &map_sync) != 0) {
       return false;
+    }
+    if (heap.uffd >= 0) {
+      RegisterForWriteProtection(heap.uffd, heap.base.load(std::memory_order_acquire) + mapped,
+                                 size - mapped);
     }
     uint64_t seen = mapped;
     while (seen < size && !heap.mapped->compare_exchange_weak(seen, size)) {
@@ -86,7 +92,7 @@ void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_AN
 }  // namespace
 
 int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                std::atomic<uint64_t>* mapped) {
+                                std::atomic<uint64_t>* mapped, int uffd) {
   std::call_once(installed, [] {
     struct sigaction action = {};
     action.sa_sigaction = OnSegv;
@@ -101,6 +107,7 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     slots[i].fd = fd;
     slots[i].writable = writable;
     slots[i].mapped = mapped;
+    slots[i].uffd = uffd;
     slots[i].base.store(base, std::memory_order_release);
     return i;
   }

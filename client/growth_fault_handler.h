@@ -18,8 +18,10 @@ namespace heapd {
 // bytes map `fd` (with PROT_READ, plus PROT_WRITE if `writable`). The
 // handler raises `*mapped` when it maps more. Returns a slot for
 // Unregister, or -1 if every slot is taken (then faults stay faults).
+// `uffd` (-1: none): the heap's WriteTracker's userfaultfd, with which the
+// growth mapped is registered and write-protected.
 int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                std::atomic<uint64_t>* mapped);
+                                std::atomic<uint64_t>* mapped, int uffd = -1);
 void UnregisterHeapForGrowthFaults(int slot);
 
 }  // namespace heapd

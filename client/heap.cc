@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "client/owner_gate.h"
 #include "heap/data_file.h"
 #include "heap/metadata_format.h"
+#include "heap/undo_record.h"
 #include "protocol/fd_protocol.h"
 
 namespace heapd {
@@ -126,7 +128,7 @@ Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session, u
       lease_batch_(lease_batch == 0 ? 1 : lease_batch),
       serial_(next_serial.fetch_add(1)) {}
 
-absl::Status Heap::Start(const v1::AttachResponse& attached) {
+absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
   const uint64_t max_size = attached.heap().max_size();
   if (max_size == 0 || max_size > kMaxHeapBytes || max_size % kChunkSize != 0 ||
       attached.session() == 0) {
@@ -149,8 +151,23 @@ absl::Status Heap::Start(const v1::AttachResponse& attached) {
   max_size_ = max_size;
   mapped_bytes_ = mapping_->size();
   *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
-  fault_slot_ =
-      RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_, &mapped_bytes_);
+  content_rollback_note_ = attached.heap().content_rollback_note();
+  if (attached.heap().content_rollback() && !read_only_) {
+    if (!journal.valid()) return Unexpected(name_, "content rollback without an undo journal");
+    absl::StatusOr<std::unique_ptr<WriteTracker>> tracker =
+        WriteTracker::Start(base_, &mapped_bytes_, data_fd_, std::move(journal), fd_connection_);
+    if (!tracker.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("heap ", name_,
+                       " rolls object contents back after a crash, and this process cannot "
+                       "take pre-images of the pages it writes: ",
+                       tracker.status().message(),
+                       " (attach it read-only, or run heapd with --track_contents=false)"));
+    }
+    tracker_ = *std::move(tracker);
+  }
+  fault_slot_ = RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_, &mapped_bytes_,
+                                            tracker_ ? tracker_->fd() : -1);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
@@ -194,7 +211,11 @@ Heap::ThreadCache* Heap::NewCacheForThisThread() {
 absl::Status Heap::MapUpTo(uint64_t capacity) {
   if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
   absl::MutexLock lock(&mapping_mu_);
+  const uint64_t before = mapping_->size();
   if (absl::Status s = mapping_->Extend(capacity); !s.ok()) return s;
+  if (tracker_ != nullptr && mapping_->size() > before) {
+    tracker_->AddMapping(before, mapping_->size() - before);
+  }
   mapped_bytes_.store(mapping_->size(), std::memory_order_release);
   return absl::OkStatus();
 }
@@ -225,6 +246,14 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   std::vector<LeaseGrant> grants;
   grants.reserve(response.grants_size());
   for (const v1::LeaseGrant& grant : response.grants()) grants.push_back(FromProto(grant));
+  if (tracker_ != nullptr) {
+    // An empty chunk was free at the last commit: no pre-images needed.
+    for (const LeaseGrant& grant : grants) {
+      if (std::all_of(grant.words.begin(), grant.words.end(), [](uint64_t w) { return w == 0; })) {
+        tracker_->Unprotect(uint64_t{grant.chunk} * kChunkSize, kChunkSize);
+      }
+    }
+  }
   AdoptGrants(cache, grants);
   return grants;
 }
@@ -292,6 +321,9 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
                                                  response.offset(), " failed: ", freed.message()));
     }
     return s;
+  }
+  if (tracker_ != nullptr) {  // a free run: no pre-images needed
+    tracker_->Unprotect(response.offset(), (size + kChunkSize - 1) / kChunkSize * kChunkSize);
   }
   return response.offset();
 }
@@ -374,13 +406,17 @@ absl::Status Heap::FlushFrees() {
   return FreeRemotely(std::move(batch));
 }
 
-absl::Status Heap::SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* response) {
+absl::Status Heap::SendSync(std::vector<LeaseReport> reports, uint64_t generation,
+                            v1::SyncResponse* response) {
   size_t sent = 0;
   do {
     v1::SyncRequest request;
     request.set_session(session_);
     const size_t end = std::min(reports.size(), sent + kReportsPerSync);
     for (; sent < end; ++sent) ToProto(reports[sent], request.add_reports());
+    // Contents commit with the last part, with every allocation they may
+    // point to.
+    if (sent == reports.size()) request.set_generation(generation);
     v1::SyncResponse part;
     grpc::ClientContext context;
     client_->Prepare(&context);
@@ -418,8 +454,11 @@ absl::StatusOr<uint64_t> Heap::sync() {
     by_cache[i] = caches[i]->pool.TakeDirtyReports();
     reports.insert(reports.end(), by_cache[i].begin(), by_cache[i].end());
   }
+  // Protect again what this generation wrote: from here on, a store takes a
+  // pre-image of the page as this sync commits it.
+  const uint64_t generation = tracker_ != nullptr ? tracker_->BeginSync() : 0;
   v1::SyncResponse response;
-  if (absl::Status s = SendSync(std::move(reports), &response); !s.ok()) {
+  if (absl::Status s = SendSync(std::move(reports), generation, &response); !s.ok()) {
     for (size_t i = 0; i < caches.size(); ++i) {
       VisitorScope visit(caches[i]->gate);
       caches[i]->pool.Redirty(by_cache[i]);  // report them at the next sync
@@ -450,6 +489,9 @@ absl::StatusOr<uint64_t> Heap::sync() {
     absl::MutexLock lock(&deferred_mu_);
     absl::Status deferred = std::exchange(deferred_error_, absl::OkStatus());
     if (!deferred.ok()) return deferred;
+  }
+  if (tracker_ != nullptr) {
+    if (absl::Status s = tracker_->error(); !s.ok()) return s;
   }
   return response.epoch();
 }
@@ -486,17 +528,31 @@ absl::Status Heap::detach() {
   }
   v1::DetachRequest request;
   request.set_session(session_);
+  if (tracker_ != nullptr) request.set_generation(tracker_->BeginSync());
   for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
   v1::DetachResponse response;
   grpc::ClientContext context;
   client_->Prepare(&context);
   status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));
   UnregisterHeapForGrowthFaults(fault_slot_);
+  tracker_.reset();  // before the connection closes: that would fence the mapping
   mapping_.reset();
   absl::MutexLock lock(&fd_mu_);
   close(fd_connection_);
   fd_connection_ = -1;
   return status;
+}
+
+void Heap::prepare_write(void* p, uint64_t size) {
+  if (tracker_ == nullptr || size == 0) return;
+  const uintptr_t page = ~uintptr_t{kUndoPageBytes - 1};
+  auto* first = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(p) & page);
+  auto* last = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + size - 1) & page);
+  for (char* at = first; at <= last; at += kUndoPageBytes) {
+    // A store that changes nothing, from user mode: it faults once, and the
+    // tracker takes the pre-image.
+    __atomic_fetch_add(at, 0, __ATOMIC_RELAXED);
+  }
 }
 
 absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t size,

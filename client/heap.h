@@ -11,8 +11,10 @@
 //
 // Consistency: allocations, frees and names become persistent at sync(),
 // detach() or (for a bound object) construct(); after a crash the heap
-// opens at the last sync. Object contents are written in place and reach
-// the file at sync (msync) at the latest.
+// opens at the last sync. Object contents are written in place; on a heap
+// with content_rollback() they too go back to this process's last sync if
+// it dies (write_tracker.h: the first store to a page since the last sync
+// costs one fault), elsewhere they stay as they were last written.
 //
 // Thread-safe, except that nothing may run concurrently with detach() or
 // the destructor. A read-only heap is mapped PROT_READ: allocation fails and
@@ -42,8 +44,10 @@
 #include "client/client.h"
 #include "client/spin_lock.h"
 #include "client/type_name.h"
+#include "client/write_tracker.h"
 #include "heap/heap_mapping.h"
 #include "heap/name_table.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
@@ -153,6 +157,14 @@ class Heap {
 
   const std::string& name() const { return name_; }
   bool read_only() const { return read_only_; }
+  // Object contents go back to the last sync after a crash; when false,
+  // content_rollback_note() says why not (heapd decides, per heap).
+  bool content_rollback() const { return tracker_ != nullptr; }
+  const std::string& content_rollback_note() const { return content_rollback_note_; }
+  // Takes the pre-images of the pages of [p, p + size) now: needed before a
+  // system call writes there (read(2) into a heap buffer) when the kernel
+  // lets this process track user-mode stores only (write_tracker.h).
+  void prepare_write(void* p, uint64_t size);
   uint64_t session() const { return session_; }
   uint64_t max_size() const { return max_size_; }
   ProcessHeader* process_header() const {
@@ -172,8 +184,9 @@ class Heap {
   struct ThreadCache;
 
   Heap(Client* client, std::string name, bool read_only, uint64_t session, uint32_t lease_batch);
-  // Maps the heap (data_fd_ is set) and takes what Attach returned.
-  absl::Status Start(const v1::AttachResponse& attached);
+  // Maps the heap (data_fd_ is set) and takes what Attach returned;
+  // `journal`: the session's undo journal when heapd tracks contents.
+  absl::Status Start(const v1::AttachResponse& attached, UniqueFd journal);
 
   ThreadCache* CacheOfThisThread();
   ThreadCache* NewCacheForThisThread();
@@ -186,7 +199,10 @@ class Heap {
   absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
   absl::Status FlushFrees();
-  absl::Status SendSync(std::vector<LeaseReport> reports, v1::SyncResponse* response);
+  // `generation`: the content generation the sync commits (0: none); sent
+  // with the last part only.
+  absl::Status SendSync(std::vector<LeaseReport> reports, uint64_t generation,
+                        v1::SyncResponse* response);
   // Looks `name` up over the session's heapd.fd.sock connection: one small
   // request and answer, no gRPC.
   absl::StatusOr<NameEntry> LookupOnFdSocket(const std::string& name);
@@ -215,6 +231,10 @@ class Heap {
   char* base_ = nullptr;  // mapping_->base(), kept here for the fast path
   uint64_t max_size_ = 0;
   std::atomic<uint64_t> mapped_bytes_{0};
+
+  // Set by Start on a heap with content rollback; reset by detach.
+  std::unique_ptr<WriteTracker> tracker_;
+  std::string content_rollback_note_;
 
   absl::Mutex caches_mu_;
   std::map<std::thread::id, std::unique_ptr<ThreadCache>> caches_ ABSL_GUARDED_BY(caches_mu_);

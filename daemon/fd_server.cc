@@ -22,20 +22,23 @@ void SendError(int fd, const std::string& message) {
   send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
 }
 
-bool SendFd(int socket, int fd) {
+// Sends 'K' with the data fd, and the journal fd after it when valid.
+bool SendFds(int socket, int fd, int journal_fd) {
   char status = 'K';
   iovec iov{&status, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  const int fds[2] = {fd, journal_fd};
+  const size_t count = journal_fd >= 0 ? 2 : 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
   msghdr message{};
   message.msg_iov = &iov;
   message.msg_iovlen = 1;
   message.msg_control = control;
-  message.msg_controllen = sizeof(control);
+  message.msg_controllen = CMSG_SPACE(count * sizeof(int));
   cmsghdr* header = CMSG_FIRSTHDR(&message);
   header->cmsg_level = SOL_SOCKET;
   header->cmsg_type = SCM_RIGHTS;
-  header->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+  header->cmsg_len = CMSG_LEN(count * sizeof(int));
+  std::memcpy(CMSG_DATA(header), fds, count * sizeof(int));
   return sendmsg(socket, &message, MSG_NOSIGNAL) == 1;
 }
 
@@ -170,8 +173,9 @@ bool FdServer::OnReadable(int fd, Connection& connection) {
     SendError(fd, std::string(grant.status().message()));
     return false;
   }
-  const bool sent = SendFd(fd, grant->fd);
+  const bool sent = SendFds(fd, grant->fd, grant->journal_fd);
   close(grant->fd);
+  if (grant->journal_fd >= 0) close(grant->journal_fd);
   connection.session = grant->session;
   return sent;  // if the client is gone already, its session ends now
 }

@@ -38,7 +38,8 @@ class FdServer {
  public:
   struct Grant {
     ClientId session = 0;
-    int fd = -1;  // sent, then closed by the server
+    int fd = -1;          // sent, then closed by the server
+    int journal_fd = -1;  // sent after it when valid, then closed
   };
   struct Callbacks {
     std::function<absl::StatusOr<Grant>(const std::string& token, const Caller& caller)> redeem;

@@ -61,6 +61,10 @@ ABSL_FLAG(uint64_t, default_max_size, uint64_t{16} << 30,
           "maximum size in bytes of a heap created without one");
 ABSL_FLAG(int, attach_token_seconds, 10,
           "how long a client has to fetch the heap's fd after Attach");
+ABSL_FLAG(bool, track_contents, true,
+          "Roll object contents back to the last sync after a crash (clients keep pre-images "
+          "of the pages they write; tmpfs heaps only, see docs/consistency.md). false: only "
+          "allocations and names roll back, and attach and stats say so.");
 ABSL_FLAG(uint64_t, tmpfs_reserve_bytes, uint64_t{1} << 30,
           "growth of heaps on tmpfs is refused when it would leave less than this much of the "
           "node's available memory (0: never refused)");
@@ -216,6 +220,7 @@ int Run() {
   HeapOptions heap_options;
   heap_options.max_names = limits.names_per_heap;
   heap_options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes);
+  heap_options.track_contents = absl::GetFlag(FLAGS_track_contents);
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
       HeapRegistry::Open(state_dir, heap_options, limits);
   if (!heaps.ok()) {
@@ -312,7 +317,7 @@ int Run() {
                                  const Caller& caller) -> absl::StatusOr<FdServer::Grant> {
     absl::StatusOr<Sessions::Redeemed> redeemed = sessions.Redeem(token, caller);
     if (!redeemed.ok()) return redeemed.status();
-    return FdServer::Grant{redeemed->session, redeemed->fd};
+    return FdServer::Grant{redeemed->session, redeemed->fd, redeemed->journal_fd};
   };
   callbacks.closed = [&sessions](ClientId id) { sessions.ConnectionClosed(id); };
   callbacks.tick = [&sessions] { sessions.ExpireTokens(); };

@@ -108,6 +108,8 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_created_unix_ns(config.created_unix_ns);
   info->set_reflink(served.reflink);
   info->set_clients(static_cast<uint32_t>(sessions_->table().CountOn(served.name)));
+  info->set_content_rollback(served.heap->content_rollback());
+  info->set_content_rollback_note(served.heap->content_rollback_note());
   if (!with_usage) {
     info->set_capacity_bytes(served.heap->capacity_bytes());
     info->set_epoch(served.heap->epoch());
@@ -217,6 +219,9 @@ grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
     stats->set_large_objects(d.large_objects);
     stats->set_metadata_log_bytes(heap.metadata_log_bytes);
     stats->set_data_file_repairs(heap.data_file_repairs);
+    stats->set_undo_pages_restored(heap.undo.pages_restored);
+    stats->set_undo_pages_handed_over(heap.undo.pages_handed_over);
+    stats->set_undo_bad_journals(heap.undo.bad_journals);
     for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
       if (d.by_class[c].chunks == 0) continue;
       v1::SizeClassStats* out = stats->add_size_classes();
@@ -359,8 +364,8 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
 grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                   v1::DetachResponse* response) {
   return Serve(context, "Detach", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<uint64_t> epoch =
-        sessions_->Detach(request->session(), caller, FromProto(request->reports()));
+    absl::StatusOr<uint64_t> epoch = sessions_->Detach(
+        request->session(), caller, FromProto(request->reports()), request->generation());
     if (!epoch.ok()) return epoch.status();
     response->set_epoch(*epoch);
     return absl::OkStatus();
@@ -425,8 +430,8 @@ grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequ
 grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequest* request,
                                 v1::SyncResponse* response) {
   return Serve(context, "Sync", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<Sessions::Synced> synced =
-        sessions_->Sync(request->session(), caller, FromProto(request->reports()));
+    absl::StatusOr<Sessions::Synced> synced = sessions_->Sync(
+        request->session(), caller, FromProto(request->reports()), request->generation());
     if (!synced.ok()) return synced.status();
     response->set_epoch(synced->result.epoch);
     for (const LeaseCorrection& c : synced->result.corrections) {

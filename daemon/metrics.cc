@@ -64,6 +64,14 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& repairs = f.Gauge("heapd_heap_data_file_repairs",
                             "Times heapd put the heap's data file back to its size after a "
                             "client holding it writable truncated or extended it.");
+    auto& content_rollback =
+        f.Gauge("heapd_heap_content_rollback",
+                "1 if the heap's object contents go back to the last sync after a crash; 0 if "
+                "only allocations and names do (the backing cannot, or --track_contents=false).");
+    auto& undo_pages = f.Gauge("heapd_heap_undo_pages",
+                               "Pages of the heap put back to their last commit (restored) or "
+                               "left to a live session that wrote them too (handed_over) since "
+                               "heapd opened it.");
     auto& backing = f.Gauge("heapd_heap_backing_info",
                             "The heap's storage kind (dax, tmpfs, file) and whether its file "
                             "system can clone files (reflink); always 1.");
@@ -89,6 +97,11 @@ class HeapStateCollector : public prometheus::Collectable {
       Add(epoch, {{"heap", h}}, static_cast<double>(stats.epoch));
       Add(last_sync, {{"heap", h}}, stats.last_sync_unix_ns / 1e9);
       Add(repairs, {{"heap", h}}, static_cast<double>(stats.data_file_repairs));
+      Add(content_rollback, {{"heap", h}}, stats.content_rollback ? 1 : 0);
+      Add(undo_pages, {{"heap", h}, {"kind", "restored"}},
+          static_cast<double>(stats.undo.pages_restored));
+      Add(undo_pages, {{"heap", h}, {"kind", "handed_over"}},
+          static_cast<double>(stats.undo.pages_handed_over));
       Add(backing,
           {{"heap", h},
            {"kind", BackingKindName(stats.backing)},

@@ -211,12 +211,13 @@ absl::Status Sessions::Free(uint64_t id, const Caller& caller,
 }
 
 absl::StatusOr<Sessions::Synced> Sessions::Sync(uint64_t id, const Caller& caller,
-                                                absl::Span<const LeaseReport> reports) {
+                                                absl::Span<const LeaseReport> reports,
+                                                uint64_t generation) {
   Synced synced;
   absl::Status status = OnSession(id, caller, [&](Session& session) {
     PersistentHeap& heap = *session.heap->heap;
     const absl::Time start = absl::Now();
-    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports);
+    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports, generation);
     metrics_->CountSync(session.heap->name, result.status(),
                         absl::ToDoubleSeconds(absl::Now() - start));
     if (!result.ok()) return result.status();
@@ -255,7 +256,8 @@ absl::StatusOr<NameEntry> Sessions::Unbind(uint64_t id, const Caller& caller,
 }
 
 absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
-                                          absl::Span<const LeaseReport> reports) {
+                                          absl::Span<const LeaseReport> reports,
+                                          uint64_t generation) {
   absl::StatusOr<std::shared_ptr<Session>> found = table_.Get(id, caller);
   if (!found.ok()) return found.status();
   std::shared_ptr<Session> session = table_.Take(id);
@@ -273,7 +275,7 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
     return heap.epoch();
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports);
+  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports, generation);
   metrics_->CountSync(session->heap->name, result.status(),
                       absl::ToDoubleSeconds(absl::Now() - start));
   if (!result.ok()) {
@@ -307,7 +309,22 @@ absl::StatusOr<Sessions::Redeemed> Sessions::Redeem(const std::string& token,
     }
     return fd.status();
   }
-  return Redeemed{(*session)->id, *fd};
+  UniqueFd data(*fd);
+  UniqueFd journal;
+  if (!(*session)->read_only) {
+    absl::StatusOr<UniqueFd> opened = (*session)->heap->heap->OpenUndoJournal((*session)->id);
+    if (!opened.ok()) {
+      std::shared_ptr<Session> failed = table_.Take((*session)->id);
+      if (failed != nullptr) {
+        absl::MutexLock lock(&reaper_mu_);
+        to_end_.push_back(
+            {std::move(failed), "no_undo_journal", "its undo journal could not be made"});
+      }
+      return opened.status();
+    }
+    journal = *std::move(opened);
+  }
+  return Redeemed{(*session)->id, data.release(), journal.release()};
 }
 
 std::string Sessions::AnswerFdRequest(ClientId id, absl::string_view payload) {

@@ -89,8 +89,9 @@ class Sessions {
     SyncResult result;
     uint64_t capacity_bytes = 0;
   };
+  // `generation`: the session's content generations committed with it.
   absl::StatusOr<Synced> Sync(uint64_t id, const Caller& caller,
-                              absl::Span<const LeaseReport> reports);
+                              absl::Span<const LeaseReport> reports, uint64_t generation = 0);
   // Binds `entry` (its owner and time are set here).
   absl::Status Bind(uint64_t id, const Caller& caller, NameEntry entry);
   absl::StatusOr<NameEntry> Unbind(uint64_t id, const Caller& caller, const std::string& name);
@@ -99,7 +100,7 @@ class Sessions {
   // `reports`, and the heap persists. Returns the heap's epoch. Even when
   // that fails, the session has ended (leases at their last report).
   absl::StatusOr<uint64_t> Detach(uint64_t id, const Caller& caller,
-                                  absl::Span<const LeaseReport> reports);
+                                  absl::Span<const LeaseReport> reports, uint64_t generation = 0);
 
   // heapd.fd.sock. Redeem: the session of `token` for `caller` and a new fd
   // of its heap's data file (read-only for a read-only session). Lookup:
@@ -107,6 +108,10 @@ class Sessions {
   struct Redeemed {
     ClientId session = 0;
     int fd = -1;  // the caller owns it
+    // The session's content undo journal (heap/content_undo.h), opened for
+    // appending; -1 for a read-only session or an untracked heap. Owned by
+    // the caller.
+    int journal_fd = -1;
   };
   absl::StatusOr<Redeemed> Redeem(const std::string& token, const Caller& caller);
   std::string AnswerFdRequest(ClientId id, absl::string_view request);

@@ -21,6 +21,7 @@ namespace {
 
 constexpr char kDataFile[] = "data";
 constexpr char kLockFile[] = "lock";
+constexpr char kUndoDir[] = "undo";
 // Growth step: at least this many chunks, or an eighth of the heap.
 constexpr uint32_t kMinGrowChunks = 8;
 // Other threads may take what a growth made before this one gets to it;
@@ -65,6 +66,18 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
     return absl::OkStatus();
   }
   return absl::OkStatus();  // no MemAvailable to go by
+}
+
+std::string ContentRollbackNote(BackingKind backing, bool track_contents) {
+  if (!track_contents) return "content tracking is off (--track_contents=false)";
+  if (backing != BackingKind::kTmpfs) {
+    return absl::StrCat(
+        "the heap is on ", BackingKindName(backing),
+        ", where clients cannot take pre-images of pages (userfaultfd write-protection "
+        "works on tmpfs only): allocations and names roll back to the last sync, object "
+        "contents do not");
+  }
+  return "";
 }
 
 absl::Status ValidateHeapConfig(const HeapConfig& config) {
@@ -157,6 +170,12 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
     return s;
   }
   heap->metadata_log_bytes_ = log_bytes;
+  if (ContentRollbackNote(heap->data_->backing(), options.track_contents).empty()) {
+    absl::StatusOr<std::unique_ptr<ContentUndo>> undo = ContentUndo::Open(
+        absl::StrCat(dir, "/", kUndoDir), heap->data_.get(), heap->epoch_, &heap->recovered_);
+    if (!undo.ok()) return undo.status();
+    heap->undo_ = *std::move(undo);
+  }
   return heap;
 }
 
@@ -314,12 +333,25 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
   if (count == 0) return absl::InvalidArgumentError("lease of 0 chunks");
   for (int attempt = 0;; ++attempt) {
     uint32_t capacity_seen;
+    absl::StatusOr<std::vector<LeaseGrant>> grants;
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("lease chunks"); !s.ok()) return s;
-      absl::StatusOr<std::vector<LeaseGrant>> grants = directory_->Lease(client, size_class, count);
-      if (!grants.ok() || !grants->empty() || attempt == kMaxGrowAttempts) return grants;
+      grants = directory_->Lease(client, size_class, count);
       capacity_seen = directory_->capacity_chunks();
+    }
+    if (!grants.ok() || !grants->empty() || attempt == kMaxGrowAttempts) {
+      if (!grants.ok() || undo_ == nullptr) return grants;
+      // An empty chunk is fresh: its client writes it without pre-images.
+      for (const LeaseGrant& grant : *grants) {
+        const bool empty = std::all_of(grant.words.begin(), grant.words.end(),
+                                       [](uint64_t word) { return word == 0; });
+        if (!empty) continue;
+        if (absl::Status s = ForgetUndo(uint64_t{grant.chunk} * kChunkSize, kChunkSize); !s.ok()) {
+          return s;
+        }
+      }
+      return grants;
     }
     if (absl::Status s = Grow(count, capacity_seen); !s.ok()) return s;
   }
@@ -334,15 +366,20 @@ absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t
   const uint32_t chunks = static_cast<uint32_t>((size + kChunkSize - 1) / kChunkSize);
   for (int attempt = 0;; ++attempt) {
     uint32_t capacity_seen;
+    absl::StatusOr<uint64_t> offset;
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
-      absl::StatusOr<uint64_t> offset = directory_->AllocateLarge(client, size);
-      if (offset.ok() || offset.status().code() != absl::StatusCode::kResourceExhausted ||
-          attempt == kMaxGrowAttempts) {
-        return offset;
-      }
+      offset = directory_->AllocateLarge(client, size);
       capacity_seen = directory_->capacity_chunks();
+    }
+    if (offset.ok() && undo_ != nullptr) {
+      // The run was free: its client writes it without pre-images.
+      if (absl::Status s = ForgetUndo(*offset, uint64_t{chunks} * kChunkSize); !s.ok()) return s;
+    }
+    if (offset.ok() || offset.status().code() != absl::StatusCode::kResourceExhausted ||
+        attempt == kMaxGrowAttempts) {
+      return offset;
     }
     // A growth by the whole run makes one at the end (with any free chunks
     // before it).
@@ -419,9 +456,20 @@ absl::Status PersistentHeap::FlushDataLocked() {
   return broken_;
 }
 
+absl::Status PersistentHeap::ForgetUndo(uint64_t offset, uint64_t length) {
+  absl::Status s = undo_->Forget(offset, length);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));
+}
+
+absl::StatusOr<UniqueFd> PersistentHeap::OpenUndoJournal(ClientId client) {
+  if (undo_ == nullptr) return UniqueFd();
+  return undo_->OpenJournal(client);
+}
+
 absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
                                                             absl::Span<const LeaseReport> reports,
-                                                            bool release) {
+                                                            bool release, uint64_t generation) {
   absl::MutexLock persist_lock(&persist_mu_);
   SyncResult result;
   Checkpoint checkpoint;
@@ -453,6 +501,13 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       record.names = names_.TakeChanges();
     }
   }
+  // Undo records first: the pre-images this epoch makes void, and commit
+  // images where others wrote the same pages, apply only with it.
+  if (undo_ != nullptr) {
+    if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
+    }
+  }
   // Object contents first: a name must never reach disk before its object.
   if (absl::Status s = FlushDataLocked(); !s.ok()) return s;
   FaultPoint("sync.after_data_flush");
@@ -465,21 +520,29 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
   checkpoint_next_ = false;
-  absl::MutexLock lock(&mu_);
-  metadata_log_bytes_ = store_->log_bytes();
-  epoch_ = result.epoch;
-  last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
+  {
+    absl::MutexLock lock(&mu_);
+    metadata_log_bytes_ = store_->log_bytes();
+    epoch_ = result.epoch;
+    last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
+  }
+  if (undo_ != nullptr) {
+    undo_->Committed(result.epoch);
+    if (release) undo_->EndSession(client);
+  }
   return result;
 }
 
 absl::StatusOr<SyncResult> PersistentHeap::Sync(ClientId client,
-                                                absl::Span<const LeaseReport> reports) {
-  return ReportAndPersist(client, reports, /*release=*/false);
+                                                absl::Span<const LeaseReport> reports,
+                                                uint64_t generation) {
+  return ReportAndPersist(client, reports, /*release=*/false, generation);
 }
 
 absl::StatusOr<SyncResult> PersistentHeap::Detach(ClientId client,
-                                                  absl::Span<const LeaseReport> reports) {
-  return ReportAndPersist(client, reports, /*release=*/true);
+                                                  absl::Span<const LeaseReport> reports,
+                                                  uint64_t generation) {
+  return ReportAndPersist(client, reports, /*release=*/true, generation);
 }
 
 absl::Status PersistentHeap::ReturnLeases(ClientId client, absl::Span<const LeaseReport> reports) {
@@ -494,6 +557,9 @@ size_t PersistentHeap::LeaseCount(ClientId client) const {
 }
 
 ReclaimResult PersistentHeap::Reclaim(ClientId client) {
+  // Contents first, while the dead client's chunks are still its own: no
+  // one else is handed them before its pages are back.
+  if (undo_ != nullptr) undo_->RollBack(client);
   absl::MutexLock lock(&mu_);
   return directory_->Reclaim(client);
 }
@@ -517,8 +583,22 @@ absl::Status PersistentHeap::WithCommittedState(
   return copy(state);
 }
 
+std::string PersistentHeap::content_rollback_note() const {
+  if (read_only()) return "a snapshot attached in place is read-only";
+  return ContentRollbackNote(data_->backing(), options_.track_contents);
+}
+
 HeapStats PersistentHeap::Stats() const {
   HeapStats stats;
+  stats.content_rollback_note = content_rollback_note();
+  stats.content_rollback = undo_ != nullptr;
+  stats.undo = recovered_;
+  if (undo_ != nullptr) {
+    const UndoCounts now = undo_->counts();
+    stats.undo.pages_restored += now.pages_restored;
+    stats.undo.pages_handed_over += now.pages_handed_over;
+    stats.undo.bad_journals += now.bad_journals;
+  }
   stats.read_only = read_only();
   stats.data_file_repairs = data_file_repairs_.load(std::memory_order_relaxed);
   stats.backing = data_->backing();

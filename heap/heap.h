@@ -43,6 +43,7 @@
 #include "absl/types/span.h"
 #include "allocator/chunk_directory.h"
 #include "allocator/lease_types.h"
+#include "heap/content_undo.h"
 #include "heap/data_file.h"
 #include "heap/metadata_format.h"
 #include "heap/metadata_store.h"
@@ -63,6 +64,11 @@ struct HeapStats {
   size_t names = 0;
   int64_t last_sync_unix_ns = 0;
   uint64_t metadata_log_bytes = 0;
+  // Object contents go back to the last sync after a crash (ContentUndo);
+  // false: the backing or configuration cannot keep that (why: below).
+  bool content_rollback = false;
+  std::string content_rollback_note;
+  UndoCounts undo;
 };
 
 // Tunables of an open heap.
@@ -74,7 +80,15 @@ struct HeapOptions {
   // On tmpfs a heap's pages are the node's memory: growth is refused when
   // it would leave less than this much of MemAvailable; 0: no check.
   uint64_t tmpfs_reserve_bytes = 0;
+  // Keep object contents' pre-images so they go back to the last sync
+  // after a crash (heap/content_undo.h); only where the backing lets
+  // clients take them (tmpfs: see ContentRollbackNote).
+  bool track_contents = true;
 };
+
+// Why a heap on `backing` cannot roll object contents back; empty if it
+// can (tmpfs: clients write-protect its pages with userfaultfd).
+std::string ContentRollbackNote(BackingKind backing, bool track_contents);
 
 // OK if `bytes` more of tmpfs leave at least `reserve` bytes of the node's
 // MemAvailable (/proc/meminfo); RESOURCE_EXHAUSTED naming both numbers.
@@ -163,11 +177,22 @@ class PersistentHeap {
   // Records the client's lease reports, commits its large allocations and
   // persists a new epoch. On an I/O error nothing is lost in memory and the
   // next sync writes a full checkpoint.
-  absl::StatusOr<SyncResult> Sync(ClientId client, absl::Span<const LeaseReport> reports);
+  // `generation`: the client's content generations up to this one are
+  // committed with it (ContentUndo; 0: none).
+  absl::StatusOr<SyncResult> Sync(ClientId client, absl::Span<const LeaseReport> reports,
+                                  uint64_t generation = 0);
 
   // Ends a client's session cleanly: returns its leases with `reports`,
   // commits and persists (a detach).
-  absl::StatusOr<SyncResult> Detach(ClientId client, absl::Span<const LeaseReport> reports);
+  absl::StatusOr<SyncResult> Detach(ClientId client, absl::Span<const LeaseReport> reports,
+                                    uint64_t generation = 0);
+
+  // The content undo journal of a new read-write session, for its client;
+  // an invalid fd if this heap does not roll contents back.
+  absl::StatusOr<UniqueFd> OpenUndoJournal(ClientId client);
+  bool content_rollback() const { return undo_ != nullptr; }
+  // Why not, when content_rollback() is false.
+  std::string content_rollback_note() const;
 
   // Ends the client's leases of the reported chunks (it returns them with
   // their bitmaps), without persisting. All-or-nothing as Sync's reports.
@@ -176,8 +201,10 @@ class PersistentHeap {
   // Chunks `client` leases now.
   size_t LeaseCount(ClientId client) const;
 
-  // Ends a dead client's session: leases back at their last reported state,
-  // uncommitted large runs freed. Not persisted until the next sync.
+  // Ends a dead client's session: the pages it wrote since its last sync go
+  // back (ContentUndo::RollBack), then its leases back at their last
+  // reported state, uncommitted large runs freed. Not persisted until the
+  // next sync.
   ReclaimResult Reclaim(ClientId client);
 
   // Runs `copy(state)` with the heap's files at rest: the data file made
@@ -233,7 +260,10 @@ class PersistentHeap {
   // Sync and Detach: record the reports (ending the leases with `release`),
   // commit the client's large runs, persist an epoch.
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client,
-                                              absl::Span<const LeaseReport> reports, bool release);
+                                              absl::Span<const LeaseReport> reports, bool release,
+                                              uint64_t generation);
+  // Fresh memory handed out: no pre-image may put its pages back.
+  absl::Status ForgetUndo(uint64_t offset, uint64_t length);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }
 
   const std::string dir_;
@@ -256,6 +286,10 @@ class PersistentHeap {
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t metadata_log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> data_file_repairs_{0};
+  // Set at open on a tracked heap; its own lock, taken under persist_mu_
+  // (never under mu_ or grow_mu_).
+  std::unique_ptr<ContentUndo> undo_;
+  UndoCounts recovered_;  // pages put back when the heap opened
 };
 
 }  // namespace heapd

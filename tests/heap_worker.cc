@@ -15,6 +15,9 @@
 //                                               syncing again at each SIGUSR1
 //   heap_worker SOCKET HEAP put NAME VALUE      bind NAME to a new uint64_t VALUE
 //   heap_worker SOCKET HEAP get NAME            read-only: print "value V" of NAME
+//   heap_worker SOCKET HEAP store-and-die NAME VALUE   sync, store VALUE into NAME's
+//                                               uint64_t, print "stored tracked|untracked",
+//                                               die of SIGKILL before syncing
 //   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
 //   heap_worker SOCKET HEAP attach ro|rw        attach, print "ok" or the status
 //   heap_worker SOCKET HEAP raw-attach          Attach only; print the fd token,
@@ -268,6 +271,23 @@ int Put(Client& client, const std::string& heap_name, const std::string& name, u
   return 0;
 }
 
+// Stores `value` into NAME's uint64_t (after syncing once, so the store
+// is the session's first since its last sync), prints "stored" and dies of
+// SIGKILL without syncing it.
+int StoreAndDie(Client& client, const std::string& heap_name, const std::string& name,
+                uint64_t value) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
+  if (!object.ok()) return Fail(object.status());
+  if (absl::StatusOr<uint64_t> synced = (*heap)->sync(); !synced.ok()) return Fail(synced.status());
+  **object = value;
+  std::printf("stored %s\n", (*heap)->content_rollback() ? "tracked" : "untracked");
+  std::fflush(stdout);
+  raise(SIGKILL);
+  return 3;
+}
+
 int Get(Client& client, const std::string& heap_name, const std::string& name) {
   auto found = FindReadOnly(client, heap_name, name);
   if (!found.ok()) return Fail(found.status());
@@ -495,6 +515,11 @@ int Main(int argc, char** argv) {
     return Put(*client, heap, arg, value);
   }
   if (mode == "get") return Get(*client, heap, arg);
+  if (mode == "store-and-die") {
+    uint64_t value = 0;
+    if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;
+    return StoreAndDie(*client, heap, arg, value);
+  }
   if (mode == "attach") return Attach(*client, heap, arg == "ro");
   if (mode == "raw-attach") return RawAttach(*client, heap);
   return 2;

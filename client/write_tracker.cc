@@ -1,0 +1,214 @@
+#include "client/write_tracker.h"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "heap/undo_record.h"
+
+namespace heapd {
+namespace {
+
+absl::Status Errno(int err, const std::string& what) {
+  return absl::UnimplementedError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+uint64_t MonotonicNs() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+}
+
+// A shared (F_RDLCK) or no lock on byte `offset` of the data file.
+bool LockPage(int fd, uint64_t offset, short type) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = static_cast<off_t>(offset);
+  lock.l_len = 1;
+  while (fcntl(fd, F_OFD_SETLKW, &lock) != 0) {
+    if (errno != EINTR) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
+    char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd journal, int lifeline) {
+  // Privileged (or vm.unprivileged_userfaultfd = 1): stores from system
+  // calls are caught too. Otherwise user-mode stores only.
+  UniqueFd uffd(static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)));
+  if (!uffd.valid() && errno == EPERM) {
+    uffd.reset(
+        static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY)));
+  }
+  if (!uffd.valid()) return Errno(errno, "userfaultfd");
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+  if (ioctl(uffd.get(), UFFDIO_API, &api) != 0) {
+    return Errno(errno, "userfaultfd write-protection of shared memory (UFFDIO_API)");
+  }
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return Errno(errno, "eventfd");
+  std::unique_ptr<WriteTracker> tracker(new WriteTracker(
+      base, mapped, data_fd, std::move(uffd), std::move(journal), std::move(wake), lifeline));
+  const uint64_t size = mapped->load(std::memory_order_acquire);
+  if (size != 0) {
+    uffdio_register reg{};
+    reg.range = {reinterpret_cast<uint64_t>(base), size};
+    reg.mode = UFFDIO_REGISTER_MODE_WP;
+    if (ioctl(tracker->uffd_.get(), UFFDIO_REGISTER, &reg) != 0) {
+      return Errno(errno, "register the heap's mapping for write-protection (UFFDIO_REGISTER)");
+    }
+    uffdio_writeprotect wp{};
+    wp.range = reg.range;
+    wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+    if (ioctl(tracker->uffd_.get(), UFFDIO_WRITEPROTECT, &wp) != 0) {
+      return Errno(errno, "write-protect the heap's mapping (UFFDIO_WRITEPROTECT)");
+    }
+  }
+  {
+    absl::MutexLock lock(&tracker->mu_);
+    tracker->record_.resize(kUndoImageRecordBytes);
+  }
+  tracker->thread_ = std::thread([t = tracker.get()] { t->Run(); });
+  return tracker;
+}
+
+WriteTracker::~WriteTracker() {
+  const uint64_t one = 1;
+  (void)!write(wake_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void WriteTracker::Protect(uint64_t offset, uint64_t length, bool protect) const {
+  uffdio_writeprotect wp{};
+  wp.range = {reinterpret_cast<uint64_t>(base_ + offset), length};
+  wp.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0;
+  ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp);
+}
+
+void RegisterForWriteProtection(int uffd, char* at, uint64_t length) {
+  uffdio_register reg{};
+  reg.range = {reinterpret_cast<uint64_t>(at), length};
+  reg.mode = UFFDIO_REGISTER_MODE_WP;
+  if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return;
+  uffdio_writeprotect wp{};
+  wp.range = reg.range;
+  wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+  ioctl(uffd, UFFDIO_WRITEPROTECT, &wp);
+}
+
+void WriteTracker::AddMapping(uint64_t offset, uint64_t length) const {
+  RegisterForWriteProtection(uffd_.get(), base_ + offset, length);
+}
+
+void WriteTracker::Unprotect(uint64_t offset, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  Protect(offset, length, false);
+  unprotected_.emplace_back(offset, length);
+}
+
+uint64_t WriteTracker::BeginSync() {
+  absl::MutexLock lock(&mu_);
+  std::sort(unprotected_.begin(), unprotected_.end());
+  // Adjacent and overlapping ranges in one call each.
+  uint64_t begin = 0, end = 0;
+  for (const auto& [offset, length] : unprotected_) {
+    if (end != 0 && offset <= end) {
+      end = std::max(end, offset + length);
+      continue;
+    }
+    if (end != 0) Protect(begin, end - begin, true);
+    begin = offset;
+    end = offset + length;
+  }
+  if (end != 0) Protect(begin, end - begin, true);
+  unprotected_.clear();
+  return generation_++;
+}
+
+absl::Status WriteTracker::error() const {
+  absl::MutexLock lock(&mu_);
+  return error_;
+}
+
+void WriteTracker::Capture(uint64_t offset) {
+  absl::MutexLock lock(&mu_);
+  absl::Status failed;
+  if (!LockPage(data_fd_, offset, F_RDLCK)) {
+    failed = absl::InternalError(
+        absl::StrCat("lock page ", offset, " of the heap's data file: ", std::strerror(errno)));
+  } else {
+    UndoRecordHeader header;
+    header.kind = static_cast<uint32_t>(UndoKind::kPreImage);
+    header.page = offset;
+    header.time_ns = MonotonicNs();
+    header.generation = generation_;
+    EncodeUndoRecordInto(header, base_ + offset, record_.data());
+    const ssize_t written = write(journal_.get(), record_.data(), record_.size());
+    if (written != static_cast<ssize_t>(record_.size())) {
+      failed = absl::DataLossError(
+          absl::StrCat("append the pre-image of page ", offset,
+                       " to the undo journal: ", written < 0 ? std::strerror(errno) : "short write",
+                       "; that page cannot be put back if this process dies before its next sync"));
+    }
+    LockPage(data_fd_, offset, F_UNLCK);
+  }
+  if (!failed.ok() && error_.ok()) error_ = failed;
+  // Lift the protection even on failure: the store must go on.
+  Protect(offset, kUndoPageBytes, false);
+  unprotected_.emplace_back(offset, kUndoPageBytes);
+}
+
+void WriteTracker::Fence() {
+  const uint64_t size = mapped_->load(std::memory_order_acquire);
+  if (size != 0) mprotect(base_, size, PROT_READ);
+}
+
+void WriteTracker::Run() {
+  bool fenced = false;
+  for (;;) {
+    pollfd polled[3] = {{wake_.get(), POLLIN, 0},
+                        {uffd_.get(), POLLIN, 0},
+                        {fenced ? -1 : lifeline_, POLLRDHUP, 0}};
+    if (poll(polled, 3, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (polled[0].revents != 0) return;
+    if (!fenced && (polled[2].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      Fence();
+      fenced = true;
+    }
+    if ((polled[1].revents & POLLIN) == 0) continue;
+    uffd_msg messages[16];
+    const ssize_t n = read(uffd_.get(), messages, sizeof(messages));
+    if (n <= 0) continue;
+    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(uffd_msg); ++i) {
+      const uffd_msg& m = messages[i];
+      if (m.event != UFFD_EVENT_PAGEFAULT ||
+          (m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) == 0) {
+        continue;
+      }
+      const uint64_t address = m.arg.pagefault.address;
+      const uint64_t offset = (address - reinterpret_cast<uint64_t>(base_)) & ~(kUndoPageBytes - 1);
+      Capture(offset);
+    }
+  }
+}
+
+}  // namespace heapd

@@ -1,0 +1,121 @@
+// WriteTracker: before this process's first store to a page of a heap
+// since its last sync, appends the page as it was (its pre-image) to the
+// session's undo journal — so that heapd can put the page back if the
+// session dies before its next sync (heap/content_undo.h,
+// docs/consistency.md "Object contents").
+//
+// How: the heap's mapping is registered with userfaultfd in write-protect
+// mode and every page that may hold live data is write-protected. A store
+// to a protected page stops its thread; the tracker's thread takes the
+// page's shared OFD lock on the data file (heapd takes the whole file
+// exclusively while it puts pages back), appends the pre-image (one
+// write()), releases the lock and lifts the protection, which lets the
+// store through. Memory handed out free (fresh chunks, large objects) is
+// unprotected at once: it needs no pre-image, so filling new memory costs
+// nothing. At each sync, BeginSync protects again every page unprotected
+// since the last one and starts a new generation.
+//
+// Without privilege (vm.unprivileged_userfaultfd = 0) the userfaultfd
+// covers stores from user mode only: a system call that writes into a
+// protected page (read(2) into a heap buffer) fails with EFAULT. Touch the
+// buffer first (Heap::prepare_write).
+//
+// When the session's connection to heapd closes while the heap is mapped
+// (heapd died or ended the session), the mapping is made read-only at once:
+// a store after that would land in a heap that heapd has already put back,
+// so the process fails with SIGSEGV instead.
+//
+// Thread-safe.
+#ifndef HEAPD_CLIENT_WRITE_TRACKER_H_
+#define HEAPD_CLIENT_WRITE_TRACKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "util/unique_fd.h"
+
+namespace heapd {
+
+// Registers [at, at + length) with the userfaultfd `uffd` for
+// write-protection and protects it. Async-signal-safe.
+void RegisterForWriteProtection(int uffd, char* at, uint64_t length);
+
+class WriteTracker {
+ public:
+  // Tracks stores to the heap mapped at `base`, of which `*mapped` bytes
+  // are mapped (read whenever needed; all write-protected here, now).
+  // `data_fd`: the heap's data file
+  // (not owned); `journal`: the session's undo journal (owned);
+  // `lifeline`: the session's heapd.fd.sock connection (not owned; watched
+  // for its end). UNIMPLEMENTED naming why when the kernel refuses.
+  static absl::StatusOr<std::unique_ptr<WriteTracker>> Start(char* base,
+                                                             const std::atomic<uint64_t>* mapped,
+                                                             int data_fd, UniqueFd journal,
+                                                             int lifeline);
+  ~WriteTracker();  // stops tracking; the mapping stays as it is
+  WriteTracker(const WriteTracker&) = delete;
+  WriteTracker& operator=(const WriteTracker&) = delete;
+
+  // [offset, offset + length) of the heap was just mapped: registered and
+  // write-protected. Async-signal-safe (the growth fault handler calls it).
+  void AddMapping(uint64_t offset, uint64_t length) const;
+  // [offset, offset + length) is fresh memory: its stores need no
+  // pre-image until the next sync.
+  void Unprotect(uint64_t offset, uint64_t length);
+  // Protects every page unprotected since the last call and starts a new
+  // generation; returns the generation that ended (the sync commits it).
+  uint64_t BeginSync();
+  // The first error taking a pre-image (the store went through without
+  // one: its page cannot be put back); OK if none.
+  absl::Status error() const;
+  // The userfaultfd's descriptor (for the growth fault handler).
+  int fd() const { return uffd_.get(); }
+
+ private:
+  WriteTracker(char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd uffd,
+               UniqueFd journal, UniqueFd wake, int lifeline)
+      : base_(base),
+        mapped_(mapped),
+        data_fd_(data_fd),
+        uffd_(std::move(uffd)),
+        journal_(std::move(journal)),
+        wake_(std::move(wake)),
+        lifeline_(lifeline) {}
+
+  void Run();
+  // Takes the pre-image of the page at `offset` and lets stores to it
+  // through.
+  void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes everything mapped read-only: the session is over.
+  void Fence();
+  void Protect(uint64_t offset, uint64_t length, bool protect) const;
+
+  char* const base_;
+  const std::atomic<uint64_t>* const mapped_;
+  const int data_fd_;
+  const UniqueFd uffd_;
+  const UniqueFd journal_;
+  const UniqueFd wake_;  // eventfd: stops Run
+  const int lifeline_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  // Ranges unprotected since the last BeginSync: (offset, length).
+  std::vector<std::pair<uint64_t, uint64_t>> unprotected_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::string record_ ABSL_GUARDED_BY(mu_);  // the record being written
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_CLIENT_WRITE_TRACKER_H_

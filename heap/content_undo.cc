@@ -1,0 +1,465 @@
+#include "heap/content_undo.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+
+namespace heapd {
+namespace {
+
+constexpr char kHeapJournal[] = "heap.undo";
+constexpr char kSessionPrefix[] = "session-";
+constexpr char kSuffix[] = ".undo";
+
+uint64_t MonotonicNs() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+}
+
+bool WriteAll(int fd, const std::string& bytes) {
+  return write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+}
+
+// A journal may hold, unpunched, at most a few generations' pre-images of
+// every page of the data file: more is not a client following the protocol.
+uint64_t MaxJournalBytes(uint64_t data_bytes) {
+  return 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes;
+}
+
+// Takes (exclusive) or releases the OFD lock on the whole data file that
+// keeps clients from taking pre-images while pages are put back.
+bool LockWholeFile(int fd, short type) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  return fcntl(fd, F_OFD_SETLK, &lock) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string& undo_dir,
+                                                               const DataFile* data, uint64_t epoch,
+                                                               UndoCounts* recovered) {
+  if (mkdir(undo_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("create ", undo_dir));
+  }
+  struct stat st;
+  if (lstat(undo_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(undo_dir, " is not a directory of heapd's own"));
+  }
+  std::unique_ptr<ContentUndo> undo(new ContentUndo(undo_dir, data));
+  absl::MutexLock lock(&undo->mu_);
+  undo->committed_epoch_ = epoch;
+  const std::string heap_path = absl::StrCat(undo_dir, "/", kHeapJournal);
+  undo->heap_journal_.reset(
+      open(heap_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!undo->heap_journal_.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heap_path));
+  // heap.undo first: its generation ends decide which pre-images are void.
+  Journal heap_journal;
+  heap_journal.fd.reset(dup(undo->heap_journal_.get()));
+  undo->RefreshLocked(0, heap_journal);
+  DIR* dir = opendir(undo_dir.c_str());
+  if (dir == nullptr) return ErrnoStatus(errno, absl::StrCat("list ", undo_dir));
+  std::vector<ClientId> sessions;
+  while (dirent* entry = readdir(dir)) {
+    absl::string_view name = entry->d_name;
+    uint64_t id;
+    if (absl::ConsumePrefix(&name, kSessionPrefix) && absl::ConsumeSuffix(&name, kSuffix) &&
+        absl::SimpleAtoi(name, &id) && id != 0) {
+      sessions.push_back(id);
+    }
+  }
+  closedir(dir);
+  for (ClientId id : sessions) {
+    const std::string path = undo->JournalPath(id);
+    Journal journal;
+    journal.fd.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!journal.fd.valid()) continue;
+    undo->RefreshLocked(id, journal);
+    undo->journals_.emplace(id, std::move(journal));
+  }
+  undo->RecoverAllLocked();
+  if (recovered != nullptr) *recovered = undo->counts_;
+  return undo;
+}
+
+std::string ContentUndo::JournalPath(ClientId session) const {
+  return absl::StrCat(dir_, "/", kSessionPrefix, session, kSuffix);
+}
+
+absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
+  absl::MutexLock lock(&mu_);
+  const std::string path = JournalPath(session);
+  UniqueFd fd(
+      open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
+  Journal journal;
+  journal.fd.reset(open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!journal.fd.valid()) {
+    const int err = errno;
+    unlink(path.c_str());
+    return ErrnoStatus(err, absl::StrCat("open ", path));
+  }
+  journals_[session] = std::move(journal);
+  return fd;
+}
+
+void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
+  if (journal.broken) return;
+  const uint64_t data_bytes = data_->size();
+  struct stat st;
+  if (fstat(journal.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  auto stop = [&](const std::string& why) {
+    journal.broken = true;
+    ++counts_.bad_journals;
+    std::fprintf(stderr, "heapd: undo journal of %s stops being read: %s\n",
+                 session == 0 ? kHeapJournal : JournalPath(session).c_str(), why.c_str());
+  };
+  if (session != 0 && size > journal.punched + MaxJournalBytes(data_bytes)) {
+    stop(absl::StrCat("it holds ", size - journal.punched, " bytes, more than a session needs"));
+    return;
+  }
+  std::string record(kUndoImageRecordBytes, '\0');
+  while (journal.read_to + kUndoHeaderBytes <= size) {
+    const ssize_t n = pread(journal.fd.get(), record.data(), record.size(), journal.read_to);
+    if (n <= 0) return;
+    absl::StatusOr<std::optional<DecodedUndoRecord>> decoded =
+        DecodeUndoRecord(absl::string_view(record.data(), static_cast<size_t>(n)), journal.read_to);
+    if (!decoded.ok()) return stop(std::string(decoded.status().message()));
+    if (!decoded->has_value()) return;  // the tail is still being written
+    const DecodedUndoRecord& r = **decoded;
+    const UndoRecordHeader& h = r.header;
+    const UndoKind kind = static_cast<UndoKind>(h.kind);
+    if (session != 0 && kind != UndoKind::kPreImage) {
+      return stop(absl::StrCat("a client wrote a record of kind ", h.kind));
+    }
+    if (kind == UndoKind::kGenerationEnd) {
+      ends_[h.session].emplace_back(h.generation, h.epoch);
+    } else if (h.page + kUndoPageBytes > data_bytes) {
+      return stop(absl::StrCat("record at byte ", journal.read_to, " names page ", h.page,
+                               " beyond the data file's ", data_bytes, " bytes"));
+    } else {
+      Entry entry{kind,    h.time_ns, session == 0 ? h.session : session, h.generation, h.epoch,
+                  session, r.image_at};
+      AddLocked(h.page, entry);
+      if (session != 0)
+        journal.written.push_back({h.page, h.generation, r.image_at - kUndoHeaderBytes + r.size});
+    }
+    journal.read_to += r.size;
+  }
+}
+
+void ContentUndo::RefreshAllLocked() {
+  for (auto& [session, journal] : journals_) RefreshLocked(session, journal);
+}
+
+void ContentUndo::AddLocked(uint64_t page, const Entry& entry) { index_[page].push_back(entry); }
+
+void ContentUndo::UnindexLocked(uint64_t page, ClientId file, uint64_t image_at) {
+  auto it = index_.find(page);
+  if (it == index_.end()) return;
+  std::vector<Entry>& entries = it->second;
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [&](const Entry& e) {
+                                 return e.file == file &&
+                                        (image_at == UINT64_MAX || e.image_at == image_at);
+                               }),
+                entries.end());
+  if (entries.empty()) index_.erase(it);
+}
+
+uint64_t ContentUndo::EndedGenerationLocked(ClientId session) const {
+  uint64_t ended = 0;
+  auto it = ends_.find(session);
+  if (it == ends_.end()) return 0;
+  for (const auto& [generation, epoch] : it->second) {
+    if (epoch <= committed_epoch_) ended = std::max(ended, generation);
+  }
+  return ended;
+}
+
+bool ContentUndo::ValidLocked(const Entry& entry) const {
+  if (entry.kind == UndoKind::kPreImage) {
+    return entry.generation > EndedGenerationLocked(entry.session);
+  }
+  return entry.epoch <= committed_epoch_;
+}
+
+const ContentUndo::Entry* ContentUndo::CutLocked(const std::vector<Entry>& entries) const {
+  const Entry* cut = nullptr;
+  for (const Entry& e : entries) {
+    if (e.kind != UndoKind::kCommitImage && e.kind != UndoKind::kClear) continue;
+    if (!ValidLocked(e)) continue;
+    if (cut == nullptr || e.time_ns > cut->time_ns) cut = &e;
+  }
+  return cut;
+}
+
+const ContentUndo::Entry* ContentUndo::TargetLocked(const std::vector<Entry>& entries) const {
+  const Entry* cut = CutLocked(entries);
+  if (cut != nullptr && cut->kind == UndoKind::kCommitImage) return cut;
+  const Entry* target = nullptr;
+  for (const Entry& e : entries) {
+    if (e.kind != UndoKind::kPreImage || !ValidLocked(e)) continue;
+    if (cut != nullptr && e.time_ns <= cut->time_ns) continue;
+    if (target == nullptr || e.time_ns < target->time_ns) target = &e;
+  }
+  return target;
+}
+
+absl::Status ContentUndo::AppendLocked(const UndoRecordHeader& header, const std::string& image) {
+  struct stat st;
+  if (fstat(heap_journal_.get(), &st) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("stat ", dir_, "/", kHeapJournal));
+  }
+  const std::string record = EncodeUndoRecord(header, image);
+  if (!WriteAll(heap_journal_.get(), record)) {
+    return ErrnoStatus(errno, absl::StrCat("append to ", dir_, "/", kHeapJournal));
+  }
+  const UndoKind kind = static_cast<UndoKind>(header.kind);
+  if (kind == UndoKind::kGenerationEnd) {
+    ends_[header.session].emplace_back(header.generation, header.epoch);
+  } else {
+    AddLocked(header.page,
+              Entry{kind, header.time_ns, header.session, header.generation, header.epoch, 0,
+                    static_cast<uint64_t>(st.st_size) + kUndoHeaderBytes});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ContentUndo::ReadImageLocked(const Entry& entry) {
+  const int fd = entry.file == 0 ? heap_journal_.get() : journals_.at(entry.file).fd.get();
+  std::string image(kUndoPageBytes, '\0');
+  if (pread(fd, image.data(), image.size(), entry.image_at) != static_cast<ssize_t>(image.size())) {
+    return absl::DataLossError(
+        absl::StrCat("undo image at byte ", entry.image_at, " of ",
+                     entry.file == 0 ? kHeapJournal : JournalPath(entry.file), " cannot be read"));
+  }
+  return image;
+}
+
+absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {
+  absl::StatusOr<std::string> image = ReadImageLocked(target);
+  if (!image.ok()) return image.status();
+  if (page + kUndoPageBytes > data_->size()) return absl::OkStatus();  // beyond the file now
+  if (pwrite(data_->fd(), image->data(), image->size(), page) !=
+      static_cast<ssize_t>(image->size())) {
+    return ErrnoStatus(errno, absl::StrCat("put back page ", page, " of ", data_->path()));
+  }
+  ++counts_.pages_restored;
+  UndoRecordHeader clear;
+  clear.kind = static_cast<uint32_t>(UndoKind::kClear);
+  clear.page = page;
+  clear.time_ns = MonotonicNs();
+  return AppendLocked(clear, "");
+}
+
+absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  auto journal = journals_.find(session);
+  if (journal == journals_.end()) return absl::OkStatus();  // not tracked
+  RefreshAllLocked();
+  std::vector<uint64_t> pages;
+  for (const Journal::Written& w : journal->second.written) {
+    if (w.generation <= generation) pages.push_back(w.page);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  for (uint64_t page : pages) {
+    auto it = index_.find(page);
+    if (it == index_.end()) continue;
+    const Entry* cut = CutLocked(it->second);
+    bool others = false;
+    for (const Entry& e : it->second) {
+      if (e.file == session || !ValidLocked(e)) continue;
+      if (cut != nullptr && e.time_ns <= cut->time_ns) continue;
+      others = true;
+    }
+    if (!others) continue;
+    // Another session (live, or dead and handed over) has the page's
+    // earlier state: from this commit on, the page goes back to what it is
+    // now, not to that.
+    std::string image(kUndoPageBytes, '\0');
+    if (pread(data_->fd(), image.data(), image.size(), page) !=
+        static_cast<ssize_t>(image.size())) {
+      return ErrnoStatus(errno, absl::StrCat("read page ", page, " of ", data_->path()));
+    }
+    UndoRecordHeader commit;
+    commit.kind = static_cast<uint32_t>(UndoKind::kCommitImage);
+    commit.page = page;
+    commit.time_ns = MonotonicNs();
+    commit.epoch = epoch;
+    if (absl::Status s = AppendLocked(commit, image); !s.ok()) return s;
+  }
+  UndoRecordHeader end;
+  end.kind = static_cast<uint32_t>(UndoKind::kGenerationEnd);
+  end.session = session;
+  end.generation = generation;
+  end.epoch = epoch;
+  end.time_ns = MonotonicNs();
+  return AppendLocked(end, "");
+}
+
+void ContentUndo::Committed(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  committed_epoch_ = std::max(committed_epoch_, epoch);
+  // Drop the pre-images that commit made void, and punch them out of their
+  // journals (their memory, on tmpfs).
+  for (auto& [session, journal] : journals_) {
+    const uint64_t ended = EndedGenerationLocked(session);
+    uint64_t void_to = journal.punched;
+    while (!journal.written.empty() && journal.written.front().generation <= ended) {
+      const Journal::Written& w = journal.written.front();
+      UnindexLocked(w.page, session, w.end - kUndoPageBytes);
+      void_to = w.end;
+      journal.written.pop_front();
+    }
+    if (void_to > journal.punched) {
+      fallocate(journal.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(journal.punched), static_cast<off_t>(void_to - journal.punched));
+      journal.punched = void_to;
+    }
+  }
+}
+
+void ContentUndo::RemoveJournalLocked(ClientId session) {
+  for (auto it = index_.begin(); it != index_.end();) {
+    std::vector<Entry>& entries = it->second;
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [&](const Entry& e) { return e.file == session; }),
+                  entries.end());
+    it = entries.empty() ? index_.erase(it) : std::next(it);
+  }
+  journals_.erase(session);
+  unlink(JournalPath(session).c_str());
+  if (journals_.empty()) RecoverAllLocked();
+}
+
+void ContentUndo::EndSession(ClientId session) {
+  absl::MutexLock lock(&mu_);
+  if (journals_.count(session) == 0) return;
+  RemoveJournalLocked(session);
+}
+
+UndoCounts ContentUndo::RollBack(ClientId session) {
+  absl::MutexLock lock(&mu_);
+  const UndoCounts before = counts_;
+  auto journal = journals_.find(session);
+  if (journal == journals_.end()) return {};
+  // Keep clients from taking pre-images while pages go back; a client
+  // stopped in the middle of taking one holds its page's lock: then its
+  // pages are handed over instead (see Target), never waited for.
+  bool locked = false;
+  for (int attempt = 0; attempt < 200 && !locked; ++attempt) {
+    locked = LockWholeFile(data_->fd(), F_WRLCK);
+    if (!locked) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  RefreshAllLocked();
+  std::vector<uint64_t> pages;
+  for (const Journal::Written& w : journal->second.written) pages.push_back(w.page);
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  for (uint64_t page : pages) {
+    auto it = index_.find(page);
+    if (it == index_.end()) continue;
+    const Entry* target = TargetLocked(it->second);
+    if (target == nullptr) continue;  // its stores were committed
+    const Entry* cut = CutLocked(it->second);
+    bool live_writer = false;
+    for (const Entry& e : it->second) {
+      if (e.kind != UndoKind::kPreImage || e.file == 0 || e.file == session) continue;
+      if (!ValidLocked(e) || (cut != nullptr && e.time_ns <= cut->time_ns)) continue;
+      live_writer = true;
+    }
+    absl::Status status;
+    if (live_writer || !locked) {
+      ++counts_.pages_handed_over;
+      if (target->file == session) {
+        absl::StatusOr<std::string> image = ReadImageLocked(*target);
+        UndoRecordHeader handed;
+        handed.kind = static_cast<uint32_t>(UndoKind::kPreImage);
+        handed.page = page;
+        handed.time_ns = target->time_ns;
+        handed.session = session;
+        handed.generation = target->generation;
+        status = image.ok() ? AppendLocked(handed, *image) : image.status();
+      }
+    } else {
+      const Entry chosen = *target;  // RestoreLocked adds to the index
+      status = RestoreLocked(page, chosen);
+    }
+    if (!status.ok()) {
+      std::fprintf(stderr, "heapd: rolling back session %llu: %s\n",
+                   static_cast<unsigned long long>(session), std::string(status.message()).c_str());
+    }
+  }
+  if (locked) LockWholeFile(data_->fd(), F_UNLCK);
+  RemoveJournalLocked(session);
+  return UndoCounts{counts_.pages_restored - before.pages_restored,
+                    counts_.pages_handed_over - before.pages_handed_over,
+                    counts_.bad_journals - before.bad_journals};
+}
+
+void ContentUndo::RecoverAllLocked() {
+  for (const auto& [page, entries] : index_) {
+    const Entry* target = TargetLocked(entries);
+    if (target == nullptr) continue;
+    absl::StatusOr<std::string> image = ReadImageLocked(*target);
+    if (!image.ok() || page + kUndoPageBytes > data_->size()) continue;
+    if (pwrite(data_->fd(), image->data(), image->size(), page) ==
+        static_cast<ssize_t>(image->size())) {
+      ++counts_.pages_restored;
+    }
+  }
+  // Every page is at its last commit: nothing here is needed any more.
+  // (A crash before this point runs it all again: putting back is
+  // idempotent.)
+  index_.clear();
+  ends_.clear();
+  for (const auto& [session, journal] : journals_) unlink(JournalPath(session).c_str());
+  journals_.clear();
+  if (ftruncate(heap_journal_.get(), 0) != 0) {
+    std::fprintf(stderr, "heapd: cannot empty %s/%s\n", dir_.c_str(), kHeapJournal);
+  }
+}
+
+absl::Status ContentUndo::Forget(uint64_t offset, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  RefreshAllLocked();
+  std::vector<uint64_t> pages;
+  for (auto it = index_.lower_bound(offset); it != index_.end() && it->first < offset + length;
+       ++it) {
+    if (TargetLocked(it->second) != nullptr) pages.push_back(it->first);
+  }
+  for (uint64_t page : pages) {
+    UndoRecordHeader clear;
+    clear.kind = static_cast<uint32_t>(UndoKind::kClear);
+    clear.page = page;
+    clear.time_ns = MonotonicNs();
+    if (absl::Status s = AppendLocked(clear, ""); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+UndoCounts ContentUndo::counts() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
+}
+
+}  // namespace heapd

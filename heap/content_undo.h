@@ -1,0 +1,177 @@
+// ContentUndo: puts object contents back to the last sync (issue 11;
+// docs/consistency.md "Object contents").
+//
+// Each read-write session of a tracked heap has a journal,
+// undo/session-<id>.undo; before the session's first store to a page since
+// its last sync, its client appends the page as it was (a pre-image, tagged
+// with the session's generation: the number of its syncs so far) and only
+// then lets the store through (client/write_tracker.h). Memory handed out
+// free needs no pre-image. heapd alone appends to undo/heap.undo:
+//   - generation ends: a sync of the session committed its generations up
+//     to G, once epoch E is committed;
+//   - commit images: a page as a sync committed it, written where other
+//     records of the page exist (another session wrote it too);
+//   - clears: the page's older records no longer apply (it was put back, or
+//     handed out free);
+//   - pre-images handed over from a session that died while another live
+//     session had written the same page.
+//
+// The rule that puts a page back (Target): of the page's valid records,
+// the newest commit image or clear is its cut; the page goes back to that
+// commit image, else to the oldest valid pre-image after the cut (the one
+// taken first saw the committed page; later ones saw others' stores).
+//
+// Pages are put back:
+//   - when a session dies (RollBack): each page it wrote goes back unless a
+//     live session wrote it too since that session's last sync; such a
+//     page is handed over, and goes back with that session's death or
+//     stays with its sync ("a sync commits its pages as they are");
+//   - when heapd opens the heap (Open), and when its last session is gone:
+//     every page any journal names.
+// While a page is put back no client may take its pre-image: clients hold
+// a shared OFD lock on the page's byte of the data file while they take
+// one, heapd an exclusive lock on the whole file while it puts pages back.
+//
+// Nothing read from a journal is trusted: records are checked (undo_record.h)
+// and bounded by the data file; a journal that breaks its format or grows
+// past what its session could need stops being read (that session's pages
+// then stay as they are; logged and counted).
+//
+// Thread-safe.
+#ifndef HEAPD_HEAP_CONTENT_UNDO_H_
+#define HEAPD_HEAP_CONTENT_UNDO_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/lease_types.h"
+#include "heap/data_file.h"
+#include "heap/undo_record.h"
+#include "util/unique_fd.h"
+
+namespace heapd {
+
+struct UndoCounts {
+  uint64_t pages_restored = 0;     // put back to their last commit
+  uint64_t pages_handed_over = 0;  // left to a live session that also wrote them
+  uint64_t bad_journals = 0;       // journals that stopped being read
+};
+
+class ContentUndo {
+ public:
+  // Opens `undo_dir` (made 0700 if missing) for a heap whose data file is
+  // `data` (not owned; must outlive this) and whose committed epoch is
+  // `epoch`. Journals found there are from sessions of an earlier heapd:
+  // their pages are put back and the journals removed before this returns;
+  // `recovered` says how many.
+  static absl::StatusOr<std::unique_ptr<ContentUndo>> Open(const std::string& undo_dir,
+                                                           const DataFile* data, uint64_t epoch,
+                                                           UndoCounts* recovered);
+  ~ContentUndo() = default;
+  ContentUndo(const ContentUndo&) = delete;
+  ContentUndo& operator=(const ContentUndo&) = delete;
+
+  // Creates the journal of a new read-write session; the caller owns the
+  // descriptor (opened for appending), which goes to the client.
+  absl::StatusOr<UniqueFd> OpenJournal(ClientId session);
+
+  // Before epoch `epoch` is persisted by a sync of `session` that commits
+  // its generations up to `generation` (the heap's persist lock held):
+  // writes commit images of its pages that other records also name, then
+  // the generation end.
+  absl::Status PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch);
+  // After epoch `epoch` was persisted: drops what it made void.
+  void Committed(uint64_t epoch);
+
+  // `session` ended after committing all it wrote (a detach): its journal
+  // goes.
+  void EndSession(ClientId session);
+  // `session` died: its pages go back to their last commit, except those a
+  // live session wrote too (handed over); its journal goes.
+  UndoCounts RollBack(ClientId session);
+
+  // [offset, offset + length) is handed out free (a fresh chunk or large
+  // run): records of its pages no longer apply, so nothing puts back what
+  // its new owner writes there without pre-images.
+  absl::Status Forget(uint64_t offset, uint64_t length);
+
+  UndoCounts counts() const;
+
+ private:
+  // One record known to be in a journal.
+  struct Entry {
+    UndoKind kind;
+    uint64_t time_ns;
+    ClientId session;  // pre-image: whose
+    uint64_t generation;
+    uint64_t epoch;
+    ClientId file;  // 0: heap.undo; else the journal of that session
+    uint64_t image_at;
+  };
+  struct Journal {
+    UniqueFd fd;
+    uint64_t read_to = 0;  // bytes parsed
+    uint64_t punched = 0;  // bytes before this are void and punched out
+    bool broken = false;   // stopped being read
+    // Its pre-images in journal order (generations only grow along it).
+    struct Written {
+      uint64_t page;
+      uint64_t generation;
+      uint64_t end;  // of the record in the journal
+    };
+    std::deque<Written> written;
+  };
+
+  ContentUndo(std::string dir, const DataFile* data) : dir_(std::move(dir)), data_(data) {}
+
+  std::string JournalPath(ClientId session) const;
+  // Reads what was appended to `session`'s journal since the last read.
+  // The data file bounds the pages it may name and its size.
+  void RefreshLocked(ClientId session, Journal& journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops index entries of `session`'s file, or of heap.undo (0).
+  void UnindexLocked(uint64_t page, ClientId file, uint64_t image_at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddLocked(uint64_t page, const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ValidLocked(const Entry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The valid commit image or clear that cuts the page's history, or null.
+  const Entry* CutLocked(const std::vector<Entry>& entries) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The record the page goes back to, or null (nothing to put back).
+  const Entry* TargetLocked(const std::vector<Entry>& entries) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Appends a record to heap.undo and indexes it.
+  absl::Status AppendLocked(const UndoRecordHeader& header, const std::string& image)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> ReadImageLocked(const Entry& entry) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Puts `page` back from `target` and clears its records.
+  absl::Status RestoreLocked(uint64_t page, const Entry& target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts every page back and starts empty: no session is alive.
+  void RecoverAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveJournalLocked(ClientId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The generation up to which `session`'s pre-images are committed.
+  uint64_t EndedGenerationLocked(ClientId session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const std::string dir_;
+  const DataFile* const data_;
+  mutable absl::Mutex mu_;
+  uint64_t committed_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  UniqueFd heap_journal_ ABSL_GUARDED_BY(mu_);
+  std::map<ClientId, Journal> journals_ ABSL_GUARDED_BY(mu_);  // live sessions'
+  // Generation ends, per session: (generation, epoch).
+  std::map<ClientId, std::vector<std::pair<uint64_t, uint64_t>>> ends_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<Entry>> index_ ABSL_GUARDED_BY(mu_);  // by page
+  UndoCounts counts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_HEAP_CONTENT_UNDO_H_
