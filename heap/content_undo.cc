@@ -120,7 +120,12 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
 }
 
 void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
-  if (journal.broken) return;
+  if (journal.broken) {
+    // A journal cut off for its size stays empty: what its client appends
+    // is dropped at every check.
+    if (journal.oversized) (void)!ftruncate(journal.fd.get(), 0);
+    return;
+  }
   const uint64_t data_bytes = data_->size();
   struct stat st;
   if (fstat(journal.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return;
@@ -133,6 +138,12 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   };
   if (session != 0 && size > journal.punched + MaxJournalBytes(data_bytes)) {
     stop(absl::StrCat("it holds ", size - journal.punched, " bytes, more than a session needs"));
+    journal.oversized = true;
+    for (const Journal::Written& w : journal.written) {
+      UnindexLocked(w.page, session, w.end - kUndoPageBytes);
+    }
+    journal.written.clear();
+    (void)!ftruncate(journal.fd.get(), 0);
     return;
   }
   std::string record(kUndoImageRecordBytes, '\0');

@@ -119,9 +119,10 @@ class ContentUndo {
   };
   struct Journal {
     UniqueFd fd;
-    uint64_t read_to = 0;  // bytes parsed
-    uint64_t punched = 0;  // bytes before this are void and punched out
-    bool broken = false;   // stopped being read
+    uint64_t read_to = 0;    // bytes parsed
+    uint64_t punched = 0;    // bytes before this are void and punched out
+    bool broken = false;     // stopped being read
+    bool oversized = false;  // and emptied at each check: it grew too big
     // Its pre-images in journal order (generations only grow along it).
     struct Written {
       uint64_t page;
