@@ -18,6 +18,9 @@
 //   heap_worker SOCKET HEAP store-and-die NAME VALUE   sync, store VALUE into NAME's
 //                                               uint64_t, print "stored tracked|untracked",
 //                                               die of SIGKILL before syncing
+//   heap_worker SOCKET HEAP store-and-wait NAME VALUE  the same, but stay attached;
+//                                               at each SIGUSR1 store VALUE+1 and print
+//                                               "stored again"
 //   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
 //   heap_worker SOCKET HEAP attach ro|rw        attach, print "ok" or the status
 //   heap_worker SOCKET HEAP raw-attach          Attach only; print the fd token,
@@ -273,9 +276,10 @@ int Put(Client& client, const std::string& heap_name, const std::string& name, u
 
 // Stores `value` into NAME's uint64_t (after syncing once, so the store
 // is the session's first since its last sync), prints "stored" and dies of
-// SIGKILL without syncing it.
+// SIGKILL without syncing it; with `wait`, stays attached instead and at
+// each SIGUSR1 stores value + 1 and prints "stored again".
 int StoreAndDie(Client& client, const std::string& heap_name, const std::string& name,
-                uint64_t value) {
+                uint64_t value, bool wait = false) {
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
   if (!heap.ok()) return Fail(heap.status());
   absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
@@ -284,6 +288,14 @@ int StoreAndDie(Client& client, const std::string& heap_name, const std::string&
   **object = value;
   std::printf("stored %s\n", (*heap)->content_rollback() ? "tracked" : "untracked");
   std::fflush(stdout);
+  while (wait) {
+    if (sync_requested.exchange(false)) {
+      **object = ++value;
+      std::printf("stored again\n");
+      std::fflush(stdout);
+    }
+    usleep(1000);
+  }
   raise(SIGKILL);
   return 3;
 }
@@ -519,6 +531,12 @@ int Main(int argc, char** argv) {
     uint64_t value = 0;
     if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;
     return StoreAndDie(*client, heap, arg, value);
+  }
+  if (mode == "store-and-wait") {
+    uint64_t value = 0;
+    if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;
+    signal(SIGUSR1, [](int) { sync_requested = true; });
+    return StoreAndDie(*client, heap, arg, value, /*wait=*/true);
   }
   if (mode == "attach") return Attach(*client, heap, arg == "ro");
   if (mode == "raw-attach") return RawAttach(*client, heap);

@@ -120,9 +120,13 @@ ChildResult Child::Wait() {
 
 ChildResult RunChild(const std::vector<std::string>& argv) { return Child(argv).Wait(); }
 
-TestDaemon::TestDaemon(std::vector<std::string> extra_flags)
+TestDaemon::TestDaemon(std::vector<std::string> extra_flags, std::string state_parent)
     : dir_("/tmp"), extra_flags_(std::move(extra_flags)) {
   chmod(dir_.path().c_str(), 0755);
+  if (!state_parent.empty()) {
+    state_parent_ = std::make_unique<TestDir>(state_parent);
+    chmod(state_parent_->path().c_str(), 0755);
+  }
 }
 
 TestDaemon::~TestDaemon() {
@@ -136,8 +140,8 @@ void TestDaemon::Start() {
   std::vector<std::string> argv = launcher_;
   for (const std::string& arg :
        {other != nullptr && other[0] != '\0' ? std::string(other) : Runfile("daemon/heapd"),
-        "--state_dir=" + dir_.Sub("state"), "--runtime_dir=" + dir_.Sub("run"),
-        std::string("--log_level=debug")}) {
+        "--state_dir=" + (state_parent_ ? state_parent_->Sub("state") : dir_.Sub("state")),
+        "--runtime_dir=" + dir_.Sub("run"), std::string("--log_level=debug")}) {
     argv.push_back(arg);
   }
   argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,9 @@ class TestDaemon {
  public:
   // `extra_flags` go to heapd as they are. The directories are world
   // readable so unprivileged test users can reach the sockets.
-  explicit TestDaemon(std::vector<std::string> extra_flags = {});
+  // `state_parent`: where heapd's state directory (its heaps) goes, e.g.
+  // /dev/shm for heaps on tmpfs (default: beside the sockets, under /tmp).
+  explicit TestDaemon(std::vector<std::string> extra_flags = {}, std::string state_parent = "");
   ~TestDaemon();
 
   // Starts heapd and waits until it answers; aborts the test run if not.
@@ -79,6 +82,7 @@ class TestDaemon {
 
  private:
   TestDir dir_;
+  std::unique_ptr<TestDir> state_parent_;  // set when the state is elsewhere
   std::vector<std::string> extra_flags_;
   std::vector<std::string> launcher_;
   pid_t pid_ = -1;

@@ -1,0 +1,114 @@
+// Object contents go back to the last sync (issue 11), end to end: a real
+// heapd with its heaps on tmpfs, real client processes (heap_worker)
+// killed after storing into an object they synced before, heapd killed
+// under a writer. And where contents cannot roll back (a heap on ext4, or
+// --track_contents=false), attach and StatHeap say so.
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/test_daemon.h"
+
+namespace heapd {
+namespace {
+
+const std::string kWorker = "tests/heap_worker";
+
+ChildResult Work(const TestDaemon& daemon, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile(kWorker), daemon.socket(), "h"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunChild(argv);
+}
+
+// The value bound to `name`, as a read-only attach finds it.
+std::string Value(const TestDaemon& daemon, const std::string& name) {
+  const ChildResult got = Work(daemon, {"get", name});
+  EXPECT_TRUE(got.Exited(0)) << got.output;
+  return got.output;
+}
+
+v1::HeapStats Stats(const TestDaemon& daemon) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon.socket());
+  EXPECT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::HeapStats> stats = (*client)->Stat("h");
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return stats.ok() ? *stats : v1::HeapStats();
+}
+
+TEST(ContentRollbackTest, AStoreAfterTheLastSyncGoesBackWhenItsWriterDies) {
+  TestDaemon daemon({}, "/dev/shm");
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  const ChildResult died = Work(daemon, {"store-and-die", "x", "22"});
+  ASSERT_TRUE(died.KilledBy(SIGKILL)) << died.output;
+  ASSERT_TRUE(absl::StrContains(died.output, "stored tracked")) << died.output;
+  EXPECT_EQ(Value(daemon, "x"), "value 11\n");
+  const v1::HeapStats stats = Stats(daemon);
+  EXPECT_TRUE(stats.info().content_rollback());
+  EXPECT_GE(stats.undo_pages_restored(), 1u);
+}
+
+TEST(ContentRollbackTest, HeapdKilledUnderAWriterRecoversAndFencesIt) {
+  TestDaemon daemon({}, "/dev/shm");
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  Child writer({Runfile(kWorker), daemon.socket(), "h", "store-and-wait", "x", "22"});
+  ASSERT_TRUE(writer.WaitForOutput("stored tracked")) << writer.output();
+  daemon.Crash();
+  daemon.Start();
+  // Recovery put the page back before the heap was served again.
+  EXPECT_EQ(Value(daemon, "x"), "value 11\n");
+  // The writer lost its session with heapd: its mapping is read-only now,
+  // so a later store kills it instead of changing the recovered heap.
+  writer.Kill(SIGUSR1);
+  const ChildResult fenced = writer.Wait();
+  EXPECT_TRUE(fenced.KilledBy(SIGSEGV)) << fenced.output;
+  EXPECT_FALSE(absl::StrContains(fenced.output, "stored again")) << fenced.output;
+  EXPECT_EQ(Value(daemon, "x"), "value 11\n");
+}
+
+TEST(ContentRollbackTest, ASyncCommitsTheStore) {
+  TestDaemon daemon({}, "/dev/shm");
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  Child writer({Runfile(kWorker), daemon.socket(), "h", "hold", "1"});
+  ASSERT_TRUE(writer.WaitForOutput("synced")) << writer.output();
+  // "hold" bound pre-1 = 1 and synced; a second writer stores into x after
+  // its sync and dies: x goes back, pre-1 (synced by the first) stays.
+  ASSERT_TRUE(Work(daemon, {"store-and-die", "x", "33"}).KilledBy(SIGKILL));
+  EXPECT_EQ(Value(daemon, "x"), "value 11\n");
+  EXPECT_EQ(Value(daemon, "pre-1"), "value 1\n");
+}
+
+TEST(ContentRollbackTest, TurnedOffItSaysSo) {
+  TestDaemon daemon({"--track_contents=false"}, "/dev/shm");
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  const ChildResult died = Work(daemon, {"store-and-die", "x", "22"});
+  ASSERT_TRUE(absl::StrContains(died.output, "stored untracked")) << died.output;
+  EXPECT_EQ(Value(daemon, "x"), "value 22\n");  // what the old model did
+  const v1::HeapStats stats = Stats(daemon);
+  EXPECT_FALSE(stats.info().content_rollback());
+  EXPECT_TRUE(absl::StrContains(stats.info().content_rollback_note(), "--track_contents"))
+      << stats.info().content_rollback_note();
+}
+
+TEST(ContentRollbackTest, OnAFileSystemHeapItSaysWhyNot) {
+  TestDaemon daemon;  // state under /tmp: not tmpfs here
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  const v1::HeapStats stats = Stats(daemon);
+  if (stats.info().backing() == v1::BACKING_TMPFS) {
+    GTEST_SKIP() << "/tmp is tmpfs on this machine";
+  }
+  EXPECT_FALSE(stats.info().content_rollback());
+  EXPECT_TRUE(absl::StrContains(stats.info().content_rollback_note(), "contents do not"))
+      << stats.info().content_rollback_note();
+}
+
+}  // namespace
+}  // namespace heapd
