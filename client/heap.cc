@@ -154,8 +154,13 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
   content_rollback_note_ = attached.heap().content_rollback_note();
   if (attached.heap().content_rollback() && !read_only_) {
     if (!journal.valid()) return Unexpected(name_, "content rollback without an undo journal");
+    int lifeline;
+    {
+      absl::MutexLock lock(&fd_mu_);
+      lifeline = fd_connection_;
+    }
     absl::StatusOr<std::unique_ptr<WriteTracker>> tracker =
-        WriteTracker::Start(base_, &mapped_bytes_, data_fd_, std::move(journal), fd_connection_);
+        WriteTracker::Start(base_, &mapped_bytes_, data_fd_, std::move(journal), lifeline);
     if (!tracker.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("heap ", name_,
@@ -182,6 +187,7 @@ Heap::~Heap() {
                    s.ToString().c_str());
     }
   }
+  tracker_.reset();  // it watches the connection and uses the data fd
   {
     absl::MutexLock lock(&fd_mu_);
     if (fd_connection_ >= 0) close(fd_connection_);

@@ -130,12 +130,8 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   struct stat st;
   if (fstat(journal.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  auto stop = [&](const std::string& why) {
-    journal.broken = true;
-    ++counts_.bad_journals;
-    std::fprintf(stderr, "heapd: undo journal of %s stops being read: %s\n",
-                 session == 0 ? kHeapJournal : JournalPath(session).c_str(), why.c_str());
-  };
+  auto stop = [&](const std::string& why)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { StopReadingLocked(session, journal, why); };
   if (session != 0 && size > journal.punched + MaxJournalBytes(data_bytes)) {
     stop(absl::StrCat("it holds ", size - journal.punched, " bytes, more than a session needs"));
     journal.oversized = true;
@@ -174,6 +170,13 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
     }
     journal.read_to += r.size;
   }
+}
+
+void ContentUndo::StopReadingLocked(ClientId session, Journal& journal, const std::string& why) {
+  journal.broken = true;
+  ++counts_.bad_journals;
+  std::fprintf(stderr, "heapd: undo journal %s stops being read: %s\n",
+               session == 0 ? kHeapJournal : JournalPath(session).c_str(), why.c_str());
 }
 
 void ContentUndo::RefreshAllLocked() {

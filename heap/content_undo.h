@@ -139,6 +139,9 @@ class ContentUndo {
   // The data file bounds the pages it may name and its size.
   void RefreshLocked(ClientId session, Journal& journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the journal broken (counted and logged, saying `why`).
+  void StopReadingLocked(ClientId session, Journal& journal, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops index entries of `session`'s file, or of heap.undo (0).
   void UnindexLocked(uint64_t page, ClientId file, uint64_t image_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
