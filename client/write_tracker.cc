@@ -203,8 +203,14 @@ void WriteTracker::Capture(uint64_t offset) {
 }
 
 void WriteTracker::Fence() {
+  // The same file, privately: reads see the heap, stores stay in this
+  // process (copy-on-write) and never reach the heap again.
   const uint64_t size = mapped_->load(std::memory_order_acquire);
-  if (size != 0) mprotect(base_, size, PROT_READ);
+  if (size == 0) return;
+  if (mmap(base_, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, data_fd_, 0) ==
+      MAP_FAILED) {
+    mprotect(base_, size, PROT_READ);  // then a store faults instead
+  }
 }
 
 void WriteTracker::Run() {

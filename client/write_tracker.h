@@ -21,9 +21,11 @@
 // buffer first (Heap::prepare_write).
 //
 // When the session's connection to heapd closes while the heap is mapped
-// (heapd died or ended the session), the mapping is made read-only at once:
-// a store after that would land in a heap that heapd has already put back,
-// so the process fails with SIGSEGV instead.
+// (heapd died or ended the session), the mapping is fenced at once: mapped
+// again privately (copy-on-write), so that the process's stores from then
+// on — which heapd no longer tracks, and would land in a heap it has
+// already put back — stay in the process. Its next call to heapd fails; it
+// detaches and attaches again.
 //
 // Thread-safe.
 #ifndef HEAPD_CLIENT_WRITE_TRACKER_H_
@@ -95,7 +97,7 @@ class WriteTracker {
   // Takes the pre-image of the page at `offset` and lets stores to it
   // through.
   void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
-  // Makes everything mapped read-only: the session is over.
+  // Maps everything privately: the session is over.
   void Fence();
   void Protect(uint64_t offset, uint64_t length, bool protect) const;
 
