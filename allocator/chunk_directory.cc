@@ -357,6 +357,20 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(ClientId cl
   return PlannedFree{static_cast<uint32_t>(chunk), 0};
 }
 
+absl::Status ChunkDirectory::CheckFree(ClientId client, absl::Span<const ObjectRef> objects) const {
+  std::set<uint64_t> offsets;
+  for (const ObjectRef& object : objects) {
+    if (!offsets.insert(object.offset).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("offset ", object.offset, " appears twice in one free batch"));
+    }
+    if (absl::StatusOr<PlannedFree> planned = PlanFree(client, object); !planned.ok()) {
+      return planned.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ChunkDirectory::Free(ClientId client, absl::Span<const ObjectRef> objects) {
   std::vector<PlannedFree> plan;
   plan.reserve(objects.size());
@@ -546,6 +560,13 @@ DirectoryStats ChunkDirectory::Stats() const {
     }
   }
   return stats;
+}
+
+ClientId ChunkDirectory::LesseeOf(uint64_t offset) const {
+  const uint64_t chunk = offset >> kChunkShift;
+  if (chunk >= chunks_.size()) return 0;
+  const Chunk& c = chunks_[chunk];
+  return c.kind == ChunkKind::kSmall ? c.lessee : 0;
 }
 
 size_t ChunkDirectory::LeaseCount(ClientId client) const {

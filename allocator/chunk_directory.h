@@ -157,6 +157,8 @@ class ChunkDirectory {
   // free, or a second free of a queued one fails with INVALID_ARGUMENT, one
   // bound by a name with FAILED_PRECONDITION; then nothing is freed.
   absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
+  // What Free would say of `objects` now, changing nothing.
+  absl::Status CheckFree(ClientId client, absl::Span<const ObjectRef> objects) const;
 
   // Makes `client`'s large allocations persistent (at its sync or detach).
   void Commit(ClientId client);
@@ -187,6 +189,8 @@ class ChunkDirectory {
 
   // Leases held by `client`.
   size_t LeaseCount(ClientId client) const;
+  // The client leasing the small chunk that holds `offset`; 0 if none.
+  ClientId LesseeOf(uint64_t offset) const;
 
   absl::Status CheckInvariants() const;
 

@@ -390,7 +390,34 @@ absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t
 absl::Status PersistentHeap::Free(ClientId client, absl::Span<const ObjectRef> objects) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritableLocked("free"); !s.ok()) return s;
-  return directory_->Free(client, objects);
+  if (undo_ == nullptr) return directory_->Free(client, objects);
+  if (absl::Status s = directory_->CheckFree(client, objects); !s.ok()) return s;
+  std::map<uint64_t, DeferredFree>& deferred = deferred_frees_[client];
+  for (const ObjectRef& object : objects) {
+    if (deferred.count(object.offset) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", object.offset, " is freed twice by this session since its last sync"));
+    }
+  }
+  for (const ObjectRef& object : objects) {
+    deferred[object.offset] = DeferredFree{object, directory_->LesseeOf(object.offset)};
+  }
+  return absl::OkStatus();
+}
+
+void PersistentHeap::ApplyDeferredFreesLocked(ClientId client, std::vector<std::string>* rejected) {
+  auto it = deferred_frees_.find(client);
+  if (it == deferred_frees_.end()) return;
+  std::vector<ObjectRef> objects;
+  for (const auto& [offset, deferred] : it->second) objects.push_back(deferred.object);
+  deferred_frees_.erase(it);
+  if (directory_->Free(client, objects).ok()) return;
+  // One of them went bad meanwhile (another session freed it first: a
+  // double free). The rest still go.
+  for (const ObjectRef& object : objects) {
+    absl::Status s = directory_->Free(client, absl::MakeConstSpan(&object, 1));
+    if (!s.ok()) rejected->push_back(std::string(s.message()));
+  }
 }
 
 absl::Status PersistentHeap::Bind(ClientId client, const NameEntry& entry) {
@@ -478,12 +505,18 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
+    std::vector<std::string> rejected_now;
+    ApplyDeferredFreesLocked(client, &rejected_now);
     absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, release);
     if (!reported.ok()) return reported.status();
     result.corrections = std::move(reported->corrections);
     result.rejected_frees = std::move(reported->rejected_frees);
+    for (std::string& r : rejected_now) result.rejected_frees.push_back(std::move(r));
     directory_->Commit(client);
-    if (release) directory_->Reclaim(client);  // leases the client did not report
+    if (release) {
+      directory_->Reclaim(client);  // leases the client did not report
+      SettleDeferredFreesLocked(client, /*lessee_died=*/false);
+    }
     // What this epoch persists, taken now; later changes go to the next.
     result.epoch = epoch_ + 1;
     if (full) {
@@ -561,7 +594,31 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   // one else is handed them before its pages are back.
   if (undo_ != nullptr) undo_->RollBack(client);
   absl::MutexLock lock(&mu_);
-  return directory_->Reclaim(client);
+  deferred_frees_.erase(client);  // they go back with the client's stores
+  ReclaimResult result = directory_->Reclaim(client);
+  SettleDeferredFreesLocked(client, /*lessee_died=*/true);
+  return result;
+}
+
+void PersistentHeap::SettleDeferredFreesLocked(ClientId lessee, bool lessee_died) {
+  for (auto& [freer, frees] : deferred_frees_) {
+    for (auto it = frees.begin(); it != frees.end();) {
+      DeferredFree& deferred = it->second;
+      if (deferred.lessee != lessee) {
+        ++it;
+        continue;
+      }
+      deferred.lessee = 0;
+      // Its chunk is back at the lessee's last report: an object not live
+      // there was allocated after it and died with the lessee.
+      if (lessee_died &&
+          !directory_->CheckFree(freer, absl::MakeConstSpan(&deferred.object, 1)).ok()) {
+        it = frees.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 }
 
 absl::Status PersistentHeap::WithCommittedState(

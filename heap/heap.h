@@ -162,7 +162,11 @@ class PersistentHeap {
   absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
 
   // Frees objects the client's lease pool does not hold. See
-  // ChunkDirectory::Free for validation; all-or-nothing.
+  // ChunkDirectory::Free for validation; all-or-nothing. On a heap whose
+  // contents roll back, the frees are checked now and applied at the
+  // client's next sync (dropped if it dies first): a free belongs to the
+  // same unit as the client's stores — the pointer it cleared goes back
+  // with its death, so must the free.
   absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
 
   // Binds `entry.name` to the live object at entry.offset (entry.size bytes).
@@ -262,6 +266,15 @@ class PersistentHeap {
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client,
                                               absl::Span<const LeaseReport> reports, bool release,
                                               uint64_t generation);
+  // Applies the frees `client` made since its last sync (tracked heaps);
+  // those no longer valid go to `rejected`.
+  void ApplyDeferredFreesLocked(ClientId client, std::vector<std::string>* rejected)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `lessee`'s session ended: deferred frees of objects in the chunks it
+  // leased are now judged by the daemon's records; when it died, those of
+  // objects not live in its last report are dropped (they died with it).
+  void SettleDeferredFreesLocked(ClientId lessee, bool lessee_died)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fresh memory handed out: no pre-image may put its pages back.
   absl::Status ForgetUndo(uint64_t offset, uint64_t length);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }
@@ -286,6 +299,16 @@ class PersistentHeap {
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t metadata_log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> data_file_repairs_{0};
+  // Frees of tracked heaps waiting for their client's sync (see Free).
+  // With each, the session that leased its chunk when it was freed (0:
+  // none): if that session dies before the free applies, an object it
+  // allocated after its last report died with it, and the free has nothing
+  // left to do (as ChunkDirectory::Reclaim treats frees queued for it).
+  struct DeferredFree {
+    ObjectRef object;
+    ClientId lessee = 0;
+  };
+  std::map<ClientId, std::map<uint64_t, DeferredFree>> deferred_frees_ ABSL_GUARDED_BY(mu_);
   // Set at open on a tracked heap; its own lock, taken under persist_mu_
   // (never under mu_ or grow_mu_).
   std::unique_ptr<ContentUndo> undo_;
