@@ -49,6 +49,25 @@ bool LockWholeFile(int fd, short type) {
   return fcntl(fd, F_OFD_SETLK, &lock) == 0;
 }
 
+// The bytes of zeros a journal starts with (holes, or zeroed by a punch).
+uint64_t PunchedPrefix(int fd) {
+  const off_t data = lseek(fd, 0, SEEK_DATA);
+  if (data < 0) {  // ENXIO: holes to the end
+    struct stat st;
+    return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+  uint64_t at = static_cast<uint64_t>(data);
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = pread(fd, buffer, sizeof(buffer), static_cast<off_t>(at));
+    if (n <= 0) return at;
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buffer[i] != 0) return at + static_cast<uint64_t>(i);
+    }
+    at += static_cast<uint64_t>(n);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string& undo_dir,
@@ -90,6 +109,9 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string
     Journal journal;
     journal.fd.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
     if (!journal.fd.valid()) continue;
+    // Its void pre-images were punched out (Committed): they read as zeros
+    // up to the first record that was not, whose magic starts nonzero.
+    journal.read_to = journal.punched = PunchedPrefix(journal.fd.get());
     undo->RefreshLocked(id, journal);
     undo->journals_.emplace(id, std::move(journal));
   }
@@ -158,7 +180,7 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
     }
     if (kind == UndoKind::kGenerationEnd) {
       ends_[h.session].emplace_back(h.generation, h.epoch);
-    } else if (h.page + kUndoPageBytes > data_bytes) {
+    } else if (h.page >= data_bytes || data_bytes - h.page < kUndoPageBytes) {
       return stop(absl::StrCat("record at byte ", journal.read_to, " names page ", h.page,
                                " beyond the data file's ", data_bytes, " bytes"));
     } else {
@@ -299,7 +321,9 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     auto it = index_.find(page);
     if (it == index_.end()) continue;
     const Entry* cut = CutLocked(it->second);
-    bool others = false;
+    // An earlier commit image is the page's cut: without a newer one it
+    // would put the page back to what this sync supersedes.
+    bool others = cut != nullptr && cut->kind == UndoKind::kCommitImage;
     for (const Entry& e : it->second) {
       if (e.file == session || !ValidLocked(e)) continue;
       if (cut != nullptr && e.time_ns <= cut->time_ns) continue;
