@@ -4,6 +4,13 @@
 // the same run. Prints the median of --reps runs of every figure.
 //
 //   daemon_bench --heapd=PATH [--reps=5] [--only=b2,b3,b4,b5]
+//                [--b3_track_contents=both|true|false]
+//
+// B3 runs against a heapd with content tracking (its default) and, with
+// --b3_track_contents=both (the default), also against a second heapd
+// started with --track_contents=false, in every rep, alternating which goes
+// first: the ratio of the two is what tracking costs an ingest into fresh
+// memory (issue 11).
 //
 // Multi-process figures use child processes of this binary (--child=...)
 // that start together at an agreed CLOCK_MONOTONIC instant.
@@ -34,15 +41,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/heapd_process.h"
 #include "client/allocator.h"
 #include "client/client.h"
 #include "client/examples/graph.h"
 #include "client/examples/rmat.h"
 #include "client/heap.h"
+#include "heap/undo_record.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(int, reps, 5, "runs of each figure; medians are printed");
 ABSL_FLAG(std::string, only, "b2,b3,b4,b5", "which benchmarks");
+ABSL_FLAG(std::string, b3_track_contents, "both",
+          "B3 against a heapd with content tracking (true), one with --track_contents=false "
+          "(false), or both in every rep (both)");
 // Child mode (internal).
 ABSL_FLAG(std::string, child, "", "internal: b2, b4 or b5");
 ABSL_FLAG(std::string, socket, "", "internal");
@@ -153,11 +165,6 @@ std::map<std::string, double> Parse(const std::string& line) {
     values[kv.first] = std::atof(kv.second.c_str());
   }
   return values;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // Figures by name, one value per rep.
@@ -283,18 +290,43 @@ void RemoveHeap(Client& client, const std::string& name) {
   (void)client.stub().RemoveHeap(&context, request, &response);
 }
 
-void RunB3(Client& client, const std::vector<std::pair<uint64_t, uint64_t>>& edges) {
+struct B3Result {
+  double ingest = 0;       // s
+  double close = 0;        // sync + detach, s
+  double attach_find = 0;  // s
+  double connect = 0;      // s
+  double pre_images = 0;   // taken during the ingest (tracked heapd)
+};
+
+// Ingests `edges` into a new heap "b3" of `daemon`; `tracked`: whether that
+// heapd tracks contents (checked against the heap's content_rollback()).
+B3Result RunB3(HeapdProcess& daemon, const std::vector<std::pair<uint64_t, uint64_t>>& edges,
+               bool tracked) {
+  Client& client = daemon.client();
+  B3Result result;
   RemoveHeap(client, "b3");
   AttachOptions create;
   create.create_if_missing = true;
   create.max_size = uint64_t{8} << 30;
   std::unique_ptr<Heap> heap = Check(client.Attach("b3", create), "attach b3");
+  if (heap->content_rollback() != tracked) {
+    Die("B3", absl::FailedPreconditionError(absl::StrCat("expected content_rollback() ", tracked,
+                                                         ", got ", heap->content_rollback(), ": ",
+                                                         heap->content_rollback_note())));
+  }
   Graph* graph = Check(heap->construct<Graph>("graph")(allocator<char>(*heap)), "construct");
-  const double ingest = Ingest(*graph, edges);
+  result.ingest = Ingest(*graph, edges);
+  if (tracked) {  // what the undo journal holds: the pre-images the ingest took
+    struct stat st;
+    const std::string journal =
+        absl::StrCat(daemon.state_dir(), "/heaps/b3/undo/session-", heap->session(), ".undo");
+    if (stat(journal.c_str(), &st) != 0) Die("B3", absl::NotFoundError(journal));
+    result.pre_images = static_cast<double>(st.st_size) / kUndoImageRecordBytes;
+  }
   const Clock::time_point t0 = Clock::now();
   Check(heap->sync(), "sync");
   if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
-  const double close = Seconds(Clock::now() - t0);
+  result.close = Seconds(Clock::now() - t0);
   heap.reset();
 
   const Clock::time_point t1 = Clock::now();
@@ -303,22 +335,46 @@ void RunB3(Client& client, const std::vector<std::pair<uint64_t, uint64_t>>& edg
   reopen.prefetch_names = {"graph"};
   std::unique_ptr<Heap> again = Check(client.Attach("b3", reopen), "reattach");
   Graph* found = Check(again->find<Graph>("graph"), "find");
-  const double attach_find = Seconds(Clock::now() - t1);
+  result.attach_find = Seconds(Clock::now() - t1);
   if (found->edges != edges.size()) Die("check", absl::DataLossError("edge count"));
   const Clock::time_point t2 = Clock::now();
   std::unique_ptr<Client> fresh = Check(Client::Connect(client.socket_path()), "connect");
-  const double connect = Seconds(Clock::now() - t2);
+  result.connect = Seconds(Clock::now() - t2);
   again.reset();
+  RemoveHeap(client, "b3");  // frees its tmpfs pages for what follows
+  return result;
+}
+
+// B3 against `tracked` (may be null) and `untracked` (may be null) heapds,
+// in the order `untracked_first`, with the DRAM baseline.
+void RunB3Pair(HeapdProcess* tracked, HeapdProcess* untracked, bool untracked_first,
+               const std::vector<std::pair<uint64_t, uint64_t>>& edges) {
+  B3Result with, without;
+  if (untracked != nullptr && untracked_first) without = RunB3(*untracked, edges, false);
+  if (tracked != nullptr) with = RunB3(*tracked, edges, true);
+  if (untracked != nullptr && !untracked_first) without = RunB3(*untracked, edges, false);
 
   AdjacencyList<std::allocator<char>> dram{std::allocator<char>()};
   const double baseline = Ingest(dram, edges);
 
-  Record("B3 heapd Medges/s", edges.size() / ingest / 1e6);
+  const B3Result& main = tracked != nullptr ? with : without;
+  if (tracked != nullptr) {
+    Record("B3 heapd Medges/s", edges.size() / with.ingest / 1e6);
+  }
+  if (untracked != nullptr) {
+    Record("B3 heapd --track_contents=false Medges/s", edges.size() / without.ingest / 1e6);
+  }
+  if (tracked != nullptr && untracked != nullptr) {
+    Record("B3 tracking / no tracking (ingest rate, per rep)", without.ingest / with.ingest);
+  }
   Record("B3 std::allocator (DRAM) Medges/s", edges.size() / baseline / 1e6);
-  Record("B3 heapd / DRAM", baseline / ingest);
-  Record("B3 sync+detach ms", close * 1e3);
-  Record("B3 attach+find ms (read-only, name prefetched)", attach_find * 1e3);
-  Record("B3 connect ms", connect * 1e3);
+  Record("B3 heapd / DRAM", baseline / main.ingest);
+  if (tracked != nullptr) Record("B3 pre-images taken during the ingest", with.pre_images);
+  if (tracked != nullptr) Record("B3 sync+detach ms", with.close * 1e3);
+  if (untracked != nullptr)
+    Record("B3 sync+detach ms, --track_contents=false", without.close * 1e3);
+  Record("B3 attach+find ms (read-only, name prefetched)", main.attach_find * 1e3);
+  Record("B3 connect ms", main.connect * 1e3);
 }
 
 void RunB4(Client& client, const std::string& scratch) {
@@ -430,53 +486,32 @@ int B5Child() {
   return 0;
 }
 
-// ---- The daemon.
-struct Daemon {
-  pid_t pid = -1;
-  std::string dir;
-  std::string socket() const { return dir + "/run/heapd.sock"; }
-  ~Daemon() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-    std::string command = "rm -rf " + dir;
-    (void)!std::system(command.c_str());
-  }
-};
-
 int Main() {
-  Daemon daemon;
-  char pattern[] = "/dev/shm/heapd-bench-XXXXXX";
-  if (mkdtemp(pattern) == nullptr) {
-    std::perror("mkdtemp /dev/shm");
-    return 1;
-  }
-  daemon.dir = pattern;
   const std::string heapd = absl::GetFlag(FLAGS_heapd);
-  std::vector<std::string> argv = {heapd, "--state_dir=" + daemon.dir + "/state",
-                                   "--runtime_dir=" + daemon.dir + "/run", "--log_level=warn"};
-  std::vector<char*> raw;
-  for (std::string& a : argv) raw.push_back(a.data());
-  raw.push_back(nullptr);
-  if (posix_spawn(&daemon.pid, raw[0], nullptr, nullptr, raw.data(), environ) != 0) {
-    std::fprintf(stderr, "cannot start %s\n", heapd.c_str());
-    return 1;
-  }
-  std::unique_ptr<Client> client;
-  for (int i = 0; i < 200 && client == nullptr; ++i) {
-    usleep(20000);
-    if (auto c = Client::Connect(daemon.socket(), 1000); c.ok()) client = *std::move(c);
-  }
-  if (client == nullptr) return 1;
   const std::string only = absl::GetFlag(FLAGS_only);
   const bool b3 = only.find("b3") != std::string::npos;
+  const std::string b3_mode = absl::GetFlag(FLAGS_b3_track_contents);
+  if (b3_mode != "both" && b3_mode != "true" && b3_mode != "false") {
+    std::fprintf(stderr, "--b3_track_contents: both, true or false\n");
+    return 1;
+  }
+  // heapd as it runs by default (contents tracked), for every benchmark.
+  absl::StatusOr<std::unique_ptr<HeapdProcess>> daemon = HeapdProcess::Start(heapd, {});
+  if (!daemon.ok()) Die("heapd", daemon.status());
+  Client& client = (*daemon)->client();
+  // A second heapd without content tracking, for B3's comparison.
+  std::unique_ptr<HeapdProcess> untracked;
+  if (b3 && b3_mode != "true") {
+    untracked = Check(HeapdProcess::Start(heapd, {"--track_contents=false"}), "heapd untracked");
+  }
   const auto edges = b3 ? Edges(0, kEdges) : std::vector<std::pair<uint64_t, uint64_t>>();
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
-    if (only.find("b2") != std::string::npos) RunB2(*client, daemon.dir);
-    if (b3) RunB3(*client, edges);
-    if (only.find("b4") != std::string::npos) RunB4(*client, daemon.dir);
-    if (only.find("b5") != std::string::npos) RunB5(*client, daemon.dir);
+    if (only.find("b2") != std::string::npos) RunB2(client, (*daemon)->dir());
+    if (b3) {
+      RunB3Pair(b3_mode != "false" ? daemon->get() : nullptr, untracked.get(), rep % 2 == 0, edges);
+    }
+    if (only.find("b4") != std::string::npos) RunB4(client, (*daemon)->dir());
+    if (only.find("b5") != std::string::npos) RunB5(client, (*daemon)->dir());
     std::fprintf(stderr, "rep %d done\n", rep + 1);
   }
   std::printf("%-52s %12s   (runs)\n", "figure", "median");

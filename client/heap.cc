@@ -442,6 +442,7 @@ absl::Status Heap::SendSync(std::vector<LeaseReport> reports, uint64_t generatio
 }
 
 absl::StatusOr<uint64_t> Heap::sync() {
+  absl::MutexLock sync_lock(&sync_mu_);
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }

@@ -138,8 +138,8 @@ class Heap {
   }
 
   // Makes this process's allocations, frees and object contents persistent;
-  // returns the heap's new epoch.
-  absl::StatusOr<uint64_t> sync();
+  // returns the heap's new epoch. Concurrent calls run one after the other.
+  absl::StatusOr<uint64_t> sync() ABSL_LOCKS_EXCLUDED(sync_mu_);
 
   // Syncs, returns every leased chunk and ends the session. The heap's
   // memory is unmapped: no pointer into it may be used afterwards.
@@ -161,6 +161,10 @@ class Heap {
   // content_rollback_note() says why not (heapd decides, per heap).
   bool content_rollback() const { return tracker_ != nullptr; }
   const std::string& content_rollback_note() const { return content_rollback_note_; }
+  // With content_rollback(): true once heapd ended this session (it died or
+  // reclaimed it) and the mapping was fenced; later stores stay in this
+  // process and never reach the heap.
+  bool fenced() const { return tracker_ != nullptr && tracker_->fenced(); }
   // Takes the pre-images of the pages of [p, p + size) now: needed before a
   // system call writes there (read(2) into a heap buffer) when the kernel
   // lets this process track user-mode stores only (write_tracker.h).
@@ -236,6 +240,9 @@ class Heap {
   std::unique_ptr<WriteTracker> tracker_;
   std::string content_rollback_note_;
 
+  // Held through a sync: its reports, generation and request parts must
+  // reach heapd in the order they were taken.
+  absl::Mutex sync_mu_;
   absl::Mutex caches_mu_;
   std::map<std::thread::id, std::unique_ptr<ThreadCache>> caches_ ABSL_GUARDED_BY(caches_mu_);
   // Which thread cache leases each chunk (null: none of this process).

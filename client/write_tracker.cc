@@ -227,6 +227,7 @@ void WriteTracker::Run() {
     if (!fenced && (polled[2].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
       Fence();
       fenced = true;
+      fenced_.store(true, std::memory_order_release);
     }
     if ((polled[1].revents & POLLIN) == 0) continue;
     uffd_msg messages[16];

@@ -81,6 +81,9 @@ class WriteTracker {
   absl::Status error() const;
   // The userfaultfd's descriptor (for the growth fault handler).
   int fd() const { return uffd_.get(); }
+  // True once the session ended and the mapping was fenced: stores made
+  // after this returned stay in this process.
+  bool fenced() const { return fenced_.load(std::memory_order_acquire); }
 
  private:
   WriteTracker(char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd uffd,
@@ -109,6 +112,7 @@ class WriteTracker {
   const UniqueFd wake_;  // eventfd: stops Run
   const int lifeline_;
   std::thread thread_;
+  std::atomic<bool> fenced_{false};  // set (release) once Fence has run
 
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;

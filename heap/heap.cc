@@ -505,13 +505,10 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
-    std::vector<std::string> rejected_now;
-    ApplyDeferredFreesLocked(client, &rejected_now);
     absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, release);
     if (!reported.ok()) return reported.status();
     result.corrections = std::move(reported->corrections);
     result.rejected_frees = std::move(reported->rejected_frees);
-    for (std::string& r : rejected_now) result.rejected_frees.push_back(std::move(r));
     directory_->Commit(client);
     if (release) {
       directory_->Reclaim(client);  // leases the client did not report
@@ -536,19 +533,23 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   }
   // Undo records first: the pre-images this epoch makes void, and commit
   // images where others wrote the same pages, apply only with it.
+  // On any failure from here on, the changes taken above are still in
+  // memory; a full checkpoint at the next sync persists them.
   if (undo_ != nullptr) {
     if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch); !s.ok()) {
+      checkpoint_next_ = true;
       return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
     }
   }
   // Object contents first: a name must never reach disk before its object.
-  if (absl::Status s = FlushDataLocked(); !s.ok()) return s;
+  if (absl::Status s = FlushDataLocked(); !s.ok()) {
+    checkpoint_next_ = true;
+    return s;
+  }
   FaultPoint("sync.after_data_flush");
   const absl::Status status =
       full ? store_->WriteCheckpoint(std::move(checkpoint)) : store_->Append(record);
   if (!status.ok()) {
-    // The changes taken above are still in memory; a full checkpoint at the
-    // next sync persists them.
     checkpoint_next_ = true;
     return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
@@ -558,6 +559,11 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     metadata_log_bytes_ = store_->log_bytes();
     epoch_ = result.epoch;
     last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
+    // The client's frees of others' objects go with its stores (the
+    // unlinking), which this sync's last part just committed: applied now,
+    // they persist with the next epoch (a crash before it leaks the
+    // objects; none is ever freed under a committed pointer).
+    if (generation != 0 || release) ApplyDeferredFreesLocked(client, &result.rejected_frees);
   }
   if (undo_ != nullptr) {
     undo_->Committed(result.epoch);

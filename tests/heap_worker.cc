@@ -290,6 +290,10 @@ int StoreAndDie(Client& client, const std::string& heap_name, const std::string&
   std::fflush(stdout);
   while (wait) {
     if (sync_requested.exchange(false)) {
+      // The test signals after restarting heapd: wait for the fence first
+      // (the tracker's thread applies it when the session's socket ends).
+      for (int i = 0; i < 10000 && !(*heap)->fenced(); ++i) usleep(1000);
+      if (!(*heap)->fenced()) return Fail(absl::DeadlineExceededError("never fenced"));
       **object = ++value;
       std::printf("stored again\n");
       std::fflush(stdout);

@@ -1,0 +1,72 @@
+#include "bench/heapd_process.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace heapd {
+
+absl::StatusOr<std::unique_ptr<HeapdProcess>> HeapdProcess::Start(
+    const std::string& binary, const std::vector<std::string>& flags) {
+  std::unique_ptr<HeapdProcess> process(new HeapdProcess());
+  char pattern[] = "/dev/shm/heapd-bench-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp /dev/shm: ", std::strerror(errno)));
+  }
+  process->dir_ = pattern;
+  std::vector<std::string> argv = {binary, "--state_dir=" + process->state_dir(),
+                                   "--runtime_dir=" + process->dir_ + "/run", "--log_level=warn"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  std::vector<char*> raw;
+  for (std::string& a : argv) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  if (const int err = posix_spawn(&process->pid_, raw[0], nullptr, nullptr, raw.data(), environ);
+      err != 0) {
+    process->pid_ = -1;
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(err)));
+  }
+  for (int i = 0; i < 200 && process->client_ == nullptr; ++i) {
+    usleep(20000);
+    if (waitpid(process->pid_, nullptr, WNOHANG) == process->pid_) {
+      process->pid_ = -1;
+      return absl::InternalError(absl::StrCat(binary, " exited at start"));
+    }
+    if (auto c = Client::Connect(process->socket(), 1000); c.ok()) {
+      process->client_ = *std::move(c);
+    }
+  }
+  if (process->client_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(binary, " does not answer on ", process->socket()));
+  }
+  return process;
+}
+
+HeapdProcess::~HeapdProcess() {
+  client_.reset();
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ignored;
+  if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace heapd

@@ -1,0 +1,48 @@
+// A heapd of a benchmark's own: started on tmpfs (/dev/shm) with the flags
+// the benchmark asks for, connected to, stopped and removed with its
+// directory when destroyed. Shared by daemon_bench and update_bench.
+#ifndef HEAPD_BENCH_HEAPD_PROCESS_H_
+#define HEAPD_BENCH_HEAPD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
+
+namespace heapd {
+
+class HeapdProcess {
+ public:
+  // Starts `binary` with --state_dir and --runtime_dir in a new directory
+  // /dev/shm/heapd-bench-XXXXXX, --log_level=warn and `flags`, and waits
+  // (up to 4 s) until it answers on its socket.
+  static absl::StatusOr<std::unique_ptr<HeapdProcess>> Start(const std::string& binary,
+                                                             const std::vector<std::string>& flags);
+  // Closes the client, stops heapd (SIGTERM), waits for it and removes the
+  // directory. Heaps attached through client() must be gone by then.
+  ~HeapdProcess();
+  HeapdProcess(const HeapdProcess&) = delete;
+  HeapdProcess& operator=(const HeapdProcess&) = delete;
+
+  Client& client() { return *client_; }
+  const std::string& dir() const { return dir_; }  // scratch space too
+  std::string state_dir() const { return dir_ + "/state"; }
+  std::string socket() const { return dir_ + "/run/heapd.sock"; }
+
+ private:
+  HeapdProcess() = default;
+  pid_t pid_ = -1;
+  std::string dir_;
+  std::unique_ptr<Client> client_;
+};
+
+// The median (the upper one of an even count). REQUIRES: !values.empty().
+double Median(std::vector<double> values);
+
+}  // namespace heapd
+
+#endif  // HEAPD_BENCH_HEAPD_PROCESS_H_
