@@ -59,11 +59,12 @@ uint64_t MonotonicNs() {
 }
 
 // A shared (F_RDLCK) or no lock on byte `offset` of the data file.
-bool LockPage(int fd, uint64_t offset, short type) {
+// Takes (waiting) or releases the lock on byte 0 of the session's journal
+// that keeps heapd from putting pages back while a pre-image is taken.
+bool LockJournal(int fd, short type) {
   struct flock lock {};
   lock.l_type = type;
   lock.l_whence = SEEK_SET;
-  lock.l_start = static_cast<off_t>(offset);
   lock.l_len = 1;
   while (fcntl(fd, F_OFD_SETLKW, &lock) != 0) {
     if (errno != EINTR) return false;
@@ -177,9 +178,9 @@ absl::Status WriteTracker::error() const {
 void WriteTracker::Capture(uint64_t offset) {
   absl::MutexLock lock(&mu_);
   absl::Status failed;
-  if (!LockPage(data_fd_, offset, F_RDLCK)) {
+  if (!LockJournal(journal_.get(), F_WRLCK)) {
     failed = absl::InternalError(
-        absl::StrCat("lock page ", offset, " of the heap's data file: ", std::strerror(errno)));
+        absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {
     UndoRecordHeader header;
     header.kind = static_cast<uint32_t>(UndoKind::kPreImage);
@@ -194,7 +195,7 @@ void WriteTracker::Capture(uint64_t offset) {
                        " to the undo journal: ", written < 0 ? std::strerror(errno) : "short write",
                        "; that page cannot be put back if this process dies before its next sync"));
     }
-    LockPage(data_fd_, offset, F_UNLCK);
+    LockJournal(journal_.get(), F_UNLCK);
   }
   if (!failed.ok() && error_.ok()) error_ = failed;
   // Lift the protection even on failure: the store must go on.

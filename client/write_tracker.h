@@ -6,10 +6,10 @@
 //
 // How: the heap's mapping is registered with userfaultfd in write-protect
 // mode and every page that may hold live data is write-protected. A store
-// to a protected page stops its thread; the tracker's thread takes the
-// page's shared OFD lock on the data file (heapd takes the whole file
-// exclusively while it puts pages back), appends the pre-image (one
-// write()), releases the lock and lifts the protection, which lets the
+// to a protected page stops its thread; the tracker's thread takes the OFD
+// lock on byte 0 of the session's journal (heapd takes every journal's
+// while it puts pages back), appends the pre-image (one write()),
+// releases the lock and lifts the protection, which lets the
 // store through. Memory handed out free (fresh chunks, large objects) is
 // unprotected at once: it needs no pre-image, so filling new memory costs
 // nothing. At each sync, BeginSync protects again every page unprotected

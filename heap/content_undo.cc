@@ -40,12 +40,13 @@ uint64_t MaxJournalBytes(uint64_t data_bytes) {
   return 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes;
 }
 
-// Takes (exclusive) or releases the OFD lock on the whole data file that
-// keeps clients from taking pre-images while pages are put back.
-bool LockWholeFile(int fd, short type) {
+// Takes (exclusive, without waiting) or releases the OFD lock on byte 0 of
+// a session's journal that its client holds while it takes a pre-image.
+bool LockJournal(int fd, short type) {
   struct flock lock {};
   lock.l_type = type;
   lock.l_whence = SEEK_SET;
+  lock.l_len = 1;
   return fcntl(fd, F_OFD_SETLK, &lock) == 0;
 }
 
@@ -315,6 +316,7 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   for (const Journal::Written& w : journal->second.written) {
     if (w.generation <= generation) pages.push_back(w.page);
   }
+  pages.insert(pages.end(), journal->second.adopted.begin(), journal->second.adopted.end());
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   for (uint64_t page : pages) {
@@ -351,7 +353,17 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   end.generation = generation;
   end.epoch = epoch;
   end.time_ns = MonotonicNs();
-  return AppendLocked(end, "");
+  if (absl::Status s = AppendLocked(end, ""); !s.ok()) return s;
+  // The adopted pages have commit images now. Fresh memory handed out
+  // before the sync before this one was protected again by this sync's
+  // client (a grant can cross one sync, never two).
+  Journal& j = journal->second;
+  j.adopted.clear();
+  ++j.commits;
+  j.fresh.erase(std::remove_if(j.fresh.begin(), j.fresh.end(),
+                               [&](const Journal::Fresh& f) { return j.commits >= f.commits + 2; }),
+                j.fresh.end());
+  return absl::OkStatus();
 }
 
 void ContentUndo::Committed(uint64_t epoch) {
@@ -400,17 +412,15 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
   const UndoCounts before = counts_;
   auto journal = journals_.find(session);
   if (journal == journals_.end()) return {};
-  // Keep clients from taking pre-images while pages go back; a client
-  // stopped in the middle of taking one holds its page's lock: then its
-  // pages are handed over instead (see Target), never waited for.
-  bool locked = false;
-  for (int attempt = 0; attempt < 200 && !locked; ++attempt) {
-    locked = LockWholeFile(data_->fd(), F_WRLCK);
-    if (!locked) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // Keep clients from taking pre-images while pages go back: each live
+  // session's client holds its journal's lock while it takes one. One
+  // stopped in the middle (or hostile: only a session's own writer can hold
+  // it) makes heapd hand the pages over instead of waiting on it.
+  const bool locked = LockLiveJournalsLocked(session);
   RefreshAllLocked();
   std::vector<uint64_t> pages;
   for (const Journal::Written& w : journal->second.written) pages.push_back(w.page);
+  pages.insert(pages.end(), journal->second.adopted.begin(), journal->second.adopted.end());
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   for (uint64_t page : pages) {
@@ -418,12 +428,13 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
     if (it == index_.end()) continue;
     const Entry* target = TargetLocked(it->second);
     if (target == nullptr) continue;  // its stores were committed
-    const Entry* cut = CutLocked(it->second);
-    bool live_writer = false;
+    // A live session wrote the page since its last sync: with a pre-image
+    // (even one before the cut: later stores of that generation took
+    // none), or into memory it was handed free (no pre-images at all).
+    bool live_writer = WrittenFreshLocked(page, session) != 0;
     for (const Entry& e : it->second) {
       if (e.kind != UndoKind::kPreImage || e.file == 0 || e.file == session) continue;
-      if (!ValidLocked(e) || (cut != nullptr && e.time_ns <= cut->time_ns)) continue;
-      live_writer = true;
+      if (ValidLocked(e)) live_writer = true;
     }
     absl::Status status;
     if (live_writer || !locked) {
@@ -438,6 +449,11 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
         handed.generation = target->generation;
         status = image.ok() ? AppendLocked(handed, *image) : image.status();
       }
+      // A live session that wrote it as fresh memory takes it on: its next
+      // sync commits the page, its death puts the page back.
+      if (const ClientId taker = WrittenFreshLocked(page, session); taker != 0) {
+        journals_[taker].adopted.insert(page);
+      }
     } else {
       const Entry chosen = *target;  // RestoreLocked adds to the index
       status = RestoreLocked(page, chosen);
@@ -447,11 +463,40 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
                    static_cast<unsigned long long>(session), std::string(status.message()).c_str());
     }
   }
-  if (locked) LockWholeFile(data_->fd(), F_UNLCK);
+  if (locked) UnlockLiveJournalsLocked(session);
   RemoveJournalLocked(session);
   return UndoCounts{counts_.pages_restored - before.pages_restored,
                     counts_.pages_handed_over - before.pages_handed_over,
                     counts_.bad_journals - before.bad_journals};
+}
+
+ClientId ContentUndo::WrittenFreshLocked(uint64_t page, ClientId except) const {
+  for (const auto& [session, journal] : journals_) {
+    if (session == except || journal.broken) continue;
+    for (const Journal::Fresh& f : journal.fresh) {
+      if (page >= f.offset && page - f.offset < f.length) return session;
+    }
+  }
+  return 0;
+}
+
+bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
+  for (int attempt = 0; attempt < kLockAttempts; ++attempt) {
+    bool all = true;
+    for (auto& [session, journal] : journals_) {
+      if (session != except && !LockJournal(journal.fd.get(), F_WRLCK)) all = false;
+    }
+    if (all) return true;
+    UnlockLiveJournalsLocked(except);
+    std::this_thread::sleep_for(kLockRetry);
+  }
+  return false;
+}
+
+void ContentUndo::UnlockLiveJournalsLocked(ClientId except) {
+  for (auto& [session, journal] : journals_) {
+    if (session != except) LockJournal(journal.fd.get(), F_UNLCK);
+  }
 }
 
 void ContentUndo::RecoverAllLocked() {
@@ -477,8 +522,11 @@ void ContentUndo::RecoverAllLocked() {
   }
 }
 
-absl::Status ContentUndo::Forget(uint64_t offset, uint64_t length) {
+absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t length) {
   absl::MutexLock lock(&mu_);
+  if (auto journal = journals_.find(session); journal != journals_.end()) {
+    journal->second.fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
+  }
   RefreshAllLocked();
   std::vector<uint64_t> pages;
   for (auto it = index_.lower_bound(offset); it != index_.end() && it->first < offset + length;

@@ -28,9 +28,11 @@
 //     stays with its sync ("a sync commits its pages as they are");
 //   - when heapd opens the heap (Open), and when its last session is gone:
 //     every page any journal names.
-// While a page is put back no client may take its pre-image: clients hold
-// a shared OFD lock on the page's byte of the data file while they take
-// one, heapd an exclusive lock on the whole file while it puts pages back.
+// While a page is put back no client may take its pre-image: a client holds
+// an OFD lock on byte 0 of its own journal while it takes one, and heapd
+// takes every live journal's lock while it puts pages back (only a
+// session's own writer can hold its journal's lock: read-only attachers
+// cannot stall a rollback).
 //
 // Nothing read from a journal is trusted: records are checked (undo_record.h)
 // and bounded by the data file; a journal that breaks its format or grows
@@ -41,10 +43,12 @@
 #ifndef HEAPD_HEAP_CONTENT_UNDO_H_
 #define HEAPD_HEAP_CONTENT_UNDO_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,9 +104,12 @@ class ContentUndo {
   UndoCounts RollBack(ClientId session);
 
   // [offset, offset + length) is handed out free (a fresh chunk or large
-  // run): records of its pages no longer apply, so nothing puts back what
-  // its new owner writes there without pre-images.
-  absl::Status Forget(uint64_t offset, uint64_t length);
+  // run) to `session`: records of its pages no longer apply, so nothing
+  // puts back what the session writes there without pre-images until its
+  // client protects the range again (at its next sync but one, counted
+  // from the grant); meanwhile a dead session's pre-image of one of those
+  // pages is handed over to it, never restored over its stores.
+  absl::Status Forget(ClientId session, uint64_t offset, uint64_t length);
 
   UndoCounts counts() const;
 
@@ -130,7 +137,22 @@ class ContentUndo {
       uint64_t end;  // of the record in the journal
     };
     std::deque<Written> written;
+    uint64_t commits = 0;  // syncs of the session so far
+    // Memory handed to it free, written without pre-images: (offset,
+    // length, commits when handed out).
+    struct Fresh {
+      uint64_t offset;
+      uint64_t length;
+      uint64_t commits;
+    };
+    std::vector<Fresh> fresh;
+    // Pages a dead session handed over to it because it wrote them fresh:
+    // its next sync writes their commit images; its death puts them back.
+    std::set<uint64_t> adopted;
   };
+
+  static constexpr int kLockAttempts = 100;
+  static constexpr std::chrono::milliseconds kLockRetry{2};
 
   ContentUndo(std::string dir, const DataFile* data) : dir_(std::move(dir)), data_(data) {}
 
@@ -158,6 +180,14 @@ class ContentUndo {
   absl::StatusOr<std::string> ReadImageLocked(const Entry& entry) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Puts `page` back from `target` and clears its records.
   absl::Status RestoreLocked(uint64_t page, const Entry& target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A live session other than `except` that wrote `page` as fresh memory
+  // since its last sync (see Forget), or 0.
+  ClientId WrittenFreshLocked(uint64_t page, ClientId except) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Takes every live journal's lock but `except`'s (a client holds its own
+  // while it takes a pre-image), retrying for up to kLockAttempts *
+  // kLockRetry; false if some client kept one.
+  bool LockLiveJournalsLocked(ClientId except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnlockLiveJournalsLocked(ClientId except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts every page back and starts empty: no session is alive.
   void RecoverAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJournalLocked(ClientId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -490,15 +490,78 @@ TEST_F(ContentUndoTest, ForgottenPagesAreNotPutBack) {
   ASSERT_NO_FATAL_FAILURE(Write(*s, q, 0, "kept tracked"));
   // [4, 8) pages is freed and handed out again: its new owner stores
   // without pre-images.
-  ASSERT_TRUE(undo_->Forget(4 * kPage, 4 * kPage).ok());
+  auto owner = Attach(4);
+  ASSERT_TRUE(undo_->Forget(owner->id, 4 * kPage, 4 * kPage).ok());
   ASSERT_NO_FATAL_FAILURE(Put(p, 0, std::string(kPage, 'n')));
 
   const UndoCounts died = Die(*s);
   EXPECT_EQ(died.pages_restored, 1u);
   EXPECT_TRUE(SamePage(Page(p), std::string(kPage, 'n')));
   EXPECT_TRUE(SamePage(Page(q), Pattern(q, 'o')));
+  ASSERT_NO_FATAL_FAILURE(Detach(*owner));
   EXPECT_EQ(UndoFiles(), kOnlyHeapJournal);
 }
+
+// A live session's pre-image older than the page's cut still counts: its
+// later stores in that generation took none, and putting the page back to
+// the cut would undo them.
+TEST_F(ContentUndoTest, ALiveWriterFromBeforeTheCutKeepsItsStores) {
+  ASSERT_NO_FATAL_FAILURE(Make());
+  const uint64_t p = 6 * kPage;
+  auto live = Attach(1);
+  auto dies = Attach(2);
+  ASSERT_NO_FATAL_FAILURE(Write(*live, p, 0, "live-1"));
+  ASSERT_NO_FATAL_FAILURE(Write(*dies, p, 16, "dies-1"));
+  ASSERT_NO_FATAL_FAILURE(Sync(*dies));                    // a commit image of p: the cut
+  ASSERT_NO_FATAL_FAILURE(Write(*live, p, 32, "live-2"));  // same generation: no pre-image
+  ASSERT_NO_FATAL_FAILURE(Write(*dies, p, 48, "dies-2"));
+  const std::string now = Page(p);
+
+  const UndoCounts died = Die(*dies);
+  EXPECT_EQ(died.pages_restored, 0u);
+  EXPECT_EQ(died.pages_handed_over, 1u);
+  EXPECT_TRUE(SamePage(Page(p), now));
+}
+
+// Memory handed to a live session free is written without pre-images; a
+// dead session's pre-image of such a page is handed over to it, never put
+// back over its stores. Its sync then commits the page; its death puts the
+// page back.
+class ContentUndoFreshTest : public ContentUndoTest {
+ protected:
+  void Run(bool owner_syncs) {
+    ASSERT_NO_FATAL_FAILURE(Make());
+    const uint64_t p = 3 * kPage;
+    auto owner = Attach(1);
+    auto other = Attach(2);
+    ASSERT_TRUE(undo_->Forget(owner->id, 2 * kPage, 2 * kPage).ok());
+    ASSERT_NO_FATAL_FAILURE(Put(p, 0, "fresh-1"));  // the owner, no pre-image
+    ASSERT_NO_FATAL_FAILURE(Write(*other, p, 16, "other"));
+    const std::string before_other_died = Page(p);
+    ASSERT_NO_FATAL_FAILURE(Put(p, 32, "fresh-2"));
+
+    const UndoCounts died = Die(*other);
+    EXPECT_EQ(died.pages_restored, 0u);
+    EXPECT_EQ(died.pages_handed_over, 1u);
+    EXPECT_TRUE(SamePage(Page(p), Stored(before_other_died, 32, "fresh-2")));
+    if (owner_syncs) {
+      ASSERT_NO_FATAL_FAILURE(Sync(*owner));
+      const std::string synced = Page(p);
+      ASSERT_NO_FATAL_FAILURE(Write(*owner, p, 48, "after"));
+      EXPECT_EQ(Die(*owner).pages_restored, 1u);
+      EXPECT_TRUE(SamePage(Page(p), synced));
+    } else {
+      // Free at the last commit: any contents will do, but the page must
+      // be put back to what the dead session's pre-image held.
+      EXPECT_EQ(Die(*owner).pages_restored, 1u);
+      EXPECT_TRUE(SamePage(Page(p), Stored(Pattern(p, 'o'), 0, "fresh-1")));
+    }
+    EXPECT_EQ(UndoFiles(), kOnlyHeapJournal);
+  }
+};
+
+TEST_F(ContentUndoFreshTest, ThenItsSyncCommitsThePage) { Run(true); }
+TEST_F(ContentUndoFreshTest, ThenItsDeathPutsThePageBack) { Run(false); }
 
 // Hostile journals: a client may append anything to its journal.
 class ContentUndoHostileTest : public ContentUndoTest {

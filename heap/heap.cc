@@ -170,11 +170,16 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
     return s;
   }
   heap->metadata_log_bytes_ = log_bytes;
-  if (ContentRollbackNote(heap->data_->backing(), options.track_contents).empty()) {
-    absl::StatusOr<std::unique_ptr<ContentUndo>> undo = ContentUndo::Open(
-        absl::StrCat(dir, "/", kUndoDir), heap->data_.get(), heap->epoch_, &heap->recovered_);
+  // Journals left by a heapd that tracked contents are recovered even when
+  // this one does not (--track_contents turned off across a crash).
+  const bool track = ContentRollbackNote(heap->data_->backing(), options.track_contents).empty();
+  const std::string undo_dir = absl::StrCat(dir, "/", kUndoDir);
+  struct stat undo_st;
+  if (track || lstat(undo_dir.c_str(), &undo_st) == 0) {
+    absl::StatusOr<std::unique_ptr<ContentUndo>> undo =
+        ContentUndo::Open(undo_dir, heap->data_.get(), heap->epoch_, &heap->recovered_);
     if (!undo.ok()) return undo.status();
-    heap->undo_ = *std::move(undo);
+    if (track) heap->undo_ = *std::move(undo);
   }
   return heap;
 }
@@ -347,7 +352,8 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
         const bool empty = std::all_of(grant.words.begin(), grant.words.end(),
                                        [](uint64_t word) { return word == 0; });
         if (!empty) continue;
-        if (absl::Status s = ForgetUndo(uint64_t{grant.chunk} * kChunkSize, kChunkSize); !s.ok()) {
+        if (absl::Status s = ForgetUndo(client, uint64_t{grant.chunk} * kChunkSize, kChunkSize);
+            !s.ok()) {
           return s;
         }
       }
@@ -375,7 +381,8 @@ absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t
     }
     if (offset.ok() && undo_ != nullptr) {
       // The run was free: its client writes it without pre-images.
-      if (absl::Status s = ForgetUndo(*offset, uint64_t{chunks} * kChunkSize); !s.ok()) return s;
+      if (absl::Status s = ForgetUndo(client, *offset, uint64_t{chunks} * kChunkSize); !s.ok())
+        return s;
     }
     if (offset.ok() || offset.status().code() != absl::StatusCode::kResourceExhausted ||
         attempt == kMaxGrowAttempts) {
@@ -483,8 +490,8 @@ absl::Status PersistentHeap::FlushDataLocked() {
   return broken_;
 }
 
-absl::Status PersistentHeap::ForgetUndo(uint64_t offset, uint64_t length) {
-  absl::Status s = undo_->Forget(offset, length);
+absl::Status PersistentHeap::ForgetUndo(ClientId client, uint64_t offset, uint64_t length) {
+  absl::Status s = undo_->Forget(client, offset, length);
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));
 }

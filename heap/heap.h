@@ -276,7 +276,7 @@ class PersistentHeap {
   void SettleDeferredFreesLocked(ClientId lessee, bool lessee_died)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fresh memory handed out: no pre-image may put its pages back.
-  absl::Status ForgetUndo(uint64_t offset, uint64_t length);
+  absl::Status ForgetUndo(ClientId client, uint64_t offset, uint64_t length);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }
 
   const std::string dir_;

@@ -71,6 +71,23 @@ TEST(ContentRollbackTest, HeapdKilledUnderAWriterRecoversAndFencesIt) {
   writer.Wait();
 }
 
+// Journals left by a crash are recovered by a heapd started with tracking
+// off, too.
+TEST(ContentRollbackTest, TurningTrackingOffAcrossACrashStillRecovers) {
+  TestDaemon daemon({}, "/dev/shm");
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  Child writer({Runfile(kWorker), daemon.socket(), "h", "store-and-wait", "x", "22"});
+  ASSERT_TRUE(writer.WaitForOutput("stored tracked")) << writer.output();
+  daemon.Crash();
+  writer.Kill(SIGKILL);
+  writer.Wait();
+  daemon.set_extra_flags({"--track_contents=false"});
+  daemon.Start();
+  EXPECT_EQ(Value(daemon, "x"), "value 11\n");
+  EXPECT_FALSE(Stats(daemon).info().content_rollback());
+}
+
 TEST(ContentRollbackTest, ASyncCommitsTheStore) {
   TestDaemon daemon({}, "/dev/shm");
   daemon.Start();

@@ -92,11 +92,11 @@ uint64_t MainSeed() {
 
 // What a worker's output says about the state it left.
 struct WorkerLog {
-  bool any_synced = false;           // a "synced" line
-  uint64_t synced = 0;               // the last "synced N" (else its start)
-  std::optional<uint64_t> inside;    // "syncing M" without "synced M" after it
-  std::optional<uint64_t> done;      // "done N": it detached
-  std::string error;                 // its "error ..." line
+  bool any_synced = false;         // a "synced" line
+  uint64_t synced = 0;             // the last "synced N" (else its start)
+  std::optional<uint64_t> inside;  // "syncing M" without "synced M" after it
+  std::optional<uint64_t> done;    // "done N": it detached
+  std::string error;               // its "error ..." line
 };
 
 WorkerLog ParseWorker(const std::string& output, uint64_t start) {
@@ -159,8 +159,8 @@ struct Tally {
         "%s: %d rounds; kills before the first sync %d, between syncs %d, inside a sync %d "
         "(%d of them after it committed); completed before the kill %d; worker errors %d; "
         "DIVERGENCES %d\n",
-        name.c_str(), rounds, before_first_sync, between_syncs, inside_sync,
-        inside_sync_committed, completed, worker_errors, divergences);
+        name.c_str(), rounds, before_first_sync, between_syncs, inside_sync, inside_sync_committed,
+        completed, worker_errors, divergences);
     std::fflush(stdout);
   }
 };
@@ -320,9 +320,9 @@ void DataCrashTest::RunStructureRounds(const std::string& name, Kill kill, int r
     }
     if (!log.error.empty()) {
       ++tally.worker_errors;
-      EXPECT_NE(kill, Kill::kClient) << "round " << round << ": the worker failed on its own: "
-                                     << log.error << "\n"
-                                     << Tail(output, 10);
+      EXPECT_NE(kill, Kill::kClient)
+          << "round " << round << ": the worker failed on its own: " << log.error << "\n"
+          << Tail(output, 10);
     }
     std::vector<std::string> check = {"--check", absl::StrCat("--expect_step=", log.synced)};
     if (log.inside) check.push_back(absl::StrCat("--or_step=", *log.inside));
@@ -335,8 +335,8 @@ void DataCrashTest::RunStructureRounds(const std::string& name, Kill kill, int r
     ++tally.divergences;
     const std::string context = absl::StrCat(
         name, " round ", round, ": heap ", heap, ", seed ", seed, ", worker from step ", step,
-        " syncing every ", sync_every,
-        ", killed after ", delay_ms, " ms; it had synced step ", log.synced,
+        " syncing every ", sync_every, ", killed after ", delay_ms, " ms; it had synced step ",
+        log.synced,
         log.inside ? absl::StrCat(" and was inside the sync of step ", *log.inside) : "",
         log.done ? " and had detached" : "");
     if (tally.divergences == 1) tally.first_divergence = context + "\n" + checked.output;
@@ -353,9 +353,9 @@ void DataCrashTest::RunStructureRounds(const std::string& name, Kill kill, int r
     step = 0;
   }
   tally.Print(absl::StrCat(
-      name, " (", std::chrono::duration_cast<std::chrono::seconds>(
-                      std::chrono::steady_clock::now() - started)
-                      .count(),
+      name, " (",
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started)
+          .count(),
       " s, last step ", step, ")"));
   EXPECT_EQ(tally.divergences, 0) << "the first divergence:\n" << tally.first_divergence;
 }
@@ -404,17 +404,17 @@ TEST_F(DataCrashTest, TwoSessionsSamePages) {
   uint64_t cowriter_max = 0;
   Tally tally;
   for (int round = 0; round < absl::GetFlag(FLAGS_shared_rounds); ++round) {
-    Child owner(WorkerArgs(heap, owner_seed,
-                           {"--mode=owner", "--name_prefix=ts",
-                            absl::StrCat("--start_step=", owner_step),
-                            absl::StrCat("--sync_every=", kOwnerSyncEvery[rng() % 3])}));
+    Child owner(
+        WorkerArgs(heap, owner_seed,
+                   {"--mode=owner", "--name_prefix=ts", absl::StrCat("--start_step=", owner_step),
+                    absl::StrCat("--sync_every=", kOwnerSyncEvery[rng() % 3])}));
     ASSERT_TRUE(owner.WaitForOutput("ready")) << owner.output() << Tail(daemon_.Log(), 20);
     const uint64_t cowriter_sync_every = kCowriterSyncEvery[rng() % 3];
-    Child cowriter(WorkerArgs(heap, cowriter_seed,
-                              {"--mode=cowriter", "--name_prefix=ts",
-                               absl::StrCat("--start_step=", cowriter_step),
-                               absl::StrCat("--steps=", kCowriterSteps),
-                               absl::StrCat("--sync_every=", cowriter_sync_every)}));
+    Child cowriter(WorkerArgs(
+        heap, cowriter_seed,
+        {"--mode=cowriter", "--name_prefix=ts", absl::StrCat("--start_step=", cowriter_step),
+         absl::StrCat("--steps=", kCowriterSteps),
+         absl::StrCat("--sync_every=", cowriter_sync_every)}));
     cowriter_max = std::max(cowriter_max, cowriter_step + kCowriterSteps);
     for (int waited = 0, delay = PickDelay(rng); waited < delay; waited += 10) {
       RunFor(cowriter, std::min(10, delay - waited));
@@ -442,13 +442,13 @@ TEST_F(DataCrashTest, TwoSessionsSamePages) {
     }
     const ChildResult checked = RunChild(WorkerArgs(
         heap, owner_seed,
-        {"--check", "--mode=shared", "--name_prefix=ts", absl::StrCat("--expect_step=", *a_log.done),
-         absl::StrCat("--b_seed=", cowriter_seed), absl::StrCat("--b_step=", b.synced),
-         absl::StrCat("--b_max_step=", cowriter_max)}));
-    std::printf("TwoSessionsSamePages round %d: owner at step %" PRIu64 ", cowriter synced step %" PRIu64
-                "%s: %s",
-                round, *a_log.done, b.synced,
-                when.inside ? " (killed inside a sync)" : "", Tail(checked.output, 1).c_str());
+        {"--check", "--mode=shared", "--name_prefix=ts",
+         absl::StrCat("--expect_step=", *a_log.done), absl::StrCat("--b_seed=", cowriter_seed),
+         absl::StrCat("--b_step=", b.synced), absl::StrCat("--b_max_step=", cowriter_max)}));
+    std::printf("TwoSessionsSamePages round %d: owner at step %" PRIu64
+                ", cowriter synced step %" PRIu64 "%s: %s",
+                round, *a_log.done, b.synced, when.inside ? " (killed inside a sync)" : "",
+                Tail(checked.output, 1).c_str());
     if (!checked.Exited(0)) {
       ++tally.divergences;
       if (tally.divergences == 1) tally.first_divergence = checked.output;

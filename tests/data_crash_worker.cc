@@ -130,10 +130,10 @@ namespace {
 // ---------------------------------------------------------------------------
 // The operation stream.
 
-constexpr uint64_t kClearEvery = 8192;     // step s % kClearEvery == 0 clears all
-constexpr uint64_t kMaxVector = 1 << 17;   // elements: 1 MiB, beyond: shrink instead
-constexpr uint64_t kMaxList = 48;          // nodes; beyond: remove instead
-constexpr uint64_t kKeySpace = 4096;       // map keys, so that puts overwrite
+constexpr uint64_t kClearEvery = 8192;    // step s % kClearEvery == 0 clears all
+constexpr uint64_t kMaxVector = 1 << 17;  // elements: 1 MiB, beyond: shrink instead
+constexpr uint64_t kMaxList = 48;         // nodes; beyond: remove instead
+constexpr uint64_t kKeySpace = 4096;      // map keys, so that puts overwrite
 constexpr uint64_t kHeapMaxSize = uint64_t{4} << 30;
 constexpr uint64_t kChurnPattern = 0xA5A5A5A5A5A5A5A5;
 
@@ -170,9 +170,9 @@ struct Op {
 
 uint64_t PayloadWords(std::mt19937_64& rng) {
   const uint64_t r = rng() % 100;
-  if (r < 70) return 2 + rng() % 127;                                 // 16 B .. 1 KiB
-  if (r < 97) return 128 + rng() % (8192 - 128 + 1);                  // 1 .. 64 KiB
-  return (uint64_t{1} << 17) + 1 + rng() % (uint64_t{1} << 17);       // 1 .. 2 MiB: large
+  if (r < 70) return 2 + rng() % 127;                            // 16 B .. 1 KiB
+  if (r < 97) return 128 + rng() % (8192 - 128 + 1);             // 1 .. 64 KiB
+  return (uint64_t{1} << 17) + 1 + rng() % (uint64_t{1} << 17);  // 1 .. 2 MiB: large
 }
 
 OpKind PickKind(std::mt19937_64& rng, uint64_t vec_size, uint64_t list_length) {
@@ -325,9 +325,8 @@ Model ModelAt(uint64_t seed, uint64_t step) {
   Model model;
   if (step == 0) return model;
   for (uint64_t s = (step - 1) / kClearEvery * kClearEvery; s < step; ++s) {
-    model.Apply(NextOp(seed, s, model.vec.size(), model.list.size(), [&](uint64_t position) {
-      return model.NodeAt(position)->payload.size();
-    }));
+    model.Apply(NextOp(seed, s, model.vec.size(), model.list.size(),
+                       [&](uint64_t position) { return model.NodeAt(position)->payload.size(); }));
   }
   return model;
 }
@@ -508,18 +507,20 @@ int Run() {
   std::unique_ptr<Heap> heap = AttachOrDie(*client, /*create=*/start == 0);
   bool created = false;
   Structures s;
-  s.vec = FindOrMake<Vec>(*heap, VecName(prefix), &created,
-                          [&] { return heap->construct<Vec>(VecName(prefix))(U64Allocator(*heap)); });
-  s.map = FindOrMake<Map>(*heap, MapName(prefix), &created,
-                          [&] { return heap->construct<Map>(MapName(prefix))(MapAllocator(*heap)); });
-  s.list = FindOrMake<List>(*heap, ListName(prefix), &created,
-                            [&] { return heap->construct<List>(ListName(prefix))(List{nullptr, 0}); });
+  s.vec = FindOrMake<Vec>(*heap, VecName(prefix), &created, [&] {
+    return heap->construct<Vec>(VecName(prefix))(U64Allocator(*heap));
+  });
+  s.map = FindOrMake<Map>(*heap, MapName(prefix), &created, [&] {
+    return heap->construct<Map>(MapName(prefix))(MapAllocator(*heap));
+  });
+  s.list = FindOrMake<List>(*heap, ListName(prefix), &created, [&] {
+    return heap->construct<List>(ListName(prefix))(List{nullptr, 0});
+  });
   if (created && start != 0) Die(absl::StrCat("structures missing at step ", start));
   SyncOrDie(*heap, start);
   for (uint64_t step = start; step < end; ++step) {
-    const Op op = NextOp(seed, step, s.vec->size(), s.list->length, [&](uint64_t position) {
-      return ListNodeAt(*s.list, position)->words;
-    });
+    const Op op = NextOp(seed, step, s.vec->size(), s.list->length,
+                         [&](uint64_t position) { return ListNodeAt(*s.list, position)->words; });
     try {
       if (absl::Status status = ApplyToHeap(*heap, s, op); !status.ok()) {
         Die(absl::StrCat("step ", step, ": ", status.ToString()));
@@ -553,8 +554,8 @@ __attribute__((format(printf, 1, 2))) void Reading(const char* format, ...) {
 
 void OnFault(int signal, siginfo_t* info, void*) {
   char message[512];
-  const uint64_t offset = reinterpret_cast<uintptr_t>(info->si_addr) -
-                          reinterpret_cast<uintptr_t>(heap_base.load());
+  const uint64_t offset =
+      reinterpret_cast<uintptr_t>(info->si_addr) - reinterpret_cast<uintptr_t>(heap_base.load());
   const int n = std::snprintf(message, sizeof(message),
                               "DIVERGENCE: %s at heap offset 0x%" PRIx64
                               " while reading %s against the model at step %" PRIu64
@@ -642,8 +643,7 @@ void CompareVec(const Heap& heap, const Vec* vec, const std::vector<uint64_t>& m
   }
 }
 
-void CompareMap(const Map* map, const std::unordered_map<uint64_t, uint64_t>& model,
-                Diffs& diffs) {
+void CompareMap(const Map* map, const std::unordered_map<uint64_t, uint64_t>& model, Diffs& diffs) {
   Reading("the map (its size)");
   const std::string name = "map";
   if (map == nullptr) {
@@ -659,7 +659,8 @@ void CompareMap(const Map* map, const std::unordered_map<uint64_t, uint64_t>& mo
     if (it == map->end()) {
       diffs.Add(name, absl::StrCat("[", key, "]: expected ", Hex(value), ", missing"));
     } else if (it->second != value) {
-      diffs.Add(name, absl::StrCat("[", key, "]: expected ", Hex(value), ", got ", Hex(it->second)));
+      diffs.Add(name,
+                absl::StrCat("[", key, "]: expected ", Hex(value), ", got ", Hex(it->second)));
     }
   }
   uint64_t visited = 0;
@@ -983,9 +984,9 @@ int CheckShared() {
     const uint64_t got = slots[i];
     if (i % 2 == 0) {
       if (got != owner[i]) {
-        diffs.Add("owner's even slot", absl::StrCat("[", i, "] at the owner's step ", a_step,
-                                                    ": expected ", Hex(owner[i]), ", got ",
-                                                    Hex(got)));
+        diffs.Add("owner's even slot",
+                  absl::StrCat("[", i, "] at the owner's step ", a_step, ": expected ",
+                               Hex(owner[i]), ", got ", Hex(got)));
       }
     } else if (got != cowriter[i]) {
       const auto it = later.find(i);
@@ -993,10 +994,10 @@ int CheckShared() {
         ++newer;
         continue;
       }
-      diffs.Add("cowriter's odd slot",
-                absl::StrCat("[", i, "]: got ", Hex(got), ", neither its value at step ", b_step,
-                             " (", Hex(cowriter[i]), ") nor one it wrote in steps ", b_step, "..",
-                             b_max));
+      diffs.Add(
+          "cowriter's odd slot",
+          absl::StrCat("[", i, "]: got ", Hex(got), ", neither its value at step ", b_step, " (",
+                       Hex(cowriter[i]), ") nor one it wrote in steps ", b_step, "..", b_max));
     }
   }
   if (diffs.empty()) {

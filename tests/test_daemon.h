@@ -68,6 +68,8 @@ class TestDaemon {
   // Runs heapd under `launcher` (a command that execs its arguments, e.g.
   // prlimit), from the next Start.
   void set_launcher(std::vector<std::string> launcher) { launcher_ = std::move(launcher); }
+  // Replaces the extra flags, from the next Start.
+  void set_extra_flags(std::vector<std::string> flags) { extra_flags_ = std::move(flags); }
   // SIGTERM and wait; returns heapd's wait status.
   int Stop();
   // SIGKILL and reap (a daemon crash).
