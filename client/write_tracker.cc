@@ -58,7 +58,6 @@ uint64_t MonotonicNs() {
   return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
 }
 
-// A shared (F_RDLCK) or no lock on byte `offset` of the data file.
 // Takes (waiting) or releases the lock on byte 0 of the session's journal
 // that keeps heapd from putting pages back while a pre-image is taken.
 bool LockJournal(int fd, short type) {
@@ -123,11 +122,21 @@ WriteTracker::~WriteTracker() {
   if (thread_.joinable()) thread_.join();
 }
 
-void WriteTracker::Protect(uint64_t offset, uint64_t length, bool protect) const {
+void WriteTracker::Protect(uint64_t offset, uint64_t length, bool protect) {
   uffdio_writeprotect wp{};
   wp.range = {reinterpret_cast<uint64_t>(base_ + offset), length};
   wp.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0;
-  ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp);
+  // EAGAIN: the address space was changing (a concurrent mmap); try again.
+  int attempts = 0;
+  while (ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp) != 0) {
+    if ((errno == EAGAIN || errno == EINTR) && ++attempts < 1000) continue;
+    if (protect && error_.ok()) {
+      error_ = absl::InternalError(absl::StrCat(
+          "write-protect heap bytes ", offset, "..", offset + length, ": ", std::strerror(errno),
+          "; stores there take no pre-images and cannot be put back if this process dies"));
+    }
+    return;
+  }
 }
 
 void RegisterForWriteProtection(int uffd, char* at, uint64_t length) {

@@ -102,7 +102,8 @@ class WriteTracker {
   void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
   // Maps everything privately: the session is over.
   void Fence();
-  void Protect(uint64_t offset, uint64_t length, bool protect) const;
+  // Sets error_ if a range cannot be protected again.
+  void Protect(uint64_t offset, uint64_t length, bool protect) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   char* const base_;
   const std::atomic<uint64_t>* const mapped_;

@@ -28,9 +28,11 @@ bool UndoKindHasImage(uint32_t kind) {
 void EncodeUndoRecordInto(UndoRecordHeader header, const char* image, char* out) {
   header.magic = kUndoMagic;
   header.image_bytes = UndoKindHasImage(header.kind) ? kUndoPageBytes : 0;
-  header.crc = Checksum(header, image, header.image_bytes);
-  std::memcpy(out, &header, sizeof(header));
+  // The image first, and the checksum over that copy: the source may be a
+  // page other processes are storing into meanwhile.
   if (header.image_bytes != 0) std::memcpy(out + sizeof(header), image, header.image_bytes);
+  header.crc = Checksum(header, out + sizeof(header), header.image_bytes);
+  std::memcpy(out, &header, sizeof(header));
 }
 
 std::string EncodeUndoRecord(UndoRecordHeader header, absl::string_view image) {

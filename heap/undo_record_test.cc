@@ -1,5 +1,10 @@
 #include "heap/undo_record.h"
 
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -135,6 +140,31 @@ TEST(UndoRecordTest, BadMagicAndImageSizeAreDataLoss) {
   std::string claimed(kUndoImageRecordBytes, '\0');
   std::memcpy(claimed.data(), &h, sizeof(h));
   EXPECT_EQ(DecodeCode(claimed), absl::StatusCode::kDataLoss);
+}
+
+// A pre-image is taken of a page other processes may be storing into: the
+// record must still be whole (its checksum over the bytes it holds).
+TEST(UndoRecordTest, APageChangingWhileEncodedStillMakesAValidRecord) {
+  void* shared =
+      mmap(nullptr, kUndoPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* page = static_cast<volatile char*>(shared);
+  const pid_t writer = fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {
+    for (unsigned i = 0;; ++i) page[(i * 2654435761u) % kUndoPageBytes] = static_cast<char>(i);
+  }
+  std::string record(kUndoImageRecordBytes, '\0');
+  int bad = 0;
+  for (int i = 0; i < 20000; ++i) {
+    EncodeUndoRecordInto(Header(UndoKind::kPreImage), static_cast<const char*>(shared),
+                         record.data());
+    if (!DecodeUndoRecord(record, 0).ok()) ++bad;
+  }
+  kill(writer, SIGKILL);
+  waitpid(writer, nullptr, 0);
+  munmap(shared, kUndoPageBytes);
+  EXPECT_EQ(bad, 0);
 }
 
 }  // namespace
