@@ -566,7 +566,9 @@ ClientId ChunkDirectory::LesseeOf(uint64_t offset) const {
   const uint64_t chunk = offset >> kChunkShift;
   if (chunk >= chunks_.size()) return 0;
   const Chunk& c = chunks_[chunk];
-  return c.kind == ChunkKind::kSmall ? c.lessee : 0;
+  if (c.kind == ChunkKind::kSmall) return c.lessee;
+  // A large object not yet committed goes with its allocating client.
+  return c.kind == ChunkKind::kLargeHead ? c.uncommitted_by : 0;
 }
 
 size_t ChunkDirectory::LeaseCount(ClientId client) const {

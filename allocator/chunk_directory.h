@@ -189,7 +189,9 @@ class ChunkDirectory {
 
   // Leases held by `client`.
   size_t LeaseCount(ClientId client) const;
-  // The client leasing the small chunk that holds `offset`; 0 if none.
+  // The client leasing the small chunk that holds `offset`, or the one that
+  // allocated the large object at `offset` while it is uncommitted; 0 if
+  // none.
   ClientId LesseeOf(uint64_t offset) const;
 
   absl::Status CheckInvariants() const;

@@ -78,6 +78,17 @@ TEST(ChunkDirectoryTest, ReportRejectsChunksNotLeasedByCallerAndChangesNothing) 
   EXPECT_TRUE(dir.CheckInvariants().ok());
 }
 
+// A large object goes with its allocating client until committed (a free
+// of it by another client waits on that client, like one in its chunks).
+TEST(ChunkDirectoryTest, AnUncommittedLargeObjectIsItsAllocators) {
+  ChunkDirectory dir(8);
+  absl::StatusOr<uint64_t> big = dir.AllocateLarge(kAlice, 2 * kChunkSize);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(dir.LesseeOf(*big), kAlice);
+  dir.Commit(kAlice);
+  EXPECT_EQ(dir.LesseeOf(*big), 0u);
+}
+
 TEST(ChunkDirectoryTest, LargeRunsAllocateFreeAndRejectBadOffsets) {
   ChunkDirectory dir(8);
   absl::StatusOr<uint64_t> big = dir.AllocateLarge(kAlice, 3 * kChunkSize - 1);

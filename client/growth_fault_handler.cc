@@ -30,6 +30,7 @@ struct Registered {
   bool writable ABSL_GUARDED_BY(registering) = false;
   std::atomic<uint64_t>* mapped ABSL_GUARDED_BY(registering) = nullptr;
   int uffd ABSL_GUARDED_BY(registering) = -1;  // write tracking; -1: none
+  const std::atomic<bool>* fenced ABSL_GUARDED_BY(registering) = nullptr;
 };
 
 Registered slots[kSlots];
@@ -51,9 +52,12 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
                   heap.fd, mapped, &map_sync) != 0) {
       return false;
     }
-    if (heap.uffd >= 0) {
-      RegisterForWriteProtection(heap.uffd, heap.base.load(std::memory_order_acquire) + mapped,
-                                 size - mapped);
+    char* at = heap.base.load(std::memory_order_acquire) + mapped;
+    if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
+    // After a fence (checked after mapping: the fence may have run
+    // meanwhile), privately like the rest.
+    if (heap.fenced != nullptr && heap.fenced->load(std::memory_order_acquire)) {
+      MapPrivately(at, size - mapped, heap.fd, mapped);
     }
     uint64_t seen = mapped;
     while (seen < size && !heap.mapped->compare_exchange_weak(seen, size)) {
@@ -92,7 +96,8 @@ void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_AN
 }  // namespace
 
 int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                std::atomic<uint64_t>* mapped, int uffd) {
+                                std::atomic<uint64_t>* mapped, int uffd,
+                                const std::atomic<bool>* fenced) {
   std::call_once(installed, [] {
     struct sigaction action = {};
     action.sa_sigaction = OnSegv;
@@ -108,6 +113,7 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     slots[i].writable = writable;
     slots[i].mapped = mapped;
     slots[i].uffd = uffd;
+    slots[i].fenced = fenced;
     slots[i].base.store(base, std::memory_order_release);
     return i;
   }

@@ -172,7 +172,8 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
     tracker_ = *std::move(tracker);
   }
   fault_slot_ = RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_, &mapped_bytes_,
-                                            tracker_ ? tracker_->fd() : -1);
+                                            tracker_ ? tracker_->fd() : -1,
+                                            tracker_ ? tracker_->fencing() : nullptr);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
@@ -217,6 +218,9 @@ Heap::ThreadCache* Heap::NewCacheForThisThread() {
 absl::Status Heap::MapUpTo(uint64_t capacity) {
   if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
   absl::MutexLock lock(&mapping_mu_);
+  // What the growth fault handler mapped (and registered for write
+  // protection) is not mapped again: that would drop its protection.
+  mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
   const uint64_t before = mapping_->size();
   if (absl::Status s = mapping_->Extend(capacity); !s.ok()) return s;
   if (tracker_ != nullptr && mapping_->size() > before) {
@@ -224,6 +228,14 @@ absl::Status Heap::MapUpTo(uint64_t capacity) {
   }
   mapped_bytes_.store(mapping_->size(), std::memory_order_release);
   return absl::OkStatus();
+}
+
+absl::Status Heap::FlushMapping() {
+  {
+    absl::MutexLock lock(&mapping_mu_);
+    mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
+  }
+  return mapping_->Flush();
 }
 
 absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t size_class,
@@ -446,7 +458,7 @@ absl::StatusOr<uint64_t> Heap::sync() {
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
-  if (absl::Status s = mapping_->Flush(); !s.ok()) return s;
+  if (absl::Status s = FlushMapping(); !s.ok()) return s;
   absl::Status frees = FlushFrees();
   std::vector<ThreadCache*> caches;
   {
@@ -509,7 +521,7 @@ absl::Status Heap::detach() {
   absl::Status status;
   std::vector<LeaseReport> reports;
   if (!read_only_) {
-    status.Update(mapping_->Flush());
+    status.Update(FlushMapping());
     status.Update(FlushFrees());
     absl::MutexLock lock(&caches_mu_);
     for (const auto& [thread, cache] : caches_) {

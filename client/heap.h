@@ -199,6 +199,9 @@ class Heap {
   void AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants);
   // Applies other threads' frees to `cache`. REQUIRES: inside its gate.
   void ApplyRemoteFrees(ThreadCache* cache);
+  // Writes the mapping back (msync), including what the growth fault
+  // handler mapped.
+  absl::Status FlushMapping();
   absl::Status MapUpTo(uint64_t capacity);
   absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);

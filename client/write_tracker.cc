@@ -212,15 +212,24 @@ void WriteTracker::Capture(uint64_t offset) {
   unprotected_.emplace_back(offset, kUndoPageBytes);
 }
 
+void MapPrivately(char* at, uint64_t length, int fd, uint64_t offset) {
+  if (mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+           static_cast<off_t>(offset)) == MAP_FAILED) {
+    mprotect(at, length, PROT_READ);  // then a store faults instead
+  }
+}
+
 void WriteTracker::Fence() {
   // The same file, privately: reads see the heap, stores stay in this
-  // process (copy-on-write) and never reach the heap again.
-  const uint64_t size = mapped_->load(std::memory_order_acquire);
-  if (size == 0) return;
-  if (mmap(base_, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, data_fd_, 0) ==
-      MAP_FAILED) {
-    mprotect(base_, size, PROT_READ);  // then a store faults instead
+  // process (copy-on-write) and never reach the heap again. Growth mapped
+  // meanwhile is mapped privately by the fault handler once fencing_ is
+  // set, or here by the next round.
+  fencing_.store(true, std::memory_order_release);
+  uint64_t done = 0;
+  for (uint64_t size; (size = mapped_->load(std::memory_order_acquire)) > done; done = size) {
+    MapPrivately(base_ + done, size - done, data_fd_, done);
   }
+  fenced_.store(true, std::memory_order_release);
 }
 
 void WriteTracker::Run() {
@@ -237,7 +246,6 @@ void WriteTracker::Run() {
     if (!fenced && (polled[2].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
       Fence();
       fenced = true;
-      fenced_.store(true, std::memory_order_release);
     }
     if ((polled[1].revents & POLLIN) == 0) continue;
     uffd_msg messages[16];

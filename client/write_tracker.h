@@ -50,6 +50,10 @@ namespace heapd {
 // Registers [at, at + length) with the userfaultfd `uffd` for
 // write-protection and protects it. Async-signal-safe.
 void RegisterForWriteProtection(int uffd, char* at, uint64_t length);
+// Maps [offset, offset + length) of `fd` at `at` privately (MAP_FIXED):
+// reads see the file, stores stay in this process; read-only if that
+// fails. Async-signal-safe.
+void MapPrivately(char* at, uint64_t length, int fd, uint64_t offset);
 
 class WriteTracker {
  public:
@@ -84,6 +88,9 @@ class WriteTracker {
   // True once the session ended and the mapping was fenced: stores made
   // after this returned stay in this process.
   bool fenced() const { return fenced_.load(std::memory_order_acquire); }
+  // Set when the fence starts: the growth fault handler maps privately
+  // from then on.
+  const std::atomic<bool>* fencing() const { return &fencing_; }
 
  private:
   WriteTracker(char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd uffd,
@@ -113,7 +120,8 @@ class WriteTracker {
   const UniqueFd wake_;  // eventfd: stops Run
   const int lifeline_;
   std::thread thread_;
-  std::atomic<bool> fenced_{false};  // set (release) once Fence has run
+  std::atomic<bool> fencing_{false};  // set (release) when Fence starts
+  std::atomic<bool> fenced_{false};   // set (release) once Fence has run
 
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;

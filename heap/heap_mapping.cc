@@ -82,6 +82,12 @@ absl::Status HeapMapping::Extend(uint64_t new_size) {
   return absl::OkStatus();
 }
 
+void HeapMapping::Adopt(uint64_t size) {
+  if (size > size_.load(std::memory_order_relaxed) && size <= max_size_) {
+    size_.store(size, std::memory_order_release);
+  }
+}
+
 absl::Status HeapMapping::Flush() {
   const uint64_t size = size_.load(std::memory_order_acquire);
   if (size == 0 || !writable_) return absl::OkStatus();

@@ -45,6 +45,10 @@ class HeapMapping {
   // Maps the file up to `new_size` bytes at the same base address.
   // INVALID_ARGUMENT beyond the reservation.
   absl::Status Extend(uint64_t new_size);
+  // The file is mapped up to `size` bytes already (the client's growth
+  // fault handler maps without this object): Extend and Flush cover it
+  // from now on, and Extend never maps it again. Serialized like Extend.
+  void Adopt(uint64_t size);
 
   // Writes dirty pages of the mapping back to the file (msync MS_SYNC).
   absl::Status Flush();
