@@ -34,6 +34,19 @@ class SlotBitmap {
   static absl::StatusOr<SlotBitmap> FromWords(uint32_t slot_count,
                                               absl::Span<const uint64_t> words);
 
+  // Whether `words` (as returned by words()) mark none of the first
+  // `slot_count` slots allocated; padding bits do not count.
+  static bool NoneAllocated(uint32_t slot_count, absl::Span<const uint64_t> words) {
+    for (size_t w = 0; w < words.size(); ++w) {
+      const uint64_t bits = w * 64 >= slot_count ? 0
+                            : slot_count - w * 64 >= 64
+                                ? ~uint64_t{0}
+                                : (uint64_t{1} << (slot_count - w * 64)) - 1;
+      if ((words[w] & bits) != 0) return false;
+    }
+    return true;
+  }
+
   SlotBitmap(SlotBitmap&&) = default;
   SlotBitmap& operator=(SlotBitmap&&) = default;
   SlotBitmap(const SlotBitmap&) = default;

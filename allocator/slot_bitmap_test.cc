@@ -2,6 +2,7 @@
 
 #include <random>
 #include <set>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -26,6 +27,20 @@ TEST(SlotBitmapTest, FreedSlotIsReusedFirst) {
   EXPECT_EQ(bitmap.AllocateLowest(), 777);
   EXPECT_EQ(bitmap.AllocateLowest(), -1);
   EXPECT_TRUE(bitmap.CheckInvariants().ok());
+}
+
+// A fresh chunk's words have their padding bits set: it is still empty.
+TEST(SlotBitmapTest, NoneAllocatedIgnoresPadding) {
+  SlotBitmap bitmap(100);  // 2 words, 28 padding bits
+  EXPECT_NE(bitmap.words()[1], 0u);
+  EXPECT_TRUE(SlotBitmap::NoneAllocated(100, bitmap.words()));
+  ASSERT_EQ(bitmap.AllocateLowest(), 0);
+  EXPECT_FALSE(SlotBitmap::NoneAllocated(100, bitmap.words()));
+  SlotBitmap last(100);
+  for (int i = 0; i < 100; ++i) last.AllocateLowest();
+  for (uint32_t slot = 0; slot < 99; ++slot) last.Free(slot);
+  EXPECT_FALSE(SlotBitmap::NoneAllocated(100, last.words()));  // slot 99, in word 1
+  EXPECT_TRUE(SlotBitmap::NoneAllocated(128, std::vector<uint64_t>{0, 0}));
 }
 
 TEST(SlotBitmapTest, WordsRoundTripAndPaddingIsForced) {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
+#include "allocator/slot_bitmap.h"
 #include "client/growth_fault_handler.h"
 #include "client/owner_gate.h"
 #include "heap/data_file.h"
@@ -267,7 +268,7 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   if (tracker_ != nullptr) {
     // An empty chunk was free at the last commit: no pre-images needed.
     for (const LeaseGrant& grant : grants) {
-      if (std::all_of(grant.words.begin(), grant.words.end(), [](uint64_t w) { return w == 0; })) {
+      if (SlotBitmap::NoneAllocated(SlotsPerChunk(grant.size_class), grant.words)) {
         tracker_->Unprotect(uint64_t{grant.chunk} * kChunkSize, kChunkSize);
       }
     }

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "allocator/size_class.h"
+#include "allocator/slot_bitmap.h"
 #include "heap/fault_point.h"
 
 namespace heapd {
@@ -349,9 +351,7 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
       if (!grants.ok() || undo_ == nullptr) return grants;
       // An empty chunk is fresh: its client writes it without pre-images.
       for (const LeaseGrant& grant : *grants) {
-        const bool empty = std::all_of(grant.words.begin(), grant.words.end(),
-                                       [](uint64_t word) { return word == 0; });
-        if (!empty) continue;
+        if (!SlotBitmap::NoneAllocated(SlotsPerChunk(grant.size_class), grant.words)) continue;
         if (absl::Status s = ForgetUndo(client, uint64_t{grant.chunk} * kChunkSize, kChunkSize);
             !s.ok()) {
           return s;
