@@ -247,10 +247,22 @@ void WriteTracker::Run() {
       Fence();
       fenced = true;
     }
-    if ((polled[1].revents & POLLIN) == 0) continue;
+    if ((polled[1].revents & POLLIN) != 0) DrainFaults();
+  }
+}
+
+void WriteTracker::DrainFaults() {
+  // Keeps reading for a short while after the last fault: a program
+  // updating many pages faults again within microseconds, and a thread
+  // that is awake answers far sooner than one woken from poll.
+  uint64_t last_fault_ns = MonotonicNs();
+  for (;;) {
     uffd_msg messages[16];
     const ssize_t n = read(uffd_.get(), messages, sizeof(messages));
-    if (n <= 0) continue;
+    if (n <= 0) {
+      if (MonotonicNs() - last_fault_ns > kSpinNs) return;
+      continue;
+    }
     for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(uffd_msg); ++i) {
       const uffd_msg& m = messages[i];
       if (m.event != UFFD_EVENT_PAGEFAULT ||
@@ -261,6 +273,7 @@ void WriteTracker::Run() {
       const uint64_t offset = (address - reinterpret_cast<uint64_t>(base_)) & ~(kUndoPageBytes - 1);
       Capture(offset);
     }
+    last_fault_ns = MonotonicNs();
   }
 }
 

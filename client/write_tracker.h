@@ -103,7 +103,14 @@ class WriteTracker {
         wake_(std::move(wake)),
         lifeline_(lifeline) {}
 
+  // How long the thread keeps reading faults after the last one before it
+  // sleeps in poll again.
+  static constexpr uint64_t kSpinNs = 50000;
+
   void Run();
+  // Takes the pre-images of the faults pending, and of those that follow
+  // within kSpinNs.
+  void DrainFaults();
   // Takes the pre-image of the page at `offset` and lets stores to it
   // through.
   void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
