@@ -23,6 +23,7 @@ namespace {
 constexpr char kHeapJournal[] = "heap.undo";
 constexpr char kSessionPrefix[] = "session-";
 constexpr char kSuffix[] = ".undo";
+constexpr char kRewriteSuffix[] = ".new";  // heap.undo being rewritten
 
 uint64_t MonotonicNs() {
   timespec now;
@@ -73,7 +74,8 @@ uint64_t PunchedPrefix(int fd) {
 
 absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string& undo_dir,
                                                                const DataFile* data, uint64_t epoch,
-                                                               UndoCounts* recovered) {
+                                                               UndoCounts* recovered,
+                                                               uint64_t compact_at_bytes) {
   if (mkdir(undo_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("create ", undo_dir));
   }
@@ -85,7 +87,10 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string
   std::unique_ptr<ContentUndo> undo(new ContentUndo(undo_dir, data));
   absl::MutexLock lock(&undo->mu_);
   undo->committed_epoch_ = epoch;
+  undo->compact_at_bytes_ = compact_at_bytes;
   const std::string heap_path = absl::StrCat(undo_dir, "/", kHeapJournal);
+  // A rewrite that a crash interrupted: heap.undo is still whole.
+  unlink(absl::StrCat(heap_path, kRewriteSuffix).c_str());
   undo->heap_journal_.reset(
       open(heap_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!undo->heap_journal_.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heap_path));
@@ -386,6 +391,103 @@ void ContentUndo::Committed(uint64_t epoch) {
       journal.punched = void_to;
     }
   }
+  struct stat st;
+  if (fstat(heap_journal_.get(), &st) == 0 &&
+      static_cast<uint64_t>(st.st_size) > std::max(compact_at_bytes_, 4 * compacted_bytes_)) {
+    if (absl::Status s = CompactLocked(); !s.ok()) {
+      std::fprintf(stderr, "heapd: %s\n", std::string(s.message()).c_str());
+    }
+  }
+}
+
+absl::Status ContentUndo::CompactLocked() {
+  const std::string path = absl::StrCat(dir_, "/", kHeapJournal);
+  const std::string rewrite = absl::StrCat(path, kRewriteSuffix);
+  UniqueFd out(
+      open(rewrite.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!out.valid()) return ErrnoStatus(errno, absl::StrCat("rewrite ", path));
+  auto failed = [&](const std::string& what) {
+    const int err = errno;
+    unlink(rewrite.c_str());
+    return ErrnoStatus(err, absl::StrCat(what, " ", rewrite));
+  };
+  // Records kept, with where their images are in the new file.
+  std::map<uint64_t, std::vector<Entry>> kept;
+  std::set<ClientId> named;  // sessions whose pre-images are kept
+  uint64_t size = 0;
+  for (const auto& [page, entries] : index_) {
+    const Entry* cut = CutLocked(entries);
+    for (const Entry& e : entries) {
+      if (e.file != 0) continue;
+      const bool image = UndoKindHasImage(static_cast<uint32_t>(e.kind));
+      const bool keep = &e == cut ||
+                        (e.kind == UndoKind::kCommitImage && e.epoch > committed_epoch_) ||
+                        (e.kind == UndoKind::kPreImage && ValidLocked(e) &&
+                         (cut == nullptr || e.time_ns > cut->time_ns));
+      if (!keep) continue;
+      UndoRecordHeader h;
+      h.kind = static_cast<uint32_t>(e.kind);
+      h.page = page;
+      h.time_ns = e.time_ns;
+      h.session = e.session;
+      h.generation = e.generation;
+      h.epoch = e.epoch;
+      std::string bytes;
+      if (image) {
+        absl::StatusOr<std::string> read = ReadImageLocked(e);
+        if (!read.ok()) {
+          unlink(rewrite.c_str());
+          return read.status();
+        }
+        bytes = *std::move(read);
+      }
+      if (!WriteAll(out.get(), EncodeUndoRecord(h, bytes))) return failed("write");
+      Entry moved = e;
+      moved.image_at = size + kUndoHeaderBytes;
+      kept[page].push_back(moved);
+      size += image ? kUndoImageRecordBytes : kUndoHeaderBytes;
+      if (e.kind == UndoKind::kPreImage) named.insert(e.session);
+    }
+  }
+  for (const auto& [session, journal] : journals_) named.insert(session);
+  std::map<ClientId, std::vector<std::pair<uint64_t, uint64_t>>> ends;
+  for (const auto& [session, list] : ends_) {
+    if (named.count(session) == 0) continue;
+    const uint64_t ended = EndedGenerationLocked(session);
+    for (const auto& [generation, epoch] : list) {
+      if (epoch > committed_epoch_ || (generation == ended && ended != 0)) {
+        ends[session].emplace_back(generation, epoch);
+      }
+    }
+  }
+  for (const auto& [session, list] : ends) {
+    for (const auto& [generation, epoch] : list) {
+      UndoRecordHeader h;
+      h.kind = static_cast<uint32_t>(UndoKind::kGenerationEnd);
+      h.session = session;
+      h.generation = generation;
+      h.epoch = epoch;
+      h.time_ns = MonotonicNs();
+      if (!WriteAll(out.get(), EncodeUndoRecord(h, ""))) return failed("write");
+      size += kUndoHeaderBytes;
+    }
+  }
+  if (rename(rewrite.c_str(), path.c_str()) != 0) return failed("rename");
+  // From here on the new file is heap.undo: the index and ends_ follow it.
+  heap_journal_ = std::move(out);
+  for (auto it = index_.begin(); it != index_.end();) {
+    std::vector<Entry>& entries = it->second;
+    entries.erase(
+        std::remove_if(entries.begin(), entries.end(), [](const Entry& e) { return e.file == 0; }),
+        entries.end());
+    auto moved = kept.find(it->first);
+    if (moved != kept.end())
+      entries.insert(entries.end(), moved->second.begin(), moved->second.end());
+    it = entries.empty() ? index_.erase(it) : std::next(it);
+  }
+  ends_ = std::move(ends);
+  compacted_bytes_ = size;
+  return absl::OkStatus();
 }
 
 void ContentUndo::RemoveJournalLocked(ClientId session) {

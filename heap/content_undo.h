@@ -77,9 +77,12 @@ class ContentUndo {
   // `epoch`. Journals found there are from sessions of an earlier heapd:
   // their pages are put back and the journals removed before this returns;
   // `recovered` says how many.
+  // heap.undo is rewritten with only what still applies once it exceeds
+  // `compact_at_bytes` and four times its size after the last rewrite.
   static absl::StatusOr<std::unique_ptr<ContentUndo>> Open(const std::string& undo_dir,
                                                            const DataFile* data, uint64_t epoch,
-                                                           UndoCounts* recovered);
+                                                           UndoCounts* recovered,
+                                                           uint64_t compact_at_bytes = 16 << 20);
   ~ContentUndo() = default;
   ContentUndo(const ContentUndo&) = delete;
   ContentUndo& operator=(const ContentUndo&) = delete;
@@ -188,6 +191,11 @@ class ContentUndo {
   // kLockRetry; false if some client kept one.
   bool LockLiveJournalsLocked(ClientId except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnlockLiveJournalsLocked(ClientId except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewrites heap.undo with only the records that still apply: per page,
+  // its cut, the commit images of epochs not yet committed and the valid
+  // pre-images after the cut; per session still named, its newest
+  // committed generation end and those not yet committed.
+  absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts every page back and starts empty: no session is alive.
   void RecoverAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJournalLocked(ClientId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -199,6 +207,8 @@ class ContentUndo {
   mutable absl::Mutex mu_;
   uint64_t committed_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   UniqueFd heap_journal_ ABSL_GUARDED_BY(mu_);
+  uint64_t compact_at_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t compacted_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // heap.undo's size after the last rewrite
   std::map<ClientId, Journal> journals_ ABSL_GUARDED_BY(mu_);  // live sessions'
   // Generation ends, per session: (generation, epoch).
   std::map<ClientId, std::vector<std::pair<uint64_t, uint64_t>>> ends_ ABSL_GUARDED_BY(mu_);

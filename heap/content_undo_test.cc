@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "heap/data_file.h"
 #include "heap/test_dir.h"
@@ -87,7 +88,7 @@ class ContentUndoTest : public ::testing::Test {
   // (Re)opens the ContentUndo, as a heapd starting with the heap would.
   void OpenUndo(uint64_t epoch, UndoCounts* recovered = nullptr) {
     undo_.reset();
-    auto undo = ContentUndo::Open(undo_dir(), data_.get(), epoch, recovered);
+    auto undo = ContentUndo::Open(undo_dir(), data_.get(), epoch, recovered, compact_at_);
     ASSERT_TRUE(undo.ok()) << undo.status();
     undo_ = std::move(*undo);
     epoch_ = epoch;
@@ -179,6 +180,7 @@ class ContentUndoTest : public ::testing::Test {
   }
 
   TestDir dir_{"/dev/shm"};
+  uint64_t compact_at_ = 16 << 20;  // heap.undo's rewrite threshold
   std::unique_ptr<DataFile> data_;
   std::unique_ptr<ContentUndo> undo_;
   uint64_t epoch_ = 0;
@@ -562,6 +564,36 @@ class ContentUndoFreshTest : public ContentUndoTest {
 
 TEST_F(ContentUndoFreshTest, ThenItsSyncCommitsThePage) { Run(true); }
 TEST_F(ContentUndoFreshTest, ThenItsDeathPutsThePageBack) { Run(false); }
+
+// Two sessions syncing the same page write a commit image at every sync;
+// heap.undo is rewritten with only what still applies, and rolling back and
+// recovering still find the page's last commit.
+TEST_F(ContentUndoTest, HeapUndoStaysSmallUnderManySyncsOfASharedPage) {
+  compact_at_ = 64 << 10;
+  ASSERT_NO_FATAL_FAILURE(Make());
+  const uint64_t p = 2 * kPage;
+  auto a = Attach(1);
+  auto b = Attach(2);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Write(*a, p, 0, absl::StrCat("a", i, ";")));
+    ASSERT_NO_FATAL_FAILURE(Write(*b, p, 16, absl::StrCat("b", i, ";")));
+    ASSERT_NO_FATAL_FAILURE(Sync(*a));
+    ASSERT_NO_FATAL_FAILURE(Sync(*b));
+  }
+  // 600 commit images (2.4 MiB) were written.
+  struct stat st;
+  ASSERT_EQ(stat((undo_dir() + "/heap.undo").c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 256 << 10);
+  const std::string synced = Page(p);
+  ASSERT_NO_FATAL_FAILURE(Write(*a, p, 0, "unsynced"));
+  EXPECT_EQ(Die(*a).pages_restored, 1u);
+  EXPECT_TRUE(SamePage(Page(p), synced));
+  // heapd crashes: recovery finds the same commit.
+  ASSERT_NO_FATAL_FAILURE(Write(*b, p, 16, "unsynced too"));
+  ASSERT_NO_FATAL_FAILURE(OpenUndo(epoch_));
+  EXPECT_TRUE(SamePage(Page(p), synced));
+  EXPECT_EQ(UndoFiles(), kOnlyHeapJournal);
+}
 
 // Hostile journals: a client may append anything to its journal.
 class ContentUndoHostileTest : public ContentUndoTest {
