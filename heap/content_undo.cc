@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -287,13 +288,22 @@ absl::Status ContentUndo::AppendLocked(const UndoRecordHeader& header, const std
 
 absl::StatusOr<std::string> ContentUndo::ReadImageLocked(const Entry& entry) {
   const int fd = entry.file == 0 ? heap_journal_.get() : journals_.at(entry.file).fd.get();
-  std::string image(kUndoPageBytes, '\0');
-  if (pread(fd, image.data(), image.size(), entry.image_at) != static_cast<ssize_t>(image.size())) {
-    return absl::DataLossError(
-        absl::StrCat("undo image at byte ", entry.image_at, " of ",
-                     entry.file == 0 ? kHeapJournal : JournalPath(entry.file), " cannot be read"));
+  // The whole record again, checked again: a client can still change its
+  // journal's bytes (truncate it and append others) after heapd read them.
+  std::string record(kUndoImageRecordBytes, '\0');
+  const uint64_t at = entry.image_at - kUndoHeaderBytes;
+  const bool read =
+      pread(fd, record.data(), record.size(), at) == static_cast<ssize_t>(record.size());
+  absl::StatusOr<std::optional<DecodedUndoRecord>> decoded =
+      read ? DecodeUndoRecord(record, at)
+           : absl::StatusOr<std::optional<DecodedUndoRecord>>(std::nullopt);
+  if (!decoded.ok() || !decoded->has_value() || (*decoded)->header.time_ns != entry.time_ns ||
+      (*decoded)->header.kind != static_cast<uint32_t>(entry.kind)) {
+    return absl::DataLossError(absl::StrCat(
+        "undo record at byte ", at, " of ",
+        entry.file == 0 ? kHeapJournal : JournalPath(entry.file), " cannot be read back whole"));
   }
-  return image;
+  return record.substr(kUndoHeaderBytes);
 }
 
 absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {

@@ -701,6 +701,21 @@ TEST_F(ContentUndoHostileTest, AForgedGenerationEndVoidsNothing) {
   EXPECT_TRUE(SamePage(Page(10 * kPage), Pattern(10 * kPage, 'o')));
 }
 
+// A client rewrites its journal after heapd read it (truncate, append a
+// record of its own choosing at the same offset): heapd puts back nothing
+// it did not check.
+TEST_F(ContentUndoHostileTest, ARecordChangedAfterItWasReadIsNotRestored) {
+  ASSERT_NO_FATAL_FAILURE(Make(kSize));
+  auto s = Attach(next_id_++);
+  ASSERT_NO_FATAL_FAILURE(Write(*s, kPage, 0, "stored"));
+  const std::string stored = Page(kPage);
+  ASSERT_TRUE(undo_->Forget(0, 100 * kPage, kPage).ok());  // heapd reads the journal
+  ASSERT_EQ(ftruncate(s->journal.get(), 0), 0);
+  ASSERT_NO_FATAL_FAILURE(Append(*s, PreImage(kPage, 1, std::string(kPage, 'F'))));
+  EXPECT_EQ(Die(*s).pages_restored, 0u);
+  EXPECT_TRUE(SamePage(Page(kPage), stored));
+}
+
 TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {
   ASSERT_NO_FATAL_FAILURE(Make(16 * kPage));
   auto s = Attach(5);
