@@ -478,7 +478,9 @@ absl::StatusOr<uint64_t> Heap::sync() {
   // pre-image of the page as this sync commits it.
   const uint64_t generation = tracker_ != nullptr ? tracker_->BeginSync() : 0;
   v1::SyncResponse response;
-  if (absl::Status s = SendSync(std::move(reports), generation, &response); !s.ok()) {
+  absl::Status sent = SendSync(std::move(reports), generation, &response);
+  if (tracker_ != nullptr) tracker_->EndSync();
+  if (absl::Status s = std::move(sent); !s.ok()) {
     for (size_t i = 0; i < caches.size(); ++i) {
       VisitorScope visit(caches[i]->gate);
       caches[i]->pool.Redirty(by_cache[i]);  // report them at the next sync

@@ -117,6 +117,7 @@ absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
 }
 
 WriteTracker::~WriteTracker() {
+  EndSync();  // a Capture waiting for it would keep the thread from ending
   const uint64_t one = 1;
   (void)!write(wake_.get(), &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
@@ -160,8 +161,14 @@ void WriteTracker::Unprotect(uint64_t offset, uint64_t length) {
   unprotected_.emplace_back(offset, length);
 }
 
+void WriteTracker::EndSync() {
+  absl::MutexLock lock(&mu_);
+  syncing_ = false;
+}
+
 uint64_t WriteTracker::BeginSync() {
   absl::MutexLock lock(&mu_);
+  syncing_ = true;
   std::sort(unprotected_.begin(), unprotected_.end());
   // Adjacent and overlapping ranges in one call each.
   uint64_t begin = 0, end = 0;
@@ -185,7 +192,8 @@ absl::Status WriteTracker::error() const {
 }
 
 void WriteTracker::Capture(uint64_t offset) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_, absl::Condition(
+                                 +[](bool* syncing) { return !*syncing; }, &syncing_));
   absl::Status failed;
   if (!LockJournal(journal_.get(), F_WRLCK)) {
     failed = absl::InternalError(

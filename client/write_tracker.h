@@ -80,6 +80,11 @@ class WriteTracker {
   // Protects every page unprotected since the last call and starts a new
   // generation; returns the generation that ended (the sync commits it).
   uint64_t BeginSync();
+  // The sync BeginSync started reached heapd (or failed). Until then the
+  // pre-images of the new generation wait, and so do the stores that need
+  // them: heapd reads the pages the sync commits as they are, and a store
+  // of the next generation must not be among them.
+  void EndSync();
   // The first error taking a pre-image (the store went through without
   // one: its page cannot be put back); OK if none.
   absl::Status error() const;
@@ -132,6 +137,7 @@ class WriteTracker {
 
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  bool syncing_ ABSL_GUARDED_BY(mu_) = false;  // between BeginSync and EndSync
   // Ranges unprotected since the last BeginSync: (offset, length).
   std::vector<std::pair<uint64_t, uint64_t>> unprotected_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,116 @@
+// WriteTracker on a real tmpfs file and mapping, without heapd: what a store
+// to a protected page waits for, and what the journal receives.
+#include "client/write_tracker.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "heap/test_dir.h"
+#include "heap/undo_record.h"
+#include "util/unique_fd.h"
+
+namespace heapd {
+namespace {
+
+constexpr uint64_t kBytes = 16 * kUndoPageBytes;
+
+class WriteTrackerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_.reset(open(dir_.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    ASSERT_TRUE(data_.valid());
+    ASSERT_EQ(ftruncate(data_.get(), kBytes), 0);
+    void* at = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, data_.get(), 0);
+    ASSERT_NE(at, MAP_FAILED);
+    base_ = static_cast<char*>(at);
+    mapped_.store(kBytes);
+    UniqueFd journal(
+        open(dir_.Sub("journal").c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    ASSERT_TRUE(journal.valid());
+    int pair[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    lifeline_.reset(pair[0]);
+    heapd_end_.reset(pair[1]);
+    auto tracker =
+        WriteTracker::Start(base_, &mapped_, data_.get(), std::move(journal), lifeline_.get());
+    if (!tracker.ok()) GTEST_SKIP() << tracker.status();
+    tracker_ = *std::move(tracker);
+  }
+  void TearDown() override {
+    tracker_.reset();
+    if (base_ != nullptr) munmap(base_, kBytes);
+  }
+
+  uint64_t JournalRecords() const {
+    struct stat st;
+    return stat(dir_.Sub("journal").c_str(), &st) == 0
+               ? static_cast<uint64_t>(st.st_size) / kUndoImageRecordBytes
+               : 0;
+  }
+
+  TestDir dir_{"/dev/shm"};
+  UniqueFd data_;
+  UniqueFd lifeline_;
+  UniqueFd heapd_end_;
+  char* base_ = nullptr;
+  std::atomic<uint64_t> mapped_{0};
+  std::unique_ptr<WriteTracker> tracker_;
+};
+
+TEST_F(WriteTrackerTest, AFirstStoreTakesOnePreImage) {
+  base_[100] = 1;
+  base_[200] = 2;
+  EXPECT_EQ(JournalRecords(), 1u);
+  base_[kUndoPageBytes] = 3;
+  EXPECT_EQ(JournalRecords(), 2u);
+  EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
+}
+
+// Between BeginSync and EndSync heapd reads the pages the sync commits: a
+// store of the next generation waits until the sync is over.
+TEST_F(WriteTrackerTest, AStoreDuringASyncWaitsForItsEnd) {
+  base_[0] = 1;
+  ASSERT_EQ(tracker_->BeginSync(), 1u);
+  std::atomic<bool> stored{false};
+  std::thread writer([&] {
+    base_[8] = 2;
+    stored.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(stored.load());
+  char byte = 0;
+  ASSERT_EQ(pread(data_.get(), &byte, 1, 8), 1);
+  EXPECT_EQ(byte, 0);
+  tracker_->EndSync();
+  writer.join();
+  EXPECT_TRUE(stored.load());
+  EXPECT_EQ(JournalRecords(), 2u);  // one per generation
+}
+
+// heapd's end of the session: the mapping goes private, stores stay here.
+TEST_F(WriteTrackerTest, TheSessionsEndFencesTheMapping) {
+  base_[0] = 1;
+  heapd_end_.reset();
+  for (int i = 0; i < 1000 && !tracker_->fenced(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(tracker_->fenced());
+  base_[0] = 9;
+  char byte = 0;
+  ASSERT_EQ(pread(data_.get(), &byte, 1, 0), 1);
+  EXPECT_EQ(byte, 1);
+}
+
+}  // namespace
+}  // namespace heapd
