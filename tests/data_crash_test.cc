@@ -170,8 +170,13 @@ enum class Kill { kClient, kDaemon, kBoth };
 class DataCrashTest : public ::testing::Test {
  protected:
   // The heaps live on tmpfs: heapd's state directory is under /dev/shm (the
-  // later --state_dir wins over TestDaemon's own, under /tmp).
-  DataCrashTest() : shm_("/dev/shm"), daemon_({"--state_dir=" + shm_.Sub("state")}) {}
+  // later --state_dir wins over TestDaemon's own, under /tmp). A worker
+  // killed between its Attach call and fetching its fd leaves a session that
+  // ends when its token expires: 3 s here (default 10), well within the
+  // 10 s WaitForNoClients allows.
+  DataCrashTest()
+      : shm_("/dev/shm"),
+        daemon_({"--state_dir=" + shm_.Sub("state"), "--attach_token_seconds=3"}) {}
 
   void SetUp() override {
     struct statfs fs;
@@ -218,14 +223,26 @@ class DataCrashTest : public ::testing::Test {
   // Waits until heapd has ended every session of `heap` (a killed
   // client's is reclaimed when its connection closes).
   void WaitForNoClients(const std::string& heap) {
+    absl::StatusOr<v1::HeapStats> stats;
     for (int i = 0; i < 2000; ++i) {
-      absl::StatusOr<v1::HeapStats> stats = client_->Stat(heap);
+      stats = client_->Stat(heap);
       if (!stats.ok() && stats.status().code() == absl::StatusCode::kNotFound) return;
       if (stats.ok() && stats->info().clients() == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    ADD_FAILURE() << "heap " << heap << " still has clients after 10 s\n"
-                  << Tail(daemon_.Log(), 20);
+    ADD_FAILURE() << "heap " << heap << " still has clients after 10 s (last stat: "
+                  << (stats.ok() ? absl::StrCat(stats->info().clients(), " clients")
+                                 : stats.status().ToString())
+                  << ")\n"
+                  << Tail(daemon_.Log(), 20) << HeapdStacks();
+  }
+
+  // heapd's threads' stacks, when gdb is there to say where it is stuck.
+  std::string HeapdStacks() const {
+    if (access("/usr/bin/gdb", X_OK) != 0) return "";
+    const ChildResult gdb = RunChild({"/usr/bin/gdb", "-p", absl::StrCat(daemon_.pid()), "-batch",
+                                      "-ex", "thread apply all bt 12"});
+    return "heapd's threads:\n" + gdb.output;
   }
 
   void RemoveHeap(const std::string& heap) {
