@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
     if (ioctl(tracker->uffd_.get(), UFFDIO_WRITEPROTECT, &wp) != 0) {
       return Errno(errno, "write-protect the heap's mapping (UFFDIO_WRITEPROTECT)");
     }
+    KeepFromChildren(base, size);
   }
   {
     absl::MutexLock lock(&tracker->mu_);
@@ -140,7 +141,14 @@ void WriteTracker::Protect(uint64_t offset, uint64_t length, bool protect) {
   }
 }
 
+void KeepFromChildren(char* at, uint64_t length) {
+  // A forked child keeps no userfaultfd registration: its stores would take
+  // no pre-images. It gets no mapping instead, and must attach the heap.
+  madvise(at, length, MADV_DONTFORK);
+}
+
 void RegisterForWriteProtection(int uffd, char* at, uint64_t length) {
+  KeepFromChildren(at, length);
   uffdio_register reg{};
   reg.range = {reinterpret_cast<uint64_t>(at), length};
   reg.mode = UFFDIO_REGISTER_MODE_WP;
@@ -225,6 +233,7 @@ void MapPrivately(char* at, uint64_t length, int fd, uint64_t offset) {
            static_cast<off_t>(offset)) == MAP_FAILED) {
     mprotect(at, length, PROT_READ);  // then a store faults instead
   }
+  KeepFromChildren(at, length);
 }
 
 void WriteTracker::Fence() {

@@ -47,8 +47,12 @@
 
 namespace heapd {
 
+// Keeps [at, at + length) out of forked children (MADV_DONTFORK).
+// Async-signal-safe.
+void KeepFromChildren(char* at, uint64_t length);
 // Registers [at, at + length) with the userfaultfd `uffd` for
-// write-protection and protects it. Async-signal-safe.
+// write-protection, protects it and keeps it from children.
+// Async-signal-safe.
 void RegisterForWriteProtection(int uffd, char* at, uint64_t length);
 // Maps [offset, offset + length) of `fd` at `at` privately (MAP_FIXED):
 // reads see the file, stores stay in this process; read-only if that

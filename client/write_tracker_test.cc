@@ -3,9 +3,11 @@
 #include "client/write_tracker.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -96,6 +98,24 @@ TEST_F(WriteTrackerTest, AStoreDuringASyncWaitsForItsEnd) {
   writer.join();
   EXPECT_TRUE(stored.load());
   EXPECT_EQ(JournalRecords(), 2u);  // one per generation
+}
+
+// A forked child would store without pre-images: it has no mapping of the
+// heap, and a store there kills it instead of reaching the heap.
+TEST_F(WriteTrackerTest, AForkedChildCannotStoreIntoTheHeap) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGSEGV, SIG_DFL);
+    base_[0] = 7;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+  char byte = 1;
+  ASSERT_EQ(pread(data_.get(), &byte, 1, 0), 1);
+  EXPECT_EQ(byte, 0);
 }
 
 // heapd's end of the session: the mapping goes private, stores stay here.
