@@ -32,6 +32,26 @@ uint64_t MonotonicNs() {
   return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
 }
 
+// A clear of `page`'s older records, as of now.
+UndoRecordHeader ClearOf(uint64_t page) {
+  UndoRecordHeader clear;
+  clear.kind = static_cast<uint32_t>(UndoKind::kClear);
+  clear.page = page;
+  clear.time_ns = MonotonicNs();
+  return clear;
+}
+
+// `session`'s generations up to `generation` end with epoch `epoch`.
+UndoRecordHeader GenerationEnd(ClientId session, uint64_t generation, uint64_t epoch) {
+  UndoRecordHeader end;
+  end.kind = static_cast<uint32_t>(UndoKind::kGenerationEnd);
+  end.session = session;
+  end.generation = generation;
+  end.epoch = epoch;
+  end.time_ns = MonotonicNs();
+  return end;
+}
+
 bool WriteAll(int fd, const std::string& bytes) {
   return write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
 }
@@ -315,11 +335,7 @@ absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {
     return ErrnoStatus(errno, absl::StrCat("put back page ", page, " of ", data_->path()));
   }
   ++counts_.pages_restored;
-  UndoRecordHeader clear;
-  clear.kind = static_cast<uint32_t>(UndoKind::kClear);
-  clear.page = page;
-  clear.time_ns = MonotonicNs();
-  return AppendLocked(clear, "");
+  return AppendLocked(ClearOf(page), "");
 }
 
 absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch) {
@@ -362,13 +378,9 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     commit.epoch = epoch;
     if (absl::Status s = AppendLocked(commit, image); !s.ok()) return s;
   }
-  UndoRecordHeader end;
-  end.kind = static_cast<uint32_t>(UndoKind::kGenerationEnd);
-  end.session = session;
-  end.generation = generation;
-  end.epoch = epoch;
-  end.time_ns = MonotonicNs();
-  if (absl::Status s = AppendLocked(end, ""); !s.ok()) return s;
+  if (absl::Status s = AppendLocked(GenerationEnd(session, generation, epoch), ""); !s.ok()) {
+    return s;
+  }
   // The adopted pages have commit images now. Fresh memory handed out
   // before the sync before this one was protected again by this sync's
   // client (a grant can cross one sync, never two).
@@ -472,13 +484,9 @@ absl::Status ContentUndo::CompactLocked() {
   }
   for (const auto& [session, list] : ends) {
     for (const auto& [generation, epoch] : list) {
-      UndoRecordHeader h;
-      h.kind = static_cast<uint32_t>(UndoKind::kGenerationEnd);
-      h.session = session;
-      h.generation = generation;
-      h.epoch = epoch;
-      h.time_ns = MonotonicNs();
-      if (!WriteAll(out.get(), EncodeUndoRecord(h, ""))) return failed("write");
+      if (!WriteAll(out.get(), EncodeUndoRecord(GenerationEnd(session, generation, epoch), ""))) {
+        return failed("write");
+      }
       size += kUndoHeaderBytes;
     }
   }
@@ -646,11 +654,7 @@ absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t len
     if (TargetLocked(it->second) != nullptr) pages.push_back(it->first);
   }
   for (uint64_t page : pages) {
-    UndoRecordHeader clear;
-    clear.kind = static_cast<uint32_t>(UndoKind::kClear);
-    clear.page = page;
-    clear.time_ns = MonotonicNs();
-    if (absl::Status s = AppendLocked(clear, ""); !s.ok()) return s;
+    if (absl::Status s = AppendLocked(ClearOf(page), ""); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
