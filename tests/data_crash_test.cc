@@ -26,7 +26,7 @@
 // same pages; see that test).
 //
 // Deterministic given the seed: --seed, else $HEAPD_TEST_SEED, else 11; it is
-// printed. The defaults keep it near three minutes; more rounds:
+// printed. The defaults keep it near two minutes; more rounds:
 //   bazel test //tests:data_crash_test --test_output=streamed
 //   bazel test //tests:data_crash_test --test_env=HEAPD_TEST_SEED=7
 //   bazel run //tests:data_crash_test -- --client_kill_rounds=1000
@@ -60,10 +60,10 @@
 #include "heap/test_dir.h"
 #include "tests/test_daemon.h"
 
-ABSL_FLAG(int, client_kill_rounds, 40, "rounds of ClientKilled");
-ABSL_FLAG(int, daemon_kill_rounds, 8, "rounds of DaemonKilled");
-ABSL_FLAG(int, both_kill_rounds, 8, "rounds of BothKilled");
-ABSL_FLAG(int, shared_rounds, 5, "rounds of TwoSessionsSamePages");
+ABSL_FLAG(int, client_kill_rounds, 100, "rounds of ClientKilled");
+ABSL_FLAG(int, daemon_kill_rounds, 12, "rounds of DaemonKilled");
+ABSL_FLAG(int, both_kill_rounds, 12, "rounds of BothKilled");
+ABSL_FLAG(int, shared_rounds, 8, "rounds of TwoSessionsSamePages");
 ABSL_FLAG(int, max_delay_ms, 250, "longest a worker runs before it is killed");
 ABSL_FLAG(uint64_t, seed, 0, "main seed (0: $HEAPD_TEST_SEED, else 11)");
 
