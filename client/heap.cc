@@ -227,7 +227,11 @@ absl::Status Heap::MapUpTo(uint64_t capacity) {
   if (tracker_ != nullptr && mapping_->size() > before) {
     tracker_->AddMapping(before, mapping_->size() - before);
   }
-  mapped_bytes_.store(mapping_->size(), std::memory_order_release);
+  // Never lower: the growth fault handler may have mapped further meanwhile.
+  for (uint64_t seen = mapped_bytes_.load(std::memory_order_acquire);
+       seen < mapping_->size() &&
+       !mapped_bytes_.compare_exchange_weak(seen, mapping_->size(), std::memory_order_acq_rel);) {
+  }
   return absl::OkStatus();
 }
 

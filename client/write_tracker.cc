@@ -132,6 +132,9 @@ void WriteTracker::Protect(uint64_t offset, uint64_t length, bool protect) {
   int attempts = 0;
   while (ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp) != 0) {
     if ((errno == EAGAIN || errno == EINTR) && ++attempts < 1000) continue;
+    // The range is no longer registered (fenced): a thread stopped there
+    // still needs waking.
+    if (!protect) ioctl(uffd_.get(), UFFDIO_WAKE, &wp.range);
     if (protect && error_.ok()) {
       error_ = absl::InternalError(absl::StrCat(
           "write-protect heap bytes ", offset, "..", offset + length, ": ", std::strerror(errno),
@@ -246,6 +249,11 @@ void WriteTracker::Fence() {
   for (uint64_t size; (size = mapped_->load(std::memory_order_acquire)) > done; done = size) {
     MapPrivately(base_ + done, size - done, data_fd_, done);
   }
+  // Threads stopped on a store before the remap would wait for a wake-up
+  // that no longer comes (the remapped range is not registered): their
+  // stores retry and land in the private mapping.
+  uffdio_range all{reinterpret_cast<uint64_t>(base_), done};
+  if (done != 0) ioctl(uffd_.get(), UFFDIO_WAKE, &all);
   fenced_.store(true, std::memory_order_release);
 }
 
@@ -272,7 +280,8 @@ void WriteTracker::DrainFaults() {
   // Keeps reading for a short while after the last fault: a program
   // updating many pages faults again within microseconds, and a thread
   // that is awake answers far sooner than one woken from poll.
-  uint64_t last_fault_ns = MonotonicNs();
+  const uint64_t started_ns = MonotonicNs();
+  uint64_t last_fault_ns = started_ns;
   for (;;) {
     uffd_msg messages[16];
     const ssize_t n = read(uffd_.get(), messages, sizeof(messages));
@@ -291,6 +300,9 @@ void WriteTracker::DrainFaults() {
       Capture(offset);
     }
     last_fault_ns = MonotonicNs();
+    // Back to poll now and then, whatever the stream of faults: the end of
+    // the session (the fence) and the stop request wait there.
+    if (last_fault_ns - started_ns > kMaxDrainNs) return;
   }
 }
 

@@ -115,6 +115,8 @@ class WriteTracker {
   // How long the thread keeps reading faults after the last one before it
   // sleeps in poll again.
   static constexpr uint64_t kSpinNs = 50000;
+  // The longest it handles faults before it checks the session's end.
+  static constexpr uint64_t kMaxDrainNs = 2000000;
 
   void Run();
   // Takes the pre-images of the faults pending, and of those that follow

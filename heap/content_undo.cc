@@ -88,6 +88,13 @@ uint64_t PunchedPrefix(int fd) {
       if (buffer[i] != 0) return at + static_cast<uint64_t>(i);
     }
     at += static_cast<uint64_t>(n);
+    // Over holes at once: a journal may be extended by gigabytes of them.
+    const off_t next = lseek(fd, static_cast<off_t>(at), SEEK_DATA);
+    if (next < 0) {
+      struct stat st;
+      return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : at;
+    }
+    at = static_cast<uint64_t>(next);
   }
 }
 
@@ -342,6 +349,9 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   absl::MutexLock lock(&mu_);
   auto journal = journals_.find(session);
   if (journal == journals_.end()) return absl::OkStatus();  // not tracked
+  // A sync's earlier parts carry no generation: contents commit with its
+  // last part only.
+  if (generation == 0) return absl::OkStatus();
   RefreshAllLocked();
   std::vector<uint64_t> pages;
   for (const Journal::Written& w : journal->second.written) {
@@ -536,7 +546,9 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
   // session's client holds its journal's lock while it takes one. One
   // stopped in the middle (or hostile: only a session's own writer can hold
   // it) makes heapd hand the pages over instead of waiting on it.
-  const bool locked = LockLiveJournalsLocked(session);
+  RefreshLocked(session, journal->second);
+  const bool nothing_written = journal->second.written.empty() && journal->second.adopted.empty();
+  const bool locked = !nothing_written && LockLiveJournalsLocked(session);
   RefreshAllLocked();
   std::vector<uint64_t> pages;
   for (const Journal::Written& w : journal->second.written) pages.push_back(w.page);
@@ -645,7 +657,13 @@ void ContentUndo::RecoverAllLocked() {
 absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t length) {
   absl::MutexLock lock(&mu_);
   if (auto journal = journals_.find(session); journal != journals_.end()) {
-    journal->second.fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
+    // One entry per range (a chunk leased again replaces its entry): the
+    // list stays within the heap's chunks.
+    std::vector<Journal::Fresh>& fresh = journal->second.fresh;
+    fresh.erase(std::remove_if(fresh.begin(), fresh.end(),
+                               [&](const Journal::Fresh& f) { return f.offset == offset; }),
+                fresh.end());
+    fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
   }
   RefreshAllLocked();
   std::vector<uint64_t> pages;

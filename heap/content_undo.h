@@ -154,8 +154,10 @@ class ContentUndo {
     std::set<uint64_t> adopted;
   };
 
-  static constexpr int kLockAttempts = 100;
-  static constexpr std::chrono::milliseconds kLockRetry{2};
+  // A client holds its journal's lock for microseconds; one that keeps it
+  // costs a rollback at most 10 ms (the reaper thread is heapd's).
+  static constexpr int kLockAttempts = 20;
+  static constexpr std::chrono::microseconds kLockRetry{500};
 
   ContentUndo(std::string dir, const DataFile* data) : dir_(std::move(dir)), data_(data) {}
 
