@@ -159,7 +159,10 @@ std::string ContentUndo::JournalPath(ClientId session) const {
 }
 
 absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
-  absl::MutexLock lock(&mu_);
+  // Without mu_: the fd server calls this at attach, and syncs and
+  // rollbacks hold mu_ across I/O. The journal joins journals_ at the next
+  // call that takes mu_ (AdoptNewJournalsLocked); its client cannot have
+  // written to it before it has the descriptor returned here.
   const std::string path = JournalPath(session);
   UniqueFd fd(
       open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
@@ -171,7 +174,8 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
     unlink(path.c_str());
     return ErrnoStatus(err, absl::StrCat("open ", path));
   }
-  journals_[session] = std::move(journal);
+  absl::MutexLock lock(&new_journals_mu_);
+  new_journals_.emplace(session, std::move(journal));
   return fd;
 }
 
@@ -347,6 +351,7 @@ absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {
 
 absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
   auto journal = journals_.find(session);
   if (journal == journals_.end()) return absl::OkStatus();  // not tracked
   // A sync's earlier parts carry no generation: contents commit with its
@@ -405,6 +410,7 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
 
 void ContentUndo::Committed(uint64_t epoch) {
   absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
   committed_epoch_ = std::max(committed_epoch_, epoch);
   // Drop the pre-images that commit made void, and punch them out of their
   // journals (their memory, on tmpfs).
@@ -528,17 +534,21 @@ void ContentUndo::RemoveJournalLocked(ClientId session) {
   }
   journals_.erase(session);
   unlink(JournalPath(session).c_str());
-  if (journals_.empty()) RecoverAllLocked();
+  // A session attaching meanwhile gets its journal only once this is done.
+  absl::MutexLock new_lock(&new_journals_mu_);
+  if (journals_.empty() && new_journals_.empty()) RecoverAllLocked();
 }
 
 void ContentUndo::EndSession(ClientId session) {
   absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
   if (journals_.count(session) == 0) return;
   RemoveJournalLocked(session);
 }
 
 UndoCounts ContentUndo::RollBack(ClientId session) {
   absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
   const UndoCounts before = counts_;
   auto journal = journals_.find(session);
   if (journal == journals_.end()) return {};
@@ -602,6 +612,12 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
                     counts_.bad_journals - before.bad_journals};
 }
 
+void ContentUndo::AdoptNewJournalsLocked() {
+  absl::MutexLock lock(&new_journals_mu_);
+  for (auto& [session, journal] : new_journals_) journals_.emplace(session, std::move(journal));
+  new_journals_.clear();
+}
+
 ClientId ContentUndo::WrittenFreshLocked(uint64_t page, ClientId except) const {
   for (const auto& [session, journal] : journals_) {
     if (session == except || journal.broken) continue;
@@ -656,6 +672,7 @@ void ContentUndo::RecoverAllLocked() {
 
 absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t length) {
   absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
   if (auto journal = journals_.find(session); journal != journals_.end()) {
     // One entry per range (a chunk leased again replaces its entry): the
     // list stays within the heap's chunks.

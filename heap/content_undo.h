@@ -185,6 +185,8 @@ class ContentUndo {
   absl::StatusOr<std::string> ReadImageLocked(const Entry& entry) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Puts `page` back from `target` and clears its records.
   absl::Status RestoreLocked(uint64_t page, const Entry& target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves new_journals_ into journals_.
+  void AdoptNewJournalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A live session other than `except` that wrote `page` as fresh memory
   // since its last sync (see Forget), or 0.
   ClientId WrittenFreshLocked(uint64_t page, ClientId except) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -212,6 +214,10 @@ class ContentUndo {
   uint64_t compact_at_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t compacted_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // heap.undo's size after the last rewrite
   std::map<ClientId, Journal> journals_ ABSL_GUARDED_BY(mu_);  // live sessions'
+  // Journals OpenJournal made, until the next call holding mu_ adopts them.
+  // Taken under mu_, never the other way round.
+  absl::Mutex new_journals_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<ClientId, Journal> new_journals_ ABSL_GUARDED_BY(new_journals_mu_);
   // Generation ends, per session: (generation, epoch).
   std::map<ClientId, std::vector<std::pair<uint64_t, uint64_t>>> ends_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<Entry>> index_ ABSL_GUARDED_BY(mu_);  // by page
