@@ -189,9 +189,8 @@ void ChunkDirectory::ResolveRemoteFrees(uint32_t chunk, SlotBitmap& bitmap, bool
   c.remote_frees = std::move(kept);
 }
 
-absl::StatusOr<ReportResult> ChunkDirectory::Report(ClientId client,
-                                                    absl::Span<const LeaseReport> reports,
-                                                    bool release) {
+absl::Status ChunkDirectory::CheckReport(ClientId client,
+                                         absl::Span<const LeaseReport> reports) const {
   std::set<uint32_t> seen;
   for (const LeaseReport& report : reports) {
     if (report.chunk >= chunks_.size() || chunks_[report.chunk].kind != ChunkKind::kSmall ||
@@ -209,6 +208,15 @@ absl::StatusOr<ReportResult> ChunkDirectory::Report(ClientId client,
       return absl::InvalidArgumentError(absl::StrCat("chunk ", report.chunk, " is reported twice"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReportResult> ChunkDirectory::Report(ClientId client,
+                                                    absl::Span<const LeaseReport> reports,
+                                                    bool release) {
+  if (absl::Status s = CheckReport(client, reports); !s.ok()) return s;
+  std::set<uint32_t> seen;
+  for (const LeaseReport& report : reports) seen.insert(report.chunk);
   ReportResult result;
   for (const LeaseReport& report : reports) {
     Chunk& c = chunks_[report.chunk];

@@ -138,6 +138,10 @@ class ChunkDirectory {
   // FAILED_PRECONDITION / INVALID_ARGUMENT and changes nothing.
   absl::StatusOr<ReportResult> Report(ClientId client, absl::Span<const LeaseReport> reports,
                                       bool release);
+  // Report's checks alone: OK iff Report(client, reports, ...) would change
+  // the directory. Stays true until `client`'s leases change (only its own
+  // Report and Reclaim end them).
+  absl::Status CheckReport(ClientId client, absl::Span<const LeaseReport> reports) const;
 
   // Allocates a run of whole chunks for `size` bytes; the run stays
   // uncommitted until Commit(client) or a Pin. RESOURCE_EXHAUSTED if no free

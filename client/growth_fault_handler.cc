@@ -54,13 +54,15 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
     }
     char* at = heap.base.load(std::memory_order_acquire) + mapped;
     if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
-    // After a fence (checked after mapping: the fence may have run
-    // meanwhile), privately like the rest.
-    if (heap.fenced != nullptr && heap.fenced->load(std::memory_order_acquire)) {
-      MapPrivately(at, size - mapped, heap.fd, mapped);
-    }
     uint64_t seen = mapped;
-    while (seen < size && !heap.mapped->compare_exchange_weak(seen, size)) {
+    while (seen < size &&
+           !heap.mapped->compare_exchange_weak(seen, size, std::memory_order_seq_cst)) {
+    }
+    // A fence maps privately what `mapped` says after it set its flag; it
+    // may have read `mapped` before the exchange above: then this sees
+    // the flag (both sequentially consistent) and maps privately itself.
+    if (heap.fenced != nullptr && heap.fenced->load(std::memory_order_seq_cst)) {
+      MapPrivately(at, size - mapped, heap.fd, mapped);
     }
   }
   return true;  // mapped now (by us or by another thread)

@@ -16,6 +16,7 @@
 #include "client/growth_fault_handler.h"
 #include "client/owner_gate.h"
 #include "heap/data_file.h"
+#include "heap/fault_point.h"
 #include "heap/metadata_format.h"
 #include "heap/undo_record.h"
 #include "protocol/fd_protocol.h"
@@ -429,33 +430,38 @@ absl::Status Heap::FlushFrees() {
   return FreeRemotely(std::move(batch));
 }
 
-absl::Status Heap::SendSync(std::vector<LeaseReport> reports, uint64_t generation,
-                            v1::SyncResponse* response) {
-  size_t sent = 0;
-  do {
+absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent) {
+  while (reports.size() - *sent > kReportsPerSync) {
     v1::SyncRequest request;
     request.set_session(session_);
-    const size_t end = std::min(reports.size(), sent + kReportsPerSync);
-    for (; sent < end; ++sent) ToProto(reports[sent], request.add_reports());
-    // Contents commit with the last part, with every allocation they may
-    // point to.
-    if (sent == reports.size()) request.set_generation(generation);
-    v1::SyncResponse part;
+    request.set_more(true);
+    for (const size_t end = *sent + kReportsPerSync; *sent < end; ++*sent) {
+      ToProto(reports[*sent], request.add_reports());
+    }
+    v1::SyncResponse response;
     grpc::ClientContext context;
     client_->Prepare(&context);
-    if (absl::Status s = FromGrpc(client_->stub().Sync(&context, request, &part)); !s.ok()) {
+    if (absl::Status s = FromGrpc(client_->stub().Sync(&context, request, &response)); !s.ok()) {
       return s;
     }
-    response->set_epoch(part.epoch());
-    response->set_capacity_bytes(part.capacity_bytes());
-    for (v1::LeaseCorrection& c : *part.mutable_corrections()) {
-      *response->add_corrections() = std::move(c);
-    }
-    for (std::string& rejected : *part.mutable_rejected_frees()) {
-      response->add_rejected_frees(std::move(rejected));
-    }
-  } while (sent < reports.size());
+    FaultPoint("client.sync.between_parts");
+  }
   return absl::OkStatus();
+}
+
+absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports, uint64_t generation,
+                            v1::SyncResponse* response) {
+  // heapd holds the earlier parts and commits them with the last, with the
+  // contents: one sync, one epoch.
+  size_t sent = 0;
+  if (absl::Status s = SendEarlierParts(reports, &sent); !s.ok()) return s;
+  v1::SyncRequest request;
+  request.set_session(session_);
+  request.set_generation(generation);
+  for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
+  grpc::ClientContext context;
+  client_->Prepare(&context);
+  return FromGrpc(client_->stub().Sync(&context, request, response));
 }
 
 absl::StatusOr<uint64_t> Heap::sync() {
@@ -482,7 +488,7 @@ absl::StatusOr<uint64_t> Heap::sync() {
   // pre-image of the page as this sync commits it.
   const uint64_t generation = tracker_ != nullptr ? tracker_->BeginSync() : 0;
   v1::SyncResponse response;
-  absl::Status sent = SendSync(std::move(reports), generation, &response);
+  absl::Status sent = SendSync(reports, generation, &response);
   if (tracker_ != nullptr) tracker_->EndSync();
   if (absl::Status s = std::move(sent); !s.ok()) {
     for (size_t i = 0; i < caches.size(); ++i) {
@@ -538,20 +544,10 @@ absl::Status Heap::detach() {
       std::move(released.begin(), released.end(), std::back_inserter(reports));
     }
   }
-  // All but the last kReportsPerSync leases go back with ReturnChunks (to
-  // keep messages small); Detach returns the rest and persists them all.
+  // Detach carries the last kReportsPerSync leases; heapd holds the earlier
+  // parts and returns them all with it, in one epoch.
   size_t sent = 0;
-  while (status.ok() && reports.size() - sent > kReportsPerSync) {
-    v1::ReturnChunksRequest request;
-    request.set_session(session_);
-    for (const size_t end = sent + kReportsPerSync; sent < end; ++sent) {
-      ToProto(reports[sent], request.add_reports());
-    }
-    v1::ReturnChunksResponse response;
-    grpc::ClientContext context;
-    client_->Prepare(&context);
-    status.Update(FromGrpc(client_->stub().ReturnChunks(&context, request, &response)));
-  }
+  if (status.ok()) status.Update(SendEarlierParts(reports, &sent));
   v1::DetachRequest request;
   request.set_session(session_);
   if (tracker_ != nullptr) request.set_generation(tracker_->BeginSync());

@@ -208,7 +208,10 @@ class Heap {
   absl::Status FlushFrees();
   // `generation`: the content generation the sync commits (0: none); sent
   // with the last part only.
-  absl::Status SendSync(std::vector<LeaseReport> reports, uint64_t generation,
+  // A sync's reports but the last kReportsPerSync, as parts heapd holds
+  // for the last; `sent` counts them.
+  absl::Status SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent);
+  absl::Status SendSync(const std::vector<LeaseReport>& reports, uint64_t generation,
                         v1::SyncResponse* response);
   // Looks `name` up over the session's heapd.fd.sock connection: one small
   // request and answer, no gRPC.

@@ -244,9 +244,9 @@ void WriteTracker::Fence() {
   // process (copy-on-write) and never reach the heap again. Growth mapped
   // meanwhile is mapped privately by the fault handler once fencing_ is
   // set, or here by the next round.
-  fencing_.store(true, std::memory_order_release);
+  fencing_.store(true, std::memory_order_seq_cst);  // see MapGrowth
   uint64_t done = 0;
-  for (uint64_t size; (size = mapped_->load(std::memory_order_acquire)) > done; done = size) {
+  for (uint64_t size; (size = mapped_->load(std::memory_order_seq_cst)) > done; done = size) {
     MapPrivately(base_ + done, size - done, data_fd_, done);
   }
   // Threads stopped on a store before the remap would wait for a wake-up

@@ -399,14 +399,6 @@ grpc::Status HeapdService::LeaseChunks(grpc::ServerContext* context,
   });
 }
 
-grpc::Status HeapdService::ReturnChunks(grpc::ServerContext* context,
-                                        const v1::ReturnChunksRequest* request,
-                                        v1::ReturnChunksResponse*) {
-  return Serve(context, "ReturnChunks", *request, [&](const Caller& caller) -> absl::Status {
-    return sessions_->ReturnChunks(request->session(), caller, FromProto(request->reports()));
-  });
-}
-
 grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
                                          const v1::AllocateLargeRequest* request,
                                          v1::AllocateLargeResponse* response) {
@@ -430,6 +422,9 @@ grpc::Status HeapdService::Free(grpc::ServerContext* context, const v1::FreeRequ
 grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequest* request,
                                 v1::SyncResponse* response) {
   return Serve(context, "Sync", *request, [&](const Caller& caller) -> absl::Status {
+    if (request->more()) {
+      return sessions_->StageSyncPart(request->session(), caller, FromProto(request->reports()));
+    }
     absl::StatusOr<Sessions::Synced> synced = sessions_->Sync(
         request->session(), caller, FromProto(request->reports()), request->generation());
     if (!synced.ok()) return synced.status();

@@ -61,8 +61,6 @@ class HeapdService final : public v1::Heapd::Service {
                            v1::ListClientsResponse*) override;
   grpc::Status LeaseChunks(grpc::ServerContext*, const v1::LeaseChunksRequest*,
                            v1::LeaseChunksResponse*) override;
-  grpc::Status ReturnChunks(grpc::ServerContext*, const v1::ReturnChunksRequest*,
-                            v1::ReturnChunksResponse*) override;
   grpc::Status AllocateLarge(grpc::ServerContext*, const v1::AllocateLargeRequest*,
                              v1::AllocateLargeResponse*) override;
   grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest*, v1::FreeResponse*) override;

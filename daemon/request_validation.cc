@@ -148,10 +148,6 @@ absl::Status ValidateRequest(const v1::LeaseChunksRequest& request) {
   return CheckWants("wants", request.wants());
 }
 
-absl::Status ValidateRequest(const v1::ReturnChunksRequest& request) {
-  return CheckSession(request.session());
-}
-
 absl::Status ValidateRequest(const v1::AllocateLargeRequest& request) {
   if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
   if (request.size() == 0) return Invalid("size", "cannot allocate 0 bytes");
@@ -172,7 +168,11 @@ absl::Status ValidateRequest(const v1::FreeRequest& request) {
 }
 
 absl::Status ValidateRequest(const v1::SyncRequest& request) {
-  return CheckSession(request.session());
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  if (request.more() && request.generation() != 0) {
+    return Invalid("generation", "only the last part of a sync (more=false) carries one");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateRequest(const v1::BindRequest& request) {

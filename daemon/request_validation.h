@@ -36,7 +36,6 @@ absl::Status ValidateRequest(const v1::AttachRequest& request);
 absl::Status ValidateRequest(const v1::DetachRequest& request);
 absl::Status ValidateRequest(const v1::ListClientsRequest& request);
 absl::Status ValidateRequest(const v1::LeaseChunksRequest& request);
-absl::Status ValidateRequest(const v1::ReturnChunksRequest& request);
 absl::Status ValidateRequest(const v1::AllocateLargeRequest& request);
 absl::Status ValidateRequest(const v1::FreeRequest& request);
 absl::Status ValidateRequest(const v1::SyncRequest& request);

@@ -113,12 +113,13 @@ bool Model(const v1::AttachRequest& r) {
 bool Model(const v1::DetachRequest& r) { return r.session() != 0; }
 bool Model(const v1::ListClientsRequest& r) { return OptionalHeapNameOk(r.heap()); }
 bool Model(const v1::LeaseChunksRequest& r) { return r.session() != 0 && WantsOk(r.wants()); }
-bool Model(const v1::ReturnChunksRequest& r) { return r.session() != 0; }
 bool Model(const v1::AllocateLargeRequest& r) {
   return r.session() != 0 && r.size() != 0 && r.size() <= (uint64_t{1} << 46);
 }
 bool Model(const v1::FreeRequest& r) { return r.session() != 0 && r.objects_size() <= 65536; }
-bool Model(const v1::SyncRequest& r) { return r.session() != 0; }
+bool Model(const v1::SyncRequest& r) {
+  return r.session() != 0 && (!r.more() || r.generation() == 0);
+}
 bool Model(const v1::BindRequest& r) {
   return r.session() != 0 && NameOk(r.name()) && NameOk(r.type_name()) && r.size() != 0;
 }
@@ -195,8 +196,8 @@ const std::vector<Type>& Types() {
       TypeOf<v1::StatHeapRequest>(),       TypeOf<v1::RemoveHeapRequest>(),
       TypeOf<v1::AttachRequest>(),         TypeOf<v1::DetachRequest>(),
       TypeOf<v1::ListClientsRequest>(),    TypeOf<v1::LeaseChunksRequest>(),
-      TypeOf<v1::ReturnChunksRequest>(),   TypeOf<v1::AllocateLargeRequest>(),
-      TypeOf<v1::FreeRequest>(),           TypeOf<v1::SyncRequest>(),
+      TypeOf<v1::AllocateLargeRequest>(),  TypeOf<v1::FreeRequest>(),
+      TypeOf<v1::SyncRequest>(),
       TypeOf<v1::BindRequest>(),           TypeOf<v1::LookupRequest>(),
       TypeOf<v1::UnbindRequest>(),         TypeOf<v1::ListNamesRequest>(),
       TypeOf<v1::CreateSnapshotRequest>(), TypeOf<v1::ListSnapshotsRequest>(),

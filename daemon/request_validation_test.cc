@@ -128,14 +128,14 @@ TEST(RequestValidationTest, SessionCalls) {
   detach.set_session(7);
   detach.add_reports()->set_chunk(3);  // whether it is leased is the heap's to say
   EXPECT_TRUE(ValidateRequest(detach).ok());
-  v1::ReturnChunksRequest give_back;
-  ExpectInvalid(ValidateRequest(give_back), "session", "session 0");
-  give_back.set_session(7);
-  EXPECT_TRUE(ValidateRequest(give_back).ok());
   v1::SyncRequest sync;
   ExpectInvalid(ValidateRequest(sync), "session", "session 0");
   sync.set_session(7);
   EXPECT_TRUE(ValidateRequest(sync).ok());
+  sync.set_generation(3);
+  EXPECT_TRUE(ValidateRequest(sync).ok());
+  sync.set_more(true);
+  ExpectInvalid(ValidateRequest(sync), "generation", "last part");
 
   v1::LeaseChunksRequest lease;
   lease.set_session(7);

@@ -175,10 +175,10 @@ absl::StatusOr<Sessions::Leased> Sessions::Lease(uint64_t id, const Caller& call
   return leased;
 }
 
-absl::Status Sessions::ReturnChunks(uint64_t id, const Caller& caller,
-                                    absl::Span<const LeaseReport> reports) {
+absl::Status Sessions::StageSyncPart(uint64_t id, const Caller& caller,
+                                     absl::Span<const LeaseReport> reports) {
   return OnSession(id, caller, [&](Session& session) {
-    return InHeap(session, session.heap->heap->ReturnLeases(session.id, reports));
+    return InHeap(session, session.heap->heap->StageReports(session.id, reports));
   });
 }
 

@@ -4,7 +4,7 @@
 //               token for heapd.fd.sock;
 //   Redeem      the token presented on heapd.fd.sock: the heap's data fd;
 //               the connection is the session's lifeline from then on;
-//   Lease, ReturnChunks, AllocateLarge, Free, Sync, Bind, Unbind
+//   Lease, AllocateLarge, Free, Sync (and its parts), Bind, Unbind
 //               the session's calls, each under the session's lock after
 //               checking it is the caller's and has not ended;
 //   Lookup      a name lookup on the session's fd-socket connection;
@@ -77,8 +77,9 @@ class Sessions {
   };
   absl::StatusOr<Leased> Lease(uint64_t id, const Caller& caller,
                                absl::Span<const LeaseWant> wants);
-  absl::Status ReturnChunks(uint64_t id, const Caller& caller,
-                            absl::Span<const LeaseReport> reports);
+  // An earlier part of a sync or detach (PersistentHeap::StageReports).
+  absl::Status StageSyncPart(uint64_t id, const Caller& caller,
+                             absl::Span<const LeaseReport> reports);
   struct Allocated {
     uint64_t offset = 0;
     uint64_t capacity_bytes = 0;

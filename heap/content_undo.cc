@@ -272,7 +272,14 @@ bool ContentUndo::ValidLocked(const Entry& entry) const {
   if (entry.kind == UndoKind::kPreImage) {
     return entry.generation > EndedGenerationLocked(entry.session);
   }
-  return entry.epoch <= committed_epoch_;
+  if (entry.epoch > committed_epoch_) return false;
+  if (entry.kind != UndoKind::kCommitImage || entry.session == 0) return true;
+  // A sync's commit images apply with its generation end, written after
+  // them: those of a sync that failed before it never do.
+  auto ends = ends_.find(entry.session);
+  if (ends == ends_.end()) return false;
+  return std::find(ends->second.begin(), ends->second.end(),
+                   std::make_pair(entry.generation, entry.epoch)) != ends->second.end();
 }
 
 const ContentUndo::Entry* ContentUndo::CutLocked(const std::vector<Entry>& entries) const {
@@ -390,6 +397,8 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     commit.kind = static_cast<uint32_t>(UndoKind::kCommitImage);
     commit.page = page;
     commit.time_ns = MonotonicNs();
+    commit.session = session;
+    commit.generation = generation;
     commit.epoch = epoch;
     if (absl::Status s = AppendLocked(commit, image); !s.ok()) return s;
   }
@@ -470,6 +479,9 @@ absl::Status ContentUndo::CompactLocked() {
       h.session = e.session;
       h.generation = e.generation;
       h.epoch = e.epoch;
+      // A commit image that applies does for good: it needs its generation
+      // end no longer.
+      if (e.kind == UndoKind::kCommitImage && ValidLocked(e)) h.session = h.generation = 0;
       std::string bytes;
       if (image) {
         absl::StatusOr<std::string> read = ReadImageLocked(e);
@@ -481,10 +493,12 @@ absl::Status ContentUndo::CompactLocked() {
       }
       if (!WriteAll(out.get(), EncodeUndoRecord(h, bytes))) return failed("write");
       Entry moved = e;
+      moved.session = h.session;
+      moved.generation = h.generation;
       moved.image_at = size + kUndoHeaderBytes;
       kept[page].push_back(moved);
       size += image ? kUndoImageRecordBytes : kUndoHeaderBytes;
-      if (e.kind == UndoKind::kPreImage) named.insert(e.session);
+      if (h.session != 0) named.insert(h.session);
     }
   }
   for (const auto& [session, journal] : journals_) named.insert(session);

@@ -731,5 +731,45 @@ TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {
   EXPECT_EQ(UndoFiles(), kOnlyHeapJournal);
 }
 
+// A sync writes its commit images, then its generation end: one that
+// failed in between leaves commit images that never apply (they would put
+// back what the session stored after its last completed sync).
+TEST_F(ContentUndoTest, CommitImagesApplyOnlyWithTheirGenerationEnd) {
+  ASSERT_NO_FATAL_FAILURE(Make());
+  const uint64_t page = 3 * kPage;
+  auto append_to_heap_journal = [&](UndoRecordHeader h, const std::string& image) {
+    undo_.reset();
+    UniqueFd fd(open(absl::StrCat(undo_dir(), "/heap.undo").c_str(), O_WRONLY | O_APPEND));
+    ASSERT_TRUE(fd.valid());
+    const std::string record = EncodeUndoRecord(h, image);
+    ASSERT_EQ(write(fd.get(), record.data(), record.size()), static_cast<ssize_t>(record.size()));
+  };
+  UndoRecordHeader commit;
+  commit.kind = static_cast<uint32_t>(UndoKind::kCommitImage);
+  commit.page = page;
+  commit.time_ns = MonotonicNs();
+  commit.session = 9;
+  commit.generation = 4;
+  commit.epoch = 1;  // committed
+  ASSERT_NO_FATAL_FAILURE(append_to_heap_journal(commit, Pattern(page, 'x')));
+  ASSERT_NO_FATAL_FAILURE(OpenUndo(1));  // puts back every page a record names
+  EXPECT_TRUE(SamePage(Page(page), Pattern(page, 'o')));
+  EXPECT_EQ(undo_->counts().pages_restored, 0u);
+
+  // With its generation end (of that generation and epoch), it applies.
+  commit.time_ns = MonotonicNs();
+  ASSERT_NO_FATAL_FAILURE(append_to_heap_journal(commit, Pattern(page, 'x')));
+  UndoRecordHeader end;
+  end.kind = static_cast<uint32_t>(UndoKind::kGenerationEnd);
+  end.session = 9;
+  end.generation = 4;
+  end.epoch = 1;
+  ASSERT_NO_FATAL_FAILURE(append_to_heap_journal(end, ""));
+  UndoCounts recovered;
+  ASSERT_NO_FATAL_FAILURE(OpenUndo(1, &recovered));
+  EXPECT_TRUE(SamePage(Page(page), Pattern(page, 'x')));
+  EXPECT_EQ(recovered.pages_restored, 1u);
+}
+
 }  // namespace
 }  // namespace heapd

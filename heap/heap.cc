@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -501,19 +502,74 @@ absl::StatusOr<UniqueFd> PersistentHeap::OpenUndoJournal(ClientId client) {
   return undo_->OpenJournal(client);
 }
 
+absl::Status PersistentHeap::StageReports(ClientId client, absl::Span<const LeaseReport> reports) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
+  // Only chunks the client leases: what it can stage is bounded by them.
+  if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
+  std::map<uint32_t, LeaseReport>& staged = staged_reports_[client];
+  for (const LeaseReport& report : reports) staged[report.chunk] = report;
+  return absl::OkStatus();
+}
+
+std::vector<LeaseReport> PersistentHeap::TakeStagedLocked(ClientId client,
+                                                          absl::Span<const LeaseReport> last) {
+  std::vector<LeaseReport> all(last.begin(), last.end());
+  auto staged = staged_reports_.find(client);
+  if (staged == staged_reports_.end()) return all;
+  std::set<uint32_t> in_last;
+  for (const LeaseReport& report : last) in_last.insert(report.chunk);
+  for (auto& [chunk, report] : staged->second) {
+    if (in_last.count(chunk) == 0) all.push_back(std::move(report));
+  }
+  staged_reports_.erase(staged);
+  return all;
+}
+
 absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
-                                                            absl::Span<const LeaseReport> reports,
+                                                            absl::Span<const LeaseReport> last,
                                                             bool release, uint64_t generation) {
   absl::MutexLock persist_lock(&persist_mu_);
   SyncResult result;
   Checkpoint checkpoint;
   EpochRecord record;
   const bool full = checkpoint_next_ || store_ == nullptr || store_->CheckpointDue();
+  std::vector<LeaseReport> reports;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
+    // The sync's earlier parts, whatever becomes of it: a failed sync is
+    // sent again whole.
+    reports = TakeStagedLocked(client, last);
+    if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
+    // Only persist_mu_ changes epoch_.
+    result.epoch = epoch_ + 1;
+  }
+  // The contents first: the pre-images this epoch makes void, and commit
+  // images where others wrote the same pages, apply only with it and only
+  // with the generation end that is written last. The reports apply only
+  // once that is written: a free (a cleared slot) never commits without
+  // the stores that unlinked its object, nor a store without the
+  // allocation it points to.
+  if (undo_ != nullptr) {
+    if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
+    }
+  }
+  // On any failure from here on, the changes taken below are still in
+  // memory, with the generation end written above; a full checkpoint at the
+  // next sync persists both.
+  {
+    absl::MutexLock lock(&mu_);
+    // The client's calls are serialized (see the class comment): nothing
+    // ended its leases since the check above.
     absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, release);
-    if (!reported.ok()) return reported.status();
+    if (!reported.ok()) {
+      broken_ = absl::InternalError(absl::StrCat("heap ", dir_, " is broken: client ", client,
+                                                 "'s leases changed during its sync: ",
+                                                 reported.status().message()));
+      return broken_;
+    }
     result.corrections = std::move(reported->corrections);
     result.rejected_frees = std::move(reported->rejected_frees);
     directory_->Commit(client);
@@ -522,7 +578,6 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       SettleDeferredFreesLocked(client, /*lessee_died=*/false);
     }
     // What this epoch persists, taken now; later changes go to the next.
-    result.epoch = epoch_ + 1;
     if (full) {
       directory_->TakeDirtyRecords();
       names_.TakeChanges();
@@ -538,17 +593,8 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       record.names = names_.TakeChanges();
     }
   }
-  // Undo records first: the pre-images this epoch makes void, and commit
-  // images where others wrote the same pages, apply only with it.
-  // On any failure from here on, the changes taken above are still in
-  // memory; a full checkpoint at the next sync persists them.
-  if (undo_ != nullptr) {
-    if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch); !s.ok()) {
-      checkpoint_next_ = true;
-      return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
-    }
-  }
-  // Object contents first: a name must never reach disk before its object.
+  // Object contents before metadata: a name must never reach disk before
+  // its object.
   if (absl::Status s = FlushDataLocked(); !s.ok()) {
     checkpoint_next_ = true;
     return s;
@@ -567,10 +613,10 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     epoch_ = result.epoch;
     last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
     // The client's frees of others' objects go with its stores (the
-    // unlinking), which this sync's last part just committed: applied now,
-    // they persist with the next epoch (a crash before it leaks the
-    // objects; none is ever freed under a committed pointer).
-    if (generation != 0 || release) ApplyDeferredFreesLocked(client, &result.rejected_frees);
+    // unlinking), which this sync just committed: applied now, they
+    // persist with the next epoch (a crash before it leaks the objects;
+    // none is ever freed under a committed pointer).
+    ApplyDeferredFreesLocked(client, &result.rejected_frees);
   }
   if (undo_ != nullptr) {
     undo_->Committed(result.epoch);
@@ -608,6 +654,7 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   if (undo_ != nullptr) undo_->RollBack(client);
   absl::MutexLock lock(&mu_);
   deferred_frees_.erase(client);  // they go back with the client's stores
+  staged_reports_.erase(client);  // its unfinished sync commits nothing
   ReclaimResult result = directory_->Reclaim(client);
   SettleDeferredFreesLocked(client, /*lessee_died=*/true);
   return result;

@@ -24,7 +24,8 @@
 //                leases, frees and lookups never wait behind a flush, a copy
 //                or a fallocate.
 //
-// Thread-safe.
+// Thread-safe; the calls made for one client are serialized by the caller
+// (daemon/sessions.h holds the session's lock across each).
 #ifndef HEAPD_HEAP_HEAP_H_
 #define HEAPD_HEAP_HEAP_H_
 
@@ -178,16 +179,24 @@ class PersistentHeap {
   absl::StatusOr<NameEntry> Unbind(absl::string_view name);
   std::vector<NameEntry> ListNames(absl::string_view prefix, size_t limit = 0) const;
 
-  // Records the client's lease reports, commits its large allocations and
-  // persists a new epoch. On an I/O error nothing is lost in memory and the
-  // next sync writes a full checkpoint.
+  // A sync's reports may come in parts: StageReports holds an earlier
+  // part's (checked as Sync would) until the last part, Sync or Detach,
+  // applies them with its own, so that one sync commits in one epoch (a
+  // cleared slot never commits before the stores that unlinked its object).
+  // A chunk staged again replaces its earlier report; a client that dies
+  // first commits none of them.
+  absl::Status StageReports(ClientId client, absl::Span<const LeaseReport> reports);
+
+  // Records the client's lease reports (with those staged), commits its
+  // large allocations and persists a new epoch. On an I/O error nothing is
+  // lost in memory and the next sync writes a full checkpoint.
   // `generation`: the client's content generations up to this one are
   // committed with it (ContentUndo; 0: none).
   absl::StatusOr<SyncResult> Sync(ClientId client, absl::Span<const LeaseReport> reports,
                                   uint64_t generation = 0);
 
-  // Ends a client's session cleanly: returns its leases with `reports`,
-  // commits and persists (a detach).
+  // Ends a client's session cleanly: returns its leases with `reports` (and
+  // those staged), commits and persists (a detach).
   absl::StatusOr<SyncResult> Detach(ClientId client, absl::Span<const LeaseReport> reports,
                                     uint64_t generation = 0);
 
@@ -261,11 +270,15 @@ class PersistentHeap {
   absl::Status CheckWritableLocked(const char* what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Flushes the data file (repaired first); a failure breaks the heap.
   absl::Status FlushDataLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
-  // Sync and Detach: record the reports (ending the leases with `release`),
-  // commit the client's large runs, persist an epoch.
-  absl::StatusOr<SyncResult> ReportAndPersist(ClientId client,
-                                              absl::Span<const LeaseReport> reports, bool release,
-                                              uint64_t generation);
+  // Sync and Detach: record the reports, staged and `last` (ending the
+  // leases with `release`), commit the client's large runs, persist an
+  // epoch.
+  absl::StatusOr<SyncResult> ReportAndPersist(ClientId client, absl::Span<const LeaseReport> last,
+                                              bool release, uint64_t generation);
+  // `last` with the client's staged reports of other chunks; none stay
+  // staged.
+  std::vector<LeaseReport> TakeStagedLocked(ClientId client, absl::Span<const LeaseReport> last)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the frees `client` made since its last sync (tracked heaps);
   // those no longer valid go to `rejected`.
   void ApplyDeferredFreesLocked(ClientId client, std::vector<std::string>* rejected)
@@ -309,6 +322,9 @@ class PersistentHeap {
     ClientId lessee = 0;
   };
   std::map<ClientId, std::map<uint64_t, DeferredFree>> deferred_frees_ ABSL_GUARDED_BY(mu_);
+  // Reports of a sync's earlier parts, by client and chunk (StageReports);
+  // each chunk is leased by its client, which bounds them.
+  std::map<ClientId, std::map<uint32_t, LeaseReport>> staged_reports_ ABSL_GUARDED_BY(mu_);
   // Set at open on a tracked heap; its own lock, taken under persist_mu_
   // (never under mu_ or grow_mu_).
   std::unique_ptr<ContentUndo> undo_;

@@ -177,6 +177,45 @@ TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
   EXPECT_TRUE((*heap)->CheckInvariants().ok());
 }
 
+// A sync's earlier parts (StageReports) commit only with its last part; a
+// client that dies before it commits none of them.
+TEST(HeapTest, StagedReportsCommitOnlyWithTheLastPart) {
+  TestDir dir;
+  const std::string path = dir.Sub("h");
+  auto heap = PersistentHeap::Create(path, Config(16));
+  ASSERT_TRUE(heap.ok());
+  PersistentHeap& h = **heap;
+  auto grants = h.LeaseChunks(/*client=*/1, /*size_class=*/3, 2);
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  ASSERT_EQ(grants->size(), 2u);
+  auto allocated = [](const LeaseGrant& grant) {
+    LeaseReport report{grant.chunk, grant.words};
+    report.words[0] |= 1;
+    return report;
+  };
+  auto live = [&] { return h.Stats().directory.live_objects; };
+  // Checked as a sync's reports are; only the client's own chunks.
+  EXPECT_EQ(h.StageReports(2, {allocated((*grants)[0])}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(h.StageReports(1, {allocated((*grants)[0])}).ok());
+  const uint64_t epoch = h.epoch();
+  auto synced = h.Sync(1, {allocated((*grants)[1])});
+  ASSERT_TRUE(synced.ok()) << synced.status();
+  EXPECT_EQ(synced->epoch, epoch + 1);
+  EXPECT_EQ(live(), 2u);
+
+  // Staged, then the client dies: nothing of it commits.
+  LeaseReport freed{(*grants)[0].chunk, (*grants)[0].words};
+  ASSERT_TRUE(h.StageReports(1, {freed}).ok());
+  h.Reclaim(1);
+  ASSERT_TRUE(h.Sync(3, {}).ok());
+  EXPECT_EQ(live(), 2u);
+  heap->reset();
+  auto reopened = PersistentHeap::Open(path);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->Stats().directory.live_objects, 2u);
+}
+
 TEST(HeapTest, ShortDataFileIsDataLoss) {
   TestDir dir;
   const std::string path = dir.Sub("h");

@@ -30,7 +30,9 @@ enum class UndoKind : uint32_t {
   kPreImage = 1,
   // The page as a sync committed it, written by heapd where other records
   // of the page exist. Applies once the heap's committed epoch reaches
-  // `epoch`; records of the page older than it are void from then on.
+  // `epoch` and, unless `session` is 0, the generation end of `session`,
+  // `generation` and `epoch` that the sync writes after its commit images
+  // exists; records of the page older than it are void from then on.
   kCommitImage = 2,
   // The page's records older than this one are void (its memory was put
   // back, or handed out free) once `epoch` is committed (0: at once).

@@ -52,6 +52,25 @@ TEST(ContentRollbackTest, AStoreAfterTheLastSyncGoesBackWhenItsWriterDies) {
   EXPECT_GE(stats.undo_pages_restored(), 1u);
 }
 
+// A sync too big for one message goes in parts; one killed between them
+// commits none: not the free of the object its stores unlinked (the store
+// goes back, so the object must stay live), nor the allocations.
+TEST(ContentRollbackTest, ASyncKilledBetweenItsPartsCommitsNothing) {
+  TestDaemon daemon({}, "/dev/shm");
+  daemon.Start();
+  const ChildResult died = Work(daemon, {"relink-and-die"});
+  ASSERT_TRUE(died.KilledBy(SIGKILL)) << died.output;
+  ASSERT_TRUE(absl::StrContains(died.output, "relinked")) << died.output;
+  const ChildResult checked = Work(daemon, {"check-relinked"});
+  ASSERT_TRUE(checked.Exited(0)) << checked.output;
+  EXPECT_TRUE(absl::StrContains(checked.output, "value 11\n")) << checked.output;
+  EXPECT_TRUE(absl::StrContains(checked.output, "free OK")) << checked.output;
+  const v1::HeapStats stats = Stats(daemon);
+  for (const v1::SizeClassStats& c : stats.size_classes()) {
+    EXPECT_LT(c.live_objects(), 2u) << "class of " << c.slot_size() << " bytes";
+  }
+}
+
 TEST(ContentRollbackTest, HeapdKilledUnderAWriterRecoversAndFencesIt) {
   TestDaemon daemon({}, "/dev/shm");
   daemon.Start();

@@ -21,6 +21,19 @@
 //   heap_worker SOCKET HEAP store-and-wait NAME VALUE  the same, but stay attached;
 //                                               at each SIGUSR1 store VALUE+1 and print
 //                                               "stored again"
+//   heap_worker SOCKET HEAP relink-and-die      bind "root" to the offset of an object
+//                                               holding 11, sync; then relink "root" to a
+//                                               new object holding 22, free the first,
+//                                               allocate 2100 MiB-sized objects (a sync
+//                                               of several parts), print "relinked", and
+//                                               die of SIGKILL between the sync's parts
+//   heap_worker SOCKET HEAP check-relinked      print "value V" of the object "root"
+//                                               points to, free it, sync, print the status
+//   heap_worker SOCKET HEAP append COUNT        COUNT steps: allocate object I (PowerLossSize),
+//                                               fill it with PowerLossStamp words, bind
+//                                               "obj-I", unbind and free "obj-(I-2)" when I
+//                                               is a multiple of 3, sync; print "step I
+//                                               epoch E" after each
 //   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
 //   heap_worker SOCKET HEAP attach ro|rw        attach, print "ok" or the status
 //   heap_worker SOCKET HEAP raw-attach          Attach only; print the fd token,
@@ -58,10 +71,14 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/size_class.h"
 #include "boost/interprocess/offset_ptr.hpp"
 #include "client/client.h"
 #include "client/heap.h"
 #include "daemon/default_paths.h"
+#include "heap/fault_point.h"
+#include "tests/power_loss_model.h"
 
 namespace heapd {
 namespace {
@@ -304,6 +321,90 @@ int StoreAndDie(Client& client, const std::string& heap_name, const std::string&
   return 3;
 }
 
+int RelinkAndDie(Client& client, const std::string& heap_name) {
+  AttachOptions options;
+  options.create_if_missing = true;
+  options.max_size = uint64_t{4} << 30;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  Heap& h = **heap;
+  absl::StatusOr<void*> first = h.allocate(sizeof(uint64_t));
+  if (!first.ok()) return Fail(first.status());
+  *static_cast<uint64_t*>(*first) = 11;
+  absl::StatusOr<uint64_t*> root = h.construct<uint64_t>("root")(h.offset_of(*first));
+  if (!root.ok()) return Fail(root.status());
+  if (absl::StatusOr<uint64_t> synced = h.sync(); !synced.ok()) return Fail(synced.status());
+  absl::StatusOr<void*> second = h.allocate(sizeof(uint64_t));
+  if (!second.ok()) return Fail(second.status());
+  *static_cast<uint64_t*>(*second) = 22;
+  **root = h.offset_of(*second);
+  if (absl::Status s = h.deallocate(*first, sizeof(uint64_t)); !s.ok()) return Fail(s);
+  // Two objects a chunk: 1050 chunks changed, more than one sync message
+  // carries.
+  for (int i = 0; i < 2100; ++i) {
+    if (absl::StatusOr<void*> filler = h.allocate(kMaxSmallSize); !filler.ok()) {
+      return Fail(filler.status());
+    }
+  }
+  std::printf("relinked\n");
+  std::fflush(stdout);
+  SetFaultHandler([](const char* point) {
+    if (std::strcmp(point, "client.sync.between_parts") == 0) raise(SIGKILL);
+  });
+  absl::StatusOr<uint64_t> synced = h.sync();
+  std::printf("sync returned: %s\n", synced.status().ToString().c_str());
+  return 3;
+}
+
+int CheckRelinked(Client& client, const std::string& heap_name) {
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
+  if (!heap.ok()) return Fail(heap.status());
+  Heap& h = **heap;
+  absl::StatusOr<uint64_t*> root = h.find<uint64_t>("root");
+  if (!root.ok()) return Fail(root.status());
+  uint64_t* object = h.at<uint64_t>(**root);
+  std::printf("value %llu\n", static_cast<unsigned long long>(*object));
+  // Live, as at the last sync: freeing it is no double free.
+  absl::Status freed = h.deallocate(object, sizeof(uint64_t));
+  if (freed.ok()) freed = h.sync().status();
+  std::printf("free %s\n", freed.ToString().c_str());
+  return 0;
+}
+
+int Append(Client& client, const std::string& heap_name, uint64_t count) {
+  AttachOptions options;
+  options.create_if_missing = true;
+  options.max_size = uint64_t{1} << 30;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
+  if (!heap.ok()) return Fail(heap.status());
+  Heap& h = **heap;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t size = PowerLossSize(i);
+    absl::StatusOr<void*> object = h.allocate(size);
+    if (!object.ok()) return Fail(object.status());
+    auto* words = static_cast<uint64_t*>(*object);
+    for (uint64_t k = 0; k < size / 8; ++k) words[k] = PowerLossStamp(i, k);
+    if (absl::Status s = h.Bind(absl::StrCat("obj-", i), *object, size, "words"); !s.ok()) {
+      return Fail(s);
+    }
+    if (i >= 2 && i % 3 == 0) {
+      const std::string old = absl::StrCat("obj-", i - 2);
+      absl::StatusOr<void*> found = h.Find(old, "words", PowerLossSize(i - 2));
+      if (!found.ok()) return Fail(found.status());
+      if (absl::Status s = h.Unbind(old); !s.ok()) return Fail(s);
+      if (absl::Status s = h.deallocate(*found, PowerLossSize(i - 2)); !s.ok()) return Fail(s);
+    }
+    absl::StatusOr<uint64_t> epoch = h.sync();
+    if (!epoch.ok()) return Fail(epoch.status());
+    std::printf("step %llu epoch %llu\n", static_cast<unsigned long long>(i),
+                static_cast<unsigned long long>(*epoch));
+    std::fflush(stdout);
+  }
+  if (absl::Status s = h.detach(); !s.ok()) return Fail(s);
+  std::printf("ok appended\n");
+  return 0;
+}
+
 int Get(Client& client, const std::string& heap_name, const std::string& name) {
   auto found = FindReadOnly(client, heap_name, name);
   if (!found.ok()) return Fail(found.status());
@@ -531,6 +632,9 @@ int Main(int argc, char** argv) {
     return Put(*client, heap, arg, value);
   }
   if (mode == "get") return Get(*client, heap, arg);
+  if (mode == "relink-and-die") return RelinkAndDie(*client, heap);
+  if (mode == "append") return Append(*client, heap, id);
+  if (mode == "check-relinked") return CheckRelinked(*client, heap);
   if (mode == "store-and-die") {
     uint64_t value = 0;
     if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;

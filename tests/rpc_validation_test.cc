@@ -232,19 +232,45 @@ TEST_F(RpcValidationTest, AllocationCallsRejectBadInputAndChangeNothing) {
               "clients attached");
 }
 
-TEST_F(RpcValidationTest, ReturnedChunksAreNoLongerTheSessions) {
+// A sync's earlier parts are checked and held: they change nothing until
+// its last part commits them with its own, in one epoch.
+TEST_F(RpcValidationTest, ASyncsEarlierPartsCommitWithItsLast) {
   const v1::AttachResponse session = RawAttach(/*lease_class=*/2);
   ASSERT_EQ(session.grants_size(), 1);
-  v1::ReturnChunksRequest give_back;
-  give_back.set_session(session.session());
-  v1::LeaseReport* report = give_back.add_reports();
+  auto live = [&] {
+    uint64_t objects = 0;
+    const v1::HeapStats stats = Stat();
+    for (const v1::SizeClassStats& c : stats.size_classes()) objects += c.live_objects();
+    return objects;
+  };
+  v1::SyncRequest part;
+  part.set_session(session.session());
+  part.set_more(true);
+  v1::LeaseReport* report = part.add_reports();
   report->set_chunk(session.grants(0).chunk());
   report->mutable_words()->Add(session.grants(0).words().begin(), session.grants(0).words().end());
-  ASSERT_TRUE(Call(&v1::Heapd::Stub::ReturnChunks, give_back).ok());
-  EXPECT_EQ(Stat().leased_chunks(), 0u);
-  // Twice: the chunk is not the session's any more.
-  ExpectError(Call(&v1::Heapd::Stub::ReturnChunks, give_back), StatusCode::kFailedPrecondition,
-              std::to_string(session.grants(0).chunk()));
+  ASSERT_GT(report->words_size(), 0);
+  report->set_words(0, report->words(0) | 1);  // one object allocated
+  v1::SyncResponse response;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Sync, part, &response).ok());
+  EXPECT_EQ(response.epoch(), 0u);
+  EXPECT_EQ(live(), 0u);
+  // A part is checked as a whole sync is.
+  v1::SyncRequest stranger = part;
+  stranger.mutable_reports(0)->set_chunk(session.grants(0).chunk() + 1);
+  ExpectError(Call(&v1::Heapd::Stub::Sync, stranger), StatusCode::kFailedPrecondition,
+              "is not leased");
+  v1::SyncRequest with_generation = part;
+  with_generation.set_generation(1);
+  ExpectError(Call(&v1::Heapd::Stub::Sync, with_generation), StatusCode::kInvalidArgument,
+              "last part");
+  EXPECT_EQ(live(), 0u);
+  // The last part commits the held one.
+  v1::SyncRequest last;
+  last.set_session(session.session());
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Sync, last, &response).ok());
+  EXPECT_GT(response.epoch(), 0u);
+  EXPECT_EQ(live(), 1u);
 }
 
 // The session's fd-socket connection answers framed requests; junk gets an
