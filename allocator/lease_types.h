@@ -11,6 +11,12 @@ namespace heapd {
 // Identifies one client session of one heap. 0 is never a client.
 using ClientId = uint64_t;
 
+// Chunks of one size class a client asks for.
+struct LeaseWant {
+  uint32_t size_class = 0;
+  uint32_t count = 0;
+};
+
 // A chunk handed to a client: its index, its size class and the slot bitmap
 // the daemon knows (live objects from earlier owners stay allocated).
 struct LeaseGrant {

@@ -1,6 +1,7 @@
-// B1 and B2 of the design brief on the client fast path (a lease pool over
-// an in-process heap on tmpfs), each next to the same loop on std::allocator
-// in DRAM, in the same run. Run with bench/run.sh.
+// B1 and B2 of the design brief on the client fast path (the real client,
+// heapd::Heap, over a heap on tmpfs in this process: client/in_process.h),
+// each next to the same loop on std::allocator in DRAM, in the same run.
+// Run with bench/run.sh.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "client/in_process.h"
 #include "heap/heap.h"
-#include "heap/heap_session.h"
 #include "heap/test_dir.h"
 
 namespace heapd {
@@ -30,6 +31,14 @@ double NsPer(Clock::duration d, uint64_t n) {
 }
 
 std::string ScratchParent() { return access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp"; }
+
+std::unique_ptr<Heap> Attach(PersistentHeap* heap, ClientId id) {
+  AttachOptions options;
+  options.lease_batch = 16;
+  absl::StatusOr<std::unique_ptr<Heap>> session = AttachInProcess(heap, id, options);
+  if (!session.ok()) std::abort();
+  return *std::move(session);
+}
 
 std::unique_ptr<PersistentHeap> NewHeap(const TestDir& dir, uint64_t max_size) {
   HeapConfig config;
@@ -48,27 +57,27 @@ constexpr uint64_t kB1Objects = 10'000'000;
 void BM_B1_Heapd(benchmark::State& state) {
   TestDir dir(ScratchParent());
   std::unique_ptr<PersistentHeap> heap = NewHeap(dir, uint64_t{1} << 30);
-  std::vector<uint64_t> offsets(kB1Objects);
+  std::vector<void*> objects(kB1Objects);
   if (state.range(0) == 1) {
-    auto session = HeapSession::Start(heap.get(), 2, 16);
-    for (uint64_t i = 0; i < kB1Objects; ++i) offsets[i] = *(*session)->Allocate(64);
-    if (!(*session)->Detach().ok()) std::abort();
-    std::vector<ObjectRef> all;
-    for (uint64_t offset : offsets) all.push_back(ObjectRef{offset, 64});
-    if (!heap->Free(3, all).ok()) std::abort();
+    std::unique_ptr<Heap> session = Attach(heap.get(), 2);
+    for (uint64_t i = 0; i < kB1Objects; ++i) objects[i] = *session->allocate(64);
+    for (void* object : objects) {
+      if (!session->deallocate(object, 64).ok()) std::abort();
+    }
+    if (!session->detach().ok()) std::abort();
   }
   for (auto _ : state) {
-    auto session = HeapSession::Start(heap.get(), 1, /*lease_batch=*/16);
+    std::unique_ptr<Heap> session = Attach(heap.get(), 1);
     const Clock::time_point t0 = Clock::now();
-    for (uint64_t i = 0; i < kB1Objects; ++i) offsets[i] = *(*session)->Allocate(64);
+    for (uint64_t i = 0; i < kB1Objects; ++i) objects[i] = *session->allocate(64);
     const Clock::time_point t1 = Clock::now();
     for (uint64_t i = 0; i < kB1Objects; ++i) {
-      if (!(*session)->Deallocate(offsets[i]).ok()) std::abort();
+      if (!session->deallocate(objects[i], 64).ok()) std::abort();
     }
     const Clock::time_point t2 = Clock::now();
     state.counters["alloc_ns"] = NsPer(t1 - t0, kB1Objects);
     state.counters["free_ns"] = NsPer(t2 - t1, kB1Objects);
-    if (!(*session)->Detach().ok()) std::abort();
+    if (!session->detach().ok()) std::abort();
   }
 }
 
@@ -134,17 +143,13 @@ void BM_B2_Heapd(benchmark::State& state) {
   TestDir dir(ScratchParent());
   std::unique_ptr<PersistentHeap> heap = NewHeap(dir, uint64_t{1} << 30);
   RunB2(state, [&](int t) {
-    // One session per thread, detached when the thread's round ends.
-    auto started = HeapSession::Start(heap.get(), static_cast<ClientId>(t + 1));
-    if (!started.ok()) std::abort();
-    std::shared_ptr<HeapSession> session(started->release(), [](HeapSession* s) {
-      if (!s->Detach().ok()) std::abort();
-      delete s;
-    });
-    return [session, live = std::array<uint64_t, kB2Batch>{}](const FreeOrder& order) mutable {
-      for (int i = 0; i < kB2Batch; ++i) live[i] = *session->Allocate(64);
+    // One session per thread (a process each, as B2 means), detached when
+    // the thread's round ends.
+    std::shared_ptr<Heap> session = Attach(heap.get(), static_cast<ClientId>(t + 1));
+    return [session, live = std::array<void*, kB2Batch>{}](const FreeOrder& order) mutable {
+      for (int i = 0; i < kB2Batch; ++i) live[i] = *session->allocate(64);
       for (uint8_t i : order) {
-        if (!session->Deallocate(live[i]).ok()) std::abort();
+        if (!session->deallocate(live[i], 64).ok()) std::abort();
       }
     };
   });

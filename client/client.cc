@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
+#include "client/grpc_session_calls.h"
 #include "client/heap.h"
 #include "daemon/default_paths.h"
 #include "grpcpp/create_channel.h"
@@ -200,19 +201,16 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::AttachOnce(const v1::AttachRequest
   grpc::ClientContext context;
   Prepare(&context);
   if (absl::Status s = FromGrpc(stub_->Attach(&context, request, &response)); !s.ok()) return s;
-  std::unique_ptr<Heap> heap(
-      new Heap(this, name, options.read_only, response.session(), options.lease_batch));
-  int journal_fd = -1;
-  absl::Status status = FetchDataFd(FdSocketBeside(socket_path_), response.fd_token(),
-                                    &heap->fd_connection_, &heap->data_fd_, &journal_fd);
-  if (status.ok()) status = heap->Start(response, UniqueFd(journal_fd));
-  if (!status.ok()) {
-    // The daemon ends the session when the connection closes (with the
-    // heap) or the token expires.
-    heap->detached_ = true;
-    return status;
+  // Without the fds, the daemon ends the session when the token expires;
+  // with them, when the connection closes (the Heap's calls own it).
+  int connection = -1, data_fd = -1, journal_fd = -1;
+  if (absl::Status s = FetchDataFd(FdSocketBeside(socket_path_), response.fd_token(), &connection,
+                                   &data_fd, &journal_fd);
+      !s.ok()) {
+    return s;
   }
-  return heap;
+  return Heap::Start(std::make_unique<GrpcSessionCalls>(this, name, connection), name, options,
+                     response, data_fd, UniqueFd(journal_fd));
 }
 
 }  // namespace heapd

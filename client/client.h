@@ -30,6 +30,10 @@ struct AttachOptions {
   uint32_t mode = 0;      // when creating; 0: 0600
   // Chunks a thread leases at a time, per size class.
   uint32_t lease_batch = 4;
+  // Frees of objects this process does not lease sent to heapd in one call
+  // (at the latest at the next sync); 1: each at once, and deallocate
+  // returns its error.
+  uint32_t free_batch = 256;
   // Names looked up in the attach call itself: find<T>() of these makes no
   // further call.
   std::vector<std::string> prefetch_names;

@@ -47,13 +47,20 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
   const uint64_t mapped = heap.mapped->load(std::memory_order_acquire);
   if (offset >= size || size > heap.max_size) return false;
   if (size > mapped) {
-    bool map_sync = false;
-    if (MapFileAt(heap.base.load(std::memory_order_acquire) + mapped, size - mapped, heap.writable,
-                  heap.fd, mapped, &map_sync) != 0) {
-      return false;
-    }
     char* at = heap.base.load(std::memory_order_acquire) + mapped;
-    if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
+    auto fencing = [&heap] {
+      return heap.fenced != nullptr && heap.fenced->load(std::memory_order_seq_cst);
+    };
+    const bool fenced_before = fencing();
+    if (fenced_before) {
+      MapPrivately(at, size - mapped, heap.fd, mapped);  // as the rest after a fence
+    } else {
+      bool map_sync = false;
+      if (MapFileAt(at, size - mapped, heap.writable, heap.fd, mapped, &map_sync) != 0) {
+        return false;
+      }
+      if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
+    }
     uint64_t seen = mapped;
     while (seen < size &&
            !heap.mapped->compare_exchange_weak(seen, size, std::memory_order_seq_cst)) {
@@ -61,9 +68,7 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
     // A fence maps privately what `mapped` says after it set its flag; it
     // may have read `mapped` before the exchange above: then this sees
     // the flag (both sequentially consistent) and maps privately itself.
-    if (heap.fenced != nullptr && heap.fenced->load(std::memory_order_seq_cst)) {
-      MapPrivately(at, size - mapped, heap.fd, mapped);
-    }
+    if (!fenced_before && fencing()) MapPrivately(at, size - mapped, heap.fd, mapped);
   }
   return true;  // mapped now (by us or by another thread)
 }

@@ -20,31 +20,16 @@
 #include "heap/metadata_format.h"
 #include "heap/undo_record.h"
 #include "protocol/fd_protocol.h"
+#include "protocol/proto_convert.h"
 
 namespace heapd {
 namespace {
 
-// Foreign frees sent to the daemon in one call.
-constexpr size_t kFreeBatch = 256;
 // Lease reports per Sync call (a report of a chunk of 8-byte objects is
 // 32 KiB; this keeps a call well under the message limit).
 constexpr size_t kReportsPerSync = 1024;
 
 std::atomic<uint64_t> next_serial{1};
-
-LeaseGrant FromProto(const v1::LeaseGrant& grant) {
-  return {grant.chunk(), grant.size_class(), {grant.words().begin(), grant.words().end()}};
-}
-
-void ToProto(const LeaseReport& report, v1::LeaseReport* out) {
-  out->set_chunk(report.chunk);
-  out->mutable_words()->Add(report.words.begin(), report.words.end());
-}
-
-NameEntry FromProto(const v1::NameEntry& entry) {
-  return {entry.name(),      entry.offset(),    entry.size(),
-          entry.type_name(), entry.owner_uid(), entry.created_unix_ns()};
-}
 
 // Every number heapd sends is checked before it is used as an index or an
 // address: a wrong one is an error, never a stray store.
@@ -122,13 +107,35 @@ void Heap::ApplyRemoteFrees(ThreadCache* cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ca
   }
 }
 
-Heap::Heap(Client* client, std::string name, bool read_only, uint64_t session, uint32_t lease_batch)
-    : client_(client),
+Heap::Heap(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOptions& options,
+           uint64_t session, int data_fd)
+    : calls_(std::move(calls)),
       name_(std::move(name)),
-      read_only_(read_only),
+      read_only_(options.read_only),
       session_(session),
-      lease_batch_(lease_batch == 0 ? 1 : lease_batch),
-      serial_(next_serial.fetch_add(1)) {}
+      lease_batch_(std::max<uint32_t>(options.lease_batch, 1)),
+      free_batch_(std::max<uint32_t>(options.free_batch, 1)),
+      serial_(next_serial.fetch_add(1)),
+      data_fd_(data_fd) {}
+
+absl::StatusOr<std::unique_ptr<Heap>> Heap::Start(std::unique_ptr<SessionCalls> calls,
+                                                  std::string name, const AttachOptions& options,
+                                                  const v1::AttachResponse& attached, int data_fd,
+                                                  UniqueFd journal) {
+  std::unique_ptr<Heap> heap(
+      new Heap(std::move(calls), std::move(name), options, attached.session(), data_fd));
+  if (absl::Status s = heap->Start(attached, std::move(journal)); !s.ok()) {
+    heap->detached_ = true;  // the serving side ends the session when its connection closes
+    return s;
+  }
+  return heap;
+}
+
+bool Heap::leases(const void* p) const {
+  const uint64_t offset = offset_of(p);
+  return offset < max_size_ &&
+         chunk_owner_[offset / kChunkSize].load(std::memory_order_acquire) != nullptr;
+}
 
 absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
   const uint64_t max_size = attached.heap().max_size();
@@ -156,13 +163,8 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
   content_rollback_note_ = attached.heap().content_rollback_note();
   if (attached.heap().content_rollback() && !read_only_) {
     if (!journal.valid()) return Unexpected(name_, "content rollback without an undo journal");
-    int lifeline;
-    {
-      absl::MutexLock lock(&fd_mu_);
-      lifeline = fd_connection_;
-    }
-    absl::StatusOr<std::unique_ptr<WriteTracker>> tracker =
-        WriteTracker::Start(base_, &mapped_bytes_, data_fd_, std::move(journal), lifeline);
+    absl::StatusOr<std::unique_ptr<WriteTracker>> tracker = WriteTracker::Start(
+        base_, &mapped_bytes_, data_fd_, std::move(journal), calls_->lifeline());
     if (!tracker.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("heap ", name_,
@@ -190,11 +192,8 @@ Heap::~Heap() {
                    s.ToString().c_str());
     }
   }
-  tracker_.reset();  // it watches the connection and uses the data fd
-  {
-    absl::MutexLock lock(&fd_mu_);
-    if (fd_connection_ >= 0) close(fd_connection_);
-  }
+  tracker_.reset();  // it watches the lifeline and uses the data fd
+  calls_->Close();
   if (data_fd_ >= 0) close(data_fd_);
 }
 
@@ -252,12 +251,7 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   want->set_size_class(size_class);
   want->set_count(count);
   v1::LeaseChunksResponse response;
-  grpc::ClientContext context;
-  client_->Prepare(&context);
-  if (absl::Status s = FromGrpc(client_->stub().LeaseChunks(&context, request, &response));
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = calls_->LeaseChunks(request, &response); !s.ok()) return s;
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
     return s;
   }
@@ -323,12 +317,7 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   request.set_session(session_);
   request.set_size(size);
   v1::AllocateLargeResponse response;
-  grpc::ClientContext context;
-  client_->Prepare(&context);
-  if (absl::Status s = FromGrpc(client_->stub().AllocateLarge(&context, request, &response));
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = calls_->AllocateLarge(request, &response); !s.ok()) return s;
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
     return s;
   }
@@ -391,7 +380,7 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
   {
     absl::MutexLock lock(&frees_mu_);
     pending_frees_.push_back(object);
-    if (pending_frees_.size() < kFreeBatch) return absl::OkStatus();
+    if (pending_frees_.size() < free_batch_) return absl::OkStatus();
     batch.swap(pending_frees_);
   }
   return FreeRemotely(std::move(batch));  // outside the lock: other threads queue on
@@ -403,10 +392,7 @@ absl::Status Heap::FreeRemotely(std::vector<v1::ObjectRef> objects) {
     v1::FreeRequest request;
     request.set_session(session_);
     request.mutable_objects()->Add(begin, end);
-    v1::FreeResponse response;
-    grpc::ClientContext context;
-    client_->Prepare(&context);
-    return FromGrpc(client_->stub().Free(&context, request, &response));
+    return calls_->Free(request);
   };
   absl::Status status = send(objects.begin(), objects.end());
   if (status.ok() || objects.size() == 1 ||
@@ -439,11 +425,7 @@ absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, siz
       ToProto(reports[*sent], request.add_reports());
     }
     v1::SyncResponse response;
-    grpc::ClientContext context;
-    client_->Prepare(&context);
-    if (absl::Status s = FromGrpc(client_->stub().Sync(&context, request, &response)); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = calls_->Sync(request, &response); !s.ok()) return s;
     FaultPoint("client.sync.between_parts");
   }
   return absl::OkStatus();
@@ -459,9 +441,7 @@ absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports, uint64_t ge
   request.set_session(session_);
   request.set_generation(generation);
   for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
-  grpc::ClientContext context;
-  client_->Prepare(&context);
-  return FromGrpc(client_->stub().Sync(&context, request, response));
+  return calls_->Sync(request, response);
 }
 
 absl::StatusOr<uint64_t> Heap::sync() {
@@ -545,23 +525,25 @@ absl::Status Heap::detach() {
     }
   }
   // Detach carries the last kReportsPerSync leases; heapd holds the earlier
-  // parts and returns them all with it, in one epoch.
+  // parts and returns them all with it, in one epoch. If a part failed, no
+  // detach commits this session's stores without it: the session ends
+  // without one (as a crash: heapd puts it back at its last sync).
   size_t sent = 0;
-  if (status.ok()) status.Update(SendEarlierParts(reports, &sent));
-  v1::DetachRequest request;
-  request.set_session(session_);
-  if (tracker_ != nullptr) request.set_generation(tracker_->BeginSync());
-  for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
-  v1::DetachResponse response;
-  grpc::ClientContext context;
-  client_->Prepare(&context);
-  status.Update(FromGrpc(client_->stub().Detach(&context, request, &response)));
+  const absl::Status parts = SendEarlierParts(reports, &sent);
+  if (parts.ok()) {
+    v1::DetachRequest request;
+    request.set_session(session_);
+    if (tracker_ != nullptr) request.set_generation(tracker_->BeginSync());
+    for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
+    status.Update(calls_->Detach(request));
+  } else {
+    status.Update(absl::Status(parts.code(), absl::StrCat("heap ", name_, ": ", parts.message(),
+                                                          "; the session ends at its last sync")));
+  }
   UnregisterHeapForGrowthFaults(fault_slot_);
-  tracker_.reset();  // before the connection closes: that would fence the mapping
+  tracker_.reset();  // before the lifeline closes: that would fence the mapping
   mapping_.reset();
-  absl::MutexLock lock(&fd_mu_);
-  close(fd_connection_);
-  fd_connection_ = -1;
+  calls_->Close();
   return status;
 }
 
@@ -585,10 +567,7 @@ absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t si
   request.set_offset(offset_of(object));
   request.set_size(size);
   request.set_type_name(type_name);
-  v1::BindResponse response;
-  grpc::ClientContext context;
-  client_->Prepare(&context);
-  return FromGrpc(client_->stub().Bind(&context, request, &response));
+  return calls_->Bind(request);
 }
 
 absl::Status Heap::Unbind(const std::string& name) {
@@ -599,63 +578,7 @@ absl::Status Heap::Unbind(const std::string& name) {
   v1::UnbindRequest request;
   request.set_session(session_);
   request.set_name(name);
-  v1::NameEntry response;
-  grpc::ClientContext context;
-  client_->Prepare(&context);
-  return FromGrpc(client_->stub().Unbind(&context, request, &response));
-}
-
-absl::StatusOr<NameEntry> Heap::LookupOnFdSocket(const std::string& name) {
-  absl::StatusOr<std::string> request = EncodeLookupRequest(name);
-  if (!request.ok()) return request.status();
-  const std::string frame = EncodeFrame(*request);
-  absl::MutexLock lock(&fd_mu_);
-  if (fd_broken_) {
-    v1::LookupRequest lookup;
-    lookup.set_heap(name_);
-    lookup.set_name(name);
-    v1::NameEntry entry;
-    grpc::ClientContext context;
-    client_->Prepare(&context);
-    if (absl::Status s = FromGrpc(client_->stub().Lookup(&context, lookup, &entry)); !s.ok()) {
-      return s;
-    }
-    return FromProto(entry);
-  }
-  auto io_error = [this](const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fd_mu_) {
-    fd_broken_ = true;
-    return absl::UnavailableError(absl::StrCat(what, " heapd's connection of heap ", name_,
-                                               " failed: ", std::strerror(errno)));
-  };
-  for (size_t sent = 0; sent < frame.size();) {
-    const ssize_t n = send(fd_connection_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return io_error("writing to");
-    sent += static_cast<size_t>(n);
-  }
-  auto read_exactly = [this](char* into, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fd_mu_) {
-    for (size_t got = 0; got < bytes;) {
-      const ssize_t n = recv(fd_connection_, into + got, bytes - got, 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      got += static_cast<size_t>(n);
-    }
-    return true;
-  };
-  char header[kFdFrameHeaderBytes];
-  if (!read_exactly(header, sizeof(header))) return io_error("reading from");
-  absl::StatusOr<uint32_t> length =
-      DecodeFrameLength(absl::string_view(header, sizeof(header)), kMaxFdAnswerBytes);
-  if (!length.ok()) {
-    fd_broken_ = true;
-    return absl::UnavailableError(
-        absl::StrCat("heapd's connection of heap ", name_, ": ", length.status().message()));
-  }
-  std::string answer(*length, '\0');
-  if (!read_exactly(answer.data(), answer.size())) return io_error("reading from");
-  absl::StatusOr<v1::NameEntry> entry = ParseLookupAnswer(answer);
-  if (!entry.ok()) return entry.status();
-  return FromProto(*entry);
+  return calls_->Unbind(request);
 }
 
 absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,
@@ -671,7 +594,7 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
     }
   }
   if (!prefetched) {
-    absl::StatusOr<NameEntry> found = LookupOnFdSocket(name);
+    absl::StatusOr<NameEntry> found = calls_->Lookup(name);
     if (!found.ok()) return found.status();
     entry = *std::move(found);
   }

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/lease_pool.h"
 #include "client/client.h"
+#include "client/session_calls.h"
 #include "client/spin_lock.h"
 #include "client/type_name.h"
 #include "client/write_tracker.h"
@@ -183,13 +184,25 @@ class Heap {
   // The object bound to `name`, checked to be a `type_name` of `size` bytes.
   absl::StatusOr<void*> Find(const std::string& name, const std::string& type_name, uint64_t size);
 
+  // For transports (Client::Attach, AttachInProcess): a Heap over `calls`,
+  // on the session `attached` describes. Maps `data_fd` (owned from now
+  // on); `journal`: the session's undo journal when the heap tracks
+  // contents. On failure the session is left to end on the serving side.
+  static absl::StatusOr<std::unique_ptr<Heap>> Start(std::unique_ptr<SessionCalls> calls,
+                                                     std::string name, const AttachOptions& options,
+                                                     const v1::AttachResponse& attached,
+                                                     int data_fd, UniqueFd journal);
+
+  // Whether a thread cache of this process leases the chunk holding `p`
+  // (then freeing it is local). For tests.
+  bool leases(const void* p) const;
+
  private:
-  friend class Client;
   struct ThreadCache;
 
-  Heap(Client* client, std::string name, bool read_only, uint64_t session, uint32_t lease_batch);
-  // Maps the heap (data_fd_ is set) and takes what Attach returned;
-  // `journal`: the session's undo journal when heapd tracks contents.
+  Heap(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOptions& options,
+       uint64_t session, int data_fd);
+  // Maps the heap and takes what Attach returned.
   absl::Status Start(const v1::AttachResponse& attached, UniqueFd journal);
 
   ThreadCache* CacheOfThisThread();
@@ -213,23 +226,15 @@ class Heap {
   absl::Status SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent);
   absl::Status SendSync(const std::vector<LeaseReport>& reports, uint64_t generation,
                         v1::SyncResponse* response);
-  // Looks `name` up over the session's heapd.fd.sock connection: one small
-  // request and answer, no gRPC.
-  absl::StatusOr<NameEntry> LookupOnFdSocket(const std::string& name);
 
-  Client* const client_;
+  const std::unique_ptr<SessionCalls> calls_;
   const std::string name_;
   const bool read_only_;
   const uint64_t session_;
   const uint32_t lease_batch_;
+  const size_t free_batch_;
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
-  int data_fd_ = -1;
-  absl::Mutex fd_mu_;  // one request at a time on fd_connection_
-  // heapd.fd.sock, open for the whole session.
-  int fd_connection_ ABSL_GUARDED_BY(fd_mu_) = -1;
-  // Set when an exchange on fd_connection_ failed midway: the stream is out
-  // of step, so lookups go through gRPC from then on.
-  bool fd_broken_ ABSL_GUARDED_BY(fd_mu_) = false;
+  const int data_fd_;
   int fault_slot_ = -1;  // see growth_fault_handler.h
   bool detached_ = false;
 

@@ -10,8 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
-#include "daemon/proto_convert.h"
 #include "protocol/fd_protocol.h"
+#include "protocol/proto_convert.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {

@@ -192,16 +192,25 @@ Type TypeOf() {
 // The input's first byte picks one of these (modulo their number).
 const std::vector<Type>& Types() {
   static const std::vector<Type>* const types = new std::vector<Type>{
-      TypeOf<v1::CreateHeapRequest>(),     TypeOf<v1::ListHeapsRequest>(),
-      TypeOf<v1::StatHeapRequest>(),       TypeOf<v1::RemoveHeapRequest>(),
-      TypeOf<v1::AttachRequest>(),         TypeOf<v1::DetachRequest>(),
-      TypeOf<v1::ListClientsRequest>(),    TypeOf<v1::LeaseChunksRequest>(),
-      TypeOf<v1::AllocateLargeRequest>(),  TypeOf<v1::FreeRequest>(),
+      TypeOf<v1::CreateHeapRequest>(),
+      TypeOf<v1::ListHeapsRequest>(),
+      TypeOf<v1::StatHeapRequest>(),
+      TypeOf<v1::RemoveHeapRequest>(),
+      TypeOf<v1::AttachRequest>(),
+      TypeOf<v1::DetachRequest>(),
+      TypeOf<v1::ListClientsRequest>(),
+      TypeOf<v1::LeaseChunksRequest>(),
+      TypeOf<v1::AllocateLargeRequest>(),
+      TypeOf<v1::FreeRequest>(),
       TypeOf<v1::SyncRequest>(),
-      TypeOf<v1::BindRequest>(),           TypeOf<v1::LookupRequest>(),
-      TypeOf<v1::UnbindRequest>(),         TypeOf<v1::ListNamesRequest>(),
-      TypeOf<v1::CreateSnapshotRequest>(), TypeOf<v1::ListSnapshotsRequest>(),
-      TypeOf<v1::SnapshotRef>(),           TypeOf<v1::RestoreSnapshotRequest>(),
+      TypeOf<v1::BindRequest>(),
+      TypeOf<v1::LookupRequest>(),
+      TypeOf<v1::UnbindRequest>(),
+      TypeOf<v1::ListNamesRequest>(),
+      TypeOf<v1::CreateSnapshotRequest>(),
+      TypeOf<v1::ListSnapshotsRequest>(),
+      TypeOf<v1::SnapshotRef>(),
+      TypeOf<v1::RestoreSnapshotRequest>(),
   };
   return *types;
 }

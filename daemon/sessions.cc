@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/proto_convert.h"
 #include "protocol/fd_protocol.h"
+#include "protocol/proto_convert.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {
@@ -283,12 +283,13 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
     metrics_->CountReclaim("detach_failed", reclaimed.leases, reclaimed.large_runs);
     LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
     spdlog::warn(
-        "session {} on heap {} failed to detach ({}); reclaimed {} chunks at their "
-        "last sync",
+        "session {} on heap {} failed to detach ({}); reclaimed {} chunks as at its "
+        "last commit",
         id, session->heap->name, result.status().ToString(), reclaimed.leases);
     return absl::Status(result.status().code(),
                         absl::StrCat(result.status().message(), "; session ", id,
-                                     " ended with its leases at their last sync"));
+                                     " ended as at its last commit (its last sync, or this "
+                                     "detach if it got as far as applying its reports)"));
   }
   LogRejectedFrees(*session, result->rejected_frees, "detached", metrics_);
   spdlog::info("session {} detached heap {} at epoch {} ({})", id, session->heap->name,

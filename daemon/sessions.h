@@ -45,12 +45,6 @@
 
 namespace heapd {
 
-// Chunks of one size class a session asks for.
-struct LeaseWant {
-  uint32_t size_class = 0;
-  uint32_t count = 0;
-};
-
 class Sessions {
  public:
   Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics);
@@ -99,7 +93,8 @@ class Sessions {
 
   // Ends session `id` of `caller` as it asks: its leases go back with
   // `reports`, and the heap persists. Returns the heap's epoch. Even when
-  // that fails, the session has ended (leases at their last report).
+  // that fails, the session has ended as a crash would end it (its
+  // leases and contents as at its last commit: see PersistentHeap::Reclaim).
   absl::StatusOr<uint64_t> Detach(uint64_t id, const Caller& caller,
                                   absl::Span<const LeaseReport> reports, uint64_t generation = 0);
 

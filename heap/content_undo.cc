@@ -305,13 +305,24 @@ const ContentUndo::Entry* ContentUndo::TargetLocked(const std::vector<Entry>& en
 }
 
 absl::Status ContentUndo::AppendLocked(const UndoRecordHeader& header, const std::string& image) {
+  if (!heap_journal_error_.ok()) return heap_journal_error_;
   struct stat st;
   if (fstat(heap_journal_.get(), &st) != 0) {
     return ErrnoStatus(errno, absl::StrCat("stat ", dir_, "/", kHeapJournal));
   }
   const std::string record = EncodeUndoRecord(header, image);
   if (!WriteAll(heap_journal_.get(), record)) {
-    return ErrnoStatus(errno, absl::StrCat("append to ", dir_, "/", kHeapJournal));
+    const absl::Status failed =
+        ErrnoStatus(errno, absl::StrCat("append to ", dir_, "/", kHeapJournal));
+    // A torn record would hide every later one from the next start: cut
+    // it off, or append nothing more.
+    if (ftruncate(heap_journal_.get(), st.st_size) != 0) {
+      heap_journal_error_ = ErrnoStatus(
+          errno, absl::StrCat("cut a torn record off ", dir_, "/", kHeapJournal, " at byte ",
+                              st.st_size, " (after: ", failed.message(), ")"));
+      return heap_journal_error_;
+    }
+    return failed;
   }
   const UndoKind kind = static_cast<UndoKind>(header.kind);
   if (kind == UndoKind::kGenerationEnd) {

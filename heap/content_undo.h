@@ -211,6 +211,9 @@ class ContentUndo {
   mutable absl::Mutex mu_;
   uint64_t committed_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   UniqueFd heap_journal_ ABSL_GUARDED_BY(mu_);
+  // Set when a torn record could not be cut off heap.undo: nothing more is
+  // appended (syncs fail) until heapd restarts.
+  absl::Status heap_journal_error_ ABSL_GUARDED_BY(mu_);
   uint64_t compact_at_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t compacted_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // heap.undo's size after the last rewrite
   std::map<ClientId, Journal> journals_ ABSL_GUARDED_BY(mu_);  // live sessions'

@@ -565,9 +565,9 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     // ended its leases since the check above.
     absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, release);
     if (!reported.ok()) {
-      broken_ = absl::InternalError(absl::StrCat("heap ", dir_, " is broken: client ", client,
-                                                 "'s leases changed during its sync: ",
-                                                 reported.status().message()));
+      broken_ = absl::InternalError(
+          absl::StrCat("heap ", dir_, " is broken: client ", client,
+                       "'s leases changed during its sync: ", reported.status().message()));
       return broken_;
     }
     result.corrections = std::move(reported->corrections);
@@ -577,6 +577,9 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       directory_->Reclaim(client);  // leases the client did not report
       SettleDeferredFreesLocked(client, /*lessee_died=*/false);
     }
+    // The client's frees of others' objects go with its stores (the
+    // unlinking), whose generation end this epoch commits: in it.
+    if (generation != 0 || release) ApplyDeferredFreesLocked(client, &result.rejected_frees);
     // What this epoch persists, taken now; later changes go to the next.
     if (full) {
       directory_->TakeDirtyRecords();
@@ -612,11 +615,6 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     metadata_log_bytes_ = store_->log_bytes();
     epoch_ = result.epoch;
     last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
-    // The client's frees of others' objects go with its stores (the
-    // unlinking), which this sync just committed: applied now, they
-    // persist with the next epoch (a crash before it leaks the objects;
-    // none is ever freed under a committed pointer).
-    ApplyDeferredFreesLocked(client, &result.rejected_frees);
   }
   if (undo_ != nullptr) {
     undo_->Committed(result.epoch);
@@ -648,10 +646,50 @@ size_t PersistentHeap::LeaseCount(ClientId client) const {
   return directory_->LeaseCount(client);
 }
 
+absl::Status PersistentHeap::PersistPendingLocked() {
+  if (!checkpoint_next_) return absl::OkStatus();
+  Checkpoint checkpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckWritableLocked("persist"); !s.ok()) return s;
+    directory_->TakeDirtyRecords();
+    names_.TakeChanges();
+    checkpoint.config = config_;
+    checkpoint.epoch = epoch_ + 1;
+    checkpoint.capacity_chunks = directory_->capacity_chunks();
+    checkpoint.chunks = directory_->AllRecords();
+    checkpoint.names = names_.List("");
+  }
+  const uint64_t epoch = checkpoint.epoch;
+  absl::Status status = FlushDataLocked();
+  if (status.ok()) status = store_->WriteCheckpoint(std::move(checkpoint));
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    broken_ = absl::DataLossError(
+        absl::StrCat("heap ", dir_,
+                     " is broken: a session ended while a failed sync's changes were not "
+                     "persisted, and persisting them failed: ",
+                     status.message(), " (restart heapd to reopen it at epoch ", epoch_, ")"));
+    return broken_;
+  }
+  checkpoint_next_ = false;
+  metadata_log_bytes_ = store_->log_bytes();
+  epoch_ = epoch;
+  undo_->Committed(epoch);
+  return absl::OkStatus();
+}
+
 ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   // Contents first, while the dead client's chunks are still its own: no
   // one else is handed them before its pages are back.
-  if (undo_ != nullptr) undo_->RollBack(client);
+  if (undo_ != nullptr) {
+    absl::MutexLock persist_lock(&persist_mu_);
+    // A sync that failed after applying its reports wrote its generation
+    // end for the next epoch: that epoch commits first, or the pages it
+    // covers would go back while the reports commit later. If it cannot,
+    // the heap is broken and its journals stay for the restart to recover.
+    if (PersistPendingLocked().ok()) undo_->RollBack(client);
+  }
   absl::MutexLock lock(&mu_);
   deferred_frees_.erase(client);  // they go back with the client's stores
   staged_reports_.erase(client);  // its unfinished sync commits nothing

@@ -288,6 +288,10 @@ class PersistentHeap {
   // objects not live in its last report are dropped (they died with it).
   void SettleDeferredFreesLocked(ClientId lessee, bool lessee_died)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With content rollback: persists, in a full checkpoint, what a sync
+  // that failed after applying its reports left in memory (see Reclaim);
+  // a failure breaks the heap.
+  absl::Status PersistPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   // Fresh memory handed out: no pre-image may put its pages back.
   absl::Status ForgetUndo(ClientId client, uint64_t offset, uint64_t length);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }

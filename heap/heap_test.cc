@@ -1,12 +1,17 @@
 #include "heap/heap.h"
 
+#include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
+#include "client/in_process.h"
 #include "gtest/gtest.h"
-#include "heap/heap_session.h"
+#include "heap/fault_point.h"
 #include "heap/test_dir.h"
+#include "heap/undo_record.h"
 
 namespace heapd {
 namespace {
@@ -22,6 +27,26 @@ HeapConfig Config(uint64_t chunks) {
 
 NameEntry Name(const std::string& name, uint64_t offset, uint64_t size) {
   return NameEntry{name, offset, size, "test::Blob", 1000, 1};
+}
+
+// A session of the real client on `heap`, in this process; `calls`, if
+// given, is set to its calls (Close() on them is its crash).
+std::unique_ptr<Heap> Attach(PersistentHeap* heap, ClientId id,
+                             InProcessSessionCalls** calls = nullptr) {
+  absl::StatusOr<std::unique_ptr<Heap>> session =
+      AttachInProcess(heap, id, {}, [calls](std::unique_ptr<InProcessSessionCalls> c) {
+        if (calls != nullptr) *calls = c.get();
+        return c;
+      });
+  EXPECT_TRUE(session.ok()) << session.status();
+  return session.ok() ? *std::move(session) : nullptr;
+}
+
+// Allocates through `session`; the object's offset.
+absl::StatusOr<uint64_t> Allocate(Heap& session, uint64_t size) {
+  absl::StatusOr<void*> object = session.allocate(size);
+  if (!object.ok()) return object.status();
+  return session.offset_of(*object);
 }
 
 TEST(HeapTest, CreateThenOpenKeepsConfigAndRefusesDuplicates) {
@@ -75,17 +100,20 @@ TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
   {
     auto heap = PersistentHeap::Create(path, Config(64));
     ASSERT_TRUE(heap.ok());
-    auto session = HeapSession::Start(heap->get(), 1);
-    ASSERT_TRUE(session.ok());
-    kept = *(*session)->Allocate(100);
-    std::strcpy((*session)->At<char>(kept), "persisted");
-    big = *(*session)->Allocate(5 * kChunkSize);
+    InProcessSessionCalls* calls = nullptr;
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+    ASSERT_NE(session, nullptr);
+    kept = *Allocate(*session, 100);
+    std::strcpy(session->at<char>(kept), "persisted");
+    big = *Allocate(*session, 5 * kChunkSize);
     ASSERT_TRUE((*heap)->Bind(1, Name("root", kept, 100)).ok());
-    ASSERT_TRUE((*session)->Sync().ok());
-    lost = *(*session)->Allocate(100);
-    ASSERT_TRUE((*session)->Allocate(3 * kChunkSize).ok());
+    ASSERT_TRUE(session->sync().ok());
+    lost = *Allocate(*session, 100);
+    ASSERT_TRUE(Allocate(*session, 3 * kChunkSize).ok());
     ASSERT_TRUE((*heap)->Bind(1, Name("late", lost, 100)).ok());
-    // No sync: the heap closes as if the daemon crashed.
+    // No sync: the session dies, and the heap closes as if the daemon
+    // crashed (nothing more persisted).
+    calls->Close();
   }
   auto heap = PersistentHeap::Open(path);
   ASSERT_TRUE(heap.ok()) << heap.status();
@@ -97,9 +125,9 @@ TEST(HeapTest, ReopenSeesExactlyTheLastSync) {
   HeapStats stats = (*heap)->Stats();
   EXPECT_EQ(stats.directory.live_objects, 2u);  // kept and big
   EXPECT_EQ(stats.directory.large_chunks, 5u);
-  auto session = HeapSession::Start(heap->get(), 2);
-  ASSERT_TRUE(session.ok());
-  EXPECT_STREQ((*session)->At<char>(kept), "persisted");
+  std::unique_ptr<Heap> session = Attach(heap->get(), 2);
+  ASSERT_NE(session, nullptr);
+  EXPECT_STREQ(session->at<char>(kept), "persisted");
   // The unsynced object is free again; the synced big one is live.
   EXPECT_EQ((*heap)->Free(2, {{lost, 0}}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*heap)->Free(2, {{big, 0}}).ok());
@@ -110,8 +138,9 @@ TEST(HeapTest, NamesPinObjectsAndValidateInput) {
   TestDir dir;
   auto heap = PersistentHeap::Create(dir.Sub("h"), Config(16));
   ASSERT_TRUE(heap.ok());
-  auto session = HeapSession::Start(heap->get(), 1);
-  const uint64_t object = *(*session)->Allocate(64);
+  std::unique_ptr<Heap> session = Attach(heap->get(), 1);
+  ASSERT_NE(session, nullptr);
+  const uint64_t object = *Allocate(*session, 64);
   EXPECT_EQ((*heap)->Bind(1, Name("", object, 64)).code(), absl::StatusCode::kInvalidArgument);
   NameEntry no_type = Name("x", object, 64);
   no_type.type_name = "";
@@ -124,7 +153,7 @@ TEST(HeapTest, NamesPinObjectsAndValidateInput) {
   ASSERT_TRUE((*heap)->Bind(1, Name("x", object, 64)).ok());
   EXPECT_EQ((*heap)->Bind(1, Name("x", object, 64)).code(), absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE((*heap)->Bind(1, Name("alias", object, 64)).ok());
-  ASSERT_TRUE((*session)->Sync().ok());
+  ASSERT_TRUE(session->sync().ok());
   EXPECT_EQ((*heap)->Free(2, {{object, 0}}).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE((*heap)->Unbind("x").ok());
   EXPECT_EQ((*heap)->Free(2, {{object, 0}}).code(), absl::StatusCode::kFailedPrecondition);
@@ -139,18 +168,19 @@ TEST(HeapTest, FullHeapIsResourceExhaustedAndStillUsable) {
   TestDir dir;
   auto heap = PersistentHeap::Create(dir.Sub("h"), Config(4));
   ASSERT_TRUE(heap.ok());
-  auto session = HeapSession::Start(heap->get(), 1);
-  ASSERT_TRUE((*session)->Allocate(3 * kChunkSize).ok());
-  absl::StatusOr<uint64_t> too_big = (*session)->Allocate(2 * kChunkSize);
+  std::unique_ptr<Heap> session = Attach(heap->get(), 1);
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(Allocate(*session, 3 * kChunkSize).ok());
+  absl::StatusOr<uint64_t> too_big = Allocate(*session, 2 * kChunkSize);
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(too_big.status().message().find("is full"), std::string::npos);
-  ASSERT_TRUE((*session)->Allocate(kChunkSize).ok());
-  EXPECT_EQ((*session)->Allocate(8).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(Allocate(*session, kChunkSize).ok());
+  EXPECT_EQ(Allocate(*session, 8).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ((*heap)->AllocateLarge(1, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*heap)->AllocateLarge(1, 5 * kChunkSize).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*heap)->Stats().capacity_bytes, 4 * kChunkSize);
-  EXPECT_TRUE((*session)->Sync().ok());
+  EXPECT_TRUE(session->sync().ok());
   EXPECT_TRUE((*heap)->CheckInvariants().ok());
 }
 
@@ -158,11 +188,12 @@ TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
   TestDir dir;
   auto heap = PersistentHeap::Create(dir.Sub("h"), Config(32));
   ASSERT_TRUE(heap.ok());
-  auto dead = HeapSession::Start(heap->get(), 7);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*dead)->Allocate(48).ok());
-  ASSERT_TRUE((*dead)->Sync().ok());
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*dead)->Allocate(48).ok());
-  ASSERT_TRUE((*dead)->Allocate(2 * kChunkSize).ok());
+  std::unique_ptr<Heap> dead = Attach(heap->get(), 7);
+  ASSERT_NE(dead, nullptr);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Allocate(*dead, 48).ok());
+  ASSERT_TRUE(dead->sync().ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Allocate(*dead, 48).ok());
+  ASSERT_TRUE(Allocate(*dead, 2 * kChunkSize).ok());
   ReclaimResult reclaimed = (*heap)->Reclaim(7);
   EXPECT_GE(reclaimed.leases, 1u);
   EXPECT_EQ(reclaimed.large_runs, 1u);
@@ -170,9 +201,10 @@ TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
   EXPECT_EQ(stats.directory.live_objects, 100u);
   EXPECT_EQ(stats.directory.leased_chunks, 0u);
   // Another client can lease the partly used chunk and fill it.
-  auto other = HeapSession::Start(heap->get(), 8);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*other)->Allocate(48).ok());
-  ASSERT_TRUE((*other)->Detach().ok());
+  std::unique_ptr<Heap> other = Attach(heap->get(), 8);
+  ASSERT_NE(other, nullptr);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Allocate(*other, 48).ok());
+  ASSERT_TRUE(other->detach().ok());
   EXPECT_EQ((*heap)->Stats().directory.live_objects, 200u);
   EXPECT_TRUE((*heap)->CheckInvariants().ok());
 }
@@ -204,16 +236,96 @@ TEST(HeapTest, StagedReportsCommitOnlyWithTheLastPart) {
   EXPECT_EQ(synced->epoch, epoch + 1);
   EXPECT_EQ(live(), 2u);
 
-  // Staged, then the client dies: nothing of it commits.
+  // Staged, then the client dies: nothing of it commits, not even when the
+  // same chunks are leased and synced again under its id.
   LeaseReport freed{(*grants)[0].chunk, (*grants)[0].words};
   ASSERT_TRUE(h.StageReports(1, {freed}).ok());
   h.Reclaim(1);
   ASSERT_TRUE(h.Sync(3, {}).ok());
   EXPECT_EQ(live(), 2u);
+  auto again = h.LeaseChunks(1, 3, 2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(h.Sync(1, {}).ok());
+  EXPECT_EQ(live(), 2u);
+  h.Reclaim(1);
   heap->reset();
   auto reopened = PersistentHeap::Open(path);
   ASSERT_TRUE(reopened.ok());
   EXPECT_EQ((*reopened)->Stats().directory.live_objects, 2u);
+}
+
+// Makes the next metadata log write of the heap in g_failing_dir fail (its
+// descriptor then refers to /dev/null, read-only).
+std::string g_failing_dir;
+void FailLogWrite(const char* point) {
+  if (std::strcmp(point, "log.before_write") != 0) return;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (error || target.rfind(g_failing_dir + "/log.", 0) != 0) continue;
+    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    dup2(null, std::stoi(fd.path().filename().string()));
+    close(null);
+  }
+}
+
+// A sync that fails after applying its reports (its metadata write) has
+// written its generation end for the next epoch; when its session then
+// dies, that epoch commits first, so the session's stores and its
+// allocations stay together (found by a review: the stores went back, the
+// allocation committed with the next sync).
+TEST(HeapTest, ASyncThatFailedAfterApplyingCommitsWithItsStoresWhenItsSessionDies) {
+  if (access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no /dev/shm";
+  TestDir dir("/dev/shm");
+  const std::string path = dir.Sub("h");
+  auto heap = PersistentHeap::Create(path, Config(16));
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  PersistentHeap& h = **heap;
+  ASSERT_TRUE(h.content_rollback()) << h.content_rollback_note();
+  auto grants = h.LeaseChunks(1, 3, 1);
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  auto journal = h.OpenUndoJournal(1);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  ASSERT_TRUE(h.Sync(1, {}, 1).ok());
+  const uint64_t page = h.capacity_bytes() - kUndoPageBytes;
+  const std::string synced(kUndoPageBytes, 'a');
+  ASSERT_EQ(pwrite(h.data_fd(), synced.data(), synced.size(), page), kUndoPageBytes);
+  ASSERT_TRUE(h.Sync(2, {}).ok());
+  // Generation 2 of client 1: a pre-image, the store, an allocation.
+  UndoRecordHeader pre;
+  pre.kind = static_cast<uint32_t>(UndoKind::kPreImage);
+  pre.page = page;
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  pre.time_ns =
+      static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+  pre.generation = 2;
+  const std::string record = EncodeUndoRecord(pre, synced);
+  ASSERT_EQ(write(journal->get(), record.data(), record.size()),
+            static_cast<ssize_t>(record.size()));
+  const std::string stored(kUndoPageBytes, 'b');
+  ASSERT_EQ(pwrite(h.data_fd(), stored.data(), stored.size(), page), kUndoPageBytes);
+  LeaseReport report{(*grants)[0].chunk, (*grants)[0].words};
+  report.words[0] |= 1;
+  const uint64_t live_before = h.Stats().directory.live_objects;
+  g_failing_dir = path;
+  SetFaultHandler(FailLogWrite);
+  EXPECT_FALSE(h.Sync(1, {report}, 2).ok());
+  SetFaultHandler(nullptr);
+  ASSERT_TRUE(h.broken().ok()) << h.broken();
+  h.Reclaim(1);
+  ASSERT_TRUE(h.Sync(2, {}).ok());
+  std::string page_now(kUndoPageBytes, '\0');
+  ASSERT_EQ(pread(h.data_fd(), page_now.data(), page_now.size(), page), kUndoPageBytes);
+  EXPECT_EQ(page_now[0], 'b');
+  EXPECT_EQ(h.Stats().directory.live_objects, live_before + 1);
+  // And so it reopens.
+  heap->reset();
+  auto reopened = PersistentHeap::Open(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->Stats().directory.live_objects, live_before + 1);
+  ASSERT_EQ(pread((*reopened)->data_fd(), page_now.data(), page_now.size(), page), kUndoPageBytes);
+  EXPECT_EQ(page_now[0], 'b');
 }
 
 TEST(HeapTest, ShortDataFileIsDataLoss) {
@@ -221,9 +333,10 @@ TEST(HeapTest, ShortDataFileIsDataLoss) {
   const std::string path = dir.Sub("h");
   {
     auto heap = PersistentHeap::Create(path, Config(32));
-    auto session = HeapSession::Start(heap->get(), 1);
-    ASSERT_TRUE((*session)->Allocate(20 * kChunkSize).ok());
-    ASSERT_TRUE((*session)->Sync().ok());
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1);
+    ASSERT_NE(session, nullptr);
+    ASSERT_TRUE(Allocate(*session, 20 * kChunkSize).ok());
+    ASSERT_TRUE(session->detach().ok());
   }
   ASSERT_EQ(truncate((path + "/data").c_str(), 4 * kChunkSize), 0);
   auto heap = PersistentHeap::Open(path);
@@ -237,18 +350,20 @@ TEST(HeapTest, ManySyncsRollIntoCheckpointsAndReopen) {
   std::vector<uint64_t> live;
   {
     auto heap = PersistentHeap::Create(path, Config(256));
-    auto session = HeapSession::Start(heap->get(), 1);
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1);
+    ASSERT_NE(session, nullptr);
     // Each sync writes a 4 KiB bitmap; enough syncs to pass the 8 MiB
     // checkpoint threshold at least once.
     for (int i = 0; i < 3000; ++i) {
-      live.push_back(*(*session)->Allocate(64));
-      ASSERT_TRUE((*session)->Sync().ok());
+      live.push_back(*Allocate(*session, 64));
+      ASSERT_TRUE(session->sync().ok());
     }
     EXPECT_LT((*heap)->Stats().metadata_log_bytes, 9u << 20);
+    ASSERT_TRUE(session->detach().ok());
   }
   auto heap = PersistentHeap::Open(path);
   ASSERT_TRUE(heap.ok()) << heap.status();
-  EXPECT_EQ((*heap)->epoch(), 3000u);
+  EXPECT_EQ((*heap)->epoch(), 3001u);  // and the detach
   EXPECT_EQ((*heap)->Stats().directory.live_objects, 3000u);
 }
 

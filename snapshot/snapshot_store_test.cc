@@ -17,9 +17,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "client/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/heap.h"
-#include "heap/heap_session.h"
 #include "heap/test_dir.h"
 
 namespace heapd {
@@ -48,19 +48,19 @@ std::unique_ptr<PersistentHeap> MakeHeap(const std::string& dir) {
   config.mode = 0640;
   auto heap = PersistentHeap::Create(dir, config);
   EXPECT_TRUE(heap.ok()) << heap.status();
-  auto session = HeapSession::Start(heap->get(), 1);
-  EXPECT_TRUE(session.ok());
+  auto session = AttachInProcess(heap->get(), 1);
+  EXPECT_TRUE(session.ok()) << session.status();
   for (uint64_t i = 0; i < 5000; ++i) {
-    const uint64_t offset = *(*session)->Allocate(16 + i % 300);
-    *(*session)->At<uint64_t>(offset) = i * 7;
+    auto* object = static_cast<uint64_t*>(*(*session)->allocate(16 + i % 300));
+    *object = i * 7;
     if (i % 1000 == 0) {
-      NameEntry entry{"object-" + std::to_string(i), offset, 16 + i % 300, "u64", 0, 1};
+      NameEntry entry{
+          "object-" + std::to_string(i), (*session)->offset_of(object), 16 + i % 300, "u64", 0, 1};
       EXPECT_TRUE((*heap)->Bind(1, entry).ok());
     }
   }
-  const uint64_t large = *(*session)->Allocate(5 << 20);
-  std::memset((*session)->base() + large, 0xab, 5 << 20);
-  EXPECT_TRUE((*session)->Detach().ok());
+  std::memset(*(*session)->allocate(5 << 20), 0xab, 5 << 20);
+  EXPECT_TRUE((*session)->detach().ok());
   return *std::move(heap);
 }
 

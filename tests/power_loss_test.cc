@@ -88,9 +88,9 @@ class PowerLossTest : public ::testing::Test {
     if (geteuid() != 0) GTEST_SKIP() << "power loss: needs root (loop devices and mounts)";
     outer_ = work_.Sub("outer");
     std::filesystem::create_directory(outer_);
-    if (!Sh(absl::StrCat("truncate -s 3G ", work_.Sub("outer.img"), " && mkfs.xfs -q -f -m reflink=1 ",
-                         work_.Sub("outer.img"), " && mount -o loop ", work_.Sub("outer.img"), " ",
-                         outer_))) {
+    if (!Sh(absl::StrCat("truncate -s 3G ", work_.Sub("outer.img"),
+                         " && mkfs.xfs -q -f -m reflink=1 ", work_.Sub("outer.img"),
+                         " && mount -o loop ", work_.Sub("outer.img"), " ", outer_))) {
       GTEST_SKIP() << "power loss: cannot mount an XFS image with reflink here (loop devices?)";
     }
     undo_.push_back("umount " + outer_);
@@ -198,8 +198,8 @@ class PowerLossTest : public ::testing::Test {
 TEST_F(PowerLossTest, AFileBackedHeapOpensAtTheLastSyncOrLater) {
   daemon_ = std::make_unique<TestDaemon>(std::vector<std::string>{}, inner_);
   daemon_->Start();
-  Child writer({Runfile("tests/heap_worker"), daemon_->socket(), "h", "append",
-                std::to_string(kSteps)});
+  Child writer(
+      {Runfile("tests/heap_worker"), daemon_->socket(), "h", "append", std::to_string(kSteps)});
   std::mt19937_64 random(std::random_device{}());
   std::vector<Cutting> cuts;
   for (int k = 0; k < kCuts; ++k) {

@@ -1,8 +1,9 @@
-#include "heap/random_workload.h"
+#include "tests/random_workload.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/in_process.h"
 
 namespace heapd {
 namespace {
@@ -26,9 +27,12 @@ absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(Persistent
                                                                       int syncs_per_mille) {
   std::unique_ptr<RandomWorkload> workload(
       new RandomWorkload(heap, seed, live_target, syncs_per_mille));
+  AttachOptions options;
+  options.lease_batch = 2;
+  options.free_batch = 1;  // each free's answer comes back from its call
   for (int s = 0; s < sessions; ++s) {
-    absl::StatusOr<std::unique_ptr<HeapSession>> session =
-        HeapSession::Start(heap, static_cast<ClientId>(s + 1), 2);
+    absl::StatusOr<std::unique_ptr<Heap>> session =
+        AttachInProcess(heap, static_cast<ClientId>(s + 1), options);
     if (!session.ok()) return session.status();
     workload->sessions_.push_back(*std::move(session));
   }
@@ -36,7 +40,7 @@ absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(Persistent
 }
 
 bool RandomWorkload::LeasedBy(int s, uint64_t offset) const {
-  return sessions_[s]->pool().SizeClassAt(offset) >= 0;
+  return sessions_[s]->leases(At(s, offset));
 }
 
 std::map<uint64_t, RandomWorkload::Object>::iterator RandomWorkload::RandomObject() {
@@ -66,24 +70,26 @@ absl::Status RandomWorkload::Allocate(int s) {
   const uint64_t size = kind < 85   ? 1 + rng_() % 512
                         : kind < 99 ? 513 + rng_() % 65536
                                     : kMaxSmallSize + 1 + rng_() % (3 * kChunkSize);
-  absl::StatusOr<uint64_t> offset = sessions_[s]->Allocate(size);
-  if (!offset.ok())
-    return Mismatch(steps_, absl::StrCat("allocate ", size, ": ", offset.status().ToString()));
-  const uint64_t footprint = Footprint(size);
-  if (*offset % 8 != 0 || *offset + footprint > heap_->capacity_bytes()) {
-    return Mismatch(steps_, absl::StrCat("allocate ", size, " returned offset ", *offset));
+  absl::StatusOr<void*> allocated = sessions_[s]->allocate(size);
+  if (!allocated.ok()) {
+    return Mismatch(steps_, absl::StrCat("allocate ", size, ": ", allocated.status().ToString()));
   }
-  auto next = objects_.lower_bound(*offset);
-  if (next != objects_.end() && next->first < *offset + footprint) {
-    return Mismatch(steps_, absl::StrCat("object at ", *offset, " overlaps live ", next->first));
+  const uint64_t offset = sessions_[s]->offset_of(*allocated);
+  const uint64_t footprint = Footprint(size);
+  if (offset % 8 != 0 || offset + footprint > heap_->capacity_bytes()) {
+    return Mismatch(steps_, absl::StrCat("allocate ", size, " returned offset ", offset));
+  }
+  auto next = objects_.lower_bound(offset);
+  if (next != objects_.end() && next->first < offset + footprint) {
+    return Mismatch(steps_, absl::StrCat("object at ", offset, " overlaps live ", next->first));
   }
   if (next != objects_.begin() &&
-      std::prev(next)->first + std::prev(next)->second.footprint > *offset) {
+      std::prev(next)->first + std::prev(next)->second.footprint > offset) {
     return Mismatch(steps_,
-                    absl::StrCat("object at ", *offset, " overlaps live ", std::prev(next)->first));
+                    absl::StrCat("object at ", offset, " overlaps live ", std::prev(next)->first));
   }
-  if (size >= 8) std::memcpy(sessions_[s]->At<char>(*offset), &kFreshMark, sizeof(kFreshMark));
-  objects_.emplace(*offset, Object{size, footprint, s, false, 0, kFreshMark});
+  if (size >= 8) std::memcpy(At(s, offset), &kFreshMark, sizeof(kFreshMark));
+  objects_.emplace(offset, Object{size, footprint, s, false, 0, kFreshMark});
   return absl::OkStatus();
 }
 
@@ -99,7 +105,7 @@ absl::Status RandomWorkload::Free(int s) {
   // a bound one is refused.
   const absl::StatusCode expected =
       object.pins > 0 ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kOk;
-  const absl::Status status = sessions_[s]->Deallocate(offset);
+  const absl::Status status = sessions_[s]->deallocate(At(s, offset), object.size);
   if (status.code() != expected) {
     return Mismatch(steps_,
                     absl::StrCat("free of ", offset, " by session ", s, " gave ", status.ToString(),
@@ -130,7 +136,7 @@ absl::Status RandomWorkload::BadFree(int s) {
     if (it == objects_.end() || it->second.footprint <= 8) return absl::OkStatus();
     offset = it->first + 8 * (1 + rng_() % ((it->second.footprint - 8) / 8));
   }
-  const absl::Status status = sessions_[s]->Deallocate(offset);
+  const absl::Status status = sessions_[s]->deallocate(At(s, offset));
   if (status.code() != absl::StatusCode::kInvalidArgument &&
       status.code() != absl::StatusCode::kFailedPrecondition) {
     return Mismatch(steps_, absl::StrCat("bad free of ", offset, " gave ", status.ToString()));
@@ -145,14 +151,12 @@ absl::Status RandomWorkload::Bind(int s) {
   const bool known = LeasedBy(s, it->first) || object.committed ||
                      (object.session == s && object.size > kMaxSmallSize);
   const std::string name = absl::StrCat("obj/", next_name_++);
-  if (absl::Status mapped = sessions_[s]->MapCapacity(); !mapped.ok()) return mapped;
   if (object.size >= 8) {
     object.tag = Tag(name);
-    std::memcpy(sessions_[s]->At<char>(it->first), &object.tag, sizeof(object.tag));
+    std::memcpy(At(s, it->first), &object.tag, sizeof(object.tag));
   }
-  const absl::Status status = heap_->Bind(
-      static_cast<ClientId>(s + 1),
-      NameEntry{name, it->first, object.size, "workload::Object", 0, static_cast<int64_t>(steps_)});
+  const absl::Status status =
+      sessions_[s]->Bind(name, At(s, it->first), object.size, "workload::Object");
   // As for frees, a reused slot that held an object at its allocator's last
   // sync is live to the daemon.
   const bool reused_slot = !known && status.ok() && object.size <= kMaxSmallSize;
@@ -165,8 +169,7 @@ absl::Status RandomWorkload::Bind(int s) {
   ++object.pins;
   names_[name] = it->first;
   if (rng_() % 4 == 0) {
-    const absl::Status again =
-        heap_->Bind(static_cast<ClientId>(s + 1), NameEntry{name, it->first, 1, "t", 0, 0});
+    const absl::Status again = sessions_[s]->Bind(name, At(s, it->first), 1, "t");
     if (again.code() != absl::StatusCode::kAlreadyExists) {
       return Mismatch(steps_, "rebinding a bound name gave " + again.ToString());
     }
@@ -178,9 +181,9 @@ absl::Status RandomWorkload::Unbind() {
   if (names_.empty()) return absl::OkStatus();
   auto it = names_.lower_bound(absl::StrCat("obj/", rng_() % (next_name_ + 1)));
   if (it == names_.end()) it = names_.begin();
-  absl::StatusOr<NameEntry> entry = heap_->Unbind(it->first);
-  if (!entry.ok() || entry->offset != it->second) {
-    return Mismatch(steps_, "unbind of " + it->first + " gave " + entry.status().ToString());
+  const int s = static_cast<int>(rng_() % sessions_.size());
+  if (absl::Status status = sessions_[s]->Unbind(it->first); !status.ok()) {
+    return Mismatch(steps_, "unbind of " + it->first + " gave " + status.ToString());
   }
   --objects_.at(it->second).pins;
   names_.erase(it);
@@ -189,22 +192,22 @@ absl::Status RandomWorkload::Unbind() {
 
 absl::Status RandomWorkload::Lookup() {
   const std::string name = absl::StrCat("obj/", rng_() % (next_name_ + 1));
-  absl::StatusOr<NameEntry> entry = heap_->Lookup(name);
+  const int s = static_cast<int>(rng_() % sessions_.size());
+  absl::StatusOr<void*> found = sessions_[s]->Find(name, "workload::Object", 1);
   auto it = names_.find(name);
   if (it == names_.end()) {
-    if (entry.status().code() != absl::StatusCode::kNotFound) {
-      return Mismatch(steps_, "lookup of unbound " + name + " gave " + entry.status().ToString());
+    if (found.status().code() != absl::StatusCode::kNotFound) {
+      return Mismatch(steps_, "lookup of unbound " + name + " gave " + found.status().ToString());
     }
-  } else if (!entry.ok() || entry->offset != it->second ||
-             entry->size != objects_.at(it->second).size) {
-    return Mismatch(steps_, "lookup of " + name + " gave " + entry.status().ToString());
+  } else if (!found.ok() || *found != At(s, it->second)) {
+    return Mismatch(steps_, "lookup of " + name + " gave " + found.status().ToString());
   }
   return absl::OkStatus();
 }
 
 absl::Status RandomWorkload::SyncAll(bool deep) {
   for (auto& session : sessions_) {
-    absl::StatusOr<uint64_t> epoch = session->Sync();
+    absl::StatusOr<uint64_t> epoch = session->sync();
     if (!epoch.ok()) return Mismatch(steps_, "sync: " + epoch.status().ToString());
     ++syncs_;
   }
@@ -217,16 +220,10 @@ absl::Status RandomWorkload::SyncAll(bool deep) {
   }
   if (!deep) return absl::OkStatus();
   if (absl::Status s = heap_->CheckInvariants(); !s.ok()) return Mismatch(steps_, s.ToString());
-  for (const auto& session : sessions_) {
-    if (absl::Status s = session->pool().CheckInvariants(); !s.ok()) {
-      return Mismatch(steps_, s.ToString());
-    }
-  }
-  if (absl::Status mapped = sessions_[0]->MapCapacity(); !mapped.ok()) return mapped;
   for (const auto& [offset, object] : objects_) {
     if (object.size < 8) continue;
     uint64_t word;
-    std::memcpy(&word, sessions_[0]->At<char>(offset), sizeof(word));
+    std::memcpy(&word, At(0, offset), sizeof(word));
     if (word != object.tag) {
       return Mismatch(steps_, absl::StrCat("object at ", offset, " lost its contents"));
     }

@@ -1,10 +1,11 @@
 // RandomWorkload: a deterministic stream of random heap operations from one
-// or more in-process sessions, each checked against a simple reference model
+// or more sessions of the real client (heapd::Heap) attached in process
+// (client/in_process.h), each checked against a simple reference model
 // (live objects, who allocated them and whether that is committed, names).
 // The same seed always produces the same operations and, on a fresh heap,
 // the same heap, which is what the crash test replays. Tests only.
-#ifndef HEAPD_HEAP_RANDOM_WORKLOAD_H_
-#define HEAPD_HEAP_RANDOM_WORKLOAD_H_
+#ifndef HEAPD_TESTS_RANDOM_WORKLOAD_H_
+#define HEAPD_TESTS_RANDOM_WORKLOAD_H_
 
 #include <cstdint>
 #include <map>
@@ -14,8 +15,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/heap.h"
 #include "heap/heap.h"
-#include "heap/heap_session.h"
 
 namespace heapd {
 
@@ -73,7 +74,10 @@ class RandomWorkload {
   std::mt19937_64 rng_;
   size_t live_target_;
   int syncs_per_mille_;
-  std::vector<std::unique_ptr<HeapSession>> sessions_;
+  // The session's address of the object at `offset`.
+  char* At(int s, uint64_t offset) const { return sessions_[s]->base() + offset; }
+
+  std::vector<std::unique_ptr<Heap>> sessions_;
   std::map<uint64_t, Object> objects_;
   std::map<std::string, uint64_t> names_;
   std::vector<uint64_t> recently_freed_;
@@ -84,4 +88,4 @@ class RandomWorkload {
 
 }  // namespace heapd
 
-#endif  // HEAPD_HEAP_RANDOM_WORKLOAD_H_
+#endif  // HEAPD_TESTS_RANDOM_WORKLOAD_H_

@@ -1,4 +1,4 @@
-#include "daemon/proto_convert.h"
+#include "protocol/proto_convert.h"
 
 namespace heapd {
 
@@ -33,6 +33,20 @@ void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out) {
   out->set_chunk(correction.chunk);
   out->mutable_freed_slots()->Add(correction.freed_slots.begin(), correction.freed_slots.end());
   out->mutable_kept_slots()->Add(correction.kept_slots.begin(), correction.kept_slots.end());
+}
+
+void ToProto(const LeaseReport& report, v1::LeaseReport* out) {
+  out->set_chunk(report.chunk);
+  out->mutable_words()->Add(report.words.begin(), report.words.end());
+}
+
+NameEntry FromProto(const v1::NameEntry& entry) {
+  return {entry.name(),      entry.offset(),    entry.size(),
+          entry.type_name(), entry.owner_uid(), entry.created_unix_ns()};
+}
+
+LeaseGrant FromProto(const v1::LeaseGrant& grant) {
+  return {grant.chunk(), grant.size_class(), {grant.words().begin(), grant.words().end()}};
 }
 
 std::vector<LeaseReport> FromProto(

@@ -1,13 +1,13 @@
 // Conversions between heapd's own types and the heapd.v1 messages, for
-// the gRPC service and the fd-socket answers.
-#ifndef HEAPD_DAEMON_PROTO_CONVERT_H_
-#define HEAPD_DAEMON_PROTO_CONVERT_H_
+// the gRPC service, the fd-socket answers, the client and its in-process
+// session. Pure code.
+#ifndef HEAPD_PROTOCOL_PROTO_CONVERT_H_
+#define HEAPD_PROTOCOL_PROTO_CONVERT_H_
 
 #include <vector>
 
 #include "allocator/chunk_directory.h"
 #include "allocator/lease_types.h"
-#include "daemon/sessions.h"
 #include "heap/data_file.h"
 #include "heap/name_table.h"
 #include "proto/heapd.pb.h"
@@ -18,6 +18,10 @@ v1::BackingKind ToProto(BackingKind kind);
 void ToProto(const NameEntry& entry, v1::NameEntry* out);
 void ToProto(const LeaseGrant& grant, v1::LeaseGrant* out);
 void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out);
+void ToProto(const LeaseReport& report, v1::LeaseReport* out);
+
+NameEntry FromProto(const v1::NameEntry& entry);
+LeaseGrant FromProto(const v1::LeaseGrant& grant);
 
 std::vector<LeaseReport> FromProto(
     const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports);
@@ -26,4 +30,4 @@ std::vector<ObjectRef> FromProto(const google::protobuf::RepeatedPtrField<v1::Ob
 
 }  // namespace heapd
 
-#endif  // HEAPD_DAEMON_PROTO_CONVERT_H_
+#endif  // HEAPD_PROTOCOL_PROTO_CONVERT_H_

@@ -1,21 +1,23 @@
-// A million random operations from two sessions on one heap, every result
-// checked against a reference model, every invariant checked at intervals.
+// A million random operations from two sessions of the real client on one
+// heap (in process: client/in_process.h), every result checked against a
+// reference model, every invariant checked at intervals.
 #include <unistd.h>
 
 #include "gtest/gtest.h"
 #include "heap/heap.h"
-#include "heap/random_workload.h"
 #include "heap/test_dir.h"
+#include "tests/random_workload.h"
 
 namespace heapd {
 namespace {
 
 std::string ScratchParent() { return access("/dev/shm", W_OK) == 0 ? "/dev/shm" : ""; }
 
-// The model is of allocations, frees and names. HeapSession takes no
-// pre-images, so content rollback (and the deferral of frees that comes
-// with it) is off; object contents are checked through the real client
-// (tests/data_crash_test, tests/content_rollback_test).
+// The model is of allocations, frees and names, call by call; content
+// rollback defers frees of other sessions' objects to the freer's sync,
+// which this model does not follow, so it is off here (object contents
+// are checked by tests/crash_test, tests/data_crash_test and
+// tests/content_rollback_test).
 HeapOptions Options() {
   HeapOptions options;
   options.track_contents = false;

@@ -1,0 +1,159 @@
+#include "client/in_process.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "protocol/proto_convert.h"
+
+namespace heapd {
+
+InProcessSessionCalls::InProcessSessionCalls(PersistentHeap* heap, ClientId session,
+                                             bool read_only)
+    : heap_(heap), session_(session), read_only_(read_only) {
+  int ends[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) == 0) {
+    absl::MutexLock lock(&mu_);
+    lifeline_.reset(ends[0]);
+    lifeline_peer_.reset(ends[1]);
+  }
+}
+
+absl::Status InProcessSessionCalls::CheckLive() const {
+  if (!ended_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("session ", session_, " has ended"));
+}
+
+absl::Status InProcessSessionCalls::LeaseChunks(const v1::LeaseChunksRequest& request,
+                                                v1::LeaseChunksResponse* response) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  std::vector<LeaseGrant> grants;
+  for (const LeaseWant& want : FromProto(request.wants())) {
+    absl::StatusOr<std::vector<LeaseGrant>> got =
+        heap_->LeaseChunks(session_, want.size_class, want.count);
+    if (!got.ok()) {
+      // All or none, as heapd: what the earlier wants got goes back.
+      std::vector<LeaseReport> back;
+      for (const LeaseGrant& grant : grants) back.push_back({grant.chunk, grant.words});
+      (void)heap_->ReturnLeases(session_, back);
+      return got.status();
+    }
+    std::move(got->begin(), got->end(), std::back_inserter(grants));
+  }
+  for (const LeaseGrant& grant : grants) ToProto(grant, response->add_grants());
+  response->set_capacity_bytes(heap_->capacity_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status InProcessSessionCalls::AllocateLarge(const v1::AllocateLargeRequest& request,
+                                                  v1::AllocateLargeResponse* response) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  absl::StatusOr<uint64_t> offset = heap_->AllocateLarge(session_, request.size());
+  if (!offset.ok()) return offset.status();
+  response->set_offset(*offset);
+  response->set_capacity_bytes(heap_->capacity_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status InProcessSessionCalls::Free(const v1::FreeRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  return heap_->Free(session_, FromProto(request.objects()));
+}
+
+absl::Status InProcessSessionCalls::Sync(const v1::SyncRequest& request,
+                                         v1::SyncResponse* response) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (request.more()) return heap_->StageReports(session_, FromProto(request.reports()));
+  absl::StatusOr<SyncResult> result =
+      heap_->Sync(session_, FromProto(request.reports()), request.generation());
+  if (!result.ok()) return result.status();
+  response->set_epoch(result->epoch);
+  for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
+  for (const std::string& rejected : result->rejected_frees) response->add_rejected_frees(rejected);
+  response->set_capacity_bytes(heap_->capacity_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status InProcessSessionCalls::Detach(const v1::DetachRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  ended_ = true;
+  if (read_only_) return absl::OkStatus();
+  absl::StatusOr<SyncResult> result =
+      heap_->Detach(session_, FromProto(request.reports()), request.generation());
+  if (result.ok()) return absl::OkStatus();
+  heap_->Reclaim(session_);  // as heapd: the session ends at its last sync
+  return result.status();
+}
+
+absl::Status InProcessSessionCalls::Bind(const v1::BindRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  return heap_->Bind(session_, NameEntry{request.name(), request.offset(), request.size(),
+                                         request.type_name(), getuid(),
+                                         absl::ToUnixNanos(absl::Now())});
+}
+
+absl::Status InProcessSessionCalls::Unbind(const v1::UnbindRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  return heap_->Unbind(request.name()).status();
+}
+
+absl::StatusOr<NameEntry> InProcessSessionCalls::Lookup(const std::string& name) {
+  return heap_->Lookup(name);
+}
+
+int InProcessSessionCalls::lifeline() {
+  absl::MutexLock lock(&mu_);
+  return lifeline_.get();
+}
+
+void InProcessSessionCalls::Close() {
+  absl::MutexLock lock(&mu_);
+  if (!ended_ && !read_only_) heap_->Reclaim(session_);
+  ended_ = true;
+  lifeline_peer_.reset();
+  lifeline_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<Heap>> AttachInProcess(PersistentHeap* heap, ClientId session,
+                                                      const AttachOptions& options,
+                                                      const WrapCalls& wrap) {
+  absl::StatusOr<int> data_fd = heap->OpenDataFile(!options.read_only);
+  if (!data_fd.ok()) return data_fd.status();
+  UniqueFd data(*data_fd);
+  UniqueFd journal;
+  if (!options.read_only) {
+    absl::StatusOr<UniqueFd> opened = heap->OpenUndoJournal(session);
+    if (!opened.ok()) return opened.status();
+    journal = *std::move(opened);
+  }
+  v1::AttachResponse attached;
+  attached.set_session(session);
+  v1::HeapInfo* info = attached.mutable_heap();
+  info->set_max_size(heap->config().max_size);
+  info->set_capacity_bytes(heap->capacity_bytes());
+  info->set_content_rollback(heap->content_rollback());
+  info->set_content_rollback_note(heap->content_rollback_note());
+  for (const std::string& name : options.prefetch_names) {
+    if (absl::StatusOr<NameEntry> entry = heap->Lookup(name); entry.ok()) {
+      ToProto(*entry, attached.add_found());
+    }
+  }
+  auto in_process = std::make_unique<InProcessSessionCalls>(heap, session, options.read_only);
+  std::unique_ptr<SessionCalls> calls =
+      wrap != nullptr ? wrap(std::move(in_process)) : std::move(in_process);
+  return Heap::Start(std::move(calls), heap->dir(), options, attached, data.release(),
+                     std::move(journal));
+}
+
+}  // namespace heapd
