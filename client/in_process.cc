@@ -12,8 +12,7 @@
 
 namespace heapd {
 
-InProcessSessionCalls::InProcessSessionCalls(PersistentHeap* heap, ClientId session,
-                                             bool read_only)
+InProcessSessionCalls::InProcessSessionCalls(PersistentHeap* heap, ClientId session, bool read_only)
     : heap_(heap), session_(session), read_only_(read_only) {
   int ends[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) == 0) {
@@ -97,9 +96,9 @@ absl::Status InProcessSessionCalls::Detach(const v1::DetachRequest& request) {
 absl::Status InProcessSessionCalls::Bind(const v1::BindRequest& request) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckLive(); !s.ok()) return s;
-  return heap_->Bind(session_, NameEntry{request.name(), request.offset(), request.size(),
-                                         request.type_name(), getuid(),
-                                         absl::ToUnixNanos(absl::Now())});
+  return heap_->Bind(
+      session_, NameEntry{request.name(), request.offset(), request.size(), request.type_name(),
+                          getuid(), absl::ToUnixNanos(absl::Now())});
 }
 
 absl::Status InProcessSessionCalls::Unbind(const v1::UnbindRequest& request) {
