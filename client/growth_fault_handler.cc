@@ -48,8 +48,9 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
   if (offset >= size || size > heap.max_size) return false;
   if (size > mapped) {
     char* at = heap.base.load(std::memory_order_acquire) + mapped;
-    auto fencing = [&heap] {
-      return heap.fenced != nullptr && heap.fenced->load(std::memory_order_seq_cst);
+    const std::atomic<bool>* fenced = heap.fenced;
+    auto fencing = [fenced] {
+      return fenced != nullptr && fenced->load(std::memory_order_seq_cst);
     };
     const bool fenced_before = fencing();
     if (fenced_before) {

@@ -75,7 +75,10 @@ absl::StatusOr<NameEntry> GrpcSessionCalls::Lookup(const std::string& name) {
   if (!request.ok()) return request.status();
   const std::string frame = EncodeFrame(*request);
   absl::MutexLock lock(&fd_mu_);
-  if (fd_broken_ || fd_connection_ < 0) return LookupWithGrpc(name);
+  if (fd_connection_ < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the session of heap ", heap_, " has ended"));
+  }
+  if (fd_broken_) return LookupWithGrpc(name);
   auto io_error = [this](const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fd_mu_) {
     fd_broken_ = true;
     return absl::UnavailableError(absl::StrCat(what, " heapd's connection of heap ", heap_,

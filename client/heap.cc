@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -202,9 +203,16 @@ Heap::ThreadCache* Heap::CacheOfThisThread() {
     uint64_t serial = 0;
     ThreadCache* cache = nullptr;
   };
-  static thread_local LastUsed last;
-  if (last.serial != serial_) last = {serial_, NewCacheForThisThread()};
-  return last.cache;
+  // The caches of the last few heaps this thread used: a thread that
+  // alternates between heaps looks none up (serials are never reused).
+  static thread_local std::array<LastUsed, 4> last;
+  static thread_local size_t replace = 0;
+  for (const LastUsed& used : last) {
+    if (used.serial == serial_) return used.cache;
+  }
+  LastUsed& slot = last[replace++ % last.size()];
+  slot = {serial_, NewCacheForThisThread()};
+  return slot.cache;
 }
 
 Heap::ThreadCache* Heap::NewCacheForThisThread() {
@@ -583,6 +591,7 @@ absl::Status Heap::Unbind(const std::string& name) {
 
 absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,
                                  uint64_t size) {
+  if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
   NameEntry entry;
   bool prefetched = false;
   {

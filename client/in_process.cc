@@ -22,15 +22,28 @@ InProcessSessionCalls::InProcessSessionCalls(PersistentHeap* heap, ClientId sess
   }
 }
 
+InProcessSessionCalls::~InProcessSessionCalls() {
+  Close();
+  absl::MutexLock lock(&mu_);
+  lifeline_.reset();
+}
+
 absl::Status InProcessSessionCalls::CheckLive() const {
   if (!ended_) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("session ", session_, " has ended"));
 }
 
+absl::Status InProcessSessionCalls::CheckWritable() const {
+  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (!read_only_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("session ", session_, " attached heap ", heap_->dir(), " read-only"));
+}
+
 absl::Status InProcessSessionCalls::LeaseChunks(const v1::LeaseChunksRequest& request,
                                                 v1::LeaseChunksResponse* response) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(); !s.ok()) return s;
   std::vector<LeaseGrant> grants;
   for (const LeaseWant& want : FromProto(request.wants())) {
     absl::StatusOr<std::vector<LeaseGrant>> got =
@@ -52,7 +65,7 @@ absl::Status InProcessSessionCalls::LeaseChunks(const v1::LeaseChunksRequest& re
 absl::Status InProcessSessionCalls::AllocateLarge(const v1::AllocateLargeRequest& request,
                                                   v1::AllocateLargeResponse* response) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(); !s.ok()) return s;
   absl::StatusOr<uint64_t> offset = heap_->AllocateLarge(session_, request.size());
   if (!offset.ok()) return offset.status();
   response->set_offset(*offset);
@@ -62,14 +75,14 @@ absl::Status InProcessSessionCalls::AllocateLarge(const v1::AllocateLargeRequest
 
 absl::Status InProcessSessionCalls::Free(const v1::FreeRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(); !s.ok()) return s;
   return heap_->Free(session_, FromProto(request.objects()));
 }
 
 absl::Status InProcessSessionCalls::Sync(const v1::SyncRequest& request,
                                          v1::SyncResponse* response) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(); !s.ok()) return s;
   if (request.more()) return heap_->StageReports(session_, FromProto(request.reports()));
   absl::StatusOr<SyncResult> result =
       heap_->Sync(session_, FromProto(request.reports()), request.generation());
@@ -95,7 +108,7 @@ absl::Status InProcessSessionCalls::Detach(const v1::DetachRequest& request) {
 
 absl::Status InProcessSessionCalls::Bind(const v1::BindRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(); !s.ok()) return s;
   return heap_->Bind(
       session_, NameEntry{request.name(), request.offset(), request.size(), request.type_name(),
                           getuid(), absl::ToUnixNanos(absl::Now())});
@@ -103,11 +116,15 @@ absl::Status InProcessSessionCalls::Bind(const v1::BindRequest& request) {
 
 absl::Status InProcessSessionCalls::Unbind(const v1::UnbindRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLive(); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(); !s.ok()) return s;
   return heap_->Unbind(request.name()).status();
 }
 
 absl::StatusOr<NameEntry> InProcessSessionCalls::Lookup(const std::string& name) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckLive(); !s.ok()) return s;
+  }
   return heap_->Lookup(name);
 }
 
@@ -118,10 +135,12 @@ int InProcessSessionCalls::lifeline() {
 
 void InProcessSessionCalls::Close() {
   absl::MutexLock lock(&mu_);
+  // The serving end hangs up first: the client's tracker fences its
+  // mapping, as when heapd ends a session. The client's end stays open
+  // until this goes (after the Heap stopped its tracker).
+  lifeline_peer_.reset();
   if (!ended_ && !read_only_) heap_->Reclaim(session_);
   ended_ = true;
-  lifeline_peer_.reset();
-  lifeline_.reset();
 }
 
 absl::StatusOr<std::unique_ptr<Heap>> AttachInProcess(PersistentHeap* heap, ClientId session,

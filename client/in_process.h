@@ -28,7 +28,7 @@ class InProcessSessionCalls : public SessionCalls {
  public:
   // `heap` outlives this.
   InProcessSessionCalls(PersistentHeap* heap, ClientId session, bool read_only);
-  ~InProcessSessionCalls() override { Close(); }
+  ~InProcessSessionCalls() override;
 
   absl::Status LeaseChunks(const v1::LeaseChunksRequest& request,
                            v1::LeaseChunksResponse* response) override;
@@ -42,14 +42,19 @@ class InProcessSessionCalls : public SessionCalls {
   absl::StatusOr<NameEntry> Lookup(const std::string& name) override;
   int lifeline() override;
   // Unless it detached, ends the session as its process's death would (as
-  // heapd does when a client's connection closes): the heap reclaims it
-  // (contents and leases back at its last sync). Every later call fails;
-  // the Heap can only be destroyed afterwards.
+  // heapd does when a client's connection closes): the lifeline hangs up
+  // (the client's mapping is fenced by its tracker thread, which may take
+  // a moment: stores made meanwhile are put back too only if none runs
+  // beside the rollback; tests store nothing then) and the heap reclaims
+  // it (contents and leases back at its last sync). Every later call
+  // fails; the Heap can only be destroyed afterwards.
   void Close() override;
 
  private:
-  // FAILED_PRECONDITION once the session ended.
+  // FAILED_PRECONDITION once the session ended; CheckWritable: also for a
+  // read-only session (as heapd refuses its calls but lookups and detach).
   absl::Status CheckLive() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWritable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   PersistentHeap* const heap_;
   const ClientId session_;

@@ -577,9 +577,6 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       directory_->Reclaim(client);  // leases the client did not report
       SettleDeferredFreesLocked(client, /*lessee_died=*/false);
     }
-    // The client's frees of others' objects go with its stores (the
-    // unlinking), whose generation end this epoch commits: in it.
-    if (generation != 0 || release) ApplyDeferredFreesLocked(client, &result.rejected_frees);
     // What this epoch persists, taken now; later changes go to the next.
     if (full) {
       directory_->TakeDirtyRecords();
@@ -600,6 +597,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   // its object.
   if (absl::Status s = FlushDataLocked(); !s.ok()) {
     checkpoint_next_ = true;
+    unpersisted_.store(true);
     return s;
   }
   FaultPoint("sync.after_data_flush");
@@ -607,14 +605,22 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       full ? store_->WriteCheckpoint(std::move(checkpoint)) : store_->Append(record);
   if (!status.ok()) {
     checkpoint_next_ = true;
+    unpersisted_.store(true);
     return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
   checkpoint_next_ = false;
+  unpersisted_.store(false);
   {
     absl::MutexLock lock(&mu_);
     metadata_log_bytes_ = store_->log_bytes();
     epoch_ = result.epoch;
     last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
+    // The client's frees of others' objects go with its stores (the
+    // unlinking), which this epoch just committed. Applied only now, so
+    // their memory cannot be handed out (as fresh, written without
+    // pre-images) before the stores that unlinked it are durable; they
+    // persist with the next epoch (a crash before it leaks the objects).
+    if (generation != 0 || release) ApplyDeferredFreesLocked(client, &result.rejected_frees);
   }
   if (undo_ != nullptr) {
     undo_->Committed(result.epoch);
@@ -673,6 +679,7 @@ absl::Status PersistentHeap::PersistPendingLocked() {
     return broken_;
   }
   checkpoint_next_ = false;
+  unpersisted_.store(false);
   metadata_log_bytes_ = store_->log_bytes();
   epoch_ = epoch;
   undo_->Committed(epoch);
@@ -683,12 +690,16 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
   // Contents first, while the dead client's chunks are still its own: no
   // one else is handed them before its pages are back.
   if (undo_ != nullptr) {
-    absl::MutexLock persist_lock(&persist_mu_);
     // A sync that failed after applying its reports wrote its generation
     // end for the next epoch: that epoch commits first, or the pages it
     // covers would go back while the reports commit later. If it cannot,
-    // the heap is broken and its journals stay for the restart to recover.
-    if (PersistPendingLocked().ok()) undo_->RollBack(client);
+    // the heap is broken (that epoch never commits) and the pages go back
+    // as a restart would put them.
+    if (unpersisted_.load()) {
+      absl::MutexLock persist_lock(&persist_mu_);
+      (void)PersistPendingLocked();
+    }
+    undo_->RollBack(client);
   }
   absl::MutexLock lock(&mu_);
   deferred_frees_.erase(client);  // they go back with the client's stores

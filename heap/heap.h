@@ -217,7 +217,9 @@ class PersistentHeap {
   // Ends a dead client's session: the pages it wrote since its last sync go
   // back (ContentUndo::RollBack), then its leases back at their last
   // reported state, uncommitted large runs freed. Not persisted until the
-  // next sync.
+  // next sync; but first, what a sync that failed after applying its
+  // reports left in memory is persisted (else the heap breaks), so that no
+  // page goes back under reports that commit later.
   ReclaimResult Reclaim(ClientId client);
 
   // Runs `copy(state)` with the heap's files at rest: the data file made
@@ -305,6 +307,9 @@ class PersistentHeap {
   mutable absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(grow_mu_, mu_);
   std::unique_ptr<MetadataStore> store_ ABSL_PT_GUARDED_BY(persist_mu_);  // null: read-only
   bool checkpoint_next_ ABSL_GUARDED_BY(persist_mu_) = false;
+  // A sync failed after applying its reports (see Reclaim); written under
+  // persist_mu_, read without it.
+  std::atomic<bool> unpersisted_{false};
 
   mutable absl::Mutex grow_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 

@@ -2,7 +2,7 @@
 // sent it the heap's fd (the token exchange before that is FdServer's,
 // daemon/fd_server.h). Both ends use this file, so the format is written in
 // one place: the daemon (FdServer, HeapdService::AnswerFdRequest) and the
-// client library (Heap::LookupOnFdSocket).
+// client library (GrpcSessionCalls::Lookup).
 //
 // Framing, both ways: a 4-byte little-endian payload length, then the
 // payload. A request payload is at most kMaxFdRequestBytes, an answer's at

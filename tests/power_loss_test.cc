@@ -111,9 +111,12 @@ class PowerLossTest : public ::testing::Test {
     while (!undo_.empty()) Undo();
   }
 
-  // Runs the newest of undo_.
+  // Runs the newest of undo_, retrying for up to 10 s (a loop device lets
+  // go of its backing file a moment after it is detached).
   void Undo() {
-    EXPECT_TRUE(Sh(undo_.back())) << undo_.back();
+    bool done = false;
+    for (int attempt = 0; attempt < 100 && !(done = Sh(undo_.back())); ++attempt) usleep(100000);
+    EXPECT_TRUE(done) << undo_.back();
     undo_.pop_back();
   }
   bool Mount(const std::string& device, const std::string& mount_point) {

@@ -31,12 +31,22 @@ absl::StatusOr<std::unique_ptr<RandomWorkload>> RandomWorkload::Start(Persistent
   options.lease_batch = 2;
   options.free_batch = 1;  // each free's answer comes back from its call
   for (int s = 0; s < sessions; ++s) {
+    InProcessSessionCalls* calls = nullptr;
     absl::StatusOr<std::unique_ptr<Heap>> session =
-        AttachInProcess(heap, static_cast<ClientId>(s + 1), options);
+        AttachInProcess(heap, static_cast<ClientId>(s + 1), options,
+                        [&calls](std::unique_ptr<InProcessSessionCalls> c) {
+                          calls = c.get();
+                          return c;
+                        });
     if (!session.ok()) return session.status();
     workload->sessions_.push_back(*std::move(session));
+    workload->calls_.push_back(calls);
   }
   return workload;
+}
+
+void RandomWorkload::Crash() {
+  for (InProcessSessionCalls* calls : calls_) calls->Close();
 }
 
 bool RandomWorkload::LeasedBy(int s, uint64_t offset) const {
@@ -90,6 +100,7 @@ absl::Status RandomWorkload::Allocate(int s) {
   }
   if (size >= 8) std::memcpy(At(s, offset), &kFreshMark, sizeof(kFreshMark));
   objects_.emplace(offset, Object{size, footprint, s, false, 0, kFreshMark});
+  uncommitted_.push_back(offset);
   return absl::OkStatus();
 }
 
@@ -211,7 +222,10 @@ absl::Status RandomWorkload::SyncAll(bool deep) {
     if (!epoch.ok()) return Mismatch(steps_, "sync: " + epoch.status().ToString());
     ++syncs_;
   }
-  for (auto& [offset, object] : objects_) object.committed = true;
+  for (uint64_t offset : uncommitted_) {
+    if (auto it = objects_.find(offset); it != objects_.end()) it->second.committed = true;
+  }
+  uncommitted_.clear();
   const HeapStats stats = heap_->Stats();
   if (stats.directory.live_objects != objects_.size() || stats.names != names_.size()) {
     return Mismatch(steps_, absl::StrCat("after sync the heap has ", stats.directory.live_objects,

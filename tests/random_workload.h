@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "client/heap.h"
+#include "client/in_process.h"
 #include "heap/heap.h"
 
 namespace heapd {
@@ -36,6 +37,10 @@ class RandomWorkload {
   // Syncs every session, then checks the heap's counts (and, with
   // `deep`, every invariant and every name's contents) against the model.
   absl::Status SyncAll(bool deep);
+
+  // Ends every session as a crash of its process would (they commit
+  // nothing more); the workload can only be destroyed afterwards.
+  void Crash();
 
   uint64_t syncs() const { return syncs_; }
   uint64_t steps() const { return steps_; }
@@ -78,7 +83,9 @@ class RandomWorkload {
   char* At(int s, uint64_t offset) const { return sessions_[s]->base() + offset; }
 
   std::vector<std::unique_ptr<Heap>> sessions_;
+  std::vector<InProcessSessionCalls*> calls_;  // sessions_'s, owned by them
   std::map<uint64_t, Object> objects_;
+  std::vector<uint64_t> uncommitted_;  // allocated since the last SyncAll
   std::map<std::string, uint64_t> names_;
   std::vector<uint64_t> recently_freed_;
   uint64_t next_name_ = 0;
