@@ -423,12 +423,16 @@ void ChunkDirectory::Commit(ClientId client) {
   it->second.uncommitted_runs.clear();
 }
 
-ReclaimResult ChunkDirectory::Reclaim(ClientId client) {
+ReclaimResult ChunkDirectory::Reclaim(ClientId client) { return EndClient(client, true); }
+
+ReclaimResult ChunkDirectory::Release(ClientId client) { return EndClient(client, false); }
+
+ReclaimResult ChunkDirectory::EndClient(ClientId client, bool died) {
   ReclaimResult result;
   auto it = clients_.find(client);
   if (it == clients_.end()) return result;
   const std::set<uint32_t> leased = it->second.leased;
-  for (uint32_t chunk : leased) EndLease(chunk, /*lessee_died=*/true);
+  for (uint32_t chunk : leased) EndLease(chunk, /*lessee_died=*/died);
   result.leases = static_cast<uint32_t>(leased.size());
   for (uint32_t head : it->second.uncommitted_runs) {
     chunks_[head].uncommitted_by = 0;

@@ -173,6 +173,11 @@ class ChunkDirectory {
   // object was allocated after that state and dies with the session, so
   // the free has nothing left to do.
   ReclaimResult Reclaim(ClientId client);
+  // Ends `client`'s session as it asked (a detach): its leases end at their
+  // last reported state, which is final (frees others queued there that it
+  // does not have are rejected, as by Report with `release`); its
+  // uncommitted large runs are freed.
+  ReclaimResult Release(ClientId client);
 
   // Marks the object at `object` bound by a name, so it stays live until
   // Unpin. The object must be live as the daemon knows it; `caller`'s own
@@ -248,6 +253,8 @@ class ChunkDirectory {
   // Puts an unleased small chunk where it belongs: free, leasable or neither.
   void Settle(uint32_t chunk);
   void EndLease(uint32_t chunk, bool lessee_died);
+  // Reclaim (`died`) and Release.
+  ReclaimResult EndClient(ClientId client, bool died);
   ChunkRecord Persisted(uint32_t chunk) const;
   bool IsPinned(uint64_t offset) const { return pins_.count(offset) != 0; }
 

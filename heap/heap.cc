@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <set>
 
@@ -562,8 +563,11 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   {
     absl::MutexLock lock(&mu_);
     // The client's calls are serialized (see the class comment): nothing
-    // ended its leases since the check above.
-    absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, release);
+    // ended its leases since the check above. A detach's leases end only
+    // once its epoch is durable (below): a chunk it emptied must not be
+    // handed out, and written without pre-images, before the stores that
+    // unlinked its objects are committed.
+    absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, /*release=*/false);
     if (!reported.ok()) {
       broken_ = absl::InternalError(
           absl::StrCat("heap ", dir_, " is broken: client ", client,
@@ -573,10 +577,6 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     result.corrections = std::move(reported->corrections);
     result.rejected_frees = std::move(reported->rejected_frees);
     directory_->Commit(client);
-    if (release) {
-      directory_->Reclaim(client);  // leases the client did not report
-      SettleDeferredFreesLocked(client, /*lessee_died=*/false);
-    }
     // What this epoch persists, taken now; later changes go to the next.
     if (full) {
       directory_->TakeDirtyRecords();
@@ -615,6 +615,12 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     metadata_log_bytes_ = store_->log_bytes();
     epoch_ = result.epoch;
     last_sync_unix_ns_ = absl::ToUnixNanos(absl::Now());
+    if (release) {
+      ReclaimResult released = directory_->Release(client);
+      std::move(released.rejected_frees.begin(), released.rejected_frees.end(),
+                std::back_inserter(result.rejected_frees));
+      SettleDeferredFreesLocked(client, /*lessee_died=*/false);
+    }
     // The client's frees of others' objects go with its stores (the
     // unlinking), which this epoch just committed. Applied only now, so
     // their memory cannot be handed out (as fresh, written without
