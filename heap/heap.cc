@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/str_cat.h"
