@@ -29,17 +29,18 @@ GrpcListener::GrpcListener(int listen_fd, grpc::Server* server, uint32_t max_per
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       server_(server),
       max_per_user_(max_per_user),
-      refused_(std::move(refused)),
-      thread_([this] { Run(); }) {}
+      refused_(std::move(refused)) {}
 
 GrpcListener::~GrpcListener() { StopAccepting(); }
+
+void GrpcListener::Start() { thread_ = std::thread([this] { Run(); }); }
 
 void GrpcListener::StopAccepting() {
   if (stopped_) return;
   stopped_ = true;
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   close(wake_fd_);
   close(listen_fd_);
 }

@@ -37,6 +37,10 @@ class GrpcListener {
                std::function<void()> refused);
   ~GrpcListener();
 
+  // Starts accepting. Separate from construction so that handlers, which
+  // call CallerOf, can reach this object before its first connection.
+  void Start();
+
   // Stops accepting connections; CallerOf keeps working for the accepted
   // ones (in-flight calls finish after this).
   void StopAccepting();

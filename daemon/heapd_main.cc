@@ -311,6 +311,9 @@ int Run() {
   listener = std::make_unique<GrpcListener>(*grpc_fd, server.get(), limits.connections, [&metrics] {
     metrics.CountLimitRefusal("connections_per_user");
   });
+  // Only now: a call on the first connection reaches `listener` (the
+  // handlers' CallerOf), which must be set by then.
+  listener->Start();
 
   FdServer::Callbacks callbacks;
   callbacks.redeem = [&sessions](const std::string& token,
