@@ -33,7 +33,9 @@ GrpcListener::GrpcListener(int listen_fd, grpc::Server* server, uint32_t max_per
 
 GrpcListener::~GrpcListener() { StopAccepting(); }
 
-void GrpcListener::Start() { thread_ = std::thread([this] { Run(); }); }
+void GrpcListener::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void GrpcListener::StopAccepting() {
   if (stopped_) return;
