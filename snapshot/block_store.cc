@@ -2,11 +2,11 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -52,9 +52,31 @@ absl::Status SyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
-std::atomic<uint64_t> next_temporary{0};
+// Whether `path` holds a block file whose header fits its size (its hash
+// is checked when it is read): then Put need not write it again.
+bool LooksWhole(const std::string& path, uint64_t* size) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st;
+  char header[kHeaderBytes];
+  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) < kHeaderBytes ||
+      pread(fd.get(), header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+    return false;
+  }
+  *size = static_cast<uint64_t>(st.st_size);
+  return std::memcmp(header, kMagic, sizeof(kMagic)) == 0 &&
+         GetLe64(header + 12) == *size - kHeaderBytes;
+}
 
 }  // namespace
+
+std::string RandomName() {
+  uint64_t random[2];
+  while (getrandom(random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+  }
+  return absl::StrCat(absl::Hex(random[0], absl::kZeroPad16),
+                      absl::Hex(random[1], absl::kZeroPad16));
+}
 
 BlockId BlockId::Of(absl::string_view bytes) {
   BlockId id;
@@ -81,7 +103,7 @@ std::string BlockId::Hex() const {
 
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& dir,
                                                              BlockStoreOptions options) {
-  for (const std::string& path : {dir, dir + "/blocks", dir + "/tmp"}) {
+  for (const std::string& path : {dir, dir + "/blocks"}) {
     if (absl::Status s = MakeDirectory(path); !s.ok()) return s;
   }
   return std::unique_ptr<BlockStore>(new BlockStore(dir, options));
@@ -106,11 +128,13 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) cons
   Stored stored;
   stored.id = BlockId::Of(bytes);
   const std::string path = PathOf(stored.id);
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0) {
-    stored.stored_bytes = static_cast<uint64_t>(st.st_size);
+  const std::string parent = path.substr(0, path.rfind('/'));
+  if (LooksWhole(path, &stored.stored_bytes)) {
+    // Another writer's, perhaps not yet durable in its directory.
+    if (absl::Status s = SyncDirectory(parent); !s.ok()) return s;
     return stored;
   }
+  // Missing, or damaged (then replaced by the rename below).
   std::string file(kHeaderBytes + ZSTD_compressBound(bytes.size()), '\0');
   const size_t compressed = ZSTD_compress(file.data() + kHeaderBytes, file.size() - kHeaderBytes,
                                           bytes.data(), bytes.size(), options_.zstd_level);
@@ -123,12 +147,11 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) cons
   PutLe64(file.data() + 4, bytes.size());
   PutLe64(file.data() + 12, compressed);
   std::memset(file.data() + 20, 0, 4);
-  const std::string parent = path.substr(0, path.rfind('/'));
   if (absl::Status s = MakeDirectory(parent); !s.ok()) return s;
-  const std::string temporary =
-      absl::StrCat(dir_, "/tmp/", stored.id.Hex(), ".", getpid(), ".", next_temporary++);
+  const std::string temporary = absl::StrCat(parent, "/.tmp-", RandomName());
   {
-    UniqueFd fd(open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    UniqueFd fd(
+        open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", temporary));
     if (!WriteAll(fd.get(), file) || fsync(fd.get()) != 0) {
       const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write ", temporary));

@@ -6,11 +6,13 @@
 // A block is named by the SHA-256 of its bytes and stored once, compressed
 // with zstd, as blocks/XX/<64 hex digits> (XX: the first two): a 24-byte
 // header (magic "HBK1", the block's size, the compressed size, little
-// endian) and one zstd frame. A block is written under a unique temporary
-// name in tmp/ and renamed into place, so a reader never sees part of one,
-// and writers of the same block on several nodes all succeed (the bytes
-// are the same; one rename wins). A crashed writer leaves only a file in
-// tmp/, which no one reads.
+// endian) and one zstd frame. A block is written under a random temporary
+// name (.tmp-RANDOM) beside it and renamed into place, so a reader never
+// sees part of one, and writers of the same block on several nodes all
+// succeed (the bytes are the same; one rename wins). A crashed writer
+// leaves only a .tmp- file, which no one reads. A file already there is
+// taken as the block if its header fits its size (its hash is checked when
+// it is read); else it is replaced.
 //
 // Nothing read is trusted: the file's size is capped before it is read,
 // the header must match it, the block decompresses to exactly its size,
@@ -43,6 +45,10 @@ struct BlockId {
   bool operator<(const BlockId& other) const { return hash < other.hash; }
 };
 
+// 128 random bits in hex: temporary names unique across the nodes that
+// share a store (pids are not).
+std::string RandomName();
+
 struct BlockStoreOptions {
   int zstd_level = 3;
   // Blocks larger than this are refused (Put) and not read (Get).
@@ -51,7 +57,7 @@ struct BlockStoreOptions {
 
 class BlockStore {
  public:
-  // Opens the store in `dir`, making dir, dir/blocks and dir/tmp if missing.
+  // Opens the store in `dir`, making dir and dir/blocks if missing.
   static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const std::string& dir,
                                                           BlockStoreOptions options = {});
 

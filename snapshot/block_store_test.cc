@@ -22,10 +22,12 @@ std::string RandomBytes(size_t n, uint64_t seed) {
   return bytes;
 }
 
-size_t FilesUnder(const std::string& dir) {
+// Regular files under `dir`; with `temporary`, only those named .tmp-*.
+size_t FilesUnder(const std::string& dir, bool temporary = false) {
   size_t files = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
-    files += entry.is_regular_file() ? 1 : 0;
+    const bool is_temporary = entry.path().filename().string().rfind(".tmp-", 0) == 0;
+    files += entry.is_regular_file() && (!temporary || is_temporary) ? 1 : 0;
   }
   return files;
 }
@@ -63,11 +65,11 @@ TEST_F(BlockStoreTest, ABlockComesBackAsStoredAndIsStoredOnce) {
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(*store_->Get(stored->id), noise);
   EXPECT_EQ(FilesUnder(dir_.Sub("store/blocks")), 2u);
-  EXPECT_EQ(FilesUnder(dir_.Sub("store/tmp")), 0u);
+  EXPECT_EQ(FilesUnder(dir_.Sub("store/blocks"), /*temporary=*/true), 0u);
   auto hex = BlockId::FromHex(stored->id.Hex());
   ASSERT_TRUE(hex.ok());
   EXPECT_EQ(*hex, stored->id);
-  EXPECT_EQ(BlockId::FromHex("../../etc/passwd").status().code(),
+  EXPECT_EQ(BlockId::FromHex(std::string(30, '.') + "/" + std::string(33, 'a')).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Get(BlockId::Of("absent")).status().code(), absl::StatusCode::kNotFound);
 }
@@ -94,6 +96,26 @@ TEST_F(BlockStoreTest, ADamagedOrSwappedBlockIsDataLoss) {
   std::filesystem::remove(store_->PathOf(b->id));
   ASSERT_EQ(mkfifo(store_->PathOf(b->id).c_str(), 0600), 0);
   EXPECT_EQ(store_->Get(b->id).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A file planted or damaged where a block belongs is replaced by the next
+// Put of that block, not taken as it.
+TEST_F(BlockStoreTest, APlantedBlockFileIsReplaced) {
+  const std::string bytes = RandomBytes(9000, 3);
+  const BlockId id = BlockId::Of(bytes);
+  std::filesystem::create_directories(std::filesystem::path(store_->PathOf(id)).parent_path());
+  std::ofstream(store_->PathOf(id)) << "HBK1 but not a block";
+  auto stored = store_->Put(bytes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->written);
+  EXPECT_EQ(*store_->Get(id), bytes);
+  std::filesystem::remove(store_->PathOf(id));
+  std::filesystem::create_symlink("/etc/passwd", store_->PathOf(id));
+  stored = store_->Put(bytes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->written);
+  EXPECT_FALSE(std::filesystem::is_symlink(store_->PathOf(id)));
+  EXPECT_EQ(*store_->Get(id), bytes);
 }
 
 TEST_F(BlockStoreTest, BlocksAboveTheLimitAreRefused) {
@@ -126,7 +148,7 @@ TEST_F(BlockStoreTest, ConcurrentWritersOfTheSameBlocksLoseNothing) {
   for (std::thread& t : writers) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(FilesUnder(dir_.Sub("store/blocks")), blocks.size());
-  EXPECT_EQ(FilesUnder(dir_.Sub("store/tmp")), 0u);
+  EXPECT_EQ(FilesUnder(dir_.Sub("store/blocks"), /*temporary=*/true), 0u);
   for (const std::string& block : blocks) {
     auto got = store_->Get(BlockId::Of(block));
     ASSERT_TRUE(got.ok()) << got.status();

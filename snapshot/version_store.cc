@@ -149,19 +149,24 @@ absl::StatusOr<VersionStats> VersionStore::Create(const std::string& heap, const
       stored.add_blocks(*id);
     }
   }
-  // Published last, by rename: the blocks it names are durable already.
+  // A recipe Read would refuse is an error now, not at restore.
+  if (recipe.ByteSizeLong() > kMaxRecipeBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "version ", name, " of heap ", heap, " needs a recipe of ", recipe.ByteSizeLong(),
+        " bytes, more than the ", kMaxRecipeBytes, " a store reads (use larger blocks)"));
+  }
+  // Published last: the blocks it names are durable already. Written under
+  // a random name beside it, then linked to its name: link fails if the
+  // name exists (two nodes creating one version: one wins), also on NFS.
   const std::string heap_dir = absl::StrCat(dir_, "/versions/", heap);
   if (absl::Status s = MakeDirectory(heap_dir); !s.ok()) return s;
-  const std::string temporary = absl::StrCat(dir_, "/tmp/", heap, ".", name, ".", getpid());
+  const std::string temporary = absl::StrCat(heap_dir, "/.tmp-", RandomName());
+  absl::Status written = WriteFileDurably(temporary, recipe.SerializeAsString());
+  const int linked = written.ok() ? link(temporary.c_str(), path.c_str()) : -1;
+  const int err = errno;
   unlink(temporary.c_str());
-  if (absl::Status s = WriteFileDurably(temporary, recipe.SerializeAsString()); !s.ok()) {
-    unlink(temporary.c_str());
-    return s;
-  }
-  // RENAME_NOREPLACE: two creates of one version from two nodes: one wins.
-  if (renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
-    const int err = errno;
-    unlink(temporary.c_str());
+  if (!written.ok()) return written;
+  if (linked != 0) {
     if (err == EEXIST) {
       return absl::AlreadyExistsError(absl::StrCat("heap ", heap, " has a version ", name));
     }
@@ -229,9 +234,14 @@ absl::StatusOr<v1::StoreRecipe> VersionStore::Read(const std::string& heap,
 }
 
 absl::Status VersionStore::Checkout(const std::string& heap, const std::string& name,
-                                    const std::string& target) const {
+                                    const std::string& target, uint64_t max_data_bytes) const {
   absl::StatusOr<v1::StoreRecipe> recipe = Read(heap, name);
   if (!recipe.ok()) return recipe.status();
+  if (recipe->manifest().data_bytes() > max_data_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "version ", name, " of heap ", heap, " holds ", recipe->manifest().data_bytes(),
+        " bytes of data, more than the ", max_data_bytes, " allowed"));
+  }
   if (mkdir(target.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("make ", target));
   auto block = [&](const std::string& hex) -> absl::StatusOr<std::string> {
     absl::StatusOr<std::string> bytes = blocks_->Get(*BlockId::FromHex(hex));

@@ -4,8 +4,8 @@
 // heap's committed state: the chunks free at that epoch are never read or
 // stored, blocks of zeros are holes, and a block the store already has is
 // not written again (versions share their unchanged blocks). A recipe is
-// published by rename once every block it names is durable, so a crashed
-// create leaves no version, only blocks no recipe names.
+// published (linked to its name) once every block it names is durable, so
+// a crashed create leaves no version, only blocks no recipe names.
 //
 // A version checks out to an ordinary snapshot directory (manifest.json,
 // metadata files, data), which the rest of heapd restores or attaches in
@@ -52,9 +52,10 @@ class VersionStore {
   absl::StatusOr<v1::StoreRecipe> Read(const std::string& heap, const std::string& name) const;
 
   // Writes version `name` of `heap` as a snapshot directory at `target`
-  // (which must not exist), checked whole before it returns.
-  absl::Status Checkout(const std::string& heap, const std::string& name,
-                        const std::string& target) const;
+  // (which must not exist), checked whole before it returns;
+  // RESOURCE_EXHAUSTED if its data file would exceed `max_data_bytes`.
+  absl::Status Checkout(const std::string& heap, const std::string& name, const std::string& target,
+                        uint64_t max_data_bytes) const;
 
  private:
   VersionStore(std::string dir, std::unique_ptr<BlockStore> blocks, uint32_t block_bytes)

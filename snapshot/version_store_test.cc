@@ -53,7 +53,7 @@ class VersionStoreTest : public ::testing::Test {
   // Checks version `name` out and opens it: the heap it holds.
   std::unique_ptr<PersistentHeap> CheckOut(const std::string& name) {
     const std::string target = dir_.Sub("out-" + name);
-    const absl::Status status = store_->Checkout("h", name, target);
+    const absl::Status status = store_->Checkout("h", name, target, kMaxHeapBytes);
     EXPECT_TRUE(status.ok()) << status;
     std::map<std::string, std::string> files;
     for (const auto& entry : std::filesystem::directory_iterator(target)) {
@@ -160,6 +160,7 @@ TEST_F(VersionStoreTest, ADamagedRecipeOrBlockIsDataLoss) {
   std::ofstream(recipe_path, std::ios::binary | std::ios::trunc) << "not a recipe";
   EXPECT_EQ(store_->Read("h", "v1").status().code(), absl::StatusCode::kDataLoss);
   std::ofstream(recipe_path, std::ios::binary | std::ios::trunc) << good;
+  ASSERT_TRUE(store_->Read("h", "v1").ok());
 
   // A data block changed under its name.
   std::string data_block;
@@ -169,14 +170,16 @@ TEST_F(VersionStoreTest, ADamagedRecipeOrBlockIsDataLoss) {
   ASSERT_FALSE(data_block.empty());
   const std::string block_path =
       dir_.Sub("store/blocks/" + data_block.substr(0, 2) + "/" + data_block);
-  std::filesystem::permissions(block_path, std::filesystem::perms::owner_write,
-                               std::filesystem::perm_options::add);
   {
     std::fstream file(block_path, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(30);
     file.put('!');
   }
-  EXPECT_EQ(store_->Checkout("h", "v1", dir_.Sub("out")).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Checkout("h", "v1", dir_.Sub("small"), 1 << 20).code(),
+            absl::StatusCode::kResourceExhausted);
+  const absl::Status damaged = store_->Checkout("h", "v1", dir_.Sub("out"), kMaxHeapBytes);
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(damaged.message().find(data_block), std::string::npos) << damaged;
   EXPECT_EQ(store_->Read("h", "../h").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
