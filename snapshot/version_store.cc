@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -235,6 +236,23 @@ absl::StatusOr<v1::StoreRecipe> VersionStore::Read(const std::string& heap,
 
 absl::Status VersionStore::Checkout(const std::string& heap, const std::string& name,
                                     const std::string& target, uint64_t max_data_bytes) const {
+  // Built under a random name beside the target and renamed to it whole: a
+  // failure leaves nothing under the target's name.
+  const std::string partial = absl::StrCat(target, ".partial-", RandomName());
+  absl::Status built = CheckoutInto(heap, name, partial, max_data_bytes);
+  if (built.ok() &&
+      renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
+    built = ErrnoStatus(errno, absl::StrCat("rename the checkout to ", target));
+  }
+  if (!built.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(partial, ignored);
+  }
+  return built;
+}
+
+absl::Status VersionStore::CheckoutInto(const std::string& heap, const std::string& name,
+                                        const std::string& target, uint64_t max_data_bytes) const {
   absl::StatusOr<v1::StoreRecipe> recipe = Read(heap, name);
   if (!recipe.ok()) return recipe.status();
   if (recipe->manifest().data_bytes() > max_data_bytes) {
@@ -245,6 +263,10 @@ absl::Status VersionStore::Checkout(const std::string& heap, const std::string& 
   if (mkdir(target.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("make ", target));
   auto block = [&](const std::string& hex) -> absl::StatusOr<std::string> {
     absl::StatusOr<std::string> bytes = blocks_->Get(*BlockId::FromHex(hex));
+    if (bytes.status().code() == absl::StatusCode::kNotFound) {
+      return absl::DataLossError(absl::StrCat("version ", name, " of heap ", heap, " names block ",
+                                              hex, ", which the store lacks"));
+    }
     if (bytes.ok() && bytes->size() > recipe->block_bytes()) {
       return absl::DataLossError(
           absl::StrCat("block ", hex, " is larger than its recipe's blocks"));

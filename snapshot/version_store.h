@@ -61,6 +61,9 @@ class VersionStore {
   VersionStore(std::string dir, std::unique_ptr<BlockStore> blocks, uint32_t block_bytes)
       : dir_(std::move(dir)), blocks_(std::move(blocks)), block_bytes_(block_bytes) {}
   std::string RecipePath(const std::string& heap, const std::string& name) const;
+  // Checkout's work, into `target`.
+  absl::Status CheckoutInto(const std::string& heap, const std::string& name,
+                            const std::string& target, uint64_t max_data_bytes) const;
 
   const std::string dir_;
   const std::unique_ptr<BlockStore> blocks_;

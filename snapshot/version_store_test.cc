@@ -180,6 +180,15 @@ TEST_F(VersionStoreTest, ADamagedRecipeOrBlockIsDataLoss) {
   const absl::Status damaged = store_->Checkout("h", "v1", dir_.Sub("out"), kMaxHeapBytes);
   EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(damaged.message().find(data_block), std::string::npos) << damaged;
+  // Nothing is left under the target's name, nor half-built beside it.
+  EXPECT_FALSE(std::filesystem::exists(dir_.Sub("out")));
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+    EXPECT_EQ(entry.path().filename().string().find(".partial-"), std::string::npos);
+  }
+  // A block the store lost is data loss too.
+  std::filesystem::remove(block_path);
+  EXPECT_EQ(store_->Checkout("h", "v1", dir_.Sub("out"), kMaxHeapBytes).code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->Read("h", "../h").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
