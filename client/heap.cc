@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -203,16 +202,9 @@ Heap::ThreadCache* Heap::CacheOfThisThread() {
     uint64_t serial = 0;
     ThreadCache* cache = nullptr;
   };
-  // The caches of the last few heaps this thread used: a thread that
-  // alternates between heaps looks none up (serials are never reused).
-  static thread_local std::array<LastUsed, 4> last;
-  static thread_local size_t replace = 0;
-  for (const LastUsed& used : last) {
-    if (used.serial == serial_) return used.cache;
-  }
-  LastUsed& slot = last[replace++ % last.size()];
-  slot = {serial_, NewCacheForThisThread()};
-  return slot.cache;
+  static thread_local LastUsed last;
+  if (last.serial != serial_) last = {serial_, NewCacheForThisThread()};
+  return last.cache;
 }
 
 Heap::ThreadCache* Heap::NewCacheForThisThread() {

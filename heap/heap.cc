@@ -597,7 +597,6 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   // its object.
   if (absl::Status s = FlushDataLocked(); !s.ok()) {
     checkpoint_next_ = true;
-    unpersisted_.store(true);
     return s;
   }
   FaultPoint("sync.after_data_flush");
@@ -605,11 +604,9 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       full ? store_->WriteCheckpoint(std::move(checkpoint)) : store_->Append(record);
   if (!status.ok()) {
     checkpoint_next_ = true;
-    unpersisted_.store(true);
     return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
   checkpoint_next_ = false;
-  unpersisted_.store(false);
   {
     absl::MutexLock lock(&mu_);
     metadata_log_bytes_ = store_->log_bytes();
@@ -685,7 +682,6 @@ absl::Status PersistentHeap::PersistPendingLocked() {
     return broken_;
   }
   checkpoint_next_ = false;
-  unpersisted_.store(false);
   metadata_log_bytes_ = store_->log_bytes();
   epoch_ = epoch;
   undo_->Committed(epoch);
@@ -701,7 +697,7 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
     // covers would go back while the reports commit later. If it cannot,
     // the heap is broken (that epoch never commits) and the pages go back
     // as a restart would put them.
-    if (unpersisted_.load()) {
+    if (checkpoint_next_) {
       absl::MutexLock persist_lock(&persist_mu_);
       (void)PersistPendingLocked();
     }

@@ -306,10 +306,10 @@ class PersistentHeap {
 
   mutable absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(grow_mu_, mu_);
   std::unique_ptr<MetadataStore> store_ ABSL_PT_GUARDED_BY(persist_mu_);  // null: read-only
-  bool checkpoint_next_ ABSL_GUARDED_BY(persist_mu_) = false;
-  // A sync failed after applying its reports (see Reclaim); written under
-  // persist_mu_, read without it.
-  std::atomic<bool> unpersisted_{false};
+  // A sync failed after applying its reports: the next persist writes a
+  // full checkpoint, and Reclaim persists first (see there). Written under
+  // persist_mu_; Reclaim reads it without, to take that lock only then.
+  std::atomic<bool> checkpoint_next_{false};
 
   mutable absl::Mutex grow_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 

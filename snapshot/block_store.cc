@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "heap/data_file.h"
+#include "heap/metadata_store.h"
 #include "util/unique_fd.h"
 
 namespace heapd {
@@ -44,12 +45,6 @@ bool WriteAll(int fd, absl::string_view bytes) {
 absl::Status MakeDirectory(const std::string& path) {
   if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
   return ErrnoStatus(errno, absl::StrCat("make ", path));
-}
-
-absl::Status SyncDirectory(const std::string& path) {
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid() || fsync(fd.get()) != 0) return ErrnoStatus(errno, absl::StrCat("sync ", path));
-  return absl::OkStatus();
 }
 
 // Whether `path` holds a block file whose header fits its size (its hash

@@ -19,6 +19,7 @@
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "heap/metadata_store.h"
+#include "snapshot/block_store.h"
 #include "snapshot/dir_files.h"
 #include "snapshot/file_copy.h"
 
@@ -36,13 +37,6 @@ constexpr char kCreatedMessage = 'c';   // copy method u8, bytes copied u64
 constexpr size_t kMaxFilesInSnapshot = 64;
 // Entries of a target directory looked through for leftovers of a create.
 constexpr size_t kMaxEntriesSwept = 1 << 16;
-
-std::string RandomHex() {
-  uint64_t random = 0;
-  while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
-  }
-  return absl::StrCat(absl::Hex(random, absl::kZeroPad16));
-}
 
 void PutU64(std::string* out, uint64_t value) {
   out->append(reinterpret_cast<const char*>(&value), sizeof(value));
@@ -282,7 +276,7 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
     if (!data.ok()) return data.status();
     UniqueFd data_fd(*data);
     const int from = data_fd.get();
-    const std::string building = absl::StrCat(".", ref.name, ".partial-", RandomHex());
+    const std::string building = absl::StrCat(".", ref.name, ".partial-", RandomName());
     absl::StatusOr<std::vector<ChildMessage>> messages =
         RunIn(caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
               [&](int target, MessageSink& out) -> absl::Status {
@@ -503,7 +497,7 @@ absl::Status SnapshotStore::Remove(const SnapshotCaller& caller, const SnapshotR
       if (absl::Status s = CheckOwnAccess(caller, *manifest, true); !s.ok()) return s;
     }
   }
-  const std::string doomed = absl::StrCat(".", ref.name, ".removing-", RandomHex());
+  const std::string doomed = absl::StrCat(".", ref.name, ".removing-", RandomName());
   absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
       caller, ref.target_dir, {}, absl::StrCat("remove snapshot ", where),
       [&](int target, MessageSink&) -> absl::Status {
@@ -529,7 +523,7 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
   const std::string where = Where(ref);
   UniqueFd parent(open(heaps_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!parent.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heaps_dir));
-  const std::string hidden = absl::StrCat(".restoring.", heap_name, ".", RandomHex());
+  const std::string hidden = absl::StrCat(".restoring.", heap_name, ".", RandomName());
   if (mkdirat(parent.get(), hidden.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, absl::StrCat("create the directory to restore heap ", heap_name));
   }

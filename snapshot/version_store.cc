@@ -126,9 +126,12 @@ absl::StatusOr<VersionStats> VersionStore::Create(const std::string& heap, const
     }
     const size_t length =
         static_cast<size_t>(std::min<uint64_t>(block_bytes_, state.data_bytes - at));
-    if (pread(state.data_fd, block.data(), length, static_cast<off_t>(at)) !=
-        static_cast<ssize_t>(length)) {
+    const ssize_t got = pread(state.data_fd, block.data(), length, static_cast<off_t>(at));
+    if (got < 0)
       return ErrnoStatus(errno, absl::StrCat("read the data of heap ", heap, " at ", at));
+    if (static_cast<size_t>(got) != length) {
+      return absl::DataLossError(absl::StrCat("the data file of heap ", heap, " ends at ", at + got,
+                                              ", before its ", state.data_bytes, " bytes"));
     }
     const absl::string_view bytes(block.data(), length);
     if (AllZero(bytes)) {
