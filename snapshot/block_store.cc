@@ -1,7 +1,12 @@
 #include "snapshot/block_store.h"
 
+// The low-level SHA-256 calls compute and nothing else: no provider fetch,
+// no lock, no allocation (EVP_Digest takes OpenSSL's provider locks, which
+// a RunAs child must not: util/run_as.h).
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
+#include <openssl/sha.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,16 +16,18 @@
 #include <cstring>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "heap/data_file.h"
-#include "heap/metadata_store.h"
-#include "util/unique_fd.h"
 
 namespace heapd {
 namespace {
 
 constexpr char kMagic[4] = {'H', 'B', 'K', '1'};
 constexpr size_t kHeaderBytes = 24;
+constexpr char kTemporaryPrefix[] = ".tmp-";
+constexpr char kAsidePrefix[] = ".trash-";
 
 void PutLe64(char* at, uint64_t value) {
   for (int i = 0; i < 8; ++i) at[i] = static_cast<char>(value >> (8 * i));
@@ -42,15 +49,12 @@ bool WriteAll(int fd, absl::string_view bytes) {
   return true;
 }
 
-absl::Status MakeDirectory(const std::string& path) {
-  if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
-  return ErrnoStatus(errno, absl::StrCat("make ", path));
-}
+std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
 
-// Whether `path` holds a block file whose header fits its size (its hash
-// is checked when it is read): then Put need not write it again.
-bool LooksWhole(const std::string& path, uint64_t* size) {
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+// Whether `name` in `dir` is a block file whose header fits its size (its
+// hash is checked when it is read): then Put need not write it again.
+bool LooksWhole(int dir, const std::string& name, uint64_t* size) {
+  UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st;
   char header[kHeaderBytes];
   if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
@@ -65,6 +69,10 @@ bool LooksWhole(const std::string& path, uint64_t* size) {
 
 }  // namespace
 
+int64_t ModifiedNs(const struct stat& st) {
+  return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 std::string RandomName() {
   uint64_t random[2];
   while (getrandom(random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
@@ -75,8 +83,10 @@ std::string RandomName() {
 
 BlockId BlockId::Of(absl::string_view bytes) {
   BlockId id;
-  unsigned int length = 0;
-  EVP_Digest(bytes.data(), bytes.size(), id.hash.data(), &length, EVP_sha256(), nullptr);
+  SHA256_CTX context;
+  SHA256_Init(&context);
+  SHA256_Update(&context, bytes.data(), bytes.size());
+  SHA256_Final(id.hash.data(), &context);
   return id;
 }
 
@@ -85,9 +95,13 @@ absl::StatusOr<BlockId> BlockId::FromHex(absl::string_view hex) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", absl::CHexEscape(hex.substr(0, 80)), "' is not a block name"));
   }
-  BlockId id;
   const std::string bytes = absl::HexStringToBytes(hex);
-  std::memcpy(id.hash.data(), bytes.data(), id.hash.size());
+  return FromRaw(bytes.data());
+}
+
+BlockId BlockId::FromRaw(const char* raw) {
+  BlockId id;
+  std::memcpy(id.hash.data(), raw, id.hash.size());
   return id;
 }
 
@@ -96,25 +110,30 @@ std::string BlockId::Hex() const {
       absl::string_view(reinterpret_cast<const char*>(hash.data()), hash.size()));
 }
 
-absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& dir,
-                                                             BlockStoreOptions options) {
-  for (const std::string& path : {dir, dir + "/blocks"}) {
-    if (absl::Status s = MakeDirectory(path); !s.ok()) return s;
+absl::StatusOr<BlockStore> BlockStore::At(int root, BlockStoreOptions options) {
+  if (mkdirat(root, "blocks", 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "make the store's blocks directory");
   }
-  return std::unique_ptr<BlockStore>(new BlockStore(dir, options));
+  UniqueFd blocks(openat(root, "blocks", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!blocks.valid()) return ErrnoStatus(errno, "open the store's blocks directory");
+  return BlockStore(std::move(blocks), options);
 }
 
-std::string BlockStore::PathOf(const BlockId& id) const {
-  const std::string hex = id.Hex();
-  return absl::StrCat(dir_, "/blocks/", hex.substr(0, 2), "/", hex);
+int BlockStore::Directory(int index, bool create) {
+  UniqueFd& dir = directories_[index];
+  if (dir.valid()) return dir.get();
+  const std::string name = DirectoryName(index);
+  if (create && mkdirat(blocks_.get(), name.c_str(), 0755) == 0) {
+    // A new directory is an entry of blocks/ that must be durable too.
+    if (fsync(blocks_.get()) != 0) return -1;
+  } else if (create && errno != EEXIST) {
+    return -1;
+  }
+  dir.reset(openat(blocks_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  return dir.get();
 }
 
-bool BlockStore::Has(const BlockId& id) const {
-  struct stat st;
-  return stat(PathOf(id).c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) const {
+absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
   if (bytes.size() > options_.max_block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes.size(),
                                                    " bytes is larger than the store's ",
@@ -122,61 +141,78 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) cons
   }
   Stored stored;
   stored.id = BlockId::Of(bytes);
-  const std::string path = PathOf(stored.id);
-  const std::string parent = path.substr(0, path.rfind('/'));
-  if (LooksWhole(path, &stored.stored_bytes)) {
-    // Another writer's, perhaps not yet durable in its directory.
-    if (absl::Status s = SyncDirectory(parent); !s.ok()) return s;
+  const std::string name = stored.id.Hex();
+  const int index = stored.id.hash[0];
+  const int dir = Directory(index, /*create=*/true);
+  if (dir < 0) return ErrnoStatus(errno, absl::StrCat("open blocks/", DirectoryName(index)));
+  // Another writer's, perhaps not yet durable in its directory; marked in
+  // use (gc keeps young blocks). A block another user owns cannot be
+  // marked: then it is written anew below, as this user's.
+  if (LooksWhole(dir, name, &stored.stored_bytes) &&
+      utimensat(dir, name.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0) {
+    unsynced_.set(index);
     return stored;
   }
-  // Missing, or damaged (then replaced by the rename below).
+  // Missing, damaged or not markable (then replaced by the rename below).
   std::string file(kHeaderBytes + ZSTD_compressBound(bytes.size()), '\0');
   const size_t compressed = ZSTD_compress(file.data() + kHeaderBytes, file.size() - kHeaderBytes,
                                           bytes.data(), bytes.size(), options_.zstd_level);
   if (ZSTD_isError(compressed)) {
     return absl::InternalError(
-        absl::StrCat("compress block ", stored.id.Hex(), ": ", ZSTD_getErrorName(compressed)));
+        absl::StrCat("compress block ", name, ": ", ZSTD_getErrorName(compressed)));
   }
   file.resize(kHeaderBytes + compressed);
   std::memcpy(file.data(), kMagic, sizeof(kMagic));
   PutLe64(file.data() + 4, bytes.size());
   PutLe64(file.data() + 12, compressed);
   std::memset(file.data() + 20, 0, 4);
-  if (absl::Status s = MakeDirectory(parent); !s.ok()) return s;
-  const std::string temporary = absl::StrCat(parent, "/.tmp-", RandomName());
+  const std::string temporary = absl::StrCat(kTemporaryPrefix, RandomName());
   {
     UniqueFd fd(
-        open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", temporary));
+        openat(dir, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create block ", name));
     if (!WriteAll(fd.get(), file) || fsync(fd.get()) != 0) {
-      const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write ", temporary));
-      unlink(temporary.c_str());
+      const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write block ", name));
+      unlinkat(dir, temporary.c_str(), 0);
       return failed;
     }
   }
-  if (rename(temporary.c_str(), path.c_str()) != 0) {
-    const absl::Status failed = ErrnoStatus(errno, absl::StrCat("rename into ", path));
-    unlink(temporary.c_str());
+  if (renameat(dir, temporary.c_str(), dir, name.c_str()) != 0) {
+    const absl::Status failed = ErrnoStatus(errno, absl::StrCat("rename block ", name));
+    unlinkat(dir, temporary.c_str(), 0);
     return failed;
   }
-  if (absl::Status s = SyncDirectory(parent); !s.ok()) return s;
+  unsynced_.set(index);
   stored.written = true;
   stored.stored_bytes = file.size();
   return stored;
 }
 
-absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) const {
-  const std::string path = PathOf(id);
+absl::Status BlockStore::SyncDirectories() {
+  for (int index = 0; index < 256; ++index) {
+    if (!unsynced_.test(index)) continue;
+    if (fsync(directories_[index].get()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("fsync blocks/", DirectoryName(index)));
+    }
+    unsynced_.reset(index);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
+  const std::string name = id.Hex();
   auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat("block ", path, ": ", why));
+    return absl::DataLossError(absl::StrCat("block ", name, ": ", why));
   };
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  const int dir = Directory(id.hash[0], /*create=*/false);
+  UniqueFd fd(dir < 0 ? -1
+                      : openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!fd.valid()) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no block ", path));
-    return ErrnoStatus(errno, absl::StrCat("open ", path));
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no block ", name));
+    return ErrnoStatus(errno, absl::StrCat("open block ", name));
   }
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat block ", name));
   const uint64_t max_file = kHeaderBytes + ZSTD_compressBound(options_.max_block_bytes);
   if (!S_ISREG(st.st_mode)) return bad("not a regular file");
   if (static_cast<uint64_t>(st.st_size) < kHeaderBytes ||
@@ -197,8 +233,107 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) const {
   const size_t got =
       ZSTD_decompress(bytes.data(), bytes.size(), file.data() + kHeaderBytes, compressed);
   if (ZSTD_isError(got) || got != size) return bad("does not decompress to its size");
-  if (!(BlockId::Of(bytes) == id)) return bad("its bytes do not have its hash");
+  if (BlockId::Of(bytes) != id) return bad("its bytes do not have its hash");
   return bytes;
+}
+
+absl::StatusOr<uint64_t> BlockStore::StoredBytes(const BlockId& id) {
+  const std::string name = id.Hex();
+  const int dir = Directory(id.hash[0], /*create=*/false);
+  struct stat st;
+  if (dir < 0 || fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no block ", name));
+    return ErrnoStatus(errno, absl::StrCat("stat block ", name));
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+absl::Status BlockStore::ForEach(const std::function<absl::Status(const Entry&)>& visit) {
+  for (int index = 0; index < 256; ++index) {
+    const int dir = Directory(index, /*create=*/false);
+    if (dir < 0) {
+      if (errno == ENOENT) continue;
+      return ErrnoStatus(errno, absl::StrCat("open blocks/", DirectoryName(index)));
+    }
+    UniqueFd listing(dup(dir));
+    DIR* stream = listing.valid() ? fdopendir(listing.get()) : nullptr;
+    if (stream == nullptr)
+      return ErrnoStatus(errno, absl::StrCat("list blocks/", DirectoryName(index)));
+    listing.release();
+    rewinddir(stream);
+    absl::Status status;
+    while (status.ok()) {
+      errno = 0;
+      const dirent* entry = readdir(stream);
+      if (entry == nullptr) {
+        if (errno != 0) status = ErrnoStatus(errno, "list blocks");
+        break;
+      }
+      absl::string_view name = entry->d_name;
+      Entry found;
+      if (absl::StartsWith(name, kTemporaryPrefix)) {
+        found.kind = Kind::kTemporary;
+      } else {
+        if (absl::ConsumePrefix(&name, kAsidePrefix)) found.kind = Kind::kAside;
+        absl::StatusOr<BlockId> id = BlockId::FromHex(name);
+        if (!id.ok() || id->hash[0] != index) continue;  // not a block's: left alone
+        found.id = *id;
+      }
+      struct stat st;
+      if (fstatat(dir, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      found.name = entry->d_name;
+      found.directory = index;
+      found.bytes = static_cast<uint64_t>(st.st_size);
+      found.modified_ns = ModifiedNs(st);
+      status = visit(found);
+    }
+    closedir(stream);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockStore::Remove(const Entry& entry) {
+  const int dir = Directory(entry.directory, /*create=*/false);
+  if (dir < 0 || (unlinkat(dir, entry.name.c_str(), 0) != 0 && errno != ENOENT)) {
+    return ErrnoStatus(errno, absl::StrCat("remove block ", entry.name));
+  }
+  unsynced_.set(entry.directory);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> BlockStore::RemoveUnlessMarked(const Entry& entry, int64_t cutoff_ns) {
+  const int dir = Directory(entry.directory, /*create=*/false);
+  const std::string aside = absl::StrCat(kAsidePrefix, entry.name);
+  if (dir < 0 || renameat(dir, entry.name.c_str(), dir, aside.c_str()) != 0) {
+    if (errno == ENOENT) return false;  // gone already
+    return ErrnoStatus(errno, absl::StrCat("set block ", entry.name, " aside"));
+  }
+  unsynced_.set(entry.directory);
+  struct stat st;
+  if (fstatat(dir, aside.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("stat block ", entry.name, " set aside"));
+  }
+  Entry set_aside = entry;
+  set_aside.kind = Kind::kAside;
+  set_aside.name = aside;
+  if (ModifiedNs(st) >= cutoff_ns) {
+    if (absl::Status s = PutBack(set_aside); !s.ok()) return s;
+    return false;
+  }
+  if (absl::Status s = Remove(set_aside); !s.ok()) return s;
+  return true;
+}
+
+absl::Status BlockStore::PutBack(const Entry& aside) {
+  const int dir = Directory(aside.directory, /*create=*/false);
+  const std::string name = aside.id.Hex();
+  if (dir < 0 || (renameat2(dir, aside.name.c_str(), dir, name.c_str(), RENAME_NOREPLACE) != 0 &&
+                  (errno != EEXIST || unlinkat(dir, aside.name.c_str(), 0) != 0))) {
+    return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
+  }
+  unsynced_.set(aside.directory);
+  return absl::OkStatus();
 }
 
 }  // namespace heapd

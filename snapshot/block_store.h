@@ -1,35 +1,43 @@
 // BlockStore: content-addressed, compressed blocks in a directory that
 // several heapds (nodes) may share — the foundation of incremental,
-// deduplicated snapshots (issue 12; the versions' recipes and the commands
-// that use them are not built yet).
+// deduplicated snapshots (issue 12, snapshot/store_snapshots.h).
 //
 // A block is named by the SHA-256 of its bytes and stored once, compressed
-// with zstd, as blocks/XX/<64 hex digits> (XX: the first two): a 24-byte
-// header (magic "HBK1", the block's size, the compressed size, little
-// endian) and one zstd frame. A block is written under a random temporary
-// name (.tmp-RANDOM) beside it and renamed into place, so a reader never
-// sees part of one, and writers of the same block on several nodes all
-// succeed (the bytes are the same; one rename wins). A crashed writer
-// leaves only a .tmp- file, which no one reads. A file already there is
-// taken as the block if its header fits its size (its hash is checked when
-// it is read); else it is replaced.
+// with zstd, as blocks/XX/<64 hex digits> (XX: the first two) under the
+// store's root: a 24-byte header (magic "HBK1", the block's size, the
+// compressed size, little endian) and one zstd frame. A block is written
+// under a random temporary name (.tmp-RANDOM) beside it, fsynced and
+// renamed into place, so a reader never sees part of one, and writers of
+// the same block on several nodes all succeed (the bytes are the same; one
+// rename wins). A crashed writer leaves only a .tmp- file, which no one
+// reads and gc removes. A file already there is taken as the block if its
+// header fits its size (its hash is checked whenever it is read), and its
+// modification time is set to now, which tells gc a create is using it;
+// else it is replaced.
 //
 // Nothing read is trusted: the file's size is capped before it is read,
 // the header must match it, the block decompresses to exactly its size,
 // and its hash must be its name; else DATA_LOSS naming the block.
 //
-// Thread-safe (no state beyond the directory).
+// Everything is done relative to the store's root descriptor, one path
+// component at a time without following symlinks, and takes no lock and
+// logs nothing: a RunAs child may use it (util/run_as.h). Not thread-safe
+// (it remembers which directories need an fsync); make one per operation.
 #ifndef HEAPD_SNAPSHOT_BLOCK_STORE_H_
 #define HEAPD_SNAPSHOT_BLOCK_STORE_H_
 
+#include <sys/stat.h>
+
 #include <array>
+#include <bitset>
 #include <cstdint>
-#include <memory>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
@@ -40,10 +48,17 @@ struct BlockId {
   static BlockId Of(absl::string_view bytes);
   // From 64 lowercase hex digits; INVALID_ARGUMENT otherwise.
   static absl::StatusOr<BlockId> FromHex(absl::string_view hex);
+  // From 32 raw bytes (a recipe's packed ids).
+  static BlockId FromRaw(const char* raw);
   std::string Hex() const;
+  bool IsZero() const { return hash == std::array<uint8_t, 32>{}; }
   bool operator==(const BlockId& other) const { return hash == other.hash; }
+  bool operator!=(const BlockId& other) const { return hash != other.hash; }
   bool operator<(const BlockId& other) const { return hash < other.hash; }
 };
+
+// A file's modification time in nanoseconds since the epoch.
+int64_t ModifiedNs(const struct stat& st);
 
 // 128 random bits in hex: temporary names unique across the nodes that
 // share a store (pids are not).
@@ -52,37 +67,66 @@ std::string RandomName();
 struct BlockStoreOptions {
   int zstd_level = 3;
   // Blocks larger than this are refused (Put) and not read (Get).
-  uint64_t max_block_bytes = uint64_t{64} << 20;
+  uint64_t max_block_bytes = uint64_t{2} << 20;
 };
 
 class BlockStore {
  public:
-  // Opens the store in `dir`, making dir and dir/blocks if missing.
-  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const std::string& dir,
-                                                          BlockStoreOptions options = {});
+  // The blocks under the store directory `root` (borrowed; it must outlive
+  // this), making root/blocks if missing.
+  static absl::StatusOr<BlockStore> At(int root, BlockStoreOptions options = {});
 
   struct Stored {
     BlockId id;
     bool written = false;       // false: the store had it already
     uint64_t stored_bytes = 0;  // its file's size
   };
-  // Stores `bytes` unless a block of the same hash is there; durable
-  // (fsync of the file and its directory) before it returns.
-  absl::StatusOr<Stored> Put(absl::string_view bytes) const;
+  // Stores `bytes` unless a block of the same hash is there (then marks it
+  // used now). The block file is durable before it returns; its directory
+  // entry once SyncDirectories returns.
+  absl::StatusOr<Stored> Put(absl::string_view bytes);
+  // Fsyncs the directories Put wrote into since the last call.
+  absl::Status SyncDirectories();
 
   // The block's bytes, checked (see above). NOT_FOUND if it is not there.
-  absl::StatusOr<std::string> Get(const BlockId& id) const;
-  bool Has(const BlockId& id) const;
+  absl::StatusOr<std::string> Get(const BlockId& id);
+  // Its file's size, or NOT_FOUND (not checked: du).
+  absl::StatusOr<uint64_t> StoredBytes(const BlockId& id);
 
-  const std::string& dir() const { return dir_; }
-  std::string PathOf(const BlockId& id) const;
+  // Every block file, leftover .tmp- file (a crashed writer's; zero id)
+  // and block set aside by a crashed gc (.trash-ID): its id, size and
+  // modification time. Stops at the first error `visit` returns.
+  enum class Kind { kBlock, kTemporary, kAside };
+  struct Entry {
+    Kind kind = Kind::kBlock;
+    BlockId id;
+    std::string name;   // its name in its directory
+    int directory = 0;  // XX as a number
+    uint64_t bytes = 0;
+    int64_t modified_ns = 0;  // since the epoch
+  };
+  absl::Status ForEach(const std::function<absl::Status(const Entry&)>& visit);
+  // Removes the file of `entry` (ForEach's), durably once SyncDirectories
+  // returns.
+  absl::Status Remove(const Entry& entry);
+  // gc's removal of the block of `entry` (version_store.h): sets it aside
+  // (.trash-ID), then removes it unless it was marked used at or after
+  // `cutoff_ns` meanwhile (then it goes back). True if removed.
+  absl::StatusOr<bool> RemoveUnlessMarked(const Entry& entry, int64_t cutoff_ns);
+  // Puts a block set aside back in place (or drops it if the block was
+  // written anew meanwhile).
+  absl::Status PutBack(const Entry& aside);
 
  private:
-  BlockStore(std::string dir, BlockStoreOptions options)
-      : dir_(std::move(dir)), options_(options) {}
+  BlockStore(UniqueFd blocks, BlockStoreOptions options)
+      : blocks_(std::move(blocks)), options_(options) {}
+  // blocks/XX, made if `create` and missing; -1 with errno otherwise.
+  int Directory(int index, bool create);
 
-  const std::string dir_;
-  const BlockStoreOptions options_;
+  UniqueFd blocks_;
+  BlockStoreOptions options_;
+  std::array<UniqueFd, 256> directories_;
+  std::bitset<256> unsynced_;
 };
 
 }  // namespace heapd

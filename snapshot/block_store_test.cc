@@ -1,10 +1,12 @@
 #include "snapshot/block_store.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -35,13 +37,20 @@ size_t FilesUnder(const std::string& dir, bool temporary = false) {
 class BlockStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = BlockStore::Open(dir_.Sub("store"));
+    std::filesystem::create_directories(dir_.Sub("store"));
+    root_.reset(open(dir_.Sub("store").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(root_.valid());
+    auto store = BlockStore::At(root_.get());
     ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
+    store_.emplace(*std::move(store));
+  }
+  std::string PathOf(const BlockId& id) {
+    return dir_.Sub("store/blocks/" + id.Hex().substr(0, 2) + "/" + id.Hex());
   }
 
   TestDir dir_;
-  std::unique_ptr<BlockStore> store_;
+  UniqueFd root_;
+  std::optional<BlockStore> store_;
 };
 
 TEST_F(BlockStoreTest, ABlockComesBackAsStoredAndIsStoredOnce) {
@@ -81,20 +90,20 @@ TEST_F(BlockStoreTest, ADamagedOrSwappedBlockIsDataLoss) {
   auto b = store_->Put(RandomBytes(6000, 2));
   ASSERT_TRUE(a.ok() && b.ok());
   {
-    std::fstream file(store_->PathOf(a->id), std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream file(PathOf(a->id), std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(100);
     file.put('x');
   }
   EXPECT_EQ(store_->Get(a->id).status().code(), absl::StatusCode::kDataLoss);
-  std::filesystem::copy_file(store_->PathOf(b->id), store_->PathOf(a->id),
+  std::filesystem::copy_file(PathOf(b->id), PathOf(a->id),
                              std::filesystem::copy_options::overwrite_existing);
   const absl::Status swapped = store_->Get(a->id).status();
   EXPECT_EQ(swapped.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(swapped.message().find("hash"), std::string::npos) << swapped;
-  std::filesystem::resize_file(store_->PathOf(b->id), 30);
+  std::filesystem::resize_file(PathOf(b->id), 30);
   EXPECT_EQ(store_->Get(b->id).status().code(), absl::StatusCode::kDataLoss);
-  std::filesystem::remove(store_->PathOf(b->id));
-  ASSERT_EQ(mkfifo(store_->PathOf(b->id).c_str(), 0600), 0);
+  std::filesystem::remove(PathOf(b->id));
+  ASSERT_EQ(mkfifo(PathOf(b->id).c_str(), 0600), 0);
   EXPECT_EQ(store_->Get(b->id).status().code(), absl::StatusCode::kDataLoss);
 }
 
@@ -103,32 +112,31 @@ TEST_F(BlockStoreTest, ADamagedOrSwappedBlockIsDataLoss) {
 TEST_F(BlockStoreTest, APlantedBlockFileIsReplaced) {
   const std::string bytes = RandomBytes(9000, 3);
   const BlockId id = BlockId::Of(bytes);
-  std::filesystem::create_directories(std::filesystem::path(store_->PathOf(id)).parent_path());
-  std::ofstream(store_->PathOf(id)) << "HBK1 but not a block";
+  std::filesystem::create_directories(std::filesystem::path(PathOf(id)).parent_path());
+  std::ofstream(PathOf(id)) << "HBK1 but not a block";
   auto stored = store_->Put(bytes);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_TRUE(stored->written);
   EXPECT_EQ(*store_->Get(id), bytes);
-  std::filesystem::remove(store_->PathOf(id));
-  std::filesystem::create_symlink("/etc/passwd", store_->PathOf(id));
+  std::filesystem::remove(PathOf(id));
+  std::filesystem::create_symlink("/etc/passwd", PathOf(id));
   stored = store_->Put(bytes);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_TRUE(stored->written);
-  EXPECT_FALSE(std::filesystem::is_symlink(store_->PathOf(id)));
+  EXPECT_FALSE(std::filesystem::is_symlink(PathOf(id)));
   EXPECT_EQ(*store_->Get(id), bytes);
 }
 
 TEST_F(BlockStoreTest, BlocksAboveTheLimitAreRefused) {
   BlockStoreOptions options;
   options.max_block_bytes = 1000;
-  auto small = BlockStore::Open(dir_.Sub("store"), options);
+  auto small = BlockStore::At(root_.get(), options);
   ASSERT_TRUE(small.ok());
-  EXPECT_EQ((*small)->Put(std::string(1001, 'a')).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(small->Put(std::string(1001, 'a')).status().code(), absl::StatusCode::kInvalidArgument);
   // A block a store with a larger limit wrote is not read past this one's.
   auto big = store_->Put(std::string(5000, 'b'));
   ASSERT_TRUE(big.ok());
-  EXPECT_EQ((*small)->Get(big->id).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(small->Get(big->id).status().code(), absl::StatusCode::kDataLoss);
 }
 
 // Writers of the same blocks at once (as nodes sharing a store) all
@@ -140,9 +148,12 @@ TEST_F(BlockStoreTest, ConcurrentWritersOfTheSameBlocksLoseNothing) {
   std::atomic<int> failures{0};
   for (int w = 0; w < 8; ++w) {
     writers.emplace_back([&] {
+      // One store each (a BlockStore is one operation's), as on nodes.
+      auto mine = BlockStore::At(root_.get());
       for (const std::string& block : blocks) {
-        if (!store_->Put(block).ok()) ++failures;
+        if (!mine.ok() || !mine->Put(block).ok()) ++failures;
       }
+      if (!mine.ok() || !mine->SyncDirectories().ok()) ++failures;
     });
   }
   for (std::thread& t : writers) t.join();

@@ -146,11 +146,9 @@ std::string SnapshotStore::Where(const SnapshotRef& ref) {
                                 : absl::StrCat(ref.target_dir, "/", ref.name);
 }
 
-absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCaller& caller,
-                                                               const std::string& target_dir,
-                                                               const std::vector<int>& keep_fds,
-                                                               const std::string& what,
-                                                               const Work& work) {
+absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(
+    const SnapshotCaller& caller, const std::string& target_dir, const std::vector<int>& keep_fds,
+    const std::string& what, const Work& work, uint64_t max_reply_bytes) {
   if (target_dir.empty()) {
     MessageList here;
     if (absl::Status s = work(own_fd_.get(), here); !s.ok()) {
@@ -163,7 +161,9 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(const SnapshotCal
   options.timeout = options_.timeout;
   options.cancel_fd = options_.cancel_fd;
   options.cancelled = caller.cancelled;
-  options.max_reply_bytes = kMaxMetadataBytes + kMaxSnapshotEntries * kMaxManifestBytes / 16;
+  options.max_reply_bytes = max_reply_bytes != 0
+                                ? max_reply_bytes
+                                : kMaxMetadataBytes + kMaxSnapshotEntries * kMaxManifestBytes / 16;
   options.budget = &reading_budget_;
   options.what = what;
   const dev_t state_device = state_device_;
@@ -520,7 +520,25 @@ absl::Status SnapshotStore::Remove(const SnapshotCaller& caller, const SnapshotR
 absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
     const SnapshotCaller& caller, const SnapshotRef& ref, const std::string& heaps_dir,
     const std::string& heap_name, const RestoreOptions& options, v1::SnapshotManifest* manifest) {
-  const std::string where = Where(ref);
+  return RestoreWith(
+      caller, Where(ref), /*own_dir=*/ref.target_dir.empty(),
+      [&](int data_fd) -> absl::StatusOr<RestoreSource> {
+        absl::StatusOr<Read> read = ReadSnapshot(caller, ref, data_fd, false, options.max_bytes);
+        if (!read.ok()) return read.status();
+        RestoreSource source;
+        source.manifest_json = std::move(read->manifest_json);
+        source.metadata_files = std::move(read->metadata_files);
+        source.data_bytes = read->data_bytes;
+        source.copied = read->copied;
+        return source;
+      },
+      heaps_dir, heap_name, options, manifest);
+}
+
+absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::RestoreWith(
+    const SnapshotCaller& caller, const std::string& where, bool own_dir, const Filler& fill,
+    const std::string& heaps_dir, const std::string& heap_name, const RestoreOptions& options,
+    v1::SnapshotManifest* manifest) {
   UniqueFd parent(open(heaps_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!parent.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heaps_dir));
   const std::string hidden = absl::StrCat(".restoring.", heap_name, ".", RandomName());
@@ -535,12 +553,12 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::Restore(
   UniqueFd data(
       openat(dir->get(), "data", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!data.valid()) return ErrnoStatus(errno, "create the restored heap's data file");
-  absl::StatusOr<Read> read = ReadSnapshot(caller, ref, data.get(), false, options.max_bytes);
+  absl::StatusOr<RestoreSource> read = fill(data.get());
   if (!read.ok()) return read.status();
   absl::StatusOr<VerifiedSnapshot> verified =
       VerifySnapshotFiles(where, read->manifest_json, read->metadata_files, read->data_bytes);
   if (!verified.ok()) return verified.status();
-  if (ref.target_dir.empty()) {
+  if (own_dir) {
     if (absl::Status s = CheckOwnAccess(caller, verified->manifest, false); !s.ok()) return s;
   }
   // What was copied is what heapd holds now: check it, not the report.

@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "heap/heap.h"
 #include "proto/heapd.pb.h"
+#include "snapshot/file_copy.h"
 #include "snapshot/snapshot_format.h"
 #include "util/run_as.h"
 #include "util/unique_fd.h"
@@ -164,6 +165,33 @@ class SnapshotStore {
                                                               uint64_t max_names,
                                                               v1::SnapshotManifest* manifest);
 
+  // What a restore read, for RestoreWith to check and finish.
+  struct RestoreSource {
+    std::string manifest_json;
+    std::map<std::string, std::string> metadata_files;
+    uint64_t data_bytes = 0;  // as reported; the data file itself is checked
+    CopyResult copied;
+  };
+  // Fills the new heap's data file `data_fd` and returns the rest.
+  using Filler = std::function<absl::StatusOr<RestoreSource>(int data_fd)>;
+  // Restore's work for any source (`where` names it in errors; `own_dir`:
+  // in heapd's own directory, so access is checked from its manifest).
+  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> RestoreWith(
+      const SnapshotCaller& caller, const std::string& where, bool own_dir, const Filler& fill,
+      const std::string& heaps_dir, const std::string& heap_name, const RestoreOptions& options,
+      v1::SnapshotManifest* manifest);
+
+  // Runs `work(target_fd, out)` in the directory `target_dir`: in a RunAs
+  // child as the caller (the path resolved by the child, never inside
+  // heapd's state directory), or here in heapd's own directory if empty.
+  // Replies are bounded by `max_reply_bytes` and heapd's reading budget.
+  using Work = std::function<absl::Status(int target_fd, MessageSink& out)>;
+  absl::StatusOr<std::vector<ChildMessage>> RunIn(const SnapshotCaller& caller,
+                                                  const std::string& target_dir,
+                                                  const std::vector<int>& keep_fds,
+                                                  const std::string& what, const Work& work,
+                                                  uint64_t max_reply_bytes = 0);
+
   const std::string& own_dir() const { return own_dir_; }
 
  private:
@@ -178,13 +206,6 @@ class SnapshotStore {
   }
 
   struct Read;  // what was read of one snapshot
-  // Runs `work(target_fd, out)` in the target directory of `target_dir`:
-  // in a RunAs child as the caller, or here in heapd's own directory.
-  using Work = std::function<absl::Status(int target_fd, MessageSink& out)>;
-  absl::StatusOr<std::vector<ChildMessage>> RunIn(const SnapshotCaller& caller,
-                                                  const std::string& target_dir,
-                                                  const std::vector<int>& keep_fds,
-                                                  const std::string& what, const Work& work);
   // Reads the snapshot `ref`; copies its data into `copy_to` if not -1,
   // else, with `want_fd`, hands back its data fd.
   absl::StatusOr<Read> ReadSnapshot(const SnapshotCaller& caller, const SnapshotRef& ref,

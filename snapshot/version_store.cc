@@ -5,331 +5,466 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <filesystem>
-#include <vector>
+#include <set>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "heap/heap_name.h"
-#include "heap/metadata_store.h"
-#include "snapshot/snapshot_format.h"
-#include "util/unique_fd.h"
+#include "allocator/size_class.h"
+#include "heap/data_file.h"
+#include "snapshot/dir_files.h"
 
 namespace heapd {
 namespace {
 
-constexpr uint64_t kMaxRecipeBytes = uint64_t{64} << 20;
+constexpr char kVersions[] = "versions";
+constexpr char kLeases[] = "leases";
+constexpr char kRecipeSuffix[] = ".recipe";
+// Entries of one directory of the store looked at.
+constexpr size_t kMaxEntries = 1 << 20;
 
-bool ValidBlockBytes(uint64_t bytes) {
-  return bytes >= (64 << 10) && bytes <= kChunkSize && (bytes & (bytes - 1)) == 0;
+// `name` in `dir`, made (and its entry made durable) if missing.
+absl::StatusOr<UniqueFd> MakeDirectoryAt(int dir, const std::string& name) {
+  if (mkdirat(dir, name.c_str(), 0755) == 0) {
+    if (fsync(dir) != 0) return ErrnoStatus(errno, absl::StrCat("fsync the parent of ", name));
+  } else if (errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("make ", name));
+  }
+  return OpenDirectoryAt(dir, name);
 }
 
-absl::Status WriteFileDurably(const std::string& path, absl::string_view bytes) {
-  UniqueFd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
-  while (!bytes.empty()) {
-    const ssize_t n = write(fd.get(), bytes.data(), bytes.size());
+bool ReadAll(int fd, char* out, size_t length, uint64_t at) {
+  while (length > 0) {
+    const ssize_t n = pread(fd, out, length, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoStatus(errno, absl::StrCat("write ", path));
-    bytes.remove_prefix(static_cast<size_t>(n));
+    if (n <= 0) return false;
+    out += n;
+    length -= static_cast<size_t>(n);
+    at += static_cast<uint64_t>(n);
   }
-  if (fsync(fd.get()) != 0) return ErrnoStatus(errno, absl::StrCat("sync ", path));
-  return absl::OkStatus();
-}
-
-absl::Status MakeDirectory(const std::string& path) {
-  if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
-  return ErrnoStatus(errno, absl::StrCat("make ", path));
-}
-
-// The chunks the committed epoch uses (small chunk records, large runs).
-std::vector<bool> UsedChunks(const Checkpoint& state) {
-  std::vector<bool> used(state.capacity_chunks, false);
-  for (const ChunkRecord& record : state.chunks) {
-    const uint64_t length = record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
-    for (uint64_t c = record.chunk; c < record.chunk + length && c < used.size(); ++c) {
-      used[c] = true;
-    }
-  }
-  return used;
+  return true;
 }
 
 bool AllZero(absl::string_view bytes) {
   return bytes.find_first_not_of('\0') == absl::string_view::npos;
 }
 
+// Marks a create in flight until destroyed (see version_store.h).
+class Lease {
+ public:
+  static absl::StatusOr<Lease> Take(int root) {
+    absl::StatusOr<UniqueFd> leases = MakeDirectoryAt(root, kLeases);
+    if (!leases.ok()) return leases.status();
+    std::string name = RandomName();
+    if (absl::Status s = WriteNewFileAt(leases->get(), name, ""); !s.ok()) return s;
+    if (fsync(leases->get()) != 0) return ErrnoStatus(errno, "fsync the store's leases");
+    return Lease(*std::move(leases), std::move(name));
+  }
+  Lease(Lease&&) = default;
+  ~Lease() {
+    if (dir_.valid()) unlinkat(dir_.get(), name_.c_str(), 0);
+  }
+
+ private:
+  Lease(UniqueFd dir, std::string name) : dir_(std::move(dir)), name_(std::move(name)) {}
+  UniqueFd dir_;
+  std::string name_;
+};
+
+// Appends the ids of `recipe`'s blocks (holes left out) to `ids`.
+void CollectIds(const v1::StoreRecipe& recipe, std::set<BlockId>* ids) {
+  auto add = [&](const std::string& packed) {
+    for (size_t i = 0; i * kBlockIdBytes < packed.size(); ++i) {
+      const BlockId id = BlockId::FromRaw(PackedId(packed, i).data());
+      if (!id.IsZero()) ids->insert(id);
+    }
+  };
+  add(recipe.data_blocks());
+  for (const v1::StoreFile& file : recipe.metadata()) add(file.blocks());
+}
+
+absl::StatusOr<RecipeFile> ReadRecipe(int root, const PartRef& part) {
+  absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false);
+  if (!bytes.ok()) return bytes.status();
+  return DecodeRecipeFile(*bytes, part.ToString());
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<VersionStore>> VersionStore::Open(const std::string& dir,
-                                                                 uint32_t block_bytes) {
-  if (!ValidBlockBytes(block_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a block size of ", block_bytes, " bytes is not a power of two from 64 KiB to 2 MiB"));
+absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
+  const PartRef& part = source.part;
+  if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
+  if (!ValidBlockBytes(source.block_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("a block size of ", source.block_bytes));
   }
-  BlockStoreOptions options;
-  options.max_block_bytes = kChunkSize;
-  absl::StatusOr<std::unique_ptr<BlockStore>> blocks = BlockStore::Open(dir, options);
-  if (!blocks.ok()) return blocks.status();
-  if (absl::Status s = MakeDirectory(dir + "/versions"); !s.ok()) return s;
-  return std::unique_ptr<VersionStore>(new VersionStore(dir, *std::move(blocks), block_bytes));
-}
-
-std::string VersionStore::RecipePath(const std::string& heap, const std::string& name) const {
-  return absl::StrCat(dir_, "/versions/", heap, "/", name, ".recipe");
-}
-
-absl::StatusOr<VersionStats> VersionStore::Create(const std::string& heap, const std::string& name,
-                                                  const v1::HeapInfo& source,
-                                                  const CommittedState& state) {
-  if (absl::Status s = ValidateHeapName(heap); !s.ok()) return s;
-  if (absl::Status s = ValidateHeapName(name, "version"); !s.ok()) return s;
-  const std::string path = RecipePath(heap, name);
+  absl::StatusOr<UniqueFd> versions = MakeDirectoryAt(root, kVersions);
+  if (!versions.ok()) return versions.status();
+  absl::StatusOr<UniqueFd> version = MakeDirectoryAt(versions->get(), part.name);
+  if (!version.ok()) return version.status();
+  absl::StatusOr<UniqueFd> node = MakeDirectoryAt(version->get(), part.node);
+  if (!node.ok()) return node.status();
+  const std::string recipe_name = part.heap + kRecipeSuffix;
   struct stat st;
-  if (stat(path.c_str(), &st) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat("heap ", heap, " has a version ", name));
+  if (fstatat(node->get(), recipe_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
   }
-  v1::StoreRecipe recipe;
-  v1::SnapshotManifest& manifest = *recipe.mutable_manifest();
-  manifest.set_name(name);
-  manifest.set_heap(heap);
-  manifest.set_epoch(state.epoch);
-  manifest.set_data_bytes(state.data_bytes);
-  manifest.set_created_unix_ns(absl::ToUnixNanos(absl::Now()));
-  *manifest.mutable_source() = source;
-  for (const auto& [file, bytes] : state.metadata_files) {
-    (*manifest.mutable_metadata_crc32())[file] = MetadataCrc32(bytes);
-  }
-  // The chunks to store are those of the committed epoch, as its metadata
-  // says (checked as a snapshot's would be).
-  absl::StatusOr<VerifiedSnapshot> verified =
-      VerifySnapshotFiles(path, ManifestToJson(manifest), state.metadata_files, state.data_bytes);
-  if (!verified.ok()) return verified.status();
-  const std::vector<bool> used = UsedChunks(verified->metadata.state);
+  absl::StatusOr<Lease> lease = Lease::Take(root);
+  if (!lease.ok()) return lease.status();
+  BlockStoreOptions options;
+  options.zstd_level = source.zstd_level;
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
+  if (!blocks.ok()) return blocks.status();
 
-  VersionStats stats;
-  auto put = [&](absl::string_view bytes) -> absl::StatusOr<std::string> {
-    absl::StatusOr<BlockStore::Stored> stored = blocks_->Put(bytes);
+  RecipeFile file;
+  file.manifest_json = source.manifest_json;
+  v1::StoreUsage& usage = file.usage;
+  v1::StoreRecipe& recipe = file.recipe;
+  recipe.set_block_bytes(source.block_bytes);
+  recipe.set_data_bytes(source.data_bytes);
+  auto put = [&](absl::string_view bytes, std::string* ids) -> absl::Status {
+    absl::StatusOr<BlockStore::Stored> stored = blocks->Put(bytes);
     if (!stored.ok()) return stored.status();
-    ++stats.blocks;
+    usage.set_blocks(usage.blocks() + 1);
     if (stored->written) {
-      ++stats.blocks_written;
-      stats.stored_bytes += stored->stored_bytes;
+      usage.set_blocks_written(usage.blocks_written() + 1);
+      usage.set_stored_bytes(usage.stored_bytes() + stored->stored_bytes);
     }
-    return stored->id.Hex();
+    ids->append(reinterpret_cast<const char*>(stored->id.hash.data()), kBlockIdBytes);
+    return absl::OkStatus();
   };
-  recipe.set_block_bytes(block_bytes_);
-  std::string block(block_bytes_, '\0');
-  for (uint64_t at = 0; at < state.data_bytes; at += block_bytes_) {
+  const std::string hole(kBlockIdBytes, '\0');
+  std::string& data_ids = *recipe.mutable_data_blocks();
+  std::string block(source.block_bytes, '\0');
+  for (uint64_t at = 0; at < source.data_bytes; at += source.block_bytes) {
     const uint64_t chunk = at / kChunkSize;
-    if (chunk >= used.size() || !used[chunk]) {
-      recipe.add_data_blocks("");  // free at this epoch: never read
+    if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) {
+      data_ids += hole;  // free at this epoch: never read
       continue;
     }
     const size_t length =
-        static_cast<size_t>(std::min<uint64_t>(block_bytes_, state.data_bytes - at));
-    const ssize_t got = pread(state.data_fd, block.data(), length, static_cast<off_t>(at));
-    if (got < 0)
-      return ErrnoStatus(errno, absl::StrCat("read the data of heap ", heap, " at ", at));
-    if (static_cast<size_t>(got) != length) {
-      return absl::DataLossError(absl::StrCat("the data file of heap ", heap, " ends at ", at + got,
-                                              ", before its ", state.data_bytes, " bytes"));
+        static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
+    if (!ReadAll(source.data_fd, block.data(), length, at)) {
+      return ErrnoStatus(errno == 0 ? EIO : errno,
+                         absl::StrCat("read heap ", part.heap, "'s data at ", at));
     }
+    usage.set_hashed_bytes(usage.hashed_bytes() + length);
     const absl::string_view bytes(block.data(), length);
     if (AllZero(bytes)) {
-      recipe.add_data_blocks("");
+      data_ids += hole;
       continue;
     }
-    absl::StatusOr<std::string> id = put(bytes);
-    if (!id.ok()) return id.status();
-    recipe.add_data_blocks(*id);
+    if (absl::Status s = put(bytes, &data_ids); !s.ok()) return s;
   }
-  stats.logical_bytes = state.data_bytes;
-  for (const auto& [file, bytes] : state.metadata_files) {
-    v1::StoreFile& stored = (*recipe.mutable_metadata())[file];
+  usage.set_logical_bytes(source.data_bytes);
+  for (const auto& [name, bytes] : *source.metadata_files) {
+    v1::StoreFile& stored = *recipe.add_metadata();
+    stored.set_name(name);
     stored.set_bytes(bytes.size());
-    stats.logical_bytes += bytes.size();
-    for (uint64_t at = 0; at < bytes.size(); at += block_bytes_) {
-      absl::StatusOr<std::string> id = put(absl::string_view(bytes).substr(at, block_bytes_));
-      if (!id.ok()) return id.status();
-      stored.add_blocks(*id);
+    usage.set_logical_bytes(usage.logical_bytes() + bytes.size());
+    for (uint64_t at = 0; at < bytes.size(); at += source.block_bytes) {
+      if (absl::Status s =
+              put(absl::string_view(bytes).substr(at, source.block_bytes), stored.mutable_blocks());
+          !s.ok()) {
+        return s;
+      }
     }
   }
-  // A recipe Read would refuse is an error now, not at restore.
-  if (recipe.ByteSizeLong() > kMaxRecipeBytes) {
+  if (absl::Status s = blocks->SyncDirectories(); !s.ok()) return s;
+  const std::string encoded = EncodeRecipeFile(file);
+  // A recipe readers would refuse is an error now, not at restore.
+  if (encoded.size() > kMaxRecipeBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "version ", name, " of heap ", heap, " needs a recipe of ", recipe.ByteSizeLong(),
-        " bytes, more than the ", kMaxRecipeBytes, " a store reads (use larger blocks)"));
+        "part ", part.ToString(), " needs a recipe of ", encoded.size(), " bytes, more than the ",
+        kMaxRecipeBytes, " a store reads (use larger blocks)"));
   }
-  // Published last: the blocks it names are durable already. Written under
-  // a random name beside it, then linked to its name: link fails if the
-  // name exists (two nodes creating one version: one wins), also on NFS.
-  const std::string heap_dir = absl::StrCat(dir_, "/versions/", heap);
-  if (absl::Status s = MakeDirectory(heap_dir); !s.ok()) return s;
-  const std::string temporary = absl::StrCat(heap_dir, "/.tmp-", RandomName());
-  absl::Status written = WriteFileDurably(temporary, recipe.SerializeAsString());
-  const int linked = written.ok() ? link(temporary.c_str(), path.c_str()) : -1;
+  // Published last, under a random name first, then linked to its name.
+  const std::string temporary = absl::StrCat(".tmp-", RandomName());
+  if (absl::Status s = WriteNewFileAt(node->get(), temporary, encoded); !s.ok()) return s;
+  const int linked = linkat(node->get(), temporary.c_str(), node->get(), recipe_name.c_str(), 0);
   const int err = errno;
-  unlink(temporary.c_str());
-  if (!written.ok()) return written;
+  unlinkat(node->get(), temporary.c_str(), 0);
   if (linked != 0) {
     if (err == EEXIST) {
-      return absl::AlreadyExistsError(absl::StrCat("heap ", heap, " has a version ", name));
+      return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
     }
-    return ErrnoStatus(err, absl::StrCat("publish ", path));
+    return ErrnoStatus(err, absl::StrCat("publish part ", part.ToString()));
   }
-  if (absl::Status s = SyncDirectory(heap_dir); !s.ok()) return s;
-  return stats;
+  if (fsync(node->get()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("fsync the directory of part ", part.ToString()));
+  }
+  return usage;
 }
 
-absl::StatusOr<v1::StoreRecipe> VersionStore::Read(const std::string& heap,
-                                                   const std::string& name) const {
-  if (absl::Status s = ValidateHeapName(heap); !s.ok()) return s;
-  if (absl::Status s = ValidateHeapName(name, "version"); !s.ok()) return s;
-  const std::string path = RecipePath(heap, name);
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat("recipe ", path, ": ", why));
-  };
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("heap ", heap, " has no version ", name));
+absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool header_only) {
+  if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
+  const std::string where = part.ToString();
+  absl::StatusOr<UniqueFd> versions = OpenDirectoryAt(root, kVersions);
+  absl::StatusOr<UniqueFd> version =
+      versions.ok() ? OpenDirectoryAt(versions->get(), part.name) : versions.status();
+  absl::StatusOr<UniqueFd> node =
+      version.ok() ? OpenDirectoryAt(version->get(), part.node) : version.status();
+  uint64_t size = 0;
+  absl::StatusOr<UniqueFd> fd =
+      node.ok() ? OpenRegularFileAt(node->get(), part.heap + kRecipeSuffix, &size) : node.status();
+  if (!fd.ok()) {
+    if (fd.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat("the store has no part ", where));
     }
-    return ErrnoStatus(errno, absl::StrCat("open ", path));
+    return fd.status();
   }
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxRecipeBytes) {
-    return bad("not a regular file of at most 64 MiB");
+  if (size > kMaxRecipeBytes) {
+    return absl::DataLossError(absl::StrCat("recipe ", where, " is larger than 64 MiB"));
   }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  if (pread(fd.get(), bytes.data(), bytes.size(), 0) != static_cast<ssize_t>(bytes.size())) {
-    return bad("cannot be read whole");
-  }
-  v1::StoreRecipe recipe;
-  if (!recipe.ParseFromString(bytes)) return bad("does not parse");
-  absl::StatusOr<v1::SnapshotManifest> manifest =
-      ParseManifest(ManifestToJson(recipe.manifest()), path);
-  if (!manifest.ok()) return manifest.status();
-  if (recipe.manifest().heap() != heap || recipe.manifest().name() != name) {
-    return bad("names another version");
-  }
-  const uint64_t block = recipe.block_bytes();
-  if (!ValidBlockBytes(block)) return bad(absl::StrCat("a block size of ", block));
-  const uint64_t data_bytes = recipe.manifest().data_bytes();
-  if (static_cast<uint64_t>(recipe.data_blocks_size()) != (data_bytes + block - 1) / block) {
-    return bad(absl::StrCat(recipe.data_blocks_size(), " data blocks for ", data_bytes, " bytes"));
-  }
-  auto check = [&](const std::string& id) { return id.empty() || BlockId::FromHex(id).ok(); };
-  for (const std::string& id : recipe.data_blocks()) {
-    if (!check(id)) return bad("a data block's name is not a block name");
-  }
-  uint64_t metadata_bytes = 0;
-  for (const auto& [file, stored] : recipe.metadata()) {
-    metadata_bytes += stored.bytes();
-    if (!IsMetadataFileName(file) || recipe.manifest().metadata_crc32().count(file) == 0 ||
-        metadata_bytes > kMaxMetadataBytes ||
-        static_cast<uint64_t>(stored.blocks_size()) != (stored.bytes() + block - 1) / block) {
-      return bad(absl::StrCat("its metadata file '", file.substr(0, 64), "' does not fit"));
+  uint64_t length = size;
+  if (header_only) {
+    char head[12];
+    if (size < sizeof(head) || !ReadAll(fd->get(), head, sizeof(head), 0)) {
+      return absl::DataLossError(absl::StrCat("recipe ", where, ": not a recipe file"));
     }
-    for (const std::string& id : stored.blocks()) {
-      if (id.empty() || !check(id)) return bad("a metadata block's name is not a block name");
-    }
+    absl::StatusOr<uint64_t> header =
+        RecipeHeaderBytes(absl::string_view(head, sizeof(head)), where);
+    if (!header.ok()) return header.status();
+    length = std::min(size, *header);
   }
-  return recipe;
+  std::string bytes(static_cast<size_t>(length), '\0');
+  if (!ReadAll(fd->get(), bytes.data(), bytes.size(), 0)) {
+    return absl::DataLossError(absl::StrCat("recipe ", where, " cannot be read whole"));
+  }
+  return bytes;
 }
 
-absl::Status VersionStore::Checkout(const std::string& heap, const std::string& name,
-                                    const std::string& target, uint64_t max_data_bytes) const {
-  // Built under a random name beside the target and renamed to it whole: a
-  // failure leaves nothing under the target's name.
-  const std::string partial = absl::StrCat(target, ".partial-", RandomName());
-  absl::Status built = CheckoutInto(heap, name, partial, max_data_bytes);
-  if (built.ok() &&
-      renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
-    built = ErrnoStatus(errno, absl::StrCat("rename the checkout to ", target));
+absl::StatusOr<std::vector<PartRef>> ListParts(int root, const std::string& name,
+                                               size_t max_parts) {
+  std::vector<PartRef> parts;
+  absl::StatusOr<UniqueFd> versions = OpenDirectoryAt(root, kVersions);
+  if (!versions.ok()) {
+    if (versions.status().code() == absl::StatusCode::kNotFound) return parts;  // empty store
+    return versions.status();
   }
-  if (!built.ok()) {
-    std::error_code ignored;
-    std::filesystem::remove_all(partial, ignored);
+  std::vector<std::string> names{name};
+  if (name.empty()) {
+    absl::StatusOr<std::vector<std::string>> all = ListDirectory(versions->get(), kMaxEntries);
+    if (!all.ok()) return all.status();
+    names = *std::move(all);
   }
-  return built;
+  for (const std::string& version : names) {
+    absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(versions->get(), version);
+    if (!dir.ok()) {
+      if (!name.empty())
+        return absl::NotFoundError(absl::StrCat("the store has no version ", name));
+      continue;
+    }
+    absl::StatusOr<std::vector<std::string>> nodes = ListDirectory(dir->get(), kMaxEntries);
+    if (!nodes.ok()) return nodes.status();
+    for (const std::string& node : *nodes) {
+      absl::StatusOr<UniqueFd> node_dir = OpenDirectoryAt(dir->get(), node);
+      if (!node_dir.ok()) continue;
+      absl::StatusOr<std::vector<std::string>> files = ListDirectory(node_dir->get(), kMaxEntries);
+      if (!files.ok()) return files.status();
+      for (const std::string& file : *files) {
+        if (!absl::EndsWith(file, kRecipeSuffix)) continue;
+        PartRef part{version, node, file.substr(0, file.size() - (sizeof(kRecipeSuffix) - 1))};
+        if (!ValidatePartRef(part).ok()) continue;
+        if (parts.size() == max_parts) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("the store has more than ", max_parts, " parts"));
+        }
+        parts.push_back(std::move(part));
+      }
+    }
+  }
+  return parts;
 }
 
-absl::Status VersionStore::CheckoutInto(const std::string& heap, const std::string& name,
-                                        const std::string& target, uint64_t max_data_bytes) const {
-  absl::StatusOr<v1::StoreRecipe> recipe = Read(heap, name);
-  if (!recipe.ok()) return recipe.status();
-  if (recipe->manifest().data_bytes() > max_data_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "version ", name, " of heap ", heap, " holds ", recipe->manifest().data_bytes(),
-        " bytes of data, more than the ", max_data_bytes, " allowed"));
+absl::Status RemovePart(int root, const PartRef& part) {
+  if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
+  absl::StatusOr<UniqueFd> versions = OpenDirectoryAt(root, kVersions);
+  absl::StatusOr<UniqueFd> version =
+      versions.ok() ? OpenDirectoryAt(versions->get(), part.name) : versions.status();
+  absl::StatusOr<UniqueFd> node =
+      version.ok() ? OpenDirectoryAt(version->get(), part.node) : version.status();
+  const std::string recipe = part.heap + kRecipeSuffix;
+  if (!node.ok() || unlinkat(node->get(), recipe.c_str(), 0) != 0) {
+    if (!node.ok() ? node.status().code() == absl::StatusCode::kNotFound : errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("the store has no part ", part.ToString()));
+    }
+    return node.ok() ? ErrnoStatus(errno, absl::StrCat("remove part ", part.ToString()))
+                     : node.status();
   }
-  if (mkdir(target.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("make ", target));
-  auto block = [&](const std::string& hex) -> absl::StatusOr<std::string> {
-    absl::StatusOr<std::string> bytes = blocks_->Get(*BlockId::FromHex(hex));
+  if (fsync(node->get()) != 0) return ErrnoStatus(errno, "fsync after removing a part");
+  // Empty directories go (another node may be adding a part: then rmdir
+  // fails, or its mkdirat is retried by its create's next step failing).
+  if (unlinkat(version->get(), part.node.c_str(), AT_REMOVEDIR) == 0) {
+    (void)unlinkat(versions->get(), part.name.c_str(), AT_REMOVEDIR);
+    (void)fsync(versions->get());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int data_fd,
+                         const std::string& what, MessageSink& out) {
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root);
+  if (!blocks.ok()) return blocks.status();
+  for (const WantedBlock& block : wanted) {
+    absl::StatusOr<std::string> bytes = blocks->Get(block.id);
     if (bytes.status().code() == absl::StatusCode::kNotFound) {
-      return absl::DataLossError(absl::StrCat("version ", name, " of heap ", heap, " names block ",
-                                              hex, ", which the store lacks"));
-    }
-    if (bytes.ok() && bytes->size() > recipe->block_bytes()) {
       return absl::DataLossError(
-          absl::StrCat("block ", hex, " is larger than its recipe's blocks"));
+          absl::StrCat(what, " names block ", block.id.Hex(), ", which the store lacks"));
     }
-    return bytes;
-  };
-  std::map<std::string, std::string> metadata_files;
-  for (const auto& [file, stored] : recipe->metadata()) {
-    std::string bytes;
-    for (const std::string& hex : stored.blocks()) {
-      absl::StatusOr<std::string> got = block(hex);
-      if (!got.ok()) return got.status();
-      bytes += *got;
+    if (!bytes.ok()) return bytes.status();
+    if (block.offset < 0) {
+      std::string message(1, 'b');
+      message.append(reinterpret_cast<const char*>(block.id.hash.data()), kBlockIdBytes);
+      message += *bytes;
+      if (absl::Status s = out.Send(message); !s.ok()) return s;
+      continue;
     }
-    if (bytes.size() != stored.bytes()) {
-      return absl::DataLossError(absl::StrCat("version ", name, " of heap ", heap, ": file ", file,
-                                              " has ", bytes.size(), " bytes, not ",
-                                              stored.bytes()));
+    if (bytes->size() != block.length) {
+      return absl::DataLossError(absl::StrCat(what, ": the data block at ", block.offset, " has ",
+                                              bytes->size(), " bytes, not ", block.length));
     }
-    if (absl::Status s = WriteFileDurably(absl::StrCat(target, "/", file), bytes); !s.ok()) {
-      return s;
+    if (data_fd >= 0 && pwrite(data_fd, bytes->data(), bytes->size(), block.offset) !=
+                            static_cast<ssize_t>(bytes->size())) {
+      return ErrnoStatus(errno, absl::StrCat("write the data of ", what));
     }
-    metadata_files[file] = std::move(bytes);
   }
-  const std::string manifest_json = ManifestToJson(recipe->manifest());
-  const uint64_t data_bytes = recipe->manifest().data_bytes();
-  // The whole snapshot checked as any other before its data is written.
-  absl::StatusOr<VerifiedSnapshot> verified =
-      VerifySnapshotFiles(target, manifest_json, metadata_files, data_bytes);
-  if (!verified.ok()) return verified.status();
-  const std::string data_path = absl::StrCat(target, "/", kSnapshotDataFile);
-  UniqueFd data(
-      open(data_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!data.valid() || ftruncate(data.get(), static_cast<off_t>(data_bytes)) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("make ", data_path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GcStoreResponse> CollectGarbage(int root, const GcOptions& options) {
+  // The store's own clock: the time of a file made now (a shared file
+  // system stamps it as it stamps blocks).
+  absl::StatusOr<UniqueFd> leases = MakeDirectoryAt(root, kLeases);
+  if (!leases.ok()) return leases.status();
+  const std::string probe = absl::StrCat("gc-", RandomName());
+  if (absl::Status s = WriteNewFileAt(leases->get(), probe, ""); !s.ok()) return s;
+  absl::Cleanup remove_probe = [&] { unlinkat(leases->get(), probe.c_str(), 0); };
+  struct stat st;
+  if (fstatat(leases->get(), probe.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return ErrnoStatus(errno, "stat gc's probe");
   }
-  uint64_t at = 0;
-  for (const std::string& hex : recipe->data_blocks()) {
-    const uint64_t length = std::min<uint64_t>(recipe->block_bytes(), data_bytes - at);
-    if (!hex.empty()) {
-      absl::StatusOr<std::string> bytes = block(hex);
-      if (!bytes.ok()) return bytes.status();
-      if (bytes->size() != length) {
-        return absl::DataLossError(absl::StrCat("version ", name, " of heap ", heap,
-                                                ": the data block at ", at, " has ", bytes->size(),
-                                                " bytes, not ", length));
-      }
-      if (pwrite(data.get(), bytes->data(), bytes->size(), static_cast<off_t>(at)) !=
-          static_cast<ssize_t>(bytes->size())) {
-        return ErrnoStatus(errno, absl::StrCat("write ", data_path));
-      }
+  const int64_t now = ModifiedNs(st);
+  const int64_t grace = absl::ToInt64Nanoseconds(options.grace);
+  const int64_t expiry = absl::ToInt64Nanoseconds(options.lease_expiry);
+  // First the creates in flight, then the recipes: a create that publishes
+  // after the listing below began after its lease was seen.
+  int64_t cutoff = now - grace;
+  absl::StatusOr<std::vector<std::string>> held = ListDirectory(leases->get(), kMaxEntries);
+  if (!held.ok()) return held.status();
+  for (const std::string& lease : *held) {
+    if (lease == probe || fstatat(leases->get(), lease.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      continue;
     }
-    at += length;
+    if (ModifiedNs(st) < now - expiry) {
+      if (!options.dry_run) unlinkat(leases->get(), lease.c_str(), 0);  // a crashed create's
+      continue;
+    }
+    cutoff = std::min(cutoff, ModifiedNs(st) - grace);
   }
-  if (fsync(data.get()) != 0) return ErrnoStatus(errno, absl::StrCat("sync ", data_path));
-  if (absl::Status s = WriteFileDurably(absl::StrCat(target, "/", kManifestFile), manifest_json);
-      !s.ok()) {
-    return s;
+  v1::GcStoreResponse result;
+  std::set<BlockId> named;
+  absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, "", options.max_parts);
+  if (!parts.ok()) return parts.status();
+  for (const PartRef& part : *parts) {
+    absl::StatusOr<RecipeFile> recipe = ReadRecipe(root, part);
+    if (recipe.status().code() == absl::StatusCode::kNotFound) continue;  // removed meanwhile
+    // A recipe that cannot be read stops gc: its blocks are not swept.
+    if (!recipe.ok()) return recipe.status();
+    CollectIds(recipe->recipe, &named);
+    result.set_versions(result.versions() + 1);
   }
-  return SyncDirectory(target);
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root);
+  if (!blocks.ok()) return blocks.status();
+  using Kind = BlockStore::Kind;
+  std::vector<BlockStore::Entry> candidates;
+  absl::Status listed = blocks->ForEach([&](const BlockStore::Entry& entry) {
+    const bool is_named = entry.kind != Kind::kTemporary && named.count(entry.id) != 0;
+    if (entry.kind == Kind::kAside && (is_named || entry.modified_ns >= cutoff)) {
+      // A crashed gc's, marked or named since: back in place.
+      return options.dry_run ? absl::OkStatus() : blocks->PutBack(entry);
+    }
+    if (is_named) {
+      result.set_blocks_kept(result.blocks_kept() + 1);
+    } else if (entry.modified_ns >= cutoff) {
+      if (entry.kind == Kind::kBlock) result.set_blocks_young(result.blocks_young() + 1);
+    } else {
+      candidates.push_back(entry);
+    }
+    return absl::OkStatus();
+  });
+  if (!listed.ok()) return listed;
+  for (const BlockStore::Entry& entry : candidates) {
+    bool removed = true;
+    if (options.dry_run) {
+    } else if (entry.kind != Kind::kBlock) {
+      // Leftovers of a crashed writer or gc, old and unnamed.
+      if (absl::Status s = blocks->Remove(entry); !s.ok()) return s;
+    } else {
+      absl::StatusOr<bool> gone = blocks->RemoveUnlessMarked(entry, cutoff);
+      if (!gone.ok()) return gone.status();
+      removed = *gone;
+    }
+    if (entry.kind == Kind::kTemporary) continue;  // not counted as blocks
+    if (removed) {
+      result.set_blocks_removed(result.blocks_removed() + 1);
+      result.set_bytes_removed(result.bytes_removed() + entry.bytes);
+    } else {
+      result.set_blocks_young(result.blocks_young() + 1);
+    }
+  }
+  if (absl::Status s = blocks->SyncDirectories(); !s.ok()) return s;
+  return result;
+}
+
+absl::StatusOr<StoreTotals> AddUpUsage(int root, size_t max_parts, std::vector<PartUsage>* parts) {
+  absl::StatusOr<std::vector<PartRef>> refs = ListParts(root, "", max_parts);
+  if (!refs.ok()) return refs.status();
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root);
+  if (!blocks.ok()) return blocks.status();
+  std::map<BlockId, uint32_t> parts_naming;
+  std::vector<std::set<BlockId>> ids;
+  for (const PartRef& ref : *refs) {
+    absl::StatusOr<std::string> bytes = ReadRecipeFile(root, ref, /*header_only=*/false);
+    if (bytes.status().code() == absl::StatusCode::kNotFound) continue;
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<RecipeFile> recipe = DecodeRecipeFile(*bytes, ref.ToString());
+    if (!recipe.ok()) return recipe.status();
+    PartUsage part;
+    part.part = ref;
+    absl::StatusOr<uint64_t> header = RecipeHeaderBytes(*bytes, ref.ToString());
+    part.header = bytes->substr(0, *header);
+    part.usage = recipe->usage;
+    std::set<BlockId> named;
+    CollectIds(recipe->recipe, &named);
+    for (const BlockId& id : named) ++parts_naming[id];
+    ids.push_back(std::move(named));
+    parts->push_back(std::move(part));
+  }
+  std::map<BlockId, uint64_t> sizes;
+  for (const auto& [id, count] : parts_naming) {
+    absl::StatusOr<uint64_t> size = blocks->StoredBytes(id);
+    sizes[id] = size.ok() ? *size : 0;  // a missing block: verify says which
+  }
+  for (size_t i = 0; i < parts->size(); ++i) {
+    v1::StoreUsage& usage = (*parts)[i].usage;
+    uint64_t stored = 0, exclusive = 0;
+    for (const BlockId& id : ids[i]) {
+      stored += sizes[id];
+      if (parts_naming[id] == 1) exclusive += sizes[id];
+    }
+    usage.set_blocks(ids[i].size());
+    usage.set_stored_bytes(stored);
+    usage.set_exclusive_bytes(exclusive);
+  }
+  StoreTotals totals;
+  absl::Status listed = blocks->ForEach([&](const BlockStore::Entry& entry) {
+    if (entry.kind != BlockStore::Kind::kBlock) return absl::OkStatus();
+    totals.stored_bytes += entry.bytes;
+    ++totals.blocks;
+    return absl::OkStatus();
+  });
+  if (!listed.ok()) return listed;
+  return totals;
 }
 
 }  // namespace heapd

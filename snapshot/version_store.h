@@ -1,74 +1,106 @@
-// VersionStore: versions of heaps in a snapshot store directory (issue 12):
-// blocks in a BlockStore, and one recipe per version naming them
-// (v1::StoreRecipe at versions/HEAP/NAME.recipe). A version is made from a
-// heap's committed state: the chunks free at that epoch are never read or
-// stored, blocks of zeros are holes, and a block the store already has is
-// not written again (versions share their unchanged blocks). A recipe is
-// published (linked to its name) once every block it names is durable, so
-// a crashed create leaves no version, only blocks no recipe names.
+// VersionStore: the work done inside a snapshot store directory (issue 12;
+// layout in snapshot/store_recipe.h) — storing a heap's committed state as
+// one part of a version, reading recipes, fetching blocks, listing,
+// removing, collecting garbage, adding up usage — relative to the store's
+// root descriptor. It takes no lock, logs nothing and parses no JSON, so a
+// RunAs child may run it with the caller's rights (util/run_as.h);
+// snapshot/store_snapshots.h decides what to run and checks what returns.
 //
-// A version checks out to an ordinary snapshot directory (manifest.json,
-// metadata files, data), which the rest of heapd restores or attaches in
-// place with its usual checks. Nothing read from the store is trusted:
-// recipes are size-capped and checked, blocks are checked by BlockStore,
-// and the checked-out snapshot is verified as any other.
+// Atomic publication: a part's blocks are durable before its recipe is
+// linked to its name (link fails if the name exists: two nodes storing one
+// part, one wins), so a crashed create leaves no part, only blocks no
+// recipe names (and a lease that expires).
 //
-// Not yet (issue 12's next steps): hashing skipped for chunks known
-// unchanged, gc, job groups, the RPCs and heapctl --store.
+// Garbage collection is safe against creates in flight, on any node:
+//   - a create writes a lease file (leases/RANDOM) before its first block
+//     and removes it after publishing; gc keeps every block modified after
+//     the oldest live lease began (less a grace for clock skew), so blocks
+//     a create wrote and has not yet named stay;
+//   - a create that finds a block present sets its modification time; gc
+//     first renames an unnamed old block aside, then looks at its time
+//     again: a block marked meanwhile is renamed back, and a create whose
+//     mark came after the rename fails to mark it and writes it anew.
+//   Leases older than lease_expiry are taken as crashed creates.
 #ifndef HEAPD_SNAPSHOT_VERSION_STORE_H_
 #define HEAPD_SNAPSHOT_VERSION_STORE_H_
 
-#include <memory>
+#include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
-#include "heap/heap.h"
+#include "absl/time/time.h"
 #include "proto/heapd.pb.h"
 #include "snapshot/block_store.h"
+#include "snapshot/store_recipe.h"
+#include "util/run_as.h"
 
 namespace heapd {
 
-struct VersionStats {
-  uint64_t logical_bytes = 0;   // the data file and metadata files
-  uint64_t blocks = 0;          // blocks the version names (holes not counted)
-  uint64_t blocks_written = 0;  // of those, new to the store
-  uint64_t stored_bytes = 0;    // compressed bytes this version added
+// A heap's committed state as a part to store.
+struct PartSource {
+  PartRef part;
+  std::string manifest_json;
+  int data_fd = -1;  // read only at the blocks of used chunks
+  uint64_t data_bytes = 0;
+  std::vector<bool> used_chunks;  // by 2 MiB chunk; unused: a hole, not read
+  const std::map<std::string, std::string>* metadata_files = nullptr;
+  uint32_t block_bytes = kDefaultBlockBytes;
+  int zstd_level = 3;
 };
 
-class VersionStore {
- public:
-  // The store in `dir` (made if missing). `block_bytes`: the block size of
-  // versions made from now on (a power of two, 64 KiB to 2 MiB).
-  static absl::StatusOr<std::unique_ptr<VersionStore>> Open(const std::string& dir,
-                                                            uint32_t block_bytes = 1 << 20);
+// Stores `source`; ALREADY_EXISTS if the part exists.
+absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source);
 
-  // Stores `state` (a heap's committed state: PersistentHeap::
-  // WithCommittedState) as version `name` of heap `heap` described by
-  // `source`. ALREADY_EXISTS if the heap has a version of that name.
-  absl::StatusOr<VersionStats> Create(const std::string& heap, const std::string& name,
-                                      const v1::HeapInfo& source, const CommittedState& state);
+// The whole recipe file of `part` (at most kMaxRecipeBytes, unchecked), or
+// with `header_only` its header, manifest and usage. NOT_FOUND if absent.
+absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool header_only);
 
-  // The recipe of version `name` of `heap`, checked.
-  absl::StatusOr<v1::StoreRecipe> Read(const std::string& heap, const std::string& name) const;
+// The parts of version `name`, or of every version if `name` is empty
+// (at most `max_parts`: RESOURCE_EXHAUSTED beyond). Entries that are not
+// parts are left out.
+absl::StatusOr<std::vector<PartRef>> ListParts(int root, const std::string& name, size_t max_parts);
 
-  // Writes version `name` of `heap` as a snapshot directory at `target`
-  // (which must not exist), checked whole before it returns;
-  // RESOURCE_EXHAUSTED if its data file would exceed `max_data_bytes`.
-  absl::Status Checkout(const std::string& heap, const std::string& name, const std::string& target,
-                        uint64_t max_data_bytes) const;
+// Removes the part's recipe (its blocks stay until gc) and the version's
+// directories once empty. NOT_FOUND if absent.
+absl::Status RemovePart(int root, const PartRef& part);
 
- private:
-  VersionStore(std::string dir, std::unique_ptr<BlockStore> blocks, uint32_t block_bytes)
-      : dir_(std::move(dir)), blocks_(std::move(blocks)), block_bytes_(block_bytes) {}
-  std::string RecipePath(const std::string& heap, const std::string& name) const;
-  // Checkout's work, into `target`.
-  absl::Status CheckoutInto(const std::string& heap, const std::string& name,
-                            const std::string& target, uint64_t max_data_bytes) const;
-
-  const std::string dir_;
-  const std::unique_ptr<BlockStore> blocks_;
-  const uint32_t block_bytes_;
+// A block to fetch: written to the data file at `offset` (its size must
+// be `length`), or, with offset -1, sent as a message: 'b', its raw id,
+// its bytes.
+struct WantedBlock {
+  BlockId id;
+  int64_t offset = -1;
+  uint64_t length = 0;
 };
+// Reads each block (checked: snapshot/block_store.h); with data_fd -1 only
+// checks them. DATA_LOSS naming
+// `what` if one is missing or wrong.
+absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int data_fd,
+                         const std::string& what, MessageSink& out);
+
+struct GcOptions {
+  absl::Duration grace = absl::Minutes(10);
+  absl::Duration lease_expiry = absl::Hours(24);
+  bool dry_run = false;
+  size_t max_parts = 1 << 20;
+};
+absl::StatusOr<v1::GcStoreResponse> CollectGarbage(int root, const GcOptions& options);
+
+// Every part's header bytes (its recipe file up to the block list) with
+// its usage in the store: stored_bytes (the blocks it names) and
+// exclusive_bytes (those no other part names); and the store's totals.
+struct PartUsage {
+  PartRef part;
+  std::string header;  // as ReadRecipeFile(header_only)
+  v1::StoreUsage usage;
+};
+struct StoreTotals {
+  uint64_t stored_bytes = 0;  // every block file
+  uint64_t blocks = 0;
+};
+absl::StatusOr<StoreTotals> AddUpUsage(int root, size_t max_parts, std::vector<PartUsage>* parts);
 
 }  // namespace heapd
 

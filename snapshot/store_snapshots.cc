@@ -1,0 +1,653 @@
+#include "snapshot/store_snapshots.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "allocator/size_class.h"
+#include "heap/data_file.h"
+#include "heap/heap_name.h"
+#include "snapshot/block_store.h"
+#include "snapshot/snapshot_format.h"
+#include "snapshot/version_store.h"
+
+namespace heapd {
+namespace {
+
+// What work in a store sends back, one message each; the first byte says
+// what it is.
+constexpr char kUsageMessage = 'u';   // v1::StoreUsage
+constexpr char kPartMessage = 'p';    // name\0node\0heap\0 recipe header [usage override]
+constexpr char kRecipeMessage = 'r';  // name\0node\0heap\0 whole recipe file
+constexpr char kBlockMessage = 'b';   // raw id, bytes (FetchBlocks)
+constexpr char kTotalsMessage = 't';  // stored bytes u64, blocks u64
+constexpr char kGcMessage = 'g';      // v1::GcStoreResponse
+
+std::string Tagged(char kind, const PartRef& part) {
+  std::string out(1, kind);
+  for (const std::string* field : {&part.name, &part.node, &part.heap}) {
+    out += *field;
+    out.push_back('\0');
+  }
+  return out;
+}
+
+// Splits a Tagged message: the part, and what follows.
+bool ParseTagged(absl::string_view in, PartRef* part, absl::string_view* rest) {
+  in.remove_prefix(1);
+  for (std::string* field : {&part->name, &part->node, &part->heap}) {
+    const size_t zero = in.find('\0');
+    if (zero == absl::string_view::npos) return false;
+    *field = std::string(in.substr(0, zero));
+    in.remove_prefix(zero + 1);
+  }
+  *rest = in;
+  return ValidatePartRef(*part).ok();
+}
+
+absl::Status Malformed(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": malformed answer from its worker"));
+}
+
+std::string Describe(const PartSelector& which) {
+  std::string out = absl::StrCat("version ", which.name);
+  if (!which.node.empty()) absl::StrAppend(&out, " node ", which.node);
+  if (!which.heap.empty()) absl::StrAppend(&out, " heap ", which.heap);
+  return absl::StrCat(out, " in ", which.store_dir);
+}
+
+bool Matches(const PartRef& part, const PartSelector& which) {
+  return (which.node.empty() || part.node == which.node) &&
+         (which.heap.empty() || part.heap == which.heap);
+}
+
+// The one part `which` means (in a child: no logging, no JSON).
+absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std::string& this_node,
+                                 size_t max_parts) {
+  absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
+  if (!parts.ok()) return parts.status();
+  std::vector<PartRef> matching;
+  for (const PartRef& part : *parts) {
+    if (Matches(part, which)) matching.push_back(part);
+  }
+  if (matching.size() > 1 && which.node.empty()) {
+    std::vector<PartRef> here;
+    for (const PartRef& part : matching) {
+      if (part.node == this_node) here.push_back(part);
+    }
+    if (here.size() == 1) matching = here;
+  }
+  if (matching.size() == 1) return matching[0];
+  if (matching.empty()) {
+    return absl::NotFoundError(absl::StrCat("the store has no part matching ", Describe(which)));
+  }
+  std::vector<std::string> names;
+  for (const PartRef& part : matching) names.push_back(absl::StrCat(part.node, "/", part.heap));
+  return absl::FailedPreconditionError(absl::StrCat(Describe(which), " has ", matching.size(),
+                                                    " parts (", absl::StrJoin(names, ", "),
+                                                    "); name one by its node and heap"));
+}
+
+bool ReadAll(int fd, char* out, size_t length, uint64_t at) {
+  while (length > 0) {
+    const ssize_t n = pread(fd, out, length, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    out += n;
+    length -= static_cast<size_t>(n);
+    at += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+bool WriteAllAt(int fd, absl::string_view bytes, uint64_t at) {
+  return pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at)) ==
+         static_cast<ssize_t>(bytes.size());
+}
+
+// The chunks the committed epoch uses (small chunk records, large runs).
+std::vector<bool> UsedChunks(const Checkpoint& state) {
+  std::vector<bool> used(state.capacity_chunks, false);
+  for (const ChunkRecord& record : state.chunks) {
+    const uint64_t length = record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
+    for (uint64_t c = record.chunk; c < record.chunk + length && c < used.size(); ++c) {
+      used[c] = true;
+    }
+  }
+  return used;
+}
+
+}  // namespace
+
+struct StoreSnapshots::ReadPart {
+  PartRef part;
+  std::string manifest_json;
+  v1::SnapshotManifest manifest;
+  std::map<std::string, std::string> metadata_files;
+  uint64_t fetched_blocks = 0;
+};
+
+absl::StatusOr<std::unique_ptr<StoreSnapshots>> StoreSnapshots::Open(
+    SnapshotStore* snapshots, StoreSnapshotsOptions options) {
+  if (absl::Status s = ValidateHeapName(options.node, "node"); !s.ok()) return s;
+  if (!ValidBlockBytes(options.block_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a block size of ", options.block_bytes,
+                     " bytes is not a power of two from 64 KiB to 2 MiB"));
+  }
+  UniqueFd cache;
+  if (!options.cache_dir.empty()) {
+    if (mkdir(options.cache_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, absl::StrCat("create block cache ", options.cache_dir));
+    }
+    cache.reset(open(options.cache_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st;
+    if (!cache.valid() || fstat(cache.get(), &st) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("open block cache ", options.cache_dir));
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("block cache ", options.cache_dir,
+                                                        " must be this user's and no one else's"));
+    }
+  }
+  std::unique_ptr<StoreSnapshots> store(
+      new StoreSnapshots(snapshots, std::move(options), std::move(cache)));
+  if (store->cache_.valid()) {
+    absl::StatusOr<BlockStore> blocks = BlockStore::At(store->cache_.get());
+    if (!blocks.ok()) return blocks.status();
+    uint64_t bytes = 0;
+    absl::Status counted = blocks->ForEach([&](const BlockStore::Entry& entry) {
+      if (entry.kind != BlockStore::Kind::kBlock) return blocks->Remove(entry);
+      bytes += entry.bytes;
+      return absl::OkStatus();
+    });
+    if (!counted.ok()) return counted;
+    store->cache_bytes_ = bytes;
+    store->TrimCache();
+  }
+  return store;
+}
+
+absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
+    const SnapshotCaller& caller, PersistentHeap& heap, const std::string& heap_name,
+    const v1::HeapInfo& source, const std::string& store_dir, const std::string& name,
+    const std::map<std::string, std::string>& labels) {
+  const PartRef part{name, options_.node, heap_name};
+  if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
+  if (absl::Status s = ValidateLabels(labels); !s.ok()) return s;
+  const std::string what = absl::StrCat("store part ", part.ToString(), " in ", store_dir);
+  const absl::Time start = absl::Now();
+  v1::SnapshotManifest manifest;
+  manifest.set_name(name);
+  manifest.set_heap(heap_name);
+  manifest.mutable_labels()->insert(labels.begin(), labels.end());
+  *manifest.mutable_source() = source;
+  manifest.set_created_by_uid(caller.credentials.uid);
+  manifest.set_node(options_.node);
+  absl::Status status = heap.WithCommittedState([&](const CommittedState& state) -> absl::Status {
+    manifest.set_epoch(state.epoch);
+    manifest.set_data_bytes(state.data_bytes);
+    manifest.set_created_unix_ns(absl::ToUnixNanos(absl::Now()));
+    for (const auto& [file, bytes] : state.metadata_files) {
+      (*manifest.mutable_metadata_crc32())[file] = MetadataCrc32(bytes);
+    }
+    PartSource stored;
+    stored.part = part;
+    stored.manifest_json = ManifestToJson(manifest);
+    // The chunks to store are those of the committed epoch, as its
+    // metadata says (checked as a snapshot's would be).
+    absl::StatusOr<VerifiedSnapshot> verified =
+        VerifySnapshotFiles(what, stored.manifest_json, state.metadata_files, state.data_bytes);
+    if (!verified.ok()) return verified.status();
+    stored.used_chunks = UsedChunks(verified->metadata.state);
+    // The child gets only a read-only descriptor of the heap's data.
+    absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
+    if (!data.ok()) return data.status();
+    UniqueFd data_fd(*data);
+    stored.data_fd = data_fd.get();
+    stored.data_bytes = state.data_bytes;
+    stored.metadata_files = &state.metadata_files;
+    stored.block_bytes = options_.block_bytes;
+    stored.zstd_level = options_.zstd_level;
+    absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+        caller, store_dir, {data_fd.get()}, what, [&](int root, MessageSink& out) -> absl::Status {
+          absl::StatusOr<v1::StoreUsage> usage = WritePart(root, stored);
+          if (!usage.ok()) return usage.status();
+          return out.Send(std::string(1, kUsageMessage) + usage->SerializeAsString());
+        });
+    if (!messages.ok()) return messages.status();
+    if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
+        (*messages)[0].bytes[0] != kUsageMessage ||
+        !manifest.mutable_store()->ParseFromString((*messages)[0].bytes.substr(1))) {
+      return Malformed(what);
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  manifest.mutable_store()->set_duration_us(absl::ToInt64Microseconds(absl::Now() - start));
+  return manifest;
+}
+
+absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::List(const SnapshotCaller& caller,
+                                                                       const std::string& store_dir,
+                                                                       const std::string& name) {
+  const std::string what = absl::StrCat("list store ", store_dir);
+  const size_t max_parts = options_.max_parts;
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+        absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, name, max_parts);
+        if (!parts.ok()) return parts.status();
+        for (const PartRef& part : *parts) {
+          absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true);
+          if (!header.ok()) continue;  // removed meanwhile, or damaged: left out
+          if (absl::Status s = out.Send(Tagged(kPartMessage, part) + *header); !s.ok()) return s;
+        }
+        return absl::OkStatus();
+      });
+  if (!messages.ok()) return messages.status();
+  std::vector<v1::SnapshotManifest> manifests;
+  for (const ChildMessage& message : *messages) {
+    PartRef part;
+    absl::string_view header;
+    if (message.bytes.empty() || message.bytes[0] != kPartMessage ||
+        !ParseTagged(message.bytes, &part, &header)) {
+      return Malformed(what);
+    }
+    absl::StatusOr<RecipeFile> file =
+        DecodeRecipeFile(header, part.ToString(), /*header_only=*/true);
+    if (!file.ok()) continue;
+    absl::StatusOr<v1::SnapshotManifest> manifest =
+        ParseManifest(file->manifest_json, part.ToString());
+    if (!manifest.ok() || manifest->name() != part.name || manifest->heap() != part.heap ||
+        manifest->node() != part.node) {
+      continue;  // damaged or misplaced: left out, as damaged snapshots are
+    }
+    *manifest->mutable_store() = file->usage;
+    manifests.push_back(*std::move(manifest));
+  }
+  std::sort(manifests.begin(), manifests.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.name(), a.node(), a.heap()) < std::tie(b.name(), b.node(), b.heap());
+  });
+  return manifests;
+}
+
+absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const SnapshotCaller& caller,
+                                                                   const PartSelector& which,
+                                                                   int data_fd,
+                                                                   uint64_t max_data_bytes) {
+  const std::string what = absl::StrCat("read ", Describe(which));
+  const std::string this_node = options_.node;
+  const size_t max_parts = options_.max_parts;
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+        absl::StatusOr<PartRef> part = PickPart(root, which, this_node, max_parts);
+        if (!part.ok()) return part.status();
+        absl::StatusOr<std::string> recipe = ReadRecipeFile(root, *part, /*header_only=*/false);
+        if (!recipe.ok()) return recipe.status();
+        return out.Send(Tagged(kRecipeMessage, *part) + *recipe);
+      });
+  if (!messages.ok()) return messages.status();
+  ReadPart read;
+  absl::string_view bytes;
+  if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
+      (*messages)[0].bytes[0] != kRecipeMessage ||
+      !ParseTagged((*messages)[0].bytes, &read.part, &bytes) || !Matches(read.part, which)) {
+    return Malformed(what);
+  }
+  const std::string where = absl::StrCat("part ", read.part.ToString(), " in ", which.store_dir);
+  absl::StatusOr<RecipeFile> file = DecodeRecipeFile(bytes, where);
+  if (!file.ok()) return file.status();
+  messages->clear();
+  absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(file->manifest_json, where);
+  if (!manifest.ok()) return manifest.status();
+  const v1::StoreRecipe& recipe = file->recipe;
+  if (manifest->name() != read.part.name || manifest->heap() != read.part.heap ||
+      manifest->node() != read.part.node || manifest->data_bytes() != recipe.data_bytes()) {
+    return absl::DataLossError(absl::StrCat(where, ": its manifest describes another part"));
+  }
+  if (recipe.data_bytes() > max_data_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(where, " holds ", recipe.data_bytes(),
+                                                     " bytes of data; at most ", max_data_bytes,
+                                                     " are allowed here"));
+  }
+  read.manifest_json = std::move(file->manifest_json);
+  read.manifest = *std::move(manifest);
+  read.manifest.set_node(read.part.node);
+  *read.manifest.mutable_store() = file->usage;
+
+  // What to fetch: what the cache lacks (everything, to verify), each
+  // block once; data blocks the cache has are written now.
+  const bool use_cache = data_fd >= 0 && cache_.valid();
+  std::optional<BlockStore> cache;
+  if (use_cache) {
+    absl::StatusOr<BlockStore> opened = BlockStore::At(cache_.get());
+    if (!opened.ok()) return opened.status();
+    cache.emplace(*std::move(opened));
+  }
+  std::map<BlockId, std::string> metadata_blocks;
+  std::vector<WantedBlock> wanted;
+  std::map<BlockId, uint64_t> first_offset;  // data blocks fetched: where the first one went
+  std::vector<std::pair<uint64_t, BlockId>> copies;  // further offsets of fetched blocks
+  for (const v1::StoreFile& stored : recipe.metadata()) {
+    for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
+      const BlockId id = BlockId::FromRaw(PackedId(stored.blocks(), i).data());
+      if (metadata_blocks.count(id) != 0) continue;
+      absl::StatusOr<std::string> cached =
+          use_cache ? cache->Get(id) : absl::NotFoundError("no cache");
+      if (cached.ok()) {
+        metadata_blocks[id] = *std::move(cached);
+      } else {
+        metadata_blocks[id];  // wanted once
+        wanted.push_back({id, -1, 0});
+      }
+    }
+  }
+  if (data_fd >= 0 && ftruncate(data_fd, static_cast<off_t>(recipe.data_bytes())) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("size the data file restored from ", where));
+  }
+  const uint64_t block_bytes = recipe.block_bytes();
+  for (size_t i = 0; i * kBlockIdBytes < recipe.data_blocks().size(); ++i) {
+    const BlockId id = BlockId::FromRaw(PackedId(recipe.data_blocks(), i).data());
+    if (id.IsZero()) continue;
+    const uint64_t at = i * block_bytes;
+    const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
+    if (auto first = first_offset.find(id); first != first_offset.end()) {
+      copies.emplace_back(at, id);
+      continue;
+    }
+    absl::StatusOr<std::string> cached = use_cache ? cache->Get(id) : absl::NotFoundError("");
+    if (cached.ok() && cached->size() == length) {
+      if (!WriteAllAt(data_fd, *cached, at)) {
+        return ErrnoStatus(errno, absl::StrCat("write the data restored from ", where));
+      }
+      continue;
+    }
+    first_offset[id] = at;
+    wanted.push_back({id, static_cast<int64_t>(at), length});
+  }
+  read.fetched_blocks = wanted.size();
+  std::vector<int> keep;
+  if (data_fd >= 0) keep.push_back(data_fd);
+  messages = snapshots_->RunIn(caller, which.store_dir, keep, what,
+                               [&](int root, MessageSink& out) -> absl::Status {
+                                 return FetchBlocks(root, wanted, data_fd, where, out);
+                               });
+  if (!messages.ok()) return messages.status();
+  for (ChildMessage& message : *messages) {
+    if (message.bytes.size() < 1 + kBlockIdBytes || message.bytes[0] != kBlockMessage) {
+      return Malformed(what);
+    }
+    const BlockId id = BlockId::FromRaw(message.bytes.data() + 1);
+    auto slot = metadata_blocks.find(id);
+    absl::string_view block = absl::string_view(message.bytes).substr(1 + kBlockIdBytes);
+    if (slot == metadata_blocks.end() || BlockId::Of(block) != id) return Malformed(what);
+    if (use_cache) {
+      if (absl::Status s = Cache(id, block); !s.ok()) return s;
+    }
+    slot->second = std::string(block);
+  }
+  for (const v1::StoreFile& stored : recipe.metadata()) {
+    std::string& bytes = read.metadata_files[stored.name()];
+    for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
+      bytes += metadata_blocks[BlockId::FromRaw(PackedId(stored.blocks(), i).data())];
+    }
+    if (bytes.size() != stored.bytes()) {
+      return absl::DataLossError(absl::StrCat(where, ": its file ", stored.name(), " has ",
+                                              bytes.size(), " bytes, not ", stored.bytes()));
+    }
+  }
+  if (data_fd < 0) return read;
+  // Fetched blocks enter the cache only as heapd itself hashed them.
+  std::string block;
+  for (const auto& [id, at] : first_offset) {
+    if (!use_cache && copies.empty()) break;
+    const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
+    block.resize(length);
+    if (!ReadAll(data_fd, block.data(), length, at)) {
+      return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
+    }
+    if (use_cache) {
+      if (absl::Status s = Cache(id, block); !s.ok()) return s;
+    }
+  }
+  for (const auto& [at, id] : copies) {
+    const uint64_t from = first_offset[id];
+    const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
+    block.resize(length);
+    if (!ReadAll(data_fd, block.data(), length, from) || !WriteAllAt(data_fd, block, at)) {
+      return ErrnoStatus(errno, absl::StrCat("copy a repeated block restored from ", where));
+    }
+  }
+  if (fdatasync(data_fd) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("sync the data restored from ", where));
+  }
+  return read;
+}
+
+absl::Status StoreSnapshots::Cache(const BlockId& id, absl::string_view bytes) {
+  absl::StatusOr<BlockStore> cache = BlockStore::At(cache_.get());
+  if (!cache.ok()) return cache.status();
+  absl::StatusOr<BlockStore::Stored> stored = cache->Put(bytes);
+  if (!stored.ok()) return stored.status();
+  if (stored->id != id) {
+    return absl::DataLossError(
+        absl::StrCat("block ", id.Hex(), " read from the store does not have its hash"));
+  }
+  if (absl::Status s = cache->SyncDirectories(); !s.ok()) return s;
+  if (stored->written &&
+      cache_bytes_.fetch_add(stored->stored_bytes) + stored->stored_bytes > options_.cache_bytes) {
+    TrimCache();
+  }
+  return absl::OkStatus();
+}
+
+void StoreSnapshots::TrimCache() {
+  absl::MutexLock lock(&trim_mu_);
+  if (cache_bytes_.load() <= options_.cache_bytes) return;
+  absl::StatusOr<BlockStore> cache = BlockStore::At(cache_.get());
+  if (!cache.ok()) return;
+  std::vector<BlockStore::Entry> entries;
+  uint64_t total = 0;
+  (void)cache->ForEach([&](const BlockStore::Entry& entry) {
+    if (entry.kind == BlockStore::Kind::kBlock) {
+      entries.push_back(entry);
+      total += entry.bytes;
+    }
+    return absl::OkStatus();
+  });
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.modified_ns < b.modified_ns; });
+  // Down to 90%: a trim is a scan; not one per block.
+  const uint64_t goal = options_.cache_bytes / 10 * 9;
+  for (const BlockStore::Entry& entry : entries) {
+    if (total <= goal) break;
+    if (cache->Remove(entry).ok()) total -= entry.bytes;
+  }
+  cache_bytes_ = total;
+}
+
+absl::StatusOr<std::vector<PartRef>> StoreSnapshots::Parts(const SnapshotCaller& caller,
+                                                           const PartSelector& which) {
+  const std::string what = absl::StrCat("list ", Describe(which));
+  const size_t max_parts = options_.max_parts;
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+        absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
+        if (!parts.ok()) return parts.status();
+        for (const PartRef& part : *parts) {
+          if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
+        }
+        return absl::OkStatus();
+      });
+  if (!messages.ok()) return messages.status();
+  std::vector<PartRef> parts;
+  for (const ChildMessage& message : *messages) {
+    PartRef part;
+    absl::string_view rest;
+    if (message.bytes.empty() || message.bytes[0] != kPartMessage ||
+        !ParseTagged(message.bytes, &part, &rest) || !rest.empty()) {
+      return Malformed(what);
+    }
+    if (Matches(part, which)) parts.push_back(std::move(part));
+  }
+  if (parts.empty()) {
+    return absl::NotFoundError(absl::StrCat("the store has no part matching ", Describe(which)));
+  }
+  return parts;
+}
+
+absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
+    const SnapshotCaller& caller, const PartSelector& which) {
+  absl::StatusOr<std::vector<PartRef>> parts = Parts(caller, which);
+  if (!parts.ok()) return parts.status();
+  std::vector<v1::SnapshotManifest> verified;
+  for (const PartRef& part : *parts) {
+    absl::StatusOr<ReadPart> read =
+        ReadWhole(caller, {which.store_dir, part.name, part.node, part.heap}, -1, kMaxHeapBytes);
+    if (!read.ok()) return read.status();
+    const std::string where = absl::StrCat("part ", part.ToString(), " in ", which.store_dir);
+    absl::StatusOr<VerifiedSnapshot> checked = VerifySnapshotFiles(
+        where, read->manifest_json, read->metadata_files, read->manifest.data_bytes());
+    if (!checked.ok()) return checked.status();
+    verified.push_back(std::move(read->manifest));
+  }
+  return verified;
+}
+
+absl::StatusOr<size_t> StoreSnapshots::Remove(const SnapshotCaller& caller,
+                                              const PartSelector& which) {
+  const std::string what = absl::StrCat("remove ", Describe(which));
+  const size_t max_parts = options_.max_parts;
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+        absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
+        if (!parts.ok()) return parts.status();
+        for (const PartRef& part : *parts) {
+          if (!Matches(part, which)) continue;
+          if (absl::Status s = RemovePart(root, part); !s.ok()) return s;
+          if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
+        }
+        return absl::OkStatus();
+      });
+  if (!messages.ok()) return messages.status();
+  if (messages->empty()) {
+    return absl::NotFoundError(absl::StrCat("the store has no part matching ", Describe(which)));
+  }
+  return messages->size();
+}
+
+absl::StatusOr<std::unique_ptr<RestoredHeapDir>> StoreSnapshots::Restore(
+    const SnapshotCaller& caller, const PartSelector& which, const std::string& heaps_dir,
+    const std::string& heap_name, const RestoreOptions& options, v1::SnapshotManifest* manifest) {
+  uint64_t fetched = 0;
+  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored = snapshots_->RestoreWith(
+      caller, Describe(which), /*own_dir=*/false,
+      [&](int data_fd) -> absl::StatusOr<SnapshotStore::RestoreSource> {
+        absl::StatusOr<ReadPart> read = ReadWhole(caller, which, data_fd, options.max_bytes);
+        if (!read.ok()) return read.status();
+        fetched = read->fetched_blocks;
+        SnapshotStore::RestoreSource source;
+        source.manifest_json = std::move(read->manifest_json);
+        source.metadata_files = std::move(read->metadata_files);
+        source.data_bytes = read->manifest.data_bytes();
+        return source;
+      },
+      heaps_dir, heap_name, options, manifest);
+  if (restored.ok()) manifest->mutable_store()->set_fetched_blocks(fetched);
+  return restored;
+}
+
+absl::StatusOr<v1::GcStoreResponse> StoreSnapshots::CollectGarbage(
+    const SnapshotCaller& caller, const std::string& store_dir, std::optional<absl::Duration> grace,
+    bool dry_run) {
+  GcOptions gc;
+  if (grace.has_value()) gc.grace = *grace;
+  gc.dry_run = dry_run;
+  gc.max_parts = options_.max_parts;
+  const std::string what = absl::StrCat("gc store ", store_dir);
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+        absl::StatusOr<v1::GcStoreResponse> result = heapd::CollectGarbage(root, gc);
+        if (!result.ok()) return result.status();
+        return out.Send(std::string(1, kGcMessage) + result->SerializeAsString());
+      });
+  if (!messages.ok()) return messages.status();
+  v1::GcStoreResponse response;
+  if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
+      (*messages)[0].bytes[0] != kGcMessage ||
+      !response.ParseFromString((*messages)[0].bytes.substr(1))) {
+    return Malformed(what);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::StoreUsageResponse> StoreSnapshots::Usage(const SnapshotCaller& caller,
+                                                             const std::string& store_dir) {
+  const std::string what = absl::StrCat("du store ", store_dir);
+  const size_t max_parts = options_.max_parts;
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+        std::vector<PartUsage> parts;
+        absl::StatusOr<StoreTotals> totals = AddUpUsage(root, max_parts, &parts);
+        if (!totals.ok()) return totals.status();
+        for (const PartUsage& part : parts) {
+          const std::string usage = part.usage.SerializeAsString();
+          std::string message = Tagged(kPartMessage, part.part) + part.header;
+          // The usage in the store follows, after a zero byte.
+          if (absl::Status s = out.Send(message + std::string(1, '\0') + usage); !s.ok()) return s;
+        }
+        std::string message(1, kTotalsMessage);
+        message.append(reinterpret_cast<const char*>(&totals->stored_bytes), 8);
+        message.append(reinterpret_cast<const char*>(&totals->blocks), 8);
+        return out.Send(message);
+      });
+  if (!messages.ok()) return messages.status();
+  v1::StoreUsageResponse response;
+  bool totals_seen = false;
+  for (const ChildMessage& message : *messages) {
+    if (!message.bytes.empty() && message.bytes[0] == kTotalsMessage &&
+        message.bytes.size() == 17) {
+      uint64_t stored = 0, blocks = 0;
+      std::memcpy(&stored, message.bytes.data() + 1, 8);
+      std::memcpy(&blocks, message.bytes.data() + 9, 8);
+      response.set_stored_bytes(stored);
+      response.set_blocks(blocks);
+      totals_seen = true;
+      continue;
+    }
+    PartRef part;
+    absl::string_view rest;
+    if (message.bytes.empty() || message.bytes[0] != kPartMessage ||
+        !ParseTagged(message.bytes, &part, &rest)) {
+      return Malformed(what);
+    }
+    absl::StatusOr<uint64_t> header_bytes = RecipeHeaderBytes(rest, part.ToString());
+    if (!header_bytes.ok() || rest.size() < *header_bytes + 1) return Malformed(what);
+    absl::StatusOr<RecipeFile> file =
+        DecodeRecipeFile(rest.substr(0, *header_bytes), part.ToString(), /*header_only=*/true);
+    if (!file.ok()) return file.status();
+    absl::StatusOr<v1::SnapshotManifest> manifest =
+        ParseManifest(file->manifest_json, part.ToString());
+    if (!manifest.ok()) return manifest.status();
+    v1::StoreUsage usage;
+    if (!usage.ParseFromString(std::string(rest.substr(*header_bytes + 1)))) return Malformed(what);
+    manifest->set_node(part.node);
+    *manifest->mutable_store() = usage;
+    response.set_logical_bytes(response.logical_bytes() + usage.logical_bytes());
+    *response.add_parts() = *std::move(manifest);
+  }
+  if (!totals_seen) return Malformed(what);
+  return response;
+}
+
+}  // namespace heapd
