@@ -7,6 +7,8 @@
 //   heapctl snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]
 //   heapctl snapshot ls [--to=DIR] | snapshot verify NAME [--to=DIR] | snapshot rm NAME [--to=DIR]
 //   heapctl snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]
+//   heapctl snapshot create|ls|verify|rm|restore ... --store=DIR [--from_node=N] [--from_heap=H]
+//   heapctl snapshot gc --store=DIR [--grace_s=N] [--dry_run] | snapshot du --store=DIR
 //
 // Output is a table for people, or the response as JSON (protobuf's JSON
 // mapping of heapd.v1) with --json. On error: one line on stderr naming the
@@ -41,6 +43,15 @@ ABSL_FLAG(bool, keep_owner, false,
           "snapshot restore (admins): the heap keeps the snapshot's owner, group and mode "
           "instead of belonging to the caller");
 ABSL_FLAG(std::string, to, "", "snapshot: target directory (default: heapd's own)");
+ABSL_FLAG(std::string, store, "",
+          "snapshot: a snapshot store (incremental, deduplicated versions) instead of --to");
+ABSL_FLAG(std::string, from_node, "",
+          "snapshot verify/rm/restore --store: the part of this node (default: every part; "
+          "restore: the only one, or this node's)");
+ABSL_FLAG(std::string, from_heap, "", "snapshot verify/rm/restore --store: the part of this heap");
+ABSL_FLAG(int64_t, grace_s, -1,
+          "snapshot gc: keep blocks younger than this many seconds (default: heapd's, 600)");
+ABSL_FLAG(bool, dry_run, false, "snapshot gc: count what would be removed, remove nothing");
 ABSL_FLAG(std::vector<std::string>, label, {}, "snapshot create: KEY=VALUE labels");
 ABSL_FLAG(uint32_t, wait_ms, 10000, "snapshot create: how long to wait for writers to sync");
 
@@ -59,7 +70,10 @@ constexpr char kUsage[] =
     "  snapshot ls [--to=DIR] [--quiet]\n"
     "  snapshot verify NAME [--to=DIR]\n"
     "  snapshot rm NAME [--to=DIR]\n"
-    "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]";
+    "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]\n"
+    "  snapshot create|ls|verify|rm|restore ... --store=DIR [--from_node=NODE] [--from_heap=HEAP]\n"
+    "  snapshot gc --store=DIR [--grace_s=N] [--dry_run]\n"
+    "  snapshot du --store=DIR";
 
 const char* BackingName(v1::BackingKind kind) {
   switch (kind) {
@@ -136,6 +150,24 @@ void PrintClients(const google::protobuf::RepeatedPtrField<v1::ClientInfo>& clie
                 static_cast<unsigned long long>(c.session()), c.heap().c_str(), c.uid(), c.gid(),
                 c.pid(), c.read_only() ? "ro" : "rw", c.leased_chunks(),
                 Time(c.attached_unix_ns()).c_str(), c.connected() ? "" : " (no fd yet)");
+  }
+}
+
+// Parts of store versions: listed (what each create stored) or with du's
+// usage in the store (the bytes of the blocks each names, and of those no
+// other part names).
+void PrintStoreParts(const google::protobuf::RepeatedPtrField<v1::SnapshotManifest>& parts,
+                     bool with_exclusive) {
+  std::printf("%-24s %-16s %-24s %8s %10s %10s %10s %-19s\n", "VERSION", "NODE", "HEAP", "EPOCH",
+              "LOGICAL", "STORED", with_exclusive ? "EXCLUSIVE" : "NEW", "CREATED");
+  for (const v1::SnapshotManifest& m : parts) {
+    const v1::StoreUsage& usage = m.store();
+    std::printf("%-24s %-16s %-24s %8llu %10s %10s %10s %-19s\n", m.name().c_str(),
+                m.node().c_str(), m.heap().c_str(), static_cast<unsigned long long>(m.epoch()),
+                Bytes(usage.logical_bytes()).c_str(), Bytes(usage.stored_bytes()).c_str(),
+                with_exclusive ? Bytes(usage.exclusive_bytes()).c_str()
+                               : absl::StrCat(usage.blocks_written(), "/", usage.blocks()).c_str(),
+                Time(m.created_unix_ns()).c_str());
   }
 }
 
@@ -275,6 +307,7 @@ int Run(const std::vector<std::string>& args) {
     request.set_heap(args[2]);
     request.set_name(args[3]);
     request.set_target_dir(absl::GetFlag(FLAGS_to));
+    request.set_store_dir(absl::GetFlag(FLAGS_store));
     request.set_wait_ms(absl::GetFlag(FLAGS_wait_ms));
     for (const std::string& label : absl::GetFlag(FLAGS_label)) {
       const size_t equals = label.find('=');
@@ -286,6 +319,19 @@ int Run(const std::vector<std::string>& args) {
       return Fail(s);
     }
     if (json) return PrintJson(manifest);
+    if (!request.store_dir().empty()) {
+      const v1::StoreUsage& usage = manifest.store();
+      std::printf(
+          "part %s/%s/%s at epoch %llu: %s logical, %s hashed, %llu of %llu blocks new, %s "
+          "stored, %.3f s\n",
+          manifest.name().c_str(), manifest.node().c_str(), manifest.heap().c_str(),
+          static_cast<unsigned long long>(manifest.epoch()), Bytes(usage.logical_bytes()).c_str(),
+          Bytes(usage.hashed_bytes()).c_str(),
+          static_cast<unsigned long long>(usage.blocks_written()),
+          static_cast<unsigned long long>(usage.blocks()), Bytes(usage.stored_bytes()).c_str(),
+          usage.duration_us() / 1e6);
+      return 0;
+    }
     std::printf("snapshot %s of heap %s at epoch %llu (%s, %s copied)\n", manifest.name().c_str(),
                 manifest.heap().c_str(), static_cast<unsigned long long>(manifest.epoch()),
                 manifest.copy_method().c_str(), Bytes(manifest.bytes_written()).c_str());
@@ -294,6 +340,7 @@ int Run(const std::vector<std::string>& args) {
   if (what == "snapshot ls") {
     v1::ListSnapshotsRequest request;
     request.set_target_dir(absl::GetFlag(FLAGS_to));
+    request.set_store_dir(absl::GetFlag(FLAGS_store));
     v1::ListSnapshotsResponse response;
     if (absl::Status s = FromGrpc(stub.ListSnapshots(&context, request, &response)); !s.ok()) {
       return Fail(s);
@@ -301,8 +348,16 @@ int Run(const std::vector<std::string>& args) {
     if (json) return PrintJson(response);
     if (absl::GetFlag(FLAGS_quiet)) {
       for (const v1::SnapshotManifest& m : response.snapshots()) {
-        std::printf("%s %s\n", m.name().c_str(), m.heap().c_str());
+        if (request.store_dir().empty()) {
+          std::printf("%s %s\n", m.name().c_str(), m.heap().c_str());
+        } else {
+          std::printf("%s %s %s\n", m.name().c_str(), m.node().c_str(), m.heap().c_str());
+        }
       }
+      return 0;
+    }
+    if (!request.store_dir().empty()) {
+      PrintStoreParts(response.snapshots(), /*with_exclusive=*/false);
       return 0;
     }
     std::printf("%-24s %-24s %8s %10s %-8s %-19s %s\n", "SNAPSHOT", "HEAP", "EPOCH", "SIZE",
@@ -326,6 +381,9 @@ int Run(const std::vector<std::string>& args) {
     request.set_heap(absl::GetFlag(FLAGS_heap));
     request.set_replace(absl::GetFlag(FLAGS_replace));
     request.set_keep_owner(absl::GetFlag(FLAGS_keep_owner));
+    request.set_store_dir(absl::GetFlag(FLAGS_store));
+    request.set_from_node(absl::GetFlag(FLAGS_from_node));
+    request.set_from_heap(absl::GetFlag(FLAGS_from_heap));
     v1::HeapInfo info;
     if (absl::Status s = FromGrpc(stub.RestoreSnapshot(&context, request, &info)); !s.ok()) {
       return Fail(s);
@@ -340,6 +398,9 @@ int Run(const std::vector<std::string>& args) {
     v1::SnapshotRef ref;
     ref.set_target_dir(absl::GetFlag(FLAGS_to));
     ref.set_name(args[2]);
+    ref.set_store_dir(absl::GetFlag(FLAGS_store));
+    ref.set_node(absl::GetFlag(FLAGS_from_node));
+    ref.set_heap(absl::GetFlag(FLAGS_from_heap));
     if (what == "snapshot rm") {
       v1::RemoveSnapshotResponse response;
       if (absl::Status s = FromGrpc(stub.RemoveSnapshot(&context, ref, &response)); !s.ok()) {
@@ -354,7 +415,51 @@ int Run(const std::vector<std::string>& args) {
       return Fail(s);
     }
     if (json) return PrintJson(manifest);
+    if (!ref.store_dir().empty()) {
+      std::printf("version %s verified: every block's hash, the metadata and the sizes match\n",
+                  args[2].c_str());
+      return 0;
+    }
     std::printf("snapshot %s verified: metadata checksums and data size match\n", args[2].c_str());
+    return 0;
+  }
+  if (what == "snapshot gc") {
+    v1::GcStoreRequest request;
+    request.set_store_dir(absl::GetFlag(FLAGS_store));
+    if (const int64_t grace = absl::GetFlag(FLAGS_grace_s); grace >= 0) {
+      request.set_grace_s(static_cast<uint32_t>(std::min<int64_t>(grace, UINT32_MAX)));
+    }
+    request.set_dry_run(absl::GetFlag(FLAGS_dry_run));
+    v1::GcStoreResponse response;
+    if (absl::Status s = FromGrpc(stub.GcStore(&context, request, &response)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(response);
+    std::printf("%s %llu blocks (%s); kept %llu named by %llu parts and %llu young\n",
+                request.dry_run() ? "would remove" : "removed",
+                static_cast<unsigned long long>(response.blocks_removed()),
+                Bytes(response.bytes_removed()).c_str(),
+                static_cast<unsigned long long>(response.blocks_kept()),
+                static_cast<unsigned long long>(response.versions()),
+                static_cast<unsigned long long>(response.blocks_young()));
+    return 0;
+  }
+  if (what == "snapshot du") {
+    v1::StoreUsageRequest request;
+    request.set_store_dir(absl::GetFlag(FLAGS_store));
+    v1::StoreUsageResponse response;
+    if (absl::Status s = FromGrpc(stub.StoreUsage(&context, request, &response)); !s.ok()) {
+      return Fail(s);
+    }
+    if (json) return PrintJson(response);
+    PrintStoreParts(response.parts(), /*with_exclusive=*/true);
+    std::printf("total: %s logical in %zu parts, %s stored in %llu blocks (%.1fx)\n",
+                Bytes(response.logical_bytes()).c_str(), static_cast<size_t>(response.parts_size()),
+                Bytes(response.stored_bytes()).c_str(),
+                static_cast<unsigned long long>(response.blocks()),
+                response.stored_bytes() == 0
+                    ? 0.0
+                    : static_cast<double>(response.logical_bytes()) / response.stored_bytes());
     return 0;
   }
   return Usage("unknown command '" + what + "'");

@@ -41,6 +41,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
+#include "snapshot/store_snapshots.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -76,6 +77,16 @@ ABSL_FLAG(uint64_t, max_snapshot_reading_bytes, uint64_t{1} << 30,
           "a call that would pass it fails and may be tried again");
 ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
           "longest a snapshot operation in a caller's directory may run before it is killed");
+ABSL_FLAG(std::string, node_name, "",
+          "this node's name in the parts it adds to snapshot store versions (default: the "
+          "host name up to its first dot)");
+ABSL_FLAG(uint32_t, store_block_bytes, heapd::kDefaultBlockBytes,
+          "block size of snapshot store versions this heapd creates: a power of two from 64 KiB "
+          "to 2 MiB (docs/performance.md, B9)");
+ABSL_FLAG(int, store_zstd_level, 3, "zstd level of the blocks this heapd writes to stores");
+ABSL_FLAG(uint64_t, store_cache_bytes, uint64_t{1} << 30,
+          "bytes of blocks heapd keeps in its node-local cache (STATE_DIR/block-cache) so that "
+          "restores read from a store only what the node lacks; 0: no cache");
 // Per-user limits (daemon/limits.h); root is not limited.
 ABSL_FLAG(uint32_t, max_heaps_per_user, heapd::UserLimits().heaps, "heaps a user may own");
 ABSL_FLAG(uint64_t, max_heap_bytes_per_user, heapd::UserLimits().heap_bytes,
@@ -240,6 +251,23 @@ int Run() {
     spdlog::critical("{}", snapshots.status().ToString());
     return 1;
   }
+  StoreSnapshotsOptions versions_options;
+  versions_options.node = absl::GetFlag(FLAGS_node_name);
+  if (versions_options.node.empty()) {
+    char host[256] = {};
+    (void)gethostname(host, sizeof(host) - 1);
+    versions_options.node = std::string(host, strcspn(host, "."));
+  }
+  versions_options.block_bytes = absl::GetFlag(FLAGS_store_block_bytes);
+  versions_options.zstd_level = absl::GetFlag(FLAGS_store_zstd_level);
+  versions_options.cache_bytes = absl::GetFlag(FLAGS_store_cache_bytes);
+  if (versions_options.cache_bytes != 0) versions_options.cache_dir = state_dir + "/block-cache";
+  absl::StatusOr<std::unique_ptr<StoreSnapshots>> versions =
+      StoreSnapshots::Open(snapshots->get(), versions_options);
+  if (!versions.ok()) {
+    spdlog::critical("{} (--node_name, --store_block_bytes)", versions.status().ToString());
+    return 1;
+  }
   const std::string grpc_path = runtime_dir + "/" + kGrpcSocketName;
   const std::string fd_path = runtime_dir + "/" + kFdSocketName;
   absl::StatusOr<int> grpc_fd = ListenUnix(grpc_path);
@@ -287,7 +315,7 @@ int Run() {
   options.limits = limits;
   options.stop_fd = stop_fd;
   HeapdService service(
-      heaps->get(), &sessions, snapshots->get(), &metrics,
+      heaps->get(), &sessions, snapshots->get(), versions->get(), &metrics,
       [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);
   HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

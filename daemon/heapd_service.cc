@@ -543,20 +543,39 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
       }
       v1::HeapInfo source;
       FillInfo(**served, /*with_usage=*/true, &source);
+      const std::map<std::string, std::string> labels(request->labels().begin(),
+                                                      request->labels().end());
+      const SnapshotCaller who = SnapshotCallerOf(caller, context);
       absl::StatusOr<v1::SnapshotManifest> manifest =
-          snapshots_->Create(SnapshotCallerOf(caller, context), *(*served)->heap, (*served)->name,
-                             source, {request->target_dir(), request->name()},
-                             {request->labels().begin(), request->labels().end()});
+          request->store_dir().empty()
+              ? snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
+                                   {request->target_dir(), request->name()}, labels)
+              : store_snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
+                                         request->store_dir(), request->name(), labels);
       if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
+      if (!request->store_dir().empty()) {
+        const v1::StoreUsage& usage = response->store();
+        spdlog::info(
+            "part {}/{}/{} of heap {} at epoch {} stored by {} in {}: {} logical bytes, {} of "
+            "{} blocks new ({} bytes stored)",
+            request->name(), response->node(), request->heap(), request->heap(), response->epoch(),
+            caller.ToString(), request->store_dir(), usage.logical_bytes(), usage.blocks_written(),
+            usage.blocks(), usage.stored_bytes());
+        return absl::OkStatus();
+      }
       spdlog::info("snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied)",
                    request->name(), request->heap(), response->epoch(), caller.ToString(),
                    request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
                    response->copy_method(), response->bytes_written());
       return absl::OkStatus();
     }();
-    metrics_->CountSnapshot(status, absl::ToDoubleSeconds(absl::Now() - start),
-                            response->bytes_written());
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (request->store_dir().empty()) {
+      metrics_->CountSnapshot(status, seconds, response->bytes_written());
+    } else {
+      metrics_->CountStoreSnapshot(status, seconds, response->store());
+    }
     if (!status.ok()) {
       spdlog::warn("snapshot {} of heap {} by {} failed: {}", request->name(), request->heap(),
                    caller.ToString(), status.ToString());
@@ -572,7 +591,9 @@ grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     absl::StatusOr<std::vector<v1::SnapshotManifest>> snapshots =
-        snapshots_->List(SnapshotCallerOf(caller, context), request->target_dir());
+        request->store_dir().empty()
+            ? snapshots_->List(SnapshotCallerOf(caller, context), request->target_dir())
+            : store_snapshots_->List(SnapshotCallerOf(caller, context), request->store_dir(), "");
     if (!snapshots.ok()) return snapshots.status();
     for (v1::SnapshotManifest& manifest : *snapshots) {
       *response->add_snapshots() = std::move(manifest);
@@ -587,6 +608,26 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
   return Serve(context, "VerifySnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
+    if (!request->store_dir().empty()) {
+      absl::StatusOr<std::vector<v1::SnapshotManifest>> parts = store_snapshots_->Verify(
+          SnapshotCallerOf(caller, context),
+          {request->store_dir(), request->name(), request->node(), request->heap()});
+      if (!parts.ok()) return parts.status();
+      // One part: its manifest; several (a job's): the version's name and
+      // their usage added up.
+      *response = parts->front();
+      if (parts->size() > 1) {
+        response->clear_node();
+        response->clear_heap();
+        v1::StoreUsage total;
+        for (const v1::SnapshotManifest& part : *parts) {
+          total.set_logical_bytes(total.logical_bytes() + part.store().logical_bytes());
+          total.set_blocks(total.blocks() + part.store().blocks());
+        }
+        *response->mutable_store() = total;
+      }
+      return absl::OkStatus();
+    }
     absl::StatusOr<v1::SnapshotManifest> manifest =
         snapshots_->Verify(SnapshotCallerOf(caller, context),
                            {request->target_dir(), request->name()}, SnapshotBytesAllowed(caller));
@@ -602,6 +643,15 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
   return Serve(context, "RemoveSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
+    if (!request->store_dir().empty()) {
+      absl::StatusOr<size_t> removed = store_snapshots_->Remove(
+          SnapshotCallerOf(caller, context),
+          {request->store_dir(), request->name(), request->node(), request->heap()});
+      if (!removed.ok()) return removed.status();
+      spdlog::info("{} part(s) of version {} in {} removed by {}", *removed, request->name(),
+                   request->store_dir(), caller.ToString());
+      return absl::OkStatus();
+    }
     if (absl::Status s = snapshots_->Remove(SnapshotCallerOf(caller, context),
                                             {request->target_dir(), request->name()});
         !s.ok()) {
@@ -636,10 +686,21 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
                                                     : heaps_->HeapBytesLeft(caller.uid));
     // Copied and checked whole with no lock held.
     v1::SnapshotManifest manifest;
+    const SnapshotCaller who = SnapshotCallerOf(caller, context);
+    const std::string building = request->heap().empty() ? "heap" : request->heap();
+    const absl::Time start = absl::Now();
     absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored =
-        snapshots_->Restore(SnapshotCallerOf(caller, context),
-                            {request->target_dir(), request->name()}, heaps_->heaps_dir(),
-                            request->heap().empty() ? "heap" : request->heap(), options, &manifest);
+        request->store_dir().empty()
+            ? snapshots_->Restore(who, {request->target_dir(), request->name()},
+                                  heaps_->heaps_dir(), building, options, &manifest)
+            : store_snapshots_->Restore(who,
+                                        {request->store_dir(), request->name(),
+                                         request->from_node(), request->from_heap()},
+                                        heaps_->heaps_dir(), building, options, &manifest);
+    if (!request->store_dir().empty()) {
+      metrics_->CountStoreRestore(restored.status(), absl::ToDoubleSeconds(absl::Now() - start),
+                                  manifest.store().fetched_blocks());
+    }
     if (!restored.ok()) return CountIfLimited(restored.status());
     const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
     const HeapConfig& config = (*restored)->config();
@@ -670,10 +731,51 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
         heaps_->AddRestored(*std::move(reserved), **restored);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
+    if (!request->store_dir().empty()) {
+      spdlog::info(
+          "heap {} restored by {} from part {}/{}/{} in {} (epoch {}, owner uid {}, {} blocks "
+          "read from the store)",
+          heap, caller.ToString(), request->name(), manifest.node(), manifest.heap(),
+          request->store_dir(), info->epoch(), config.owner_uid, manifest.store().fetched_blocks());
+      return absl::OkStatus();
+    }
     spdlog::info("heap {} restored by {} from snapshot {} in {} (epoch {}, owner uid {})", heap,
                  caller.ToString(), request->name(),
                  request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
                  info->epoch(), config.owner_uid);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::GcStore(grpc::ServerContext* context, const v1::GcStoreRequest* request,
+                                   v1::GcStoreResponse* response) {
+  return Serve(context, "GcStore", *request, [&](const Caller& caller) -> absl::Status {
+    SnapshotCallSlot slot(this, caller);
+    if (!slot.status().ok()) return slot.status();
+    std::optional<absl::Duration> grace;
+    if (request->has_grace_s()) grace = absl::Seconds(request->grace_s());
+    absl::StatusOr<v1::GcStoreResponse> result = store_snapshots_->CollectGarbage(
+        SnapshotCallerOf(caller, context), request->store_dir(), grace, request->dry_run());
+    if (!result.ok()) return result.status();
+    *response = *std::move(result);
+    spdlog::info("gc of store {} by {}{}: {} blocks ({} bytes) removed, {} kept, {} young",
+                 request->store_dir(), caller.ToString(), request->dry_run() ? " (dry run)" : "",
+                 response->blocks_removed(), response->bytes_removed(), response->blocks_kept(),
+                 response->blocks_young());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status HeapdService::StoreUsage(grpc::ServerContext* context,
+                                      const v1::StoreUsageRequest* request,
+                                      v1::StoreUsageResponse* response) {
+  return Serve(context, "StoreUsage", *request, [&](const Caller& caller) -> absl::Status {
+    SnapshotCallSlot slot(this, caller);
+    if (!slot.status().ok()) return slot.status();
+    absl::StatusOr<v1::StoreUsageResponse> usage =
+        store_snapshots_->Usage(SnapshotCallerOf(caller, context), request->store_dir());
+    if (!usage.ok()) return usage.status();
+    *response = *std::move(usage);
     return absl::OkStatus();
   });
 }

@@ -24,6 +24,7 @@
 #include "daemon/sessions.h"
 #include "proto/heapd.grpc.pb.h"
 #include "snapshot/snapshot_store.h"
+#include "snapshot/store_snapshots.h"
 
 namespace heapd {
 
@@ -39,11 +40,13 @@ class HeapdService final : public v1::Heapd::Service {
  public:
   using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
 
-  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotStore* snapshots, Metrics* metrics,
-               CallerLookup caller_of, ServiceOptions options)
+  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotStore* snapshots,
+               StoreSnapshots* store_snapshots, Metrics* metrics, CallerLookup caller_of,
+               ServiceOptions options)
       : heaps_(heaps),
         sessions_(sessions),
         snapshots_(snapshots),
+        store_snapshots_(store_snapshots),
         metrics_(metrics),
         caller_of_(std::move(caller_of)),
         options_(options) {}
@@ -78,6 +81,10 @@ class HeapdService final : public v1::Heapd::Service {
                               v1::SnapshotManifest*) override;
   grpc::Status RemoveSnapshot(grpc::ServerContext*, const v1::SnapshotRef*,
                               v1::RemoveSnapshotResponse*) override;
+  grpc::Status GcStore(grpc::ServerContext*, const v1::GcStoreRequest*,
+                       v1::GcStoreResponse*) override;
+  grpc::Status StoreUsage(grpc::ServerContext*, const v1::StoreUsageRequest*,
+                          v1::StoreUsageResponse*) override;
   grpc::Status RestoreSnapshot(grpc::ServerContext*, const v1::RestoreSnapshotRequest*,
                                v1::HeapInfo*) override;
 
@@ -131,6 +138,7 @@ class HeapdService final : public v1::Heapd::Service {
   HeapRegistry* const heaps_;
   Sessions* const sessions_;
   SnapshotStore* const snapshots_;
+  StoreSnapshots* const store_snapshots_;
   Metrics* const metrics_;
   const CallerLookup caller_of_;
   const ServiceOptions options_;

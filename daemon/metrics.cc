@@ -195,6 +195,38 @@ Metrics::Metrics()
                           .Name("heapd_snapshot_bytes_written_total")
                           .Help("Data bytes copied by snapshots (0 for a reflink clone).")
                           .Register(*registry_)),
+      store_snapshots_(prometheus::BuildCounter()
+                           .Name("heapd_store_snapshots_total")
+                           .Help("Snapshots into snapshot stores attempted, by outcome.")
+                           .Register(*registry_)),
+      store_snapshot_seconds_(prometheus::BuildHistogram()
+                                  .Name("heapd_store_snapshot_duration_seconds")
+                                  .Help("Time to store a heap's part in a snapshot store.")
+                                  .Register(*registry_)),
+      store_bytes_(prometheus::BuildCounter()
+                       .Name("heapd_store_snapshot_bytes_total")
+                       .Help("Bytes of parts stored in snapshot stores, by kind: logical (data "
+                             "and metadata), hashed (read and hashed), stored (compressed "
+                             "bytes of new blocks).")
+                       .Register(*registry_)),
+      store_blocks_(prometheus::BuildCounter()
+                        .Name("heapd_store_snapshot_blocks_total")
+                        .Help("Blocks of parts stored, by kind: new (written) or deduplicated "
+                              "(the store had them).")
+                        .Register(*registry_)),
+      store_restores_(prometheus::BuildCounter()
+                          .Name("heapd_store_restores_total")
+                          .Help("Restores from snapshot stores attempted, by outcome.")
+                          .Register(*registry_)),
+      store_restore_seconds_(prometheus::BuildHistogram()
+                                 .Name("heapd_store_restore_duration_seconds")
+                                 .Help("Time to restore a heap from a snapshot store.")
+                                 .Register(*registry_)),
+      store_blocks_fetched_(prometheus::BuildCounter()
+                                .Name("heapd_store_restore_blocks_fetched_total")
+                                .Help("Blocks restores read from snapshot stores (not found in "
+                                      "the node's block cache).")
+                                .Register(*registry_)),
       limit_refusals_(prometheus::BuildCounter()
                           .Name("heapd_limit_refusals_total")
                           .Help("Requests and connections refused by a per-user limit.")
@@ -288,6 +320,27 @@ void Metrics::CountSnapshot(const absl::Status& status, double seconds, uint64_t
   if (!status.ok()) return;
   snapshot_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
   snapshot_bytes_.Add({}).Increment(static_cast<double>(bytes_written));
+}
+
+void Metrics::CountStoreSnapshot(const absl::Status& status, double seconds,
+                                 const v1::StoreUsage& usage) {
+  store_snapshots_.Add({{"outcome", status.ok() ? "ok" : "failed"}}).Increment();
+  if (!status.ok()) return;
+  store_snapshot_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
+  store_bytes_.Add({{"kind", "logical"}}).Increment(static_cast<double>(usage.logical_bytes()));
+  store_bytes_.Add({{"kind", "hashed"}}).Increment(static_cast<double>(usage.hashed_bytes()));
+  store_bytes_.Add({{"kind", "stored"}}).Increment(static_cast<double>(usage.stored_bytes()));
+  store_blocks_.Add({{"kind", "new"}}).Increment(static_cast<double>(usage.blocks_written()));
+  store_blocks_.Add({{"kind", "deduplicated"}})
+      .Increment(static_cast<double>(usage.blocks() - usage.blocks_written()));
+}
+
+void Metrics::CountStoreRestore(const absl::Status& status, double seconds,
+                                uint64_t blocks_fetched) {
+  store_restores_.Add({{"outcome", status.ok() ? "ok" : "failed"}}).Increment();
+  if (!status.ok()) return;
+  store_restore_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
+  store_blocks_fetched_.Add({}).Increment(static_cast<double>(blocks_fetched));
 }
 
 void Metrics::CountRejectedFree(const absl::Status& status) {

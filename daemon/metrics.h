@@ -20,6 +20,7 @@
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "proto/heapd.pb.h"
 
 namespace heapd {
 
@@ -58,6 +59,9 @@ class Metrics {
   void CountRejectedFree(const absl::Status& status);
   // A snapshot attempt; what it wrote.
   void CountSnapshot(const absl::Status& status, double seconds, uint64_t bytes_written);
+  // A snapshot into a snapshot store, and what it took; a restore from one.
+  void CountStoreSnapshot(const absl::Status& status, double seconds, const v1::StoreUsage& usage);
+  void CountStoreRestore(const absl::Status& status, double seconds, uint64_t blocks_fetched);
   // A request or connection refused by the per-user limit `limit` (one of
   // kLimitNames, daemon/limits.h).
   void CountLimitRefusal(const char* limit);
@@ -79,6 +83,13 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& snapshots_;
   prometheus::Family<prometheus::Histogram>& snapshot_seconds_;
   prometheus::Family<prometheus::Counter>& snapshot_bytes_;
+  prometheus::Family<prometheus::Counter>& store_snapshots_;
+  prometheus::Family<prometheus::Histogram>& store_snapshot_seconds_;
+  prometheus::Family<prometheus::Counter>& store_bytes_;
+  prometheus::Family<prometheus::Counter>& store_blocks_;
+  prometheus::Family<prometheus::Counter>& store_restores_;
+  prometheus::Family<prometheus::Histogram>& store_restore_seconds_;
+  prometheus::Family<prometheus::Counter>& store_blocks_fetched_;
   prometheus::Family<prometheus::Counter>& limit_refusals_;
 };
 

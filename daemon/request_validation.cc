@@ -46,6 +46,30 @@ absl::Status CheckSnapshotRef(absl::string_view name_field, absl::string_view na
   return InField(dir_field, ValidateSnapshotDir(dir));
 }
 
+// A snapshot store: an absolute directory (there is no default store), and
+// never together with a snapshot directory.
+absl::Status CheckStoreDir(absl::string_view field, absl::string_view dir,
+                           absl::string_view target_dir) {
+  if (dir.empty()) return Invalid(field, absl::StrCat(field, " is empty"));
+  if (!target_dir.empty()) {
+    return Invalid(field, absl::StrCat(field, " and target_dir cannot both be given"));
+  }
+  return InField(field, ValidateSnapshotDir(dir));
+}
+
+// Fields that only a snapshot store gives meaning to.
+absl::Status CheckStoreOnly(
+    absl::string_view store_dir,
+    std::initializer_list<std::pair<absl::string_view, absl::string_view>> fields) {
+  for (const auto& [field, value] : fields) {
+    if (store_dir.empty() && !value.empty()) {
+      return Invalid(field, absl::StrCat(field, " is for snapshot stores; store_dir is empty"));
+    }
+    if (absl::Status s = CheckOptionalHeapName(field, value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // Settings of a heap to create; 0 means the default for each.
 absl::Status CheckCreateSettings(absl::string_view size_field, uint64_t max_size,
                                  absl::string_view mode_field, uint32_t mode) {
@@ -217,15 +241,30 @@ absl::Status ValidateRequest(const v1::CreateSnapshotRequest& request) {
     return Invalid("wait_ms", absl::StrCat("wait_ms ", request.wait_ms(), " is above the limit of ",
                                            kMaxSnapshotWaitMs));
   }
-  return absl::OkStatus();
+  if (request.store_dir().empty()) return absl::OkStatus();
+  return CheckStoreDir("store_dir", request.store_dir(), request.target_dir());
 }
 
 absl::Status ValidateRequest(const v1::ListSnapshotsRequest& request) {
-  return InField("target_dir", ValidateSnapshotDir(request.target_dir()));
+  if (absl::Status s = InField("target_dir", ValidateSnapshotDir(request.target_dir())); !s.ok()) {
+    return s;
+  }
+  if (request.store_dir().empty()) return absl::OkStatus();
+  return CheckStoreDir("store_dir", request.store_dir(), request.target_dir());
 }
 
 absl::Status ValidateRequest(const v1::SnapshotRef& request) {
-  return CheckSnapshotRef("name", request.name(), "target_dir", request.target_dir());
+  if (absl::Status s = CheckSnapshotRef("name", request.name(), "target_dir", request.target_dir());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckStoreOnly(request.store_dir(), {{"node", request.node()}, {"heap", request.heap()}});
+      !s.ok()) {
+    return s;
+  }
+  if (request.store_dir().empty()) return absl::OkStatus();
+  return CheckStoreDir("store_dir", request.store_dir(), request.target_dir());
 }
 
 absl::Status ValidateRequest(const v1::RestoreSnapshotRequest& request) {
@@ -233,7 +272,26 @@ absl::Status ValidateRequest(const v1::RestoreSnapshotRequest& request) {
       !s.ok()) {
     return s;
   }
-  return CheckOptionalHeapName("heap", request.heap());
+  if (absl::Status s = CheckOptionalHeapName("heap", request.heap()); !s.ok()) return s;
+  if (absl::Status s = CheckStoreOnly(request.store_dir(), {{"from_node", request.from_node()},
+                                                            {"from_heap", request.from_heap()}});
+      !s.ok()) {
+    return s;
+  }
+  if (request.store_dir().empty()) return absl::OkStatus();
+  return CheckStoreDir("store_dir", request.store_dir(), request.target_dir());
+}
+
+absl::Status ValidateRequest(const v1::GcStoreRequest& request) {
+  if (request.has_grace_s() && request.grace_s() > kMaxGraceSeconds) {
+    return Invalid("grace_s", absl::StrCat("grace_s ", request.grace_s(), " is above the limit of ",
+                                           kMaxGraceSeconds));
+  }
+  return CheckStoreDir("store_dir", request.store_dir(), "");
+}
+
+absl::Status ValidateRequest(const v1::StoreUsageRequest& request) {
+  return CheckStoreDir("store_dir", request.store_dir(), "");
 }
 
 }  // namespace heapd

@@ -25,6 +25,7 @@ inline constexpr uint32_t kMaxLeasesPerWant = 64;               // LeaseWant.cou
 inline constexpr int kMaxFreesPerCall = 1 << 16;                // FreeRequest.objects
 inline constexpr int kMaxLookupsPerAttach = 64;                 // AttachRequest.lookup
 inline constexpr uint32_t kMaxSnapshotWaitMs = 10 * 60 * 1000;  // wait_ms
+inline constexpr uint32_t kMaxGraceSeconds = 30 * 24 * 3600;    // GcStoreRequest.grace_s
 
 // One per request message of the service (SnapshotRef serves
 // VerifySnapshot and RemoveSnapshot). OK, or INVALID_ARGUMENT.
@@ -47,6 +48,8 @@ absl::Status ValidateRequest(const v1::CreateSnapshotRequest& request);
 absl::Status ValidateRequest(const v1::ListSnapshotsRequest& request);
 absl::Status ValidateRequest(const v1::SnapshotRef& request);
 absl::Status ValidateRequest(const v1::RestoreSnapshotRequest& request);
+absl::Status ValidateRequest(const v1::GcStoreRequest& request);
+absl::Status ValidateRequest(const v1::StoreUsageRequest& request);
 
 }  // namespace heapd
 

@@ -126,16 +126,37 @@ bool Model(const v1::BindRequest& r) {
 bool Model(const v1::LookupRequest& r) { return HeapNameOk(r.heap()) && NameOk(r.name()); }
 bool Model(const v1::UnbindRequest& r) { return r.session() != 0 && NameOk(r.name()); }
 bool Model(const v1::ListNamesRequest& r) { return HeapNameOk(r.heap()); }
+// A store, if named: absolute, and no snapshot directory beside it.
+bool StoreOk(const std::string& store, const std::string& target) {
+  return store.empty() || (target.empty() && SnapshotDirOk(store));
+}
+// Part selectors: names, and only with a store.
+bool SelectorOk(const std::string& store, const std::string& a, const std::string& b) {
+  return OptionalHeapNameOk(a) && OptionalHeapNameOk(b) &&
+         (!store.empty() || (a.empty() && b.empty()));
+}
 bool Model(const v1::CreateSnapshotRequest& r) {
   return HeapNameOk(r.heap()) && HeapNameOk(r.name()) && SnapshotDirOk(r.target_dir()) &&
-         LabelsOk(r.labels()) && r.wait_ms() <= 600000;
+         LabelsOk(r.labels()) && r.wait_ms() <= 600000 && StoreOk(r.store_dir(), r.target_dir());
 }
-bool Model(const v1::ListSnapshotsRequest& r) { return SnapshotDirOk(r.target_dir()); }
+bool Model(const v1::ListSnapshotsRequest& r) {
+  return SnapshotDirOk(r.target_dir()) && StoreOk(r.store_dir(), r.target_dir());
+}
 bool Model(const v1::SnapshotRef& r) {
-  return HeapNameOk(r.name()) && SnapshotDirOk(r.target_dir());
+  return HeapNameOk(r.name()) && SnapshotDirOk(r.target_dir()) &&
+         SelectorOk(r.store_dir(), r.node(), r.heap()) && StoreOk(r.store_dir(), r.target_dir());
 }
 bool Model(const v1::RestoreSnapshotRequest& r) {
-  return HeapNameOk(r.name()) && SnapshotDirOk(r.target_dir()) && OptionalHeapNameOk(r.heap());
+  return HeapNameOk(r.name()) && SnapshotDirOk(r.target_dir()) && OptionalHeapNameOk(r.heap()) &&
+         SelectorOk(r.store_dir(), r.from_node(), r.from_heap()) &&
+         StoreOk(r.store_dir(), r.target_dir());
+}
+bool Model(const v1::GcStoreRequest& r) {
+  return !r.store_dir().empty() && SnapshotDirOk(r.store_dir()) &&
+         (!r.has_grace_s() || r.grace_s() <= 30 * 24 * 3600);
+}
+bool Model(const v1::StoreUsageRequest& r) {
+  return !r.store_dir().empty() && SnapshotDirOk(r.store_dir());
 }
 
 // Whether `path` ("leases[2].count") names a field of `message`.
@@ -211,6 +232,8 @@ const std::vector<Type>& Types() {
       TypeOf<v1::ListSnapshotsRequest>(),
       TypeOf<v1::SnapshotRef>(),
       TypeOf<v1::RestoreSnapshotRequest>(),
+      TypeOf<v1::GcStoreRequest>(),
+      TypeOf<v1::StoreUsageRequest>(),
   };
   return *types;
 }
@@ -292,6 +315,14 @@ Seeds MakeSeeds() {
   v1::SnapshotRef ref;
   ref.set_name("nightly.1");
   ref.set_target_dir("/pfs/me/snaps");
+  v1::SnapshotRef part;
+  part.set_name("job-42");
+  part.set_store_dir("/pfs/me/store");
+  part.set_node("node-7");
+  part.set_heap("graph");
+  v1::GcStoreRequest gc;
+  gc.set_store_dir("/pfs/me/store");
+  gc.set_grace_s(600);
   v1::RestoreSnapshotRequest restore;
   restore.set_name("nightly.1");
   restore.set_heap("graph-copy");
@@ -313,6 +344,8 @@ Seeds MakeSeeds() {
           Seed("lookup", lookup),
           Seed("create_snapshot", snapshot),
           Seed("snapshot_ref", ref),
+          Seed("store_part", part),
+          Seed("gc_store", gc),
           Seed("restore_snapshot", restore),
           Seed("stat_heap", stat),
           Seed("list_names", names),
