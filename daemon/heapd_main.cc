@@ -79,7 +79,7 @@ ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
           "longest a snapshot operation in a caller's directory may run before it is killed");
 ABSL_FLAG(std::string, node_name, "",
           "this node's name in the parts it adds to snapshot store versions (default: the "
-          "host name up to its first dot)");
+          "host name)");
 ABSL_FLAG(uint32_t, store_block_bytes, heapd::kDefaultBlockBytes,
           "block size of snapshot store versions this heapd creates: a power of two from 64 KiB "
           "to 2 MiB (docs/performance.md, B9)");
@@ -256,7 +256,7 @@ int Run() {
   if (versions_options.node.empty()) {
     char host[256] = {};
     (void)gethostname(host, sizeof(host) - 1);
-    versions_options.node = std::string(host, strcspn(host, "."));
+    versions_options.node = host;
   }
   versions_options.block_bytes = absl::GetFlag(FLAGS_store_block_bytes);
   versions_options.zstd_level = absl::GetFlag(FLAGS_store_zstd_level);

@@ -283,9 +283,11 @@ absl::Status ValidateRequest(const v1::RestoreSnapshotRequest& request) {
 }
 
 absl::Status ValidateRequest(const v1::GcStoreRequest& request) {
-  if (request.has_grace_s() && request.grace_s() > kMaxGraceSeconds) {
-    return Invalid("grace_s", absl::StrCat("grace_s ", request.grace_s(), " is above the limit of ",
-                                           kMaxGraceSeconds));
+  if (request.has_grace_s() &&
+      (request.grace_s() < kMinGraceSeconds || request.grace_s() > kMaxGraceSeconds)) {
+    return Invalid("grace_s", absl::StrCat("grace_s ", request.grace_s(), " is outside ",
+                                           kMinGraceSeconds, "..", kMaxGraceSeconds,
+                                           " (clocks of nodes sharing a store differ)"));
   }
   return CheckStoreDir("store_dir", request.store_dir(), "");
 }

@@ -25,7 +25,8 @@ inline constexpr uint32_t kMaxLeasesPerWant = 64;               // LeaseWant.cou
 inline constexpr int kMaxFreesPerCall = 1 << 16;                // FreeRequest.objects
 inline constexpr int kMaxLookupsPerAttach = 64;                 // AttachRequest.lookup
 inline constexpr uint32_t kMaxSnapshotWaitMs = 10 * 60 * 1000;  // wait_ms
-inline constexpr uint32_t kMaxGraceSeconds = 30 * 24 * 3600;    // GcStoreRequest.grace_s
+inline constexpr uint32_t kMinGraceSeconds = 60;                // GcStoreRequest.grace_s
+inline constexpr uint32_t kMaxGraceSeconds = 30 * 24 * 3600;
 
 // One per request message of the service (SnapshotRef serves
 // VerifySnapshot and RemoveSnapshot). OK, or INVALID_ARGUMENT.

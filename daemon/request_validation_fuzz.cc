@@ -153,7 +153,7 @@ bool Model(const v1::RestoreSnapshotRequest& r) {
 }
 bool Model(const v1::GcStoreRequest& r) {
   return !r.store_dir().empty() && SnapshotDirOk(r.store_dir()) &&
-         (!r.has_grace_s() || r.grace_s() <= 30 * 24 * 3600);
+         (!r.has_grace_s() || (r.grace_s() >= 60 && r.grace_s() <= 30 * 24 * 3600));
 }
 bool Model(const v1::StoreUsageRequest& r) {
   return !r.store_dir().empty() && SnapshotDirOk(r.store_dir());

@@ -51,20 +51,29 @@ bool WriteAll(int fd, absl::string_view bytes) {
 
 std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
 
-// Whether `name` in `dir` is a block file whose header fits its size (its
-// hash is checked when it is read): then Put need not write it again.
-bool LooksWhole(int dir, const std::string& name, uint64_t* size) {
+// Whether `name` in `dir` is a block file this user wrote whose header
+// fits its size (its hash is checked whenever it is read): then Put marks
+// it used (its modification time, through the descriptor) and need not
+// write it again, provided the name still leads to that file afterwards
+// (gc may have set it aside meanwhile: then it is written anew). A file
+// another user put there is not trusted to be the block.
+bool MarkIfWhole(int dir, const std::string& name, uint64_t* size) {
   UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st;
   char header[kHeaderBytes];
-  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
       static_cast<uint64_t>(st.st_size) < kHeaderBytes ||
       pread(fd.get(), header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
     return false;
   }
   *size = static_cast<uint64_t>(st.st_size);
-  return std::memcmp(header, kMagic, sizeof(kMagic)) == 0 &&
-         GetLe64(header + 12) == *size - kHeaderBytes;
+  if (std::memcmp(header, kMagic, sizeof(kMagic)) != 0 ||
+      GetLe64(header + 12) != *size - kHeaderBytes || futimens(fd.get(), nullptr) != 0) {
+    return false;
+  }
+  struct stat now;
+  return fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == st.st_ino &&
+         now.st_dev == st.st_dev;
 }
 
 }  // namespace
@@ -110,8 +119,8 @@ std::string BlockId::Hex() const {
       absl::string_view(reinterpret_cast<const char*>(hash.data()), hash.size()));
 }
 
-absl::StatusOr<BlockStore> BlockStore::At(int root, BlockStoreOptions options) {
-  if (mkdirat(root, "blocks", 0755) != 0 && errno != EEXIST) {
+absl::StatusOr<BlockStore> BlockStore::At(int root, BlockStoreOptions options, bool create) {
+  if (create && mkdirat(root, "blocks", 0755) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, "make the store's blocks directory");
   }
   UniqueFd blocks(openat(root, "blocks", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -145,11 +154,9 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
   const int index = stored.id.hash[0];
   const int dir = Directory(index, /*create=*/true);
   if (dir < 0) return ErrnoStatus(errno, absl::StrCat("open blocks/", DirectoryName(index)));
-  // Another writer's, perhaps not yet durable in its directory; marked in
-  // use (gc keeps young blocks). A block another user owns cannot be
-  // marked: then it is written anew below, as this user's.
-  if (LooksWhole(dir, name, &stored.stored_bytes) &&
-      utimensat(dir, name.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0) {
+  // Another create's, perhaps not yet durable in its directory; marked in
+  // use (gc keeps young blocks).
+  if (MarkIfWhole(dir, name, &stored.stored_bytes)) {
     unsynced_.set(index);
     return stored;
   }
@@ -207,6 +214,12 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
   const int dir = Directory(id.hash[0], /*create=*/false);
   UniqueFd fd(dir < 0 ? -1
                       : openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid() && errno == ENOENT && dir >= 0) {
+    // Set aside by a gc that was killed before it put the block back.
+    fd.reset(openat(dir, absl::StrCat(kAsidePrefix, name).c_str(),
+                    O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd.valid()) errno = ENOENT;
+  }
   if (!fd.valid()) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no block ", name));
     return ErrnoStatus(errno, absl::StrCat("open block ", name));

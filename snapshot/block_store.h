@@ -10,10 +10,11 @@
 // renamed into place, so a reader never sees part of one, and writers of
 // the same block on several nodes all succeed (the bytes are the same; one
 // rename wins). A crashed writer leaves only a .tmp- file, which no one
-// reads and gc removes. A file already there is taken as the block if its
-// header fits its size (its hash is checked whenever it is read), and its
-// modification time is set to now, which tells gc a create is using it;
-// else it is replaced.
+// reads and gc removes. A file already there is taken as the block if this
+// user wrote it and its header fits its size (its hash is checked whenever
+// it is read), and its modification time is set to now, which tells gc a
+// create is using it; else it is replaced. (A block whose bytes rotted
+// under a sound header is found by verify and reads, not by creates.)
 //
 // Nothing read is trusted: the file's size is capped before it is read,
 // the header must match it, the block decompresses to exactly its size,
@@ -73,8 +74,9 @@ struct BlockStoreOptions {
 class BlockStore {
  public:
   // The blocks under the store directory `root` (borrowed; it must outlive
-  // this), making root/blocks if missing.
-  static absl::StatusOr<BlockStore> At(int root, BlockStoreOptions options = {});
+  // this), making root/blocks if missing and `create`, else NOT_FOUND.
+  static absl::StatusOr<BlockStore> At(int root, BlockStoreOptions options = {},
+                                       bool create = true);
 
   struct Stored {
     BlockId id;

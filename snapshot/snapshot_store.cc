@@ -141,6 +141,18 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::st
       new SnapshotStore(own_dir, std::move(own), state.st_dev, state.st_ino, options));
 }
 
+absl::StatusOr<SnapshotStore::ReadingCharge> SnapshotStore::ChargeReading(uint64_t bytes,
+                                                                          const std::string& what) {
+  if (reading_budget_.used.fetch_add(bytes) + bytes > reading_budget_.limit) {
+    reading_budget_.used.fetch_sub(bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what,
+                     ": heapd holds as much read from snapshots as it may "
+                     "(--max_snapshot_reading_bytes); try again"));
+  }
+  return ReadingCharge(&reading_budget_, bytes);
+}
+
 std::string SnapshotStore::Where(const SnapshotRef& ref) {
   return ref.target_dir.empty() ? absl::StrCat("heapd:", ref.name)
                                 : absl::StrCat(ref.target_dir, "/", ref.name);

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -191,6 +192,26 @@ class SnapshotStore {
                                                   const std::vector<int>& keep_fds,
                                                   const std::string& what, const Work& work,
                                                   uint64_t max_reply_bytes = 0);
+
+  // Counts `bytes` heapd holds of what it read for a caller against the
+  // reading budget (--max_snapshot_reading_bytes) until destroyed;
+  // RESOURCE_EXHAUSTED naming `what` if they would pass it.
+  class ReadingCharge {
+   public:
+    ReadingCharge(ReadingCharge&& other) noexcept
+        : budget_(std::exchange(other.budget_, nullptr)), bytes_(other.bytes_) {}
+    ReadingCharge& operator=(ReadingCharge&&) = delete;
+    ~ReadingCharge() {
+      if (budget_ != nullptr) budget_->used.fetch_sub(bytes_);
+    }
+
+   private:
+    friend class SnapshotStore;
+    ReadingCharge(RunAsOptions::Budget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {}
+    RunAsOptions::Budget* budget_;
+    uint64_t bytes_;
+  };
+  absl::StatusOr<ReadingCharge> ChargeReading(uint64_t bytes, const std::string& what);
 
   const std::string& own_dir() const { return own_dir_; }
 

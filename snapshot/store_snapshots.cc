@@ -18,6 +18,7 @@
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "snapshot/block_store.h"
+#include "snapshot/dir_files.h"
 #include "snapshot/snapshot_format.h"
 #include "snapshot/version_store.h"
 
@@ -53,6 +54,12 @@ bool ParseTagged(absl::string_view in, PartRef* part, absl::string_view* rest) {
   }
   *rest = in;
   return ValidatePartRef(*part).ok();
+}
+
+// There is no default store: an empty directory would be heapd's own.
+absl::Status CheckStoreDir(const std::string& store_dir) {
+  if (store_dir.empty()) return absl::InvalidArgumentError("no snapshot store named");
+  return absl::OkStatus();
 }
 
 absl::Status Malformed(const std::string& what) {
@@ -130,6 +137,8 @@ std::vector<bool> UsedChunks(const Checkpoint& state) {
 }  // namespace
 
 struct StoreSnapshots::ReadPart {
+  // What heapd holds of it, counted against its reading budget.
+  std::optional<SnapshotStore::ReadingCharge> charge;
   PartRef part;
   std::string manifest_json;
   v1::SnapshotManifest manifest;
@@ -163,15 +172,22 @@ absl::StatusOr<std::unique_ptr<StoreSnapshots>> StoreSnapshots::Open(
   std::unique_ptr<StoreSnapshots> store(
       new StoreSnapshots(snapshots, std::move(options), std::move(cache)));
   if (store->cache_.valid()) {
-    absl::StatusOr<BlockStore> blocks = BlockStore::At(store->cache_.get());
-    if (!blocks.ok()) return blocks.status();
+    // What the cache holds (each user's blocks apart), and no leftovers.
+    absl::StatusOr<std::vector<std::string>> uids = ListDirectory(store->cache_.get(), 1 << 20);
+    if (!uids.ok()) return uids.status();
     uint64_t bytes = 0;
-    absl::Status counted = blocks->ForEach([&](const BlockStore::Entry& entry) {
-      if (entry.kind != BlockStore::Kind::kBlock) return blocks->Remove(entry);
-      bytes += entry.bytes;
-      return absl::OkStatus();
-    });
-    if (!counted.ok()) return counted;
+    for (const std::string& uid : *uids) {
+      absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(store->cache_.get(), uid);
+      absl::StatusOr<BlockStore> blocks =
+          dir.ok() ? BlockStore::At(dir->get(), {}, /*create=*/false) : dir.status();
+      if (!blocks.ok()) continue;
+      absl::Status counted = blocks->ForEach([&](const BlockStore::Entry& entry) {
+        if (entry.kind != BlockStore::Kind::kBlock) return blocks->Remove(entry);
+        bytes += entry.bytes;
+        return absl::OkStatus();
+      });
+      if (!counted.ok()) return counted;
+    }
     store->cache_bytes_ = bytes;
     store->TrimCache();
   }
@@ -182,6 +198,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     const SnapshotCaller& caller, PersistentHeap& heap, const std::string& heap_name,
     const v1::HeapInfo& source, const std::string& store_dir, const std::string& name,
     const std::map<std::string, std::string>& labels) {
+  if (absl::Status s = CheckStoreDir(store_dir); !s.ok()) return s;
   const PartRef part{name, options_.node, heap_name};
   if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
   if (absl::Status s = ValidateLabels(labels); !s.ok()) return s;
@@ -241,6 +258,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
 absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::List(const SnapshotCaller& caller,
                                                                        const std::string& store_dir,
                                                                        const std::string& name) {
+  if (absl::Status s = CheckStoreDir(store_dir); !s.ok()) return s;
   const std::string what = absl::StrCat("list store ", store_dir);
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
@@ -285,6 +303,7 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
                                                                    const PartSelector& which,
                                                                    int data_fd,
                                                                    uint64_t max_data_bytes) {
+  if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
   const std::string what = absl::StrCat("read ", Describe(which));
   const std::string this_node = options_.node;
   const size_t max_parts = options_.max_parts;
@@ -307,6 +326,14 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   const std::string where = absl::StrCat("part ", read.part.ToString(), " in ", which.store_dir);
   absl::StatusOr<RecipeFile> file = DecodeRecipeFile(bytes, where);
   if (!file.ok()) return file.status();
+  // Held until the caller is done: the metadata it assembles (a recipe may
+  // name one block many times) and tables as large as the recipe, a few
+  // times over.
+  uint64_t held = 4 * bytes.size();
+  for (const v1::StoreFile& stored : file->recipe.metadata()) held += stored.bytes();
+  absl::StatusOr<SnapshotStore::ReadingCharge> charge = snapshots_->ChargeReading(held, what);
+  if (!charge.ok()) return charge.status();
+  read.charge.emplace(*std::move(charge));
   messages->clear();
   absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(file->manifest_json, where);
   if (!manifest.ok()) return manifest.status();
@@ -325,15 +352,14 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   read.manifest.set_node(read.part.node);
   *read.manifest.mutable_store() = file->usage;
 
-  // What to fetch: what the cache lacks (everything, to verify), each
-  // block once; data blocks the cache has are written now.
-  const bool use_cache = data_fd >= 0 && cache_.valid();
+  // What to fetch: what the caller's part of the cache lacks (everything,
+  // to verify), each block once; data blocks the cache has are written now.
+  // A restore larger than half the cache would only churn it.
   std::optional<BlockStore> cache;
-  if (use_cache) {
-    absl::StatusOr<BlockStore> opened = BlockStore::At(cache_.get());
-    if (!opened.ok()) return opened.status();
-    cache.emplace(*std::move(opened));
+  if (data_fd >= 0 && recipe.data_bytes() <= options_.cache_bytes / 2) {
+    cache = CacheOf(caller.credentials.uid);
   }
+  const bool use_cache = cache.has_value();
   std::map<BlockId, std::string> metadata_blocks;
   std::vector<WantedBlock> wanted;
   std::map<BlockId, uint64_t> first_offset;  // data blocks fetched: where the first one went
@@ -389,12 +415,10 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     }
     const BlockId id = BlockId::FromRaw(message.bytes.data() + 1);
     auto slot = metadata_blocks.find(id);
-    absl::string_view block = absl::string_view(message.bytes).substr(1 + kBlockIdBytes);
-    if (slot == metadata_blocks.end() || BlockId::Of(block) != id) return Malformed(what);
-    if (use_cache) {
-      if (absl::Status s = Cache(id, block); !s.ok()) return s;
-    }
-    slot->second = std::string(block);
+    message.bytes.erase(0, 1 + kBlockIdBytes);
+    if (slot == metadata_blocks.end() || BlockId::Of(message.bytes) != id) return Malformed(what);
+    if (use_cache) Cache(*cache, message.bytes);
+    slot->second = std::move(message.bytes);
   }
   for (const v1::StoreFile& stored : recipe.metadata()) {
     std::string& bytes = read.metadata_files[stored.name()];
@@ -410,16 +434,19 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   // Fetched blocks enter the cache only as heapd itself hashed them.
   std::string block;
   for (const auto& [id, at] : first_offset) {
-    if (!use_cache && copies.empty()) break;
+    if (!use_cache) break;
     const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
     block.resize(length);
     if (!ReadAll(data_fd, block.data(), length, at)) {
       return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
     }
-    if (use_cache) {
-      if (absl::Status s = Cache(id, block); !s.ok()) return s;
+    if (BlockId::Of(block) != id) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": block ", id.Hex(), " as restored does not have its hash"));
     }
+    Cache(*cache, block);
   }
+  if (use_cache) (void)cache->SyncDirectories();
   for (const auto& [at, id] : copies) {
     const uint64_t from = first_offset[id];
     const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
@@ -434,50 +461,65 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   return read;
 }
 
-absl::Status StoreSnapshots::Cache(const BlockId& id, absl::string_view bytes) {
-  absl::StatusOr<BlockStore> cache = BlockStore::At(cache_.get());
-  if (!cache.ok()) return cache.status();
-  absl::StatusOr<BlockStore::Stored> stored = cache->Put(bytes);
-  if (!stored.ok()) return stored.status();
-  if (stored->id != id) {
-    return absl::DataLossError(
-        absl::StrCat("block ", id.Hex(), " read from the store does not have its hash"));
-  }
-  if (absl::Status s = cache->SyncDirectories(); !s.ok()) return s;
-  if (stored->written &&
+std::optional<BlockStore> StoreSnapshots::CacheOf(uint32_t uid) {
+  if (!cache_.valid()) return std::nullopt;
+  const std::string name = absl::StrCat(uid);
+  if (mkdirat(cache_.get(), name.c_str(), 0700) != 0 && errno != EEXIST) return std::nullopt;
+  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(cache_.get(), name);
+  if (!dir.ok()) return std::nullopt;
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get());
+  // The store keeps its own descriptors of blocks/; the uid's directory
+  // itself is not needed after this.
+  if (!blocks.ok()) return std::nullopt;
+  return *std::move(blocks);
+}
+
+void StoreSnapshots::Cache(BlockStore& cache, absl::string_view bytes) {
+  // Best effort: a full or failing cache slows later restores, no more.
+  absl::StatusOr<BlockStore::Stored> stored = cache.Put(bytes);
+  if (stored.ok() && stored->written &&
       cache_bytes_.fetch_add(stored->stored_bytes) + stored->stored_bytes > options_.cache_bytes) {
     TrimCache();
   }
-  return absl::OkStatus();
 }
 
 void StoreSnapshots::TrimCache() {
   absl::MutexLock lock(&trim_mu_);
   if (cache_bytes_.load() <= options_.cache_bytes) return;
-  absl::StatusOr<BlockStore> cache = BlockStore::At(cache_.get());
-  if (!cache.ok()) return;
-  std::vector<BlockStore::Entry> entries;
+  absl::StatusOr<std::vector<std::string>> uids = ListDirectory(cache_.get(), 1 << 20);
+  if (!uids.ok()) return;
+  std::vector<BlockStore> stores;
+  std::vector<std::pair<BlockStore::Entry, size_t>> entries;  // and whose
   uint64_t total = 0;
-  (void)cache->ForEach([&](const BlockStore::Entry& entry) {
-    if (entry.kind == BlockStore::Kind::kBlock) {
-      entries.push_back(entry);
-      total += entry.bytes;
-    }
-    return absl::OkStatus();
-  });
+  for (const std::string& uid : *uids) {
+    absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(cache_.get(), uid);
+    absl::StatusOr<BlockStore> blocks =
+        dir.ok() ? BlockStore::At(dir->get(), {}, /*create=*/false) : dir.status();
+    if (!blocks.ok()) continue;
+    stores.push_back(*std::move(blocks));
+    (void)stores.back().ForEach([&](const BlockStore::Entry& entry) {
+      if (entry.kind == BlockStore::Kind::kBlock) {
+        entries.emplace_back(entry, stores.size() - 1);
+        total += entry.bytes;
+      }
+      return absl::OkStatus();
+    });
+  }
   std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return a.modified_ns < b.modified_ns; });
+            [](const auto& a, const auto& b) { return a.first.modified_ns < b.first.modified_ns; });
   // Down to 90%: a trim is a scan; not one per block.
   const uint64_t goal = options_.cache_bytes / 10 * 9;
-  for (const BlockStore::Entry& entry : entries) {
+  for (const auto& [entry, store] : entries) {
     if (total <= goal) break;
-    if (cache->Remove(entry).ok()) total -= entry.bytes;
+    if (stores[store].Remove(entry).ok()) total -= entry.bytes;
   }
+  for (BlockStore& store : stores) (void)store.SyncDirectories();
   cache_bytes_ = total;
 }
 
 absl::StatusOr<std::vector<PartRef>> StoreSnapshots::Parts(const SnapshotCaller& caller,
                                                            const PartSelector& which) {
+  if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
   const std::string what = absl::StrCat("list ", Describe(which));
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
@@ -526,6 +568,7 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
 
 absl::StatusOr<size_t> StoreSnapshots::Remove(const SnapshotCaller& caller,
                                               const PartSelector& which) {
+  if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
   const std::string what = absl::StrCat("remove ", Describe(which));
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
@@ -550,12 +593,14 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> StoreSnapshots::Restore(
     const SnapshotCaller& caller, const PartSelector& which, const std::string& heaps_dir,
     const std::string& heap_name, const RestoreOptions& options, v1::SnapshotManifest* manifest) {
   uint64_t fetched = 0;
+  std::optional<SnapshotStore::ReadingCharge> charge;  // until the restore is checked
   absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored = snapshots_->RestoreWith(
       caller, Describe(which), /*own_dir=*/false,
       [&](int data_fd) -> absl::StatusOr<SnapshotStore::RestoreSource> {
         absl::StatusOr<ReadPart> read = ReadWhole(caller, which, data_fd, options.max_bytes);
         if (!read.ok()) return read.status();
         fetched = read->fetched_blocks;
+        charge.emplace(std::move(*read->charge));
         SnapshotStore::RestoreSource source;
         source.manifest_json = std::move(read->manifest_json);
         source.metadata_files = std::move(read->metadata_files);
@@ -570,6 +615,7 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> StoreSnapshots::Restore(
 absl::StatusOr<v1::GcStoreResponse> StoreSnapshots::CollectGarbage(
     const SnapshotCaller& caller, const std::string& store_dir, std::optional<absl::Duration> grace,
     bool dry_run) {
+  if (absl::Status s = CheckStoreDir(store_dir); !s.ok()) return s;
   GcOptions gc;
   if (grace.has_value()) gc.grace = *grace;
   gc.dry_run = dry_run;
@@ -593,6 +639,7 @@ absl::StatusOr<v1::GcStoreResponse> StoreSnapshots::CollectGarbage(
 
 absl::StatusOr<v1::StoreUsageResponse> StoreSnapshots::Usage(const SnapshotCaller& caller,
                                                              const std::string& store_dir) {
+  if (absl::Status s = CheckStoreDir(store_dir); !s.ok()) return s;
   const std::string what = absl::StrCat("du store ", store_dir);
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(

@@ -15,8 +15,10 @@
 //
 // The node-local tier: heapd keeps a cache of blocks in its own directory
 // (root's, 0700, bounded by cache_bytes, oldest dropped first), filled by
-// restores with blocks heapd hashed itself; a restore reads from the store
-// only the blocks the cache lacks.
+// restores with blocks heapd hashed itself, one part per uid (a user's
+// restore is served only blocks that user's restores fetched: knowing a
+// block's hash gives no one its bytes); a restore reads from the store only
+// the blocks the cache lacks.
 //
 // Thread-safe; calls run in parallel.
 #ifndef HEAPD_SNAPSHOT_STORE_SNAPSHOTS_H_
@@ -118,8 +120,11 @@ class StoreSnapshots {
   // its data blocks into that file (else their hashes only are checked).
   absl::StatusOr<ReadPart> ReadWhole(const SnapshotCaller& caller, const PartSelector& which,
                                      int data_fd, uint64_t max_data_bytes);
-  // Adds a block heapd read to its cache (hashed here: it must be `id`).
-  absl::Status Cache(const BlockId& id, absl::string_view bytes);
+  // The cache of `uid`'s blocks: a user's restores never read another's
+  // (a block id is no capability). nullopt: no cache, or it failed.
+  std::optional<BlockStore> CacheOf(uint32_t uid);
+  // Adds a block heapd read and hashed itself to `cache`, best effort.
+  void Cache(BlockStore& cache, absl::string_view bytes);
   // Drops the oldest cached blocks while the cache holds more than its bound.
   void TrimCache();
 

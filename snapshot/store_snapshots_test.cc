@@ -82,11 +82,12 @@ struct Node {
   // Restores `which` as heap `as` and opens it.
   absl::StatusOr<std::unique_ptr<PersistentHeap>> Restore(const PartSelector& which,
                                                           const std::string& as,
-                                                          uint64_t* fetched = nullptr) {
+                                                          uint64_t* fetched = nullptr,
+                                                          const SnapshotCaller& caller = kRoot) {
     RestoreOptions options;
     options.owner_uid = kUser.credentials.uid;
     v1::SnapshotManifest manifest;
-    auto restored = versions->Restore(kRoot, which, dir + "/heaps", as, options, &manifest);
+    auto restored = versions->Restore(caller, which, dir + "/heaps", as, options, &manifest);
     if (!restored.ok()) return restored.status();
     if (absl::Status s = (*restored)->Commit(as); !s.ok()) return s;
     if (fetched != nullptr) *fetched = manifest.store().fetched_blocks();
@@ -342,6 +343,73 @@ TEST_F(StoreSnapshotsTest, AUserWorksInAStoreWithTheUsersRightsOnly) {
   EXPECT_EQ(st.st_uid, kUser.credentials.uid);
   // heapd's state directory is never a store.
   EXPECT_EQ(node.Create(node.dir, "v2").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The node's block cache serves a user only blocks that user fetched: a
+// recipe naming another user's blocks (their ids are no secret) gets none
+// of their bytes.
+TEST_F(StoreSnapshotsTest, TheNodeCacheGivesNoUserAnothersBlocks) {
+  const SnapshotCaller other{{61002, 61002, {}}, false, {}};
+  Node node(dir_.Sub("a"), "node-a");
+  node.InSession([](Heap& heap) { Fill(heap, 6); });
+  chmod(dir_.path().c_str(), 0755);
+  const std::string mine = dir_.Sub("mine");
+  const std::string theirs = dir_.Sub("theirs");
+  std::filesystem::create_directories(mine);
+  std::filesystem::create_directories(theirs);
+  ASSERT_EQ(chown(mine.c_str(), kUser.credentials.uid, kUser.credentials.gid), 0);
+  ASSERT_EQ(chown(theirs.c_str(), 61002, 61002), 0);
+  chmod(mine.c_str(), 0700);
+  ASSERT_TRUE(node.Create(mine, "v1", kUser).ok());
+  Node restorer(dir_.Sub("b"), "node-b");
+  uint64_t fetched = 0;
+  auto own = restorer.Restore({mine, "v1", "", ""}, "own", &fetched, kUser);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_GT(fetched, 0u);
+  auto again = restorer.Restore({mine, "v1", "", ""}, "again", &fetched, kUser);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(fetched, 0u);  // the user's own cache
+  // The other user's store: a copy of the recipe, no blocks.
+  const std::string recipe = "/versions/v1/node-a";
+  std::filesystem::create_directories(theirs + recipe);
+  std::filesystem::copy_file(mine + recipe + "/h.recipe", theirs + recipe + "/h.recipe");
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(theirs)) {
+    ASSERT_EQ(lchown(entry.path().c_str(), 61002, 61002), 0);
+  }
+  const absl::Status stolen =
+      restorer.Restore({theirs, "v1", "", ""}, "stolen", nullptr, other).status();
+  EXPECT_EQ(stolen.code(), absl::StatusCode::kDataLoss) << stolen;
+}
+
+// gc stops at a version it cannot read instead of taking its blocks; a
+// block a killed gc left set aside is still read.
+TEST_F(StoreSnapshotsTest, GcTakesNothingOfAVersionItCannotReadAndAsideBlocksAreRead) {
+  Node node(dir_.Sub("a"), "node-a");
+  node.InSession([](Heap& heap) { Fill(heap, 6); });
+  chmod(dir_.path().c_str(), 0755);
+  const std::string mine = dir_.Sub("mine");
+  std::filesystem::create_directories(mine);
+  ASSERT_EQ(chown(mine.c_str(), kUser.credentials.uid, kUser.credentials.gid), 0);
+  ASSERT_TRUE(node.Create(mine, "v1", kUser).ok());
+  chmod((mine + "/versions/v1").c_str(), 0);
+  auto swept = node.versions->CollectGarbage(kUser, mine, absl::ZeroDuration(), false);
+  EXPECT_FALSE(swept.ok());
+  chmod((mine + "/versions/v1").c_str(), 0755);
+  ASSERT_TRUE(node.versions->Verify(kUser, {mine, "v1", "", ""}).ok());
+  // A block renamed aside (as by a gc killed before it put it back).
+  std::string block;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(mine + "/blocks")) {
+    if (entry.is_regular_file()) block = entry.path().string();
+  }
+  ASSERT_FALSE(block.empty());
+  const std::filesystem::path path(block);
+  std::filesystem::rename(path, path.parent_path() / (".trash-" + path.filename().string()));
+  auto verified = node.versions->Verify(kUser, {mine, "v1", "", ""});
+  EXPECT_TRUE(verified.ok()) << verified.status();
+  // The next gc puts it back in place.
+  auto collected = node.versions->CollectGarbage(kUser, mine, absl::ZeroDuration(), false);
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_TRUE(std::filesystem::exists(path));
 }
 
 }  // namespace

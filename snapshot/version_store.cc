@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "heap/data_file.h"
+#include "heap/heap_name.h"
 #include "snapshot/dir_files.h"
 
 namespace heapd {
@@ -83,9 +84,18 @@ void CollectIds(const v1::StoreRecipe& recipe, std::set<BlockId>* ids) {
   for (const v1::StoreFile& file : recipe.metadata()) add(file.blocks());
 }
 
-absl::StatusOr<RecipeFile> ReadRecipe(int root, const PartRef& part) {
+// Recipes one gc or du reads in all: what they hold in memory grows with
+// the block ids read (a user's hard links to one big recipe included).
+constexpr uint64_t kMaxRecipeBytesPerCall = uint64_t{256} << 20;
+
+// Reads `part`'s recipe, counting its bytes in `*read`.
+absl::StatusOr<RecipeFile> ReadRecipe(int root, const PartRef& part, uint64_t* read) {
   absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false);
   if (!bytes.ok()) return bytes.status();
+  if ((*read += bytes->size()) > kMaxRecipeBytesPerCall) {
+    return absl::ResourceExhaustedError(absl::StrCat("the store's recipes hold more than ",
+                                                     kMaxRecipeBytesPerCall, " bytes in all"));
+  }
   return DecodeRecipeFile(*bytes, part.ToString());
 }
 
@@ -97,16 +107,17 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   if (!ValidBlockBytes(source.block_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("a block size of ", source.block_bytes));
   }
-  absl::StatusOr<UniqueFd> versions = MakeDirectoryAt(root, kVersions);
-  if (!versions.ok()) return versions.status();
-  absl::StatusOr<UniqueFd> version = MakeDirectoryAt(versions->get(), part.name);
-  if (!version.ok()) return version.status();
-  absl::StatusOr<UniqueFd> node = MakeDirectoryAt(version->get(), part.node);
-  if (!node.ok()) return node.status();
   const std::string recipe_name = part.heap + kRecipeSuffix;
-  struct stat st;
-  if (fstatat(node->get(), recipe_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (ReadRecipeFile(root, part, /*header_only=*/true).status().code() !=
+      absl::StatusCode::kNotFound) {
     return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
+  }
+  // A recipe readers would refuse is refused now, before any work.
+  const uint64_t data_blocks = (source.data_bytes + source.block_bytes - 1) / source.block_bytes;
+  if (data_blocks * kBlockIdBytes > kMaxRecipeBytes / 2) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("part ", part.ToString(), " would name ", data_blocks, " blocks of ",
+                     source.block_bytes, " bytes: more than a recipe holds (use larger blocks)"));
   }
   absl::StatusOr<Lease> lease = Lease::Take(root);
   if (!lease.ok()) return lease.status();
@@ -177,7 +188,18 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
         "part ", part.ToString(), " needs a recipe of ", encoded.size(), " bytes, more than the ",
         kMaxRecipeBytes, " a store reads (use larger blocks)"));
   }
-  // Published last, under a random name first, then linked to its name.
+  // Published last, under a random name first, then linked to its name;
+  // the directories are made now (a removal of the version's other parts
+  // may have removed them meanwhile: made again once).
+  absl::StatusOr<UniqueFd> node = absl::NotFoundError("");
+  for (int attempt = 0; attempt < 2 && node.status().code() == absl::StatusCode::kNotFound;
+       ++attempt) {
+    absl::StatusOr<UniqueFd> versions = MakeDirectoryAt(root, kVersions);
+    absl::StatusOr<UniqueFd> version =
+        versions.ok() ? MakeDirectoryAt(versions->get(), part.name) : versions.status();
+    node = version.ok() ? MakeDirectoryAt(version->get(), part.node) : version.status();
+  }
+  if (!node.ok()) return node.status();
   const std::string temporary = absl::StrCat(".tmp-", RandomName());
   if (absl::Status s = WriteNewFileAt(node->get(), temporary, encoded); !s.ok()) return s;
   const int linked = linkat(node->get(), temporary.c_str(), node->get(), recipe_name.c_str(), 0);
@@ -247,18 +269,30 @@ absl::StatusOr<std::vector<PartRef>> ListParts(int root, const std::string& name
     if (!all.ok()) return all.status();
     names = *std::move(all);
   }
+  // Only a directory that is gone (removed meanwhile) is passed over: one
+  // that cannot be read fails the listing, or gc would take its blocks.
+  auto gone = [](const absl::Status& status) {
+    return status.code() == absl::StatusCode::kNotFound;
+  };
   for (const std::string& version : names) {
+    if (!ValidateHeapName(version, "version").ok()) continue;  // not a version's
     absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(versions->get(), version);
     if (!dir.ok()) {
-      if (!name.empty())
+      if (!gone(dir.status())) return dir.status();
+      if (!name.empty()) {
         return absl::NotFoundError(absl::StrCat("the store has no version ", name));
+      }
       continue;
     }
     absl::StatusOr<std::vector<std::string>> nodes = ListDirectory(dir->get(), kMaxEntries);
     if (!nodes.ok()) return nodes.status();
     for (const std::string& node : *nodes) {
+      if (!ValidateHeapName(node, "node").ok()) continue;
       absl::StatusOr<UniqueFd> node_dir = OpenDirectoryAt(dir->get(), node);
-      if (!node_dir.ok()) continue;
+      if (!node_dir.ok()) {
+        if (!gone(node_dir.status())) return node_dir.status();
+        continue;
+      }
       absl::StatusOr<std::vector<std::string>> files = ListDirectory(node_dir->get(), kMaxEntries);
       if (!files.ok()) return files.status();
       for (const std::string& file : *files) {
@@ -303,7 +337,11 @@ absl::Status RemovePart(int root, const PartRef& part) {
 
 absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int data_fd,
                          const std::string& what, MessageSink& out) {
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(root);
+  if (wanted.empty()) return absl::OkStatus();
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
+  if (blocks.status().code() == absl::StatusCode::kNotFound) {
+    return absl::DataLossError(absl::StrCat(what, " names blocks; the store has none"));
+  }
   if (!blocks.ok()) return blocks.status();
   for (const WantedBlock& block : wanted) {
     absl::StatusOr<std::string> bytes = blocks->Get(block.id);
@@ -365,8 +403,9 @@ absl::StatusOr<v1::GcStoreResponse> CollectGarbage(int root, const GcOptions& op
   std::set<BlockId> named;
   absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, "", options.max_parts);
   if (!parts.ok()) return parts.status();
+  uint64_t recipe_bytes = 0;
   for (const PartRef& part : *parts) {
-    absl::StatusOr<RecipeFile> recipe = ReadRecipe(root, part);
+    absl::StatusOr<RecipeFile> recipe = ReadRecipe(root, part, &recipe_bytes);
     if (recipe.status().code() == absl::StatusCode::kNotFound) continue;  // removed meanwhile
     // A recipe that cannot be read stops gc: its blocks are not swept.
     if (!recipe.ok()) return recipe.status();
@@ -419,25 +458,26 @@ absl::StatusOr<v1::GcStoreResponse> CollectGarbage(int root, const GcOptions& op
 absl::StatusOr<StoreTotals> AddUpUsage(int root, size_t max_parts, std::vector<PartUsage>* parts) {
   absl::StatusOr<std::vector<PartRef>> refs = ListParts(root, "", max_parts);
   if (!refs.ok()) return refs.status();
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(root);
+  StoreTotals totals;
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
+  if (blocks.status().code() == absl::StatusCode::kNotFound && refs->empty()) return totals;
   if (!blocks.ok()) return blocks.status();
+  // Each part's distinct ids, sorted; how many parts name each id.
   std::map<BlockId, uint32_t> parts_naming;
-  std::vector<std::set<BlockId>> ids;
+  std::vector<std::vector<BlockId>> ids;
+  uint64_t recipe_bytes = 0;
   for (const PartRef& ref : *refs) {
-    absl::StatusOr<std::string> bytes = ReadRecipeFile(root, ref, /*header_only=*/false);
-    if (bytes.status().code() == absl::StatusCode::kNotFound) continue;
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<RecipeFile> recipe = DecodeRecipeFile(*bytes, ref.ToString());
+    absl::StatusOr<RecipeFile> recipe = ReadRecipe(root, ref, &recipe_bytes);
+    if (recipe.status().code() == absl::StatusCode::kNotFound) continue;  // removed meanwhile
     if (!recipe.ok()) return recipe.status();
-    PartUsage part;
-    part.part = ref;
-    absl::StatusOr<uint64_t> header = RecipeHeaderBytes(*bytes, ref.ToString());
-    part.header = bytes->substr(0, *header);
-    part.usage = recipe->usage;
     std::set<BlockId> named;
     CollectIds(recipe->recipe, &named);
     for (const BlockId& id : named) ++parts_naming[id];
-    ids.push_back(std::move(named));
+    ids.emplace_back(named.begin(), named.end());
+    PartUsage part;
+    part.part = ref;
+    part.header = EncodeRecipeFile({recipe->manifest_json, recipe->usage, {}});
+    part.usage = recipe->usage;
     parts->push_back(std::move(part));
   }
   std::map<BlockId, uint64_t> sizes;
@@ -456,7 +496,6 @@ absl::StatusOr<StoreTotals> AddUpUsage(int root, size_t max_parts, std::vector<P
     usage.set_stored_bytes(stored);
     usage.set_exclusive_bytes(exclusive);
   }
-  StoreTotals totals;
   absl::Status listed = blocks->ForEach([&](const BlockStore::Entry& entry) {
     if (entry.kind != BlockStore::Kind::kBlock) return absl::OkStatus();
     totals.stored_bytes += entry.bytes;

@@ -122,11 +122,19 @@ out=$(on node-a "$HEAPCTL" snapshot create scratch job-9 --store="$STORE") || fa
 for version in job-8 job-9; do
   out=$(on node-a "$HEAPCTL" snapshot rm "$version" --store="$STORE") || fail "rm $version: $out"
 done
-out=$(on node-a "$HEAPCTL" snapshot gc --store="$STORE" --grace_s=0 --dry_run) || fail "gc: $out"
+out=$(on node-a "$HEAPCTL" snapshot gc --store="$STORE" --grace_s=0 2>&1) &&
+  fail "gc took a grace of 0 s"
+expect_in "INVALID_ARGUMENT" "$out"
+# Blocks younger than the grace stay; made older (as if written two
+# minutes ago), the unnamed ones go.
+out=$(on node-a "$HEAPCTL" --json snapshot gc --store="$STORE" --grace_s=60) || fail "gc: $out"
+case "$out" in *blocks_removed*) fail "gc removed young blocks: $out" ;; esac
+find "$STORE/blocks" -type f -exec touch -d '-2 minutes' {} +
+out=$(on node-a "$HEAPCTL" snapshot gc --store="$STORE" --grace_s=60 --dry_run) || fail "gc: $out"
 expect_in "would remove" "$out"
-out=$(on node-a "$HEAPCTL" --json snapshot gc --store="$STORE" --grace_s=0) || fail "gc: $out"
+out=$(on node-a "$HEAPCTL" --json snapshot gc --store="$STORE" --grace_s=60) || fail "gc: $out"
 expect_in '"blocks_removed"' "$out"
-out=$(on node-a "$HEAPCTL" --json snapshot gc --store="$STORE" --grace_s=0) || fail "gc: $out"
+out=$(on node-a "$HEAPCTL" --json snapshot gc --store="$STORE" --grace_s=60) || fail "gc: $out"
 case "$out" in *blocks_removed*) fail "a second gc found more to remove: $out" ;; esac
 out=$(on node-a "$HEAPCTL" snapshot verify job-7 --store="$STORE") || fail "verify after gc: $out"
 out=$(on node-a "$HEAPCTL" snapshot ls --store="$STORE" --quiet)

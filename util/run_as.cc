@@ -94,6 +94,12 @@ bool SwitchCredentials(const Credentials& who) {
   // heapd's working directory may be one the user cannot reach; the child
   // must not start there (a target of /proc/self/cwd would lead into it).
   if (chdir("/") != 0) _exit(kNoCredentials);
+  // The child works for the user: it must not keep heapd's shelter from
+  // the OOM killer (--oom_score_adj), so memory it takes is the user's.
+  if (const int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
+    (void)!write(adj, "0", 1);
+    close(adj);
+  }
   if (!SwitchCredentials(who)) _exit(kNoCredentials);
   // Cleared by the credential change, so set after it; a parent that died
   // already is caught by the getppid check.

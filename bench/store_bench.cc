@@ -1,0 +1,272 @@
+// Benchmarks B9a, B9b and restores of snapshot stores (issue 12), through
+// real heapds (on /dev/shm) and heapd's gRPC API, each next to full-copy
+// snapshots (CreateSnapshot into a directory) taken of the same heap at the
+// same points in the same run. Stores and full copies go to one directory
+// on --dir's file system (standing for the parallel file system).
+//
+//   store_bench --heapd=PATH [--dir=/tmp] [--only=b9a,b9b,restore]
+//               [--b9b_values=10000000] [--block_bytes=N]
+//
+//   B9a: the B3 graph (2^22 R-MAT edges, scale 18) ingested in 16
+//        increments of 2^18 edges, a snapshot after each.
+//   B9b: 10^7 64-bit integers inserted into a vector and into a map
+//        (boost::container::map), a snapshot every 10^6; random, then
+//        sequential integers.
+//   restore: the last B9a version restored onto a heapd holding none of
+//        its blocks, and onto one that restored the previous version;
+//        the last full copy restored, for comparison.
+// Prints, per workload: total bytes stored (allocated on disk) and total
+// snapshot time for the store and for the full copies, and their ratios.
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bench/heapd_process.h"
+#include "boost/container/map.hpp"
+#include "boost/container/vector.hpp"
+#include "client/allocator.h"
+#include "client/examples/graph.h"
+#include "client/examples/rmat.h"
+
+ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
+ABSL_FLAG(std::string, dir, "/tmp", "where stores and full copies go");
+ABSL_FLAG(std::string, only, "b9a,b9b,restore", "which benchmarks");
+ABSL_FLAG(uint64_t, b9b_values, 10000000, "B9b: integers inserted into each container");
+ABSL_FLAG(uint32_t, block_bytes, 0, "the stores' block size (0: heapd's default)");
+
+namespace heapd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "store_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
+  std::exit(1);
+}
+template <typename T>
+T Check(absl::StatusOr<T> value, const std::string& what) {
+  if (!value.ok()) Die(what, value.status());
+  return *std::move(value);
+}
+
+// Bytes allocated on disk under `path`.
+uint64_t DiskBytes(const std::string& path) {
+  uint64_t bytes = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(path)) {
+    struct stat st;
+    if (lstat(entry.path().c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+// Snapshots of one heap into a store and as full copies, side by side.
+struct Snapshots {
+  std::string store, copies;
+  double store_seconds = 0, copy_seconds = 0;
+  double daemon_seconds = 0;  // heapd's own time for the store's creates
+  uint64_t logical = 0, hashed = 0;
+  int taken = 0;
+
+  Snapshots(const std::string& base, const std::string& name)
+      : store(base + "/" + name + "-store"), copies(base + "/" + name + "-copies") {
+    std::filesystem::create_directories(store);
+    std::filesystem::create_directories(copies);
+  }
+
+  void Take(Client& client, const std::string& heap) {
+    const std::string name = absl::StrCat("v", ++taken);
+    // Alternating which goes first: page cache and memory state even out.
+    for (int order = 0; order < 2; ++order) {
+      const bool to_store = (order == 0) == (taken % 2 == 0);
+      v1::CreateSnapshotRequest request;
+      request.set_heap(heap);
+      request.set_name(name);
+      (to_store ? request.mutable_store_dir() : request.mutable_target_dir())
+          ->assign(to_store ? store : copies);
+      v1::SnapshotManifest manifest;
+      grpc::ClientContext context;
+      const Clock::time_point t0 = Clock::now();
+      const grpc::Status status = client.stub().CreateSnapshot(&context, request, &manifest);
+      const double took = Seconds(Clock::now() - t0);
+      if (!status.ok()) Die("snapshot " + name, absl::InternalError(status.error_message()));
+      if (to_store) {
+        store_seconds += took;
+        daemon_seconds += manifest.store().duration_us() / 1e6;
+        logical += manifest.store().logical_bytes();
+        hashed += manifest.store().hashed_bytes();
+      } else {
+        copy_seconds += took;
+      }
+    }
+  }
+
+  void Print(const std::string& what) const {
+    const double stored = static_cast<double>(DiskBytes(store));
+    const double copied = static_cast<double>(DiskBytes(copies));
+    std::printf("%s: %d snapshots of %.1f MiB logical in all (%.1f MiB hashed)\n", what.c_str(),
+                taken, logical / 1048576.0, hashed / 1048576.0);
+    std::printf("  store:       %10.1f MiB on disk  %8.3f s (heapd %.3f s)\n", stored / 1048576.0,
+                store_seconds, daemon_seconds);
+    std::printf("  full copies: %10.1f MiB on disk  %8.3f s\n", copied / 1048576.0, copy_seconds);
+    std::printf("  store / full copies: %.4f of the bytes (%.1fx less), %.2f of the time\n",
+                stored / copied, copied / stored, store_seconds / copy_seconds);
+  }
+};
+
+std::unique_ptr<Heap> NewHeap(Client& client, const std::string& name) {
+  AttachOptions create;
+  create.create_if_missing = true;
+  create.max_size = uint64_t{16} << 30;
+  return Check(client.Attach(name, create), "attach " + name);
+}
+
+// Detaches `heap` (a snapshot waits for writers to sync after it begins,
+// so the writer steps aside) and attaches again.
+void Pause(Client& client, std::unique_ptr<Heap>& heap, const std::string& name,
+           const std::function<void()>& between) {
+  if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+  heap.reset();
+  between();
+  heap = Check(client.Attach(name, AttachOptions()), "attach " + name);
+}
+
+// B9a, returning its snapshots (the restore benchmark reads them).
+Snapshots RunB9a(HeapdProcess& daemon, const std::string& base) {
+  Client& client = daemon.client();
+  Snapshots snapshots(base, "b9a");
+  std::unique_ptr<Heap> heap = NewHeap(client, "b9a");
+  Check(heap->construct<Graph>("graph")(allocator<char>(*heap)), "construct");
+  RmatGenerator rmat(18, 2026);
+  for (int step = 0; step < 16; ++step) {
+    Graph* graph = Check(heap->find<Graph>("graph"), "find");
+    for (int i = 0; i < (1 << 18); ++i) {
+      const auto [source, destination] = rmat.Next();
+      graph->AddEdge(source, destination);
+    }
+    graph->edges += 1 << 18;
+    Pause(client, heap, "b9a", [&] { snapshots.Take(client, "b9a"); });
+  }
+  if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+  snapshots.Print("B9a (B3 graph, 16 increments of 2^18 edges)");
+  return snapshots;
+}
+
+void RunB9b(HeapdProcess& daemon, const std::string& base, bool sequential) {
+  using Vector = boost::container::vector<uint64_t, allocator<uint64_t>>;
+  using Map = boost::container::map<uint64_t, uint64_t, std::less<uint64_t>,
+                                    allocator<std::pair<const uint64_t, uint64_t>>>;
+  Client& client = daemon.client();
+  const std::string name = sequential ? "b9b-seq" : "b9b-rand";
+  Snapshots snapshots(base, name);
+  std::unique_ptr<Heap> heap = NewHeap(client, name);
+  Vector* vector = Check(heap->construct<Vector>("vector")(allocator<uint64_t>(*heap)), "vector");
+  Map* map =
+      Check(heap->construct<Map>("map")(std::less<uint64_t>(),
+                                        allocator<std::pair<const uint64_t, uint64_t>>(*heap)),
+            "map");
+  std::mt19937_64 random(2026);
+  const uint64_t values = absl::GetFlag(FLAGS_b9b_values);
+  const uint64_t every = std::max<uint64_t>(1, values / 10);
+  for (uint64_t i = 0; i < values; ++i) {
+    const uint64_t value = sequential ? i : random();
+    vector->push_back(value);
+    map->emplace(value, i);
+    if ((i + 1) % every == 0) {
+      Pause(client, heap, name, [&] { snapshots.Take(client, name); });
+      vector = Check(heap->find<Vector>("vector"), "find");
+      map = Check(heap->find<Map>("map"), "find");
+    }
+  }
+  if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+  snapshots.Print(absl::StrCat("B9b (", values, " ", sequential ? "sequential" : "random",
+                               " integers into a vector and a map)"));
+  v1::RemoveHeapRequest remove;
+  remove.set_heap(name);
+  v1::RemoveHeapResponse removed;
+  grpc::ClientContext context;
+  (void)client.stub().RemoveHeap(&context, remove, &removed);
+}
+
+// Restores version `name` of `snapshots` (store, or the full copy) as
+// heap `as` on `daemon`; seconds.
+double Restore(HeapdProcess& daemon, const Snapshots& snapshots, const std::string& name,
+               bool from_store, const std::string& as) {
+  v1::RestoreSnapshotRequest request;
+  request.set_name(name);
+  request.set_heap(as);
+  (from_store ? request.mutable_store_dir() : request.mutable_target_dir())
+      ->assign(from_store ? snapshots.store : snapshots.copies);
+  v1::HeapInfo info;
+  grpc::ClientContext context;
+  const Clock::time_point t0 = Clock::now();
+  const grpc::Status status = daemon.client().stub().RestoreSnapshot(&context, request, &info);
+  if (!status.ok()) Die("restore " + name, absl::InternalError(status.error_message()));
+  const double took = Seconds(Clock::now() - t0);
+  // The graph is there, whole.
+  AttachOptions read_only;
+  read_only.read_only = true;
+  std::unique_ptr<Heap> heap = Check(daemon.client().Attach(as, read_only), "attach " + as);
+  Graph* graph = Check(heap->find<Graph>("graph"), "find the restored graph");
+  if (graph->edges != (uint64_t{1} << 22)) Die("restore", absl::DataLossError("edge count"));
+  return took;
+}
+
+void RunRestores(const std::string& heapd, const Snapshots& b9a) {
+  std::vector<std::string> flags;
+  std::unique_ptr<HeapdProcess> empty = Check(HeapdProcess::Start(heapd, flags), "start heapd");
+  std::unique_ptr<HeapdProcess> warm = Check(HeapdProcess::Start(heapd, flags), "start heapd");
+  const std::string last = absl::StrCat("v", b9a.taken);
+  const std::string previous = absl::StrCat("v", b9a.taken - 1);
+  const double copy = Restore(*empty, b9a, last, /*from_store=*/false, "copy");
+  const double cold = Restore(*empty, b9a, last, /*from_store=*/true, "cold");
+  // A node that restored the previous version holds most blocks already.
+  (void)Restore(*warm, b9a, previous, true, "previous");
+  const double warmed = Restore(*warm, b9a, last, true, "warm");
+  std::printf("restore of the last B9a version (%s):\n", last.c_str());
+  std::printf("  full copy:                                 %8.3f s\n", copy);
+  std::printf("  store, node holding none of its blocks:    %8.3f s\n", cold);
+  std::printf("  store, node holding the previous version:  %8.3f s\n", warmed);
+}
+
+}  // namespace
+}  // namespace heapd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using heapd::Check;
+  const std::string heapd_binary = absl::GetFlag(FLAGS_heapd);
+  std::string base = absl::GetFlag(FLAGS_dir) + "/heapd-b9-XXXXXX";
+  if (mkdtemp(base.data()) == nullptr) heapd::Die("mkdtemp", absl::InternalError(base));
+  std::vector<std::string> flags;
+  if (const uint32_t block = absl::GetFlag(FLAGS_block_bytes); block != 0) {
+    flags.push_back(absl::StrCat("--store_block_bytes=", block));
+  }
+  const std::string only = absl::GetFlag(FLAGS_only);
+  {
+    std::unique_ptr<heapd::HeapdProcess> daemon =
+        Check(heapd::HeapdProcess::Start(heapd_binary, flags), "start heapd");
+    if (only.find("b9a") != std::string::npos || only.find("restore") != std::string::npos) {
+      heapd::Snapshots b9a = heapd::RunB9a(*daemon, base);
+      if (only.find("restore") != std::string::npos) heapd::RunRestores(heapd_binary, b9a);
+    }
+    if (only.find("b9b") != std::string::npos) {
+      heapd::RunB9b(*daemon, base, /*sequential=*/false);
+      heapd::RunB9b(*daemon, base, /*sequential=*/true);
+    }
+  }
+  std::filesystem::remove_all(base);
+  return 0;
+}
