@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "allocator/chunk_directory.h"
 #include "allocator/size_class.h"
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
@@ -122,10 +123,15 @@ bool WriteAllAt(int fd, absl::string_view bytes, uint64_t at) {
          static_cast<ssize_t>(bytes.size());
 }
 
-// The chunks the committed epoch uses (small chunk records, large runs).
-std::vector<bool> UsedChunks(const Checkpoint& state) {
+// The chunks the committed epoch uses (small chunks, large runs): its
+// records read as the heap reads them (the last of each chunk wins; a
+// log's records free chunks too).
+absl::StatusOr<std::vector<bool>> UsedChunks(const Checkpoint& state) {
+  absl::StatusOr<std::unique_ptr<ChunkDirectory>> directory =
+      ChunkDirectory::FromRecords(state.capacity_chunks, state.chunks);
+  if (!directory.ok()) return directory.status();
   std::vector<bool> used(state.capacity_chunks, false);
-  for (const ChunkRecord& record : state.chunks) {
+  for (const ChunkRecord& record : (*directory)->AllRecords()) {
     const uint64_t length = record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
     for (uint64_t c = record.chunk; c < record.chunk + length && c < used.size(); ++c) {
       used[c] = true;
@@ -226,7 +232,9 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     absl::StatusOr<VerifiedSnapshot> verified =
         VerifySnapshotFiles(what, stored.manifest_json, state.metadata_files, state.data_bytes);
     if (!verified.ok()) return verified.status();
-    stored.used_chunks = UsedChunks(verified->metadata.state);
+    absl::StatusOr<std::vector<bool>> used = UsedChunks(verified->metadata.state);
+    if (!used.ok()) return used.status();
+    stored.used_chunks = *std::move(used);
     // The child gets only a read-only descriptor of the heap's data.
     absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
     if (!data.ok()) return data.status();

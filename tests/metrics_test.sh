@@ -47,6 +47,12 @@ expect_value() {  # expect_value METRIC EXPECTED
 "$WORKER" "$S" h free-half 1 | grep -q "double free: INVALID_ARGUMENT" ||        # attach 2
   fail "free-half worker"
 "$HEAPCTL" --socket="$S" snapshot create h quiet >/dev/null || fail "snapshot without writers"
+mkdir "$DIR/store"
+"$HEAPCTL" --socket="$S" snapshot create h v1 --store="$DIR/store" >/dev/null ||
+  fail "store snapshot without writers"
+"$HEAPCTL" --socket="$S" snapshot restore v1 --store="$DIR/store" --heap=h2 >/dev/null ||
+  fail "restore from the store"
+"$HEAPCTL" --socket="$S" heap rm h2 >/dev/null || fail "remove the restored heap"
 "$WORKER" "$S" h alloc-forever 2 >"$DIR/w2" &                                     # attach 3, killed
 W2=$!
 PIDS+=($W2)
@@ -74,6 +80,8 @@ expect_value 'heapd_heap_names{heap="h"}' 3   # worker-1, pre-2, pre-3
 expect_value 'heapd_build_info{version="0.3.0"}' 1
 expect_value 'heapd_snapshots_total{outcome="ok"}' 1
 expect_value 'heapd_snapshots_total{outcome="failed"}' 1
+expect_value 'heapd_store_snapshots_total{outcome="ok"}' 1
+expect_value 'heapd_store_restores_total{outcome="ok"}' 1
 stat=$("$HEAPCTL" --socket="$S" --json heap stat h)
 for pair in live_objects:heapd_heap_live_objects allocated_bytes:heapd_heap_allocated_bytes \
             capacity_bytes:heapd_heap_reserved_bytes max_size:heapd_heap_capacity_bytes; do

@@ -125,7 +125,7 @@ PIDFILES+=("$DIR/munge/munged.pid")
 cat >"$DIR/epilog" <<EOS
 #!/bin/sh
 HEAPD_SLURM_CONF=/nonexistent HEAPD_SOCKET=$DIR/a/run/heapd.sock HEAPD_SNAPSHOT_DIR=$DIR/pfs \
-HEAPCTL=$HEAPCTL HEAPD_EPILOG_LOG=$DIR/epilog.log HEAPD_SLURM_TIMEOUT=60 \
+HEAPD_SNAPSHOT_STORE=1 HEAPCTL=$HEAPCTL HEAPD_EPILOG_LOG=$DIR/epilog.log HEAPD_SLURM_TIMEOUT=60 \
 exec $DIR/libexec/heapd-epilog.sh
 EOS
 cat >"$DIR/prolog" <<EOS
@@ -204,6 +204,12 @@ wait_for 10 grep -q "snapshot graph-$JOB1 of heap graph" "$DIR/epilog.log" ||
   fail "$SNAPS is not nobody's, mode 0700: $(stat -c '%u %a' "$SNAPS" 2>&1)"
 [ "$(stat -c %u "$SNAPS/graph-$JOB1" 2>&1)" = "$JOB_UID" ] ||
   fail "snapshot graph-$JOB1 is not nobody's: $(ls -la "$SNAPS" 2>&1)"
+# And added node A's part to the job's version in nobody's store.
+wait_for 10 grep -q "part job-$JOB1/" "$DIR/epilog.log" ||
+  fail "the epilog logged no store part: $(tail -5 "$DIR/epilog.log")"
+out=$(as_nobody env HEAPD_SOCKET="$DIR/b/run/heapd.sock" "$HEAPCTL" snapshot verify "job-$JOB1" \
+  --store="$SNAPS/store" 2>&1) || fail "the job's store version does not verify on node B: $out"
+[ "$(stat -c %u "$SNAPS/store" 2>&1)" = "$JOB_UID" ] || fail "the store is not nobody's"
 
 # Hostile entries, planted by nobody in its own directory. Should anything
 # expand one of these names, it creates a marker file.

@@ -6,7 +6,11 @@
 # $HEAPD_SNAPSHOT_DIR/USER/HEAP-JOBID with the label slurm_job_id=JOBID;
 # once that succeeds, that heap's older epilog snapshots (HEAP-OTHERJOBID)
 # are removed (the newest one is kept, so a failed epilog never loses the
-# last good snapshot). heapd-restore.sh brings the newest back.
+# last good snapshot). heapd-restore.sh brings the newest back. With
+# HEAPD_SNAPSHOT_STORE=1 each heap is also added, as this node's part, to
+# version job-JOBID of the user's snapshot store USER/store (every node's
+# epilog adds its own: one job snapshot); versions there are kept (gc is
+# the user's).
 #
 # It runs as root, for a user who may be hostile: listing the user's heaps
 # (heapd only, no path) runs as root; everything in the user's directory
@@ -90,6 +94,18 @@ main() {
   local dir="$SNAPSHOT_BASE/$JOB_USER"
   make_user_dir "$dir" || return
 
+  # The user's snapshot store, made by the user in the user's directory.
+  local store=
+  if [ "$HEAPD_SNAPSHOT_STORE" = 1 ]; then
+    store="$dir/store"
+    if [ ! -e "$store" ] && [ ! -L "$store" ] &&
+      ! out=$(heapd_as_user mkdir -m 0700 -- "$store" 2>&1); then
+      log "no store: cannot create $store as $JOB_USER: $out"; store=
+    elif ! heapd_user_dir_ok "$store"; then
+      log "no store: $HEAPD_WHY"; store=
+    fi
+  fi
+
   # One snapshot per heap, as the user.
   local -A made=()
   local snapshot
@@ -113,6 +129,15 @@ main() {
       made[$heap]=$snapshot
     else
       log "snapshot of heap $heap FAILED ($(heapd_failure $status)): $out"
+    fi
+    [ -n "$store" ] || continue
+    out=$(heapd_ctl_user snapshot create --store="$store" --label="slurm_job_id=$job" \
+      --wait_ms="$HEAPD_SNAPSHOT_WAIT_MS" -- "$heap" "job-$job" 2>&1)
+    status=$?
+    if [ $status -eq 0 ]; then
+      log "$out"
+    else
+      log "store part of heap $heap FAILED ($(heapd_failure $status)): $out"
     fi
   done
   [ ${#made[@]} -gt 0 ] || return

@@ -24,8 +24,8 @@ export PATH
 # Settings: /etc/default/heapd-slurm (a copy of heapd-slurm.conf), where the
 # environment does not set them already (Slurm gives its prolog and epilog
 # an environment of its own, not the job's).
-HEAPD_SLURM_SETTINGS=(HEAPD_SOCKET HEAPD_SNAPSHOT_DIR HEAPCTL HEAPD_EPILOG_LOG HEAPD_PROLOG_LOG
-  HEAPD_SNAPSHOT_WAIT_MS HEAPD_SLURM_TIMEOUT HEAPD_EPILOG_TOTAL_TIMEOUT)
+HEAPD_SLURM_SETTINGS=(HEAPD_SOCKET HEAPD_SNAPSHOT_DIR HEAPD_SNAPSHOT_STORE HEAPCTL HEAPD_EPILOG_LOG
+  HEAPD_PROLOG_LOG HEAPD_SNAPSHOT_WAIT_MS HEAPD_SLURM_TIMEOUT HEAPD_EPILOG_TOTAL_TIMEOUT)
 heapd_load_settings() {
   local -A from_env=()
   local var
@@ -48,6 +48,7 @@ heapd_load_settings() {
   done
   HEAPD_SOCKET=${HEAPD_SOCKET:-/run/heapd/heapd.sock}
   HEAPD_SNAPSHOT_DIR=${HEAPD_SNAPSHOT_DIR:-}
+  HEAPD_SNAPSHOT_STORE=${HEAPD_SNAPSHOT_STORE:-0}
   HEAPCTL=${HEAPCTL:-/usr/local/bin/heapctl}
   HEAPD_EPILOG_LOG=${HEAPD_EPILOG_LOG:-/var/log/heapd-epilog.log}
   HEAPD_PROLOG_LOG=${HEAPD_PROLOG_LOG:-/var/log/heapd-prolog.log}
