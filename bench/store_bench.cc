@@ -5,7 +5,7 @@
 // on --dir's file system (standing for the parallel file system).
 //
 //   store_bench --heapd=PATH [--dir=/tmp] [--only=b9a,b9b,restore]
-//               [--b9b_values=10000000] [--block_bytes=N]
+//               [--b9b_values=10000000] [--block_bytes=N] [--zstd_level=N]
 //
 //   B9a: the B3 graph (2^22 R-MAT edges, scale 18) ingested in 16
 //        increments of 2^18 edges, a snapshot after each.
@@ -45,6 +45,7 @@ ABSL_FLAG(std::string, dir, "/tmp", "where stores and full copies go");
 ABSL_FLAG(std::string, only, "b9a,b9b,restore", "which benchmarks");
 ABSL_FLAG(uint64_t, b9b_values, 10000000, "B9b: integers inserted into each container");
 ABSL_FLAG(uint32_t, block_bytes, 0, "the stores' block size (0: heapd's default)");
+ABSL_FLAG(int, zstd_level, 0, "the stores' zstd level (0: heapd's default)");
 
 namespace heapd {
 namespace {
@@ -254,6 +255,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> flags;
   if (const uint32_t block = absl::GetFlag(FLAGS_block_bytes); block != 0) {
     flags.push_back(absl::StrCat("--store_block_bytes=", block));
+  }
+  if (const int level = absl::GetFlag(FLAGS_zstd_level); level != 0) {
+    flags.push_back(absl::StrCat("--store_zstd_level=", level));
   }
   const std::string only = absl::GetFlag(FLAGS_only);
   {

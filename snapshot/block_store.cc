@@ -150,6 +150,10 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
   }
   Stored stored;
   stored.id = BlockId::Of(bytes);
+  if (auto pending = pending_bytes_.find(stored.id); pending != pending_bytes_.end()) {
+    stored.stored_bytes = pending->second;  // written by this store already
+    return stored;
+  }
   const std::string name = stored.id.Hex();
   const int index = stored.id.hash[0];
   const int dir = Directory(index, /*create=*/true);
@@ -160,6 +164,7 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
     unsynced_.set(index);
     return stored;
   }
+  if (options_.claim && !options_.claim(stored.id)) return stored;  // another worker's
   // Missing, damaged or not markable (then replaced by the rename below).
   std::string file(kHeaderBytes + ZSTD_compressBound(bytes.size()), '\0');
   const size_t compressed = ZSTD_compress(file.data() + kHeaderBytes, file.size() - kHeaderBytes,
@@ -178,24 +183,39 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
     UniqueFd fd(
         openat(dir, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create block ", name));
-    if (!WriteAll(fd.get(), file) || fsync(fd.get()) != 0) {
+    if (!WriteAll(fd.get(), file)) {
       const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write block ", name));
       unlinkat(dir, temporary.c_str(), 0);
       return failed;
     }
   }
-  if (renameat(dir, temporary.c_str(), dir, name.c_str()) != 0) {
-    const absl::Status failed = ErrnoStatus(errno, absl::StrCat("rename block ", name));
-    unlinkat(dir, temporary.c_str(), 0);
-    return failed;
-  }
-  unsynced_.set(index);
+  pending_.push_back({index, temporary, name});
+  pending_bytes_[stored.id] = file.size();
   stored.written = true;
   stored.stored_bytes = file.size();
   return stored;
 }
 
-absl::Status BlockStore::SyncDirectories() {
+BlockStore::~BlockStore() {
+  for (const Pending& block : pending_) {
+    unlinkat(directories_[block.directory].get(), block.temporary.c_str(), 0);
+  }
+}
+
+absl::Status BlockStore::Commit() {
+  if (!pending_.empty()) {
+    // Their bytes durable first, all at once; then their names.
+    if (syncfs(blocks_.get()) != 0) return ErrnoStatus(errno, "sync the store's blocks");
+    for (const Pending& block : pending_) {
+      const int dir = directories_[block.directory].get();
+      if (renameat(dir, block.temporary.c_str(), dir, block.name.c_str()) != 0) {
+        return ErrnoStatus(errno, absl::StrCat("rename block ", block.name));
+      }
+      unsynced_.set(block.directory);
+    }
+    pending_.clear();
+    pending_bytes_.clear();
+  }
   for (int index = 0; index < 256; ++index) {
     if (!unsynced_.test(index)) continue;
     if (fsync(directories_[index].get()) != 0) {

@@ -6,10 +6,11 @@
 // with zstd, as blocks/XX/<64 hex digits> (XX: the first two) under the
 // store's root: a 24-byte header (magic "HBK1", the block's size, the
 // compressed size, little endian) and one zstd frame. A block is written
-// under a random temporary name (.tmp-RANDOM) beside it, fsynced and
-// renamed into place, so a reader never sees part of one, and writers of
-// the same block on several nodes all succeed (the bytes are the same; one
-// rename wins). A crashed writer leaves only a .tmp- file, which no one
+// under a random temporary name (.tmp-RANDOM) beside it; Commit makes the
+// blocks written since durable (one syncfs for all of them, not an fsync
+// each) and only then renames them into place, so a reader never sees part
+// of one, and writers of the same block on several nodes all succeed (the
+// bytes are the same; one rename wins). A crashed writer leaves only a .tmp- file, which no one
 // reads and gc removes. A file already there is taken as the block if this
 // user wrote it and its header fits its size (its hash is checked whenever
 // it is read), and its modification time is set to now, which tells gc a
@@ -33,7 +34,9 @@
 #include <bitset>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,6 +72,9 @@ struct BlockStoreOptions {
   int zstd_level = 3;
   // Blocks larger than this are refused (Put) and not read (Get).
   uint64_t max_block_bytes = uint64_t{2} << 20;
+  // Stores of one operation working in parallel: Put writes a block the
+  // store lacks only if claim(id) says no other has (it must be thread-safe).
+  std::function<bool(const BlockId&)> claim;
 };
 
 class BlockStore {
@@ -77,6 +83,10 @@ class BlockStore {
   // this), making root/blocks if missing and `create`, else NOT_FOUND.
   static absl::StatusOr<BlockStore> At(int root, BlockStoreOptions options = {},
                                        bool create = true);
+  BlockStore(BlockStore&&) = default;
+  BlockStore& operator=(BlockStore&&) = default;
+  // Blocks Put wrote and Commit did not rename are removed.
+  ~BlockStore();
 
   struct Stored {
     BlockId id;
@@ -84,11 +94,11 @@ class BlockStore {
     uint64_t stored_bytes = 0;  // its file's size
   };
   // Stores `bytes` unless a block of the same hash is there (then marks it
-  // used now). The block file is durable before it returns; its directory
-  // entry once SyncDirectories returns.
+  // used now). A block written is readable and durable once Commit returns.
   absl::StatusOr<Stored> Put(absl::string_view bytes);
-  // Fsyncs the directories Put wrote into since the last call.
-  absl::Status SyncDirectories();
+  // Makes the blocks Put wrote durable (syncfs), renames them into place
+  // and fsyncs the directories changed since the last call (Put's, Remove's).
+  absl::Status Commit();
 
   // The block's bytes, checked (see above). NOT_FOUND if it is not there.
   absl::StatusOr<std::string> Get(const BlockId& id);
@@ -108,8 +118,7 @@ class BlockStore {
     int64_t modified_ns = 0;  // since the epoch
   };
   absl::Status ForEach(const std::function<absl::Status(const Entry&)>& visit);
-  // Removes the file of `entry` (ForEach's), durably once SyncDirectories
-  // returns.
+  // Removes the file of `entry` (ForEach's), durably once Commit returns.
   absl::Status Remove(const Entry& entry);
   // gc's removal of the block of `entry` (version_store.h): sets it aside
   // (.trash-ID), then removes it unless it was marked used at or after
@@ -129,6 +138,14 @@ class BlockStore {
   BlockStoreOptions options_;
   std::array<UniqueFd, 256> directories_;
   std::bitset<256> unsynced_;
+  // Blocks written under temporary names, to be renamed by Commit.
+  struct Pending {
+    int directory;
+    std::string temporary;
+    std::string name;
+  };
+  std::vector<Pending> pending_;
+  std::map<BlockId, uint64_t> pending_bytes_;  // their file sizes, by id
 };
 
 }  // namespace heapd

@@ -44,6 +44,14 @@ class BlockStoreTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_.emplace(*std::move(store));
   }
+  // Put and Commit: the block durable and in place.
+  absl::StatusOr<BlockStore::Stored> Put(absl::string_view bytes) {
+    absl::StatusOr<BlockStore::Stored> stored = store_->Put(bytes);
+    if (stored.ok()) {
+      if (absl::Status s = store_->Commit(); !s.ok()) return s;
+    }
+    return stored;
+  }
   std::string PathOf(const BlockId& id) {
     return dir_.Sub("store/blocks/" + id.Hex().substr(0, 2) + "/" + id.Hex());
   }
@@ -55,12 +63,12 @@ class BlockStoreTest : public ::testing::Test {
 
 TEST_F(BlockStoreTest, ABlockComesBackAsStoredAndIsStoredOnce) {
   const std::string zeros(1 << 20, '\0');
-  auto first = store_->Put(zeros);
+  auto first = Put(zeros);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_TRUE(first->written);
   EXPECT_LT(first->stored_bytes, 4096u);  // compressed
   EXPECT_EQ(first->id.Hex().size(), 64u);
-  auto again = store_->Put(zeros);
+  auto again = Put(zeros);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(again->written);
   EXPECT_EQ(again->id, first->id);
@@ -70,7 +78,7 @@ TEST_F(BlockStoreTest, ABlockComesBackAsStoredAndIsStoredOnce) {
   EXPECT_EQ(*got, zeros);
 
   const std::string noise = RandomBytes(300000, 7);
-  auto stored = store_->Put(noise);
+  auto stored = Put(noise);
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(*store_->Get(stored->id), noise);
   EXPECT_EQ(FilesUnder(dir_.Sub("store/blocks")), 2u);
@@ -86,8 +94,8 @@ TEST_F(BlockStoreTest, ABlockComesBackAsStoredAndIsStoredOnce) {
 // Nothing read is trusted: a changed byte, a block under another's name, a
 // header that lies, a FIFO where a block should be.
 TEST_F(BlockStoreTest, ADamagedOrSwappedBlockIsDataLoss) {
-  auto a = store_->Put(RandomBytes(5000, 1));
-  auto b = store_->Put(RandomBytes(6000, 2));
+  auto a = Put(RandomBytes(5000, 1));
+  auto b = Put(RandomBytes(6000, 2));
   ASSERT_TRUE(a.ok() && b.ok());
   {
     std::fstream file(PathOf(a->id), std::ios::in | std::ios::out | std::ios::binary);
@@ -114,13 +122,13 @@ TEST_F(BlockStoreTest, APlantedBlockFileIsReplaced) {
   const BlockId id = BlockId::Of(bytes);
   std::filesystem::create_directories(std::filesystem::path(PathOf(id)).parent_path());
   std::ofstream(PathOf(id)) << "HBK1 but not a block";
-  auto stored = store_->Put(bytes);
+  auto stored = Put(bytes);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_TRUE(stored->written);
   EXPECT_EQ(*store_->Get(id), bytes);
   std::filesystem::remove(PathOf(id));
   std::filesystem::create_symlink("/etc/passwd", PathOf(id));
-  stored = store_->Put(bytes);
+  stored = Put(bytes);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_TRUE(stored->written);
   EXPECT_FALSE(std::filesystem::is_symlink(PathOf(id)));
@@ -134,7 +142,7 @@ TEST_F(BlockStoreTest, BlocksAboveTheLimitAreRefused) {
   ASSERT_TRUE(small.ok());
   EXPECT_EQ(small->Put(std::string(1001, 'a')).status().code(), absl::StatusCode::kInvalidArgument);
   // A block a store with a larger limit wrote is not read past this one's.
-  auto big = store_->Put(std::string(5000, 'b'));
+  auto big = Put(std::string(5000, 'b'));
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(small->Get(big->id).status().code(), absl::StatusCode::kDataLoss);
 }
@@ -153,7 +161,7 @@ TEST_F(BlockStoreTest, ConcurrentWritersOfTheSameBlocksLoseNothing) {
       for (const std::string& block : blocks) {
         if (!mine.ok() || !mine->Put(block).ok()) ++failures;
       }
-      if (!mine.ok() || !mine->SyncDirectories().ok()) ++failures;
+      if (!mine.ok() || !mine->Commit().ok()) ++failures;
     });
   }
   for (std::thread& t : writers) t.join();

@@ -244,6 +244,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     stored.metadata_files = &state.metadata_files;
     stored.block_bytes = options_.block_bytes;
     stored.zstd_level = options_.zstd_level;
+    stored.threads = options_.threads;
     absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
         caller, store_dir, {data_fd.get()}, what, [&](int root, MessageSink& out) -> absl::Status {
           absl::StatusOr<v1::StoreUsage> usage = WritePart(root, stored);
@@ -412,10 +413,10 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   read.fetched_blocks = wanted.size();
   std::vector<int> keep;
   if (data_fd >= 0) keep.push_back(data_fd);
-  messages = snapshots_->RunIn(caller, which.store_dir, keep, what,
-                               [&](int root, MessageSink& out) -> absl::Status {
-                                 return FetchBlocks(root, wanted, data_fd, where, out);
-                               });
+  messages = snapshots_->RunIn(
+      caller, which.store_dir, keep, what, [&](int root, MessageSink& out) -> absl::Status {
+        return FetchBlocks(root, wanted, data_fd, where, out, options_.threads);
+      });
   if (!messages.ok()) return messages.status();
   for (ChildMessage& message : *messages) {
     if (message.bytes.size() < 1 + kBlockIdBytes || message.bytes[0] != kBlockMessage) {
@@ -454,7 +455,7 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     }
     Cache(*cache, block);
   }
-  if (use_cache) (void)cache->SyncDirectories();
+  if (use_cache) (void)cache->Commit();
   for (const auto& [at, id] : copies) {
     const uint64_t from = first_offset[id];
     const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
@@ -475,7 +476,9 @@ std::optional<BlockStore> StoreSnapshots::CacheOf(uint32_t uid) {
   if (mkdirat(cache_.get(), name.c_str(), 0700) != 0 && errno != EEXIST) return std::nullopt;
   absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(cache_.get(), name);
   if (!dir.ok()) return std::nullopt;
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get());
+  BlockStoreOptions options;
+  options.zstd_level = 1;  // the node's tier: fast over small
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get(), options);
   // The store keeps its own descriptors of blocks/; the uid's directory
   // itself is not needed after this.
   if (!blocks.ok()) return std::nullopt;
@@ -521,7 +524,7 @@ void StoreSnapshots::TrimCache() {
     if (total <= goal) break;
     if (stores[store].Remove(entry).ok()) total -= entry.bytes;
   }
-  for (BlockStore& store : stores) (void)store.SyncDirectories();
+  for (BlockStore& store : stores) (void)store.Commit();
   cache_bytes_ = total;
 }
 

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -123,8 +126,13 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   if (!lease.ok()) return lease.status();
   BlockStoreOptions options;
   options.zstd_level = source.zstd_level;
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
-  if (!blocks.ok()) return blocks.status();
+  // A block both workers meet is written by the first (counted once).
+  std::mutex claims_mu;
+  std::set<BlockId> claimed;
+  options.claim = [&](const BlockId& id) {
+    std::lock_guard<std::mutex> lock(claims_mu);
+    return claimed.insert(id).second;
+  };
 
   RecipeFile file;
   file.manifest_json = source.manifest_json;
@@ -132,55 +140,86 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   v1::StoreRecipe& recipe = file.recipe;
   recipe.set_block_bytes(source.block_bytes);
   recipe.set_data_bytes(source.data_bytes);
-  auto put = [&](absl::string_view bytes, std::string* ids) -> absl::Status {
-    absl::StatusOr<BlockStore::Stored> stored = blocks->Put(bytes);
+  // What one worker counted; each writes the ids of its own blocks.
+  struct Tally {
+    uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0;
+    absl::Status status;
+  };
+  auto put = [](BlockStore& blocks, absl::string_view bytes, char* id, Tally& tally) {
+    absl::StatusOr<BlockStore::Stored> stored = blocks.Put(bytes);
     if (!stored.ok()) return stored.status();
-    usage.set_blocks(usage.blocks() + 1);
+    ++tally.blocks;
     if (stored->written) {
-      usage.set_blocks_written(usage.blocks_written() + 1);
-      usage.set_stored_bytes(usage.stored_bytes() + stored->stored_bytes);
+      ++tally.written;
+      tally.stored_bytes += stored->stored_bytes;
     }
-    ids->append(reinterpret_cast<const char*>(stored->id.hash.data()), kBlockIdBytes);
+    std::memcpy(id, stored->id.hash.data(), kBlockIdBytes);
     return absl::OkStatus();
   };
-  const std::string hole(kBlockIdBytes, '\0');
+  // The data file's blocks, by `threads` workers (hashing and compressing
+  // are the cost), block i to worker i % threads; holes stay zero ids.
   std::string& data_ids = *recipe.mutable_data_blocks();
-  std::string block(source.block_bytes, '\0');
-  for (uint64_t at = 0; at < source.data_bytes; at += source.block_bytes) {
-    const uint64_t chunk = at / kChunkSize;
-    if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) {
-      data_ids += hole;  // free at this epoch: never read
-      continue;
+  data_ids.assign(data_blocks * kBlockIdBytes, '\0');
+  const int threads = std::max(1, source.threads);
+  std::vector<Tally> tallies(threads);
+  auto work = [&](int worker) {
+    Tally& tally = tallies[worker];
+    absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
+    if (!blocks.ok()) {
+      tally.status = blocks.status();
+      return;
     }
-    const size_t length =
-        static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
-    if (!ReadAll(source.data_fd, block.data(), length, at)) {
-      return ErrnoStatus(errno == 0 ? EIO : errno,
-                         absl::StrCat("read heap ", part.heap, "'s data at ", at));
+    std::string block(source.block_bytes, '\0');
+    for (uint64_t i = worker; i < data_blocks && tally.status.ok(); i += threads) {
+      const uint64_t at = i * source.block_bytes;
+      const uint64_t chunk = at / kChunkSize;
+      if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) continue;
+      const size_t length =
+          static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
+      if (!ReadAll(source.data_fd, block.data(), length, at)) {
+        tally.status = ErrnoStatus(errno == 0 ? EIO : errno,
+                                   absl::StrCat("read heap ", part.heap, "'s data at ", at));
+        break;
+      }
+      tally.hashed_bytes += length;
+      const absl::string_view bytes(block.data(), length);
+      if (AllZero(bytes)) continue;  // a hole
+      tally.status = put(*blocks, bytes, &data_ids[i * kBlockIdBytes], tally);
     }
-    usage.set_hashed_bytes(usage.hashed_bytes() + length);
-    const absl::string_view bytes(block.data(), length);
-    if (AllZero(bytes)) {
-      data_ids += hole;
-      continue;
-    }
-    if (absl::Status s = put(bytes, &data_ids); !s.ok()) return s;
-  }
-  usage.set_logical_bytes(source.data_bytes);
+    if (tally.status.ok()) tally.status = blocks->Commit();
+  };
+  std::vector<std::thread> workers;
+  for (int worker = 1; worker < threads; ++worker) workers.emplace_back(work, worker);
+  work(0);
+  for (std::thread& worker : workers) worker.join();
+  // The metadata files' blocks.
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
+  if (!blocks.ok()) return blocks.status();
+  Tally& tally = tallies[0];
   for (const auto& [name, bytes] : *source.metadata_files) {
     v1::StoreFile& stored = *recipe.add_metadata();
     stored.set_name(name);
     stored.set_bytes(bytes.size());
-    usage.set_logical_bytes(usage.logical_bytes() + bytes.size());
-    for (uint64_t at = 0; at < bytes.size(); at += source.block_bytes) {
-      if (absl::Status s =
-              put(absl::string_view(bytes).substr(at, source.block_bytes), stored.mutable_blocks());
-          !s.ok()) {
-        return s;
-      }
+    std::string& ids = *stored.mutable_blocks();
+    ids.assign((bytes.size() + source.block_bytes - 1) / source.block_bytes * kBlockIdBytes, '\0');
+    for (uint64_t at = 0, i = 0; at < bytes.size() && tally.status.ok();
+         at += source.block_bytes, ++i) {
+      tally.status = put(*blocks, absl::string_view(bytes).substr(at, source.block_bytes),
+                         &ids[i * kBlockIdBytes], tally);
     }
   }
-  if (absl::Status s = blocks->SyncDirectories(); !s.ok()) return s;
+  if (tally.status.ok()) tally.status = blocks->Commit();
+  usage.set_logical_bytes(source.data_bytes);
+  for (const auto& [name, bytes] : *source.metadata_files) {
+    usage.set_logical_bytes(usage.logical_bytes() + bytes.size());
+  }
+  for (const Tally& each : tallies) {
+    if (!each.status.ok()) return each.status;
+    usage.set_blocks(usage.blocks() + each.blocks);
+    usage.set_blocks_written(usage.blocks_written() + each.written);
+    usage.set_stored_bytes(usage.stored_bytes() + each.stored_bytes);
+    usage.set_hashed_bytes(usage.hashed_bytes() + each.hashed_bytes);
+  }
   const std::string encoded = EncodeRecipeFile(file);
   // A recipe readers would refuse is an error now, not at restore.
   if (encoded.size() > kMaxRecipeBytes) {
@@ -336,35 +375,62 @@ absl::Status RemovePart(int root, const PartRef& part) {
 }
 
 absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int data_fd,
-                         const std::string& what, MessageSink& out) {
+                         const std::string& what, MessageSink& out, int threads) {
   if (wanted.empty()) return absl::OkStatus();
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
-  if (blocks.status().code() == absl::StatusCode::kNotFound) {
-    return absl::DataLossError(absl::StrCat(what, " names blocks; the store has none"));
-  }
-  if (!blocks.ok()) return blocks.status();
-  for (const WantedBlock& block : wanted) {
-    absl::StatusOr<std::string> bytes = blocks->Get(block.id);
+  auto fetch = [&](BlockStore& blocks, const WantedBlock& block) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> bytes = blocks.Get(block.id);
     if (bytes.status().code() == absl::StatusCode::kNotFound) {
       return absl::DataLossError(
           absl::StrCat(what, " names block ", block.id.Hex(), ", which the store lacks"));
     }
+    return bytes;
+  };
+  // Data blocks by `threads` workers (reading, decompressing and hashing
+  // are the cost), written in place; metadata blocks sent, in order.
+  threads = std::max(1, threads);
+  std::vector<absl::Status> statuses(threads);
+  auto work = [&](int worker) {
+    absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
+    if (!blocks.ok()) {
+      statuses[worker] =
+          blocks.status().code() == absl::StatusCode::kNotFound
+              ? absl::DataLossError(absl::StrCat(what, " names blocks; the store has none"))
+              : blocks.status();
+      return;
+    }
+    for (size_t i = worker; i < wanted.size() && statuses[worker].ok(); i += threads) {
+      const WantedBlock& block = wanted[i];
+      if (block.offset < 0) continue;
+      absl::StatusOr<std::string> bytes = fetch(*blocks, block);
+      if (!bytes.ok()) {
+        statuses[worker] = bytes.status();
+      } else if (bytes->size() != block.length) {
+        statuses[worker] =
+            absl::DataLossError(absl::StrCat(what, ": the data block at ", block.offset, " has ",
+                                             bytes->size(), " bytes, not ", block.length));
+      } else if (data_fd >= 0 && pwrite(data_fd, bytes->data(), bytes->size(), block.offset) !=
+                                     static_cast<ssize_t>(bytes->size())) {
+        statuses[worker] = ErrnoStatus(errno, absl::StrCat("write the data of ", what));
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int worker = 1; worker < threads; ++worker) workers.emplace_back(work, worker);
+  work(0);
+  for (std::thread& worker : workers) worker.join();
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
+  if (!blocks.ok()) return blocks.status();
+  for (const WantedBlock& block : wanted) {
+    if (block.offset >= 0) continue;
+    absl::StatusOr<std::string> bytes = fetch(*blocks, block);
     if (!bytes.ok()) return bytes.status();
-    if (block.offset < 0) {
-      std::string message(1, 'b');
-      message.append(reinterpret_cast<const char*>(block.id.hash.data()), kBlockIdBytes);
-      message += *bytes;
-      if (absl::Status s = out.Send(message); !s.ok()) return s;
-      continue;
-    }
-    if (bytes->size() != block.length) {
-      return absl::DataLossError(absl::StrCat(what, ": the data block at ", block.offset, " has ",
-                                              bytes->size(), " bytes, not ", block.length));
-    }
-    if (data_fd >= 0 && pwrite(data_fd, bytes->data(), bytes->size(), block.offset) !=
-                            static_cast<ssize_t>(bytes->size())) {
-      return ErrnoStatus(errno, absl::StrCat("write the data of ", what));
-    }
+    std::string message(1, 'b');
+    message.append(reinterpret_cast<const char*>(block.id.hash.data()), kBlockIdBytes);
+    message += *bytes;
+    if (absl::Status s = out.Send(message); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -451,7 +517,7 @@ absl::StatusOr<v1::GcStoreResponse> CollectGarbage(int root, const GcOptions& op
       result.set_blocks_young(result.blocks_young() + 1);
     }
   }
-  if (absl::Status s = blocks->SyncDirectories(); !s.ok()) return s;
+  if (absl::Status s = blocks->Commit(); !s.ok()) return s;
   return result;
 }
 

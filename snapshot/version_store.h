@@ -48,6 +48,7 @@ struct PartSource {
   const std::map<std::string, std::string>* metadata_files = nullptr;
   uint32_t block_bytes = kDefaultBlockBytes;
   int zstd_level = 3;
+  int threads = 2;  // workers reading, hashing and compressing
 };
 
 // Stores `source`; ALREADY_EXISTS if the part exists.
@@ -78,7 +79,7 @@ struct WantedBlock {
 // checks them. DATA_LOSS naming
 // `what` if one is missing or wrong.
 absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int data_fd,
-                         const std::string& what, MessageSink& out);
+                         const std::string& what, MessageSink& out, int threads = 2);
 
 struct GcOptions {
   absl::Duration grace = absl::Minutes(10);
