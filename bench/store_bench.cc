@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,7 @@ ABSL_FLAG(std::string, only, "b9a,b9b,restore", "which benchmarks");
 ABSL_FLAG(uint64_t, b9b_values, 10000000, "B9b: integers inserted into each container");
 ABSL_FLAG(uint32_t, block_bytes, 0, "the stores' block size (0: heapd's default)");
 ABSL_FLAG(int, zstd_level, 0, "the stores' zstd level (0: heapd's default)");
+ABSL_FLAG(int, reps, 3, "runs of everything; medians are printed at the end");
 
 namespace heapd {
 namespace {
@@ -72,6 +74,13 @@ uint64_t DiskBytes(const std::string& path) {
   }
   return bytes;
 }
+
+// Every run's figures by name, for the medians at the end.
+std::map<std::string, std::vector<double>>& Figures() {
+  static auto* figures = new std::map<std::string, std::vector<double>>;
+  return *figures;
+}
+void Record(const std::string& name, double value) { Figures()[name].push_back(value); }
 
 // Snapshots of one heap into a store and as full copies, side by side.
 struct Snapshots {
@@ -117,6 +126,13 @@ struct Snapshots {
   void Print(const std::string& what) const {
     const double stored = static_cast<double>(DiskBytes(store));
     const double copied = static_cast<double>(DiskBytes(copies));
+    Record(what + ": store MiB on disk", stored / 1048576.0);
+    Record(what + ": full copies MiB on disk", copied / 1048576.0);
+    Record(what + ": store s", store_seconds);
+    Record(what + ": store s (heapd)", daemon_seconds);
+    Record(what + ": full copies s", copy_seconds);
+    Record(what + ": full copies / store bytes", copied / stored);
+    Record(what + ": store / full copies time", store_seconds / copy_seconds);
     std::printf("%s: %d snapshots of %.1f MiB logical in all (%.1f MiB hashed)\n", what.c_str(),
                 taken, logical / 1048576.0, hashed / 1048576.0);
     std::printf("  store:       %10.1f MiB on disk  %8.3f s (heapd %.3f s)\n", stored / 1048576.0,
@@ -237,6 +253,9 @@ void RunRestores(const std::string& heapd, const Snapshots& b9a) {
   // A node that restored the previous version holds most blocks already.
   (void)Restore(*warm, b9a, previous, true, "previous");
   const double warmed = Restore(*warm, b9a, last, true, "warm");
+  Record("restore: full copy s", copy);
+  Record("restore: store, node holding none of its blocks s", cold);
+  Record("restore: store, node holding the previous version s", warmed);
   std::printf("restore of the last B9a version (%s):\n", last.c_str());
   std::printf("  full copy:                                 %8.3f s\n", copy);
   std::printf("  store, node holding none of its blocks:    %8.3f s\n", cold);
@@ -260,7 +279,9 @@ int main(int argc, char** argv) {
     flags.push_back(absl::StrCat("--store_zstd_level=", level));
   }
   const std::string only = absl::GetFlag(FLAGS_only);
-  {
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int rep = 0; rep < reps; ++rep) {
+    std::printf("== run %d of %d\n", rep + 1, reps);
     std::unique_ptr<heapd::HeapdProcess> daemon =
         Check(heapd::HeapdProcess::Start(heapd_binary, flags), "start heapd");
     if (only.find("b9a") != std::string::npos || only.find("restore") != std::string::npos) {
@@ -271,6 +292,14 @@ int main(int argc, char** argv) {
       heapd::RunB9b(*daemon, base, /*sequential=*/false);
       heapd::RunB9b(*daemon, base, /*sequential=*/true);
     }
+    daemon.reset();
+    for (const auto& entry : std::filesystem::directory_iterator(base)) {
+      std::filesystem::remove_all(entry.path());
+    }
+  }
+  std::printf("== medians of %d runs\n", reps);
+  for (const auto& [name, values] : heapd::Figures()) {
+    std::printf("%-78s %10.3f\n", name.c_str(), heapd::Median(values));
   }
   std::filesystem::remove_all(base);
   return 0;

@@ -69,7 +69,7 @@ int64_t ModifiedNs(const struct stat& st);
 std::string RandomName();
 
 struct BlockStoreOptions {
-  int zstd_level = 3;
+  int zstd_level = 1;
   // Blocks larger than this are refused (Put) and not read (Get).
   uint64_t max_block_bytes = uint64_t{2} << 20;
   // Stores of one operation working in parallel: Put writes a block the

@@ -476,9 +476,7 @@ std::optional<BlockStore> StoreSnapshots::CacheOf(uint32_t uid) {
   if (mkdirat(cache_.get(), name.c_str(), 0700) != 0 && errno != EEXIST) return std::nullopt;
   absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(cache_.get(), name);
   if (!dir.ok()) return std::nullopt;
-  BlockStoreOptions options;
-  options.zstd_level = 1;  // the node's tier: fast over small
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get(), options);
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get());
   // The store keeps its own descriptors of blocks/; the uid's directory
   // itself is not needed after this.
   if (!blocks.ok()) return std::nullopt;

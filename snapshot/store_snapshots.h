@@ -47,7 +47,7 @@ namespace heapd {
 struct StoreSnapshotsOptions {
   std::string node;  // this node's name in the parts it stores
   uint32_t block_bytes = kDefaultBlockBytes;
-  int zstd_level = 3;
+  int zstd_level = 1;
   int threads = 2;  // a create's workers (hashing and compressing)
   // heapd's block cache (made 0700 if missing); empty: none.
   std::string cache_dir;

@@ -47,7 +47,7 @@ struct PartSource {
   std::vector<bool> used_chunks;  // by 2 MiB chunk; unused: a hole, not read
   const std::map<std::string, std::string>* metadata_files = nullptr;
   uint32_t block_bytes = kDefaultBlockBytes;
-  int zstd_level = 3;
+  int zstd_level = 1;
   int threads = 2;  // workers reading, hashing and compressing
 };
 
