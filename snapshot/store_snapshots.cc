@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -363,22 +365,22 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
 
   // What to fetch: what the caller's part of the cache lacks (everything,
   // to verify), each block once; data blocks the cache has are written now.
-  // A restore larger than half the cache would only churn it.
-  std::optional<BlockStore> cache;
+  // A restore larger than half the cache would only churn it. The cache is
+  // read and filled by `threads` workers, each with its own BlockStore.
+  const int threads = std::max(1, options_.threads);
+  std::vector<std::optional<BlockStore>> caches(threads);
   if (data_fd >= 0 && recipe.data_bytes() <= options_.cache_bytes / 2) {
-    cache = CacheOf(caller.credentials.uid);
+    for (std::optional<BlockStore>& cache : caches) cache = CacheOf(caller.credentials.uid);
   }
-  const bool use_cache = cache.has_value();
+  const bool use_cache = caches[0].has_value();
   std::map<BlockId, std::string> metadata_blocks;
   std::vector<WantedBlock> wanted;
-  std::map<BlockId, uint64_t> first_offset;  // data blocks fetched: where the first one went
-  std::vector<std::pair<uint64_t, BlockId>> copies;  // further offsets of fetched blocks
   for (const v1::StoreFile& stored : recipe.metadata()) {
     for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
       const BlockId id = BlockId::FromRaw(PackedId(stored.blocks(), i).data());
       if (metadata_blocks.count(id) != 0) continue;
       absl::StatusOr<std::string> cached =
-          use_cache ? cache->Get(id) : absl::NotFoundError("no cache");
+          use_cache ? caches[0]->Get(id) : absl::NotFoundError("no cache");
       if (cached.ok()) {
         metadata_blocks[id] = *std::move(cached);
       } else {
@@ -390,33 +392,69 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   if (data_fd >= 0 && ftruncate(data_fd, static_cast<off_t>(recipe.data_bytes())) != 0) {
     return ErrnoStatus(errno, absl::StrCat("size the data file restored from ", where));
   }
-  const uint64_t block_bytes = recipe.block_bytes();
-  for (size_t i = 0; i * kBlockIdBytes < recipe.data_blocks().size(); ++i) {
-    const BlockId id = BlockId::FromRaw(PackedId(recipe.data_blocks(), i).data());
-    if (id.IsZero()) continue;
-    const uint64_t at = i * block_bytes;
-    const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
-    if (auto first = first_offset.find(id); first != first_offset.end()) {
-      copies.emplace_back(at, id);
-      continue;
+  // Each distinct data block once, at its first offset; its other offsets
+  // are copies of it.
+  struct DataBlock {
+    BlockId id;
+    uint64_t at = 0;
+    uint64_t length = 0;
+    bool cached = false;  // written from the cache
+  };
+  std::vector<DataBlock> distinct;
+  std::vector<std::pair<uint64_t, size_t>> copies;  // offset, index in distinct
+  {
+    std::map<BlockId, size_t> index_of;
+    const uint64_t block_bytes = recipe.block_bytes();
+    for (size_t i = 0; i * kBlockIdBytes < recipe.data_blocks().size(); ++i) {
+      const BlockId id = BlockId::FromRaw(PackedId(recipe.data_blocks(), i).data());
+      if (id.IsZero()) continue;
+      const uint64_t at = i * block_bytes;
+      auto [it, added] = index_of.emplace(id, distinct.size());
+      if (!added) {
+        copies.emplace_back(at, it->second);
+        continue;
+      }
+      distinct.push_back({id, at, std::min(block_bytes, recipe.data_bytes() - at)});
     }
-    absl::StatusOr<std::string> cached = use_cache ? cache->Get(id) : absl::NotFoundError("");
-    if (cached.ok() && cached->size() == length) {
-      if (!WriteAllAt(data_fd, *cached, at)) {
+  }
+  std::vector<absl::Status> failures(threads);
+  auto each_block = [&](const std::function<absl::Status(int worker, DataBlock&)>& work) {
+    std::vector<std::thread> workers;
+    auto run = [&](int worker) {
+      for (size_t k = worker; k < distinct.size() && failures[worker].ok(); k += threads) {
+        failures[worker] = work(worker, distinct[k]);
+      }
+    };
+    for (int worker = 1; worker < threads; ++worker) workers.emplace_back(run, worker);
+    run(0);
+    for (std::thread& worker : workers) worker.join();
+    for (const absl::Status& failure : failures) {
+      if (!failure.ok()) return failure;
+    }
+    return absl::OkStatus();
+  };
+  if (use_cache) {
+    absl::Status written = each_block([&](int worker, DataBlock& block) -> absl::Status {
+      absl::StatusOr<std::string> cached = caches[worker]->Get(block.id);
+      if (!cached.ok() || cached->size() != block.length) return absl::OkStatus();  // fetched
+      if (!WriteAllAt(data_fd, *cached, block.at)) {
         return ErrnoStatus(errno, absl::StrCat("write the data restored from ", where));
       }
-      continue;
-    }
-    first_offset[id] = at;
-    wanted.push_back({id, static_cast<int64_t>(at), length});
+      block.cached = true;
+      return absl::OkStatus();
+    });
+    if (!written.ok()) return written;
+  }
+  for (const DataBlock& block : distinct) {
+    if (!block.cached) wanted.push_back({block.id, static_cast<int64_t>(block.at), block.length});
   }
   read.fetched_blocks = wanted.size();
   std::vector<int> keep;
   if (data_fd >= 0) keep.push_back(data_fd);
-  messages = snapshots_->RunIn(
-      caller, which.store_dir, keep, what, [&](int root, MessageSink& out) -> absl::Status {
-        return FetchBlocks(root, wanted, data_fd, where, out, options_.threads);
-      });
+  messages = snapshots_->RunIn(caller, which.store_dir, keep, what,
+                               [&](int root, MessageSink& out) -> absl::Status {
+                                 return FetchBlocks(root, wanted, data_fd, where, out, threads);
+                               });
   if (!messages.ok()) return messages.status();
   for (ChildMessage& message : *messages) {
     if (message.bytes.size() < 1 + kBlockIdBytes || message.bytes[0] != kBlockMessage) {
@@ -426,7 +464,7 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     auto slot = metadata_blocks.find(id);
     message.bytes.erase(0, 1 + kBlockIdBytes);
     if (slot == metadata_blocks.end() || BlockId::Of(message.bytes) != id) return Malformed(what);
-    if (use_cache) Cache(*cache, message.bytes);
+    if (use_cache) Cache(*caches[0], message.bytes);
     slot->second = std::move(message.bytes);
   }
   for (const v1::StoreFile& stored : recipe.metadata()) {
@@ -441,26 +479,30 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   }
   if (data_fd < 0) return read;
   // Fetched blocks enter the cache only as heapd itself hashed them.
-  std::string block;
-  for (const auto& [id, at] : first_offset) {
-    if (!use_cache) break;
-    const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
-    block.resize(length);
-    if (!ReadAll(data_fd, block.data(), length, at)) {
-      return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
-    }
-    if (BlockId::Of(block) != id) {
-      return absl::DataLossError(
-          absl::StrCat(where, ": block ", id.Hex(), " as restored does not have its hash"));
-    }
-    Cache(*cache, block);
+  if (use_cache) {
+    absl::Status cached = each_block([&](int worker, DataBlock& block) -> absl::Status {
+      if (block.cached) return absl::OkStatus();
+      std::string bytes(block.length, '\0');
+      if (!ReadAll(data_fd, bytes.data(), bytes.size(), block.at)) {
+        return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
+      }
+      if (BlockId::Of(bytes) != block.id) {
+        return absl::DataLossError(
+            absl::StrCat(where, ": block ", block.id.Hex(), " as restored does not have its hash"));
+      }
+      Cache(*caches[worker], bytes);
+      return absl::OkStatus();
+    });
+    if (!cached.ok()) return cached;
+    for (std::optional<BlockStore>& cache : caches) (void)cache->Commit();
   }
-  if (use_cache) (void)cache->Commit();
-  for (const auto& [at, id] : copies) {
-    const uint64_t from = first_offset[id];
-    const uint64_t length = std::min(block_bytes, recipe.data_bytes() - at);
+  std::string block;
+  for (const auto& [at, k] : copies) {
+    const DataBlock& first = distinct[k];
+    const uint64_t length = std::min<uint64_t>(recipe.block_bytes(), recipe.data_bytes() - at);
     block.resize(length);
-    if (!ReadAll(data_fd, block.data(), length, from) || !WriteAllAt(data_fd, block, at)) {
+    if (length != first.length || !ReadAll(data_fd, block.data(), length, first.at) ||
+        !WriteAllAt(data_fd, block, at)) {
       return ErrnoStatus(errno, absl::StrCat("copy a repeated block restored from ", where));
     }
   }
