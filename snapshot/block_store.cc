@@ -120,7 +120,9 @@ std::string BlockId::Hex() const {
 }
 
 absl::StatusOr<BlockStore> BlockStore::At(int root, BlockStoreOptions options, bool create) {
-  if (create && mkdirat(root, "blocks", 0755) != 0 && errno != EEXIST) {
+  if (create && mkdirat(root, "blocks", 0755) == 0) {
+    if (options.durable && fsync(root) != 0) return ErrnoStatus(errno, "fsync the store");
+  } else if (create && errno != EEXIST) {
     return ErrnoStatus(errno, "make the store's blocks directory");
   }
   UniqueFd blocks(openat(root, "blocks", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -134,7 +136,7 @@ int BlockStore::Directory(int index, bool create) {
   const std::string name = DirectoryName(index);
   if (create && mkdirat(blocks_.get(), name.c_str(), 0755) == 0) {
     // A new directory is an entry of blocks/ that must be durable too.
-    if (fsync(blocks_.get()) != 0) return -1;
+    if (options_.durable && fsync(blocks_.get()) != 0) return -1;
   } else if (create && errno != EEXIST) {
     return -1;
   }
@@ -183,7 +185,12 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
     UniqueFd fd(
         openat(dir, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create block ", name));
-    if (!WriteAll(fd.get(), file)) {
+    // Writeback starts now; Commit waits for it (one block at a time
+    // would wait for each in turn).
+    if (!WriteAll(fd.get(), file) ||
+        (options_.durable && sync_file_range(fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE) != 0 &&
+         errno != ESPIPE && errno != EINVAL) ||
+        close(fd.release()) != 0) {
       const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write block ", name));
       unlinkat(dir, temporary.c_str(), 0);
       return failed;
@@ -203,18 +210,35 @@ BlockStore::~BlockStore() {
 }
 
 absl::Status BlockStore::Commit() {
-  if (!pending_.empty()) {
-    // Their bytes durable first, all at once; then their names.
-    if (syncfs(blocks_.get()) != 0) return ErrnoStatus(errno, "sync the store's blocks");
-    for (const Pending& block : pending_) {
-      const int dir = directories_[block.directory].get();
-      if (renameat(dir, block.temporary.c_str(), dir, block.name.c_str()) != 0) {
-        return ErrnoStatus(errno, absl::StrCat("rename block ", block.name));
+  // Each block's bytes durable before its name: a name never leads to
+  // bytes a crash could lose.
+  for (const Pending& block : pending_) {
+    const int dir = directories_[block.directory].get();
+    if (options_.durable) {
+      UniqueFd fd(openat(dir, block.temporary.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+      if (!fd.valid() || fdatasync(fd.get()) != 0) {
+        return ErrnoStatus(errno, absl::StrCat("sync block ", block.name));
       }
-      unsynced_.set(block.directory);
     }
-    pending_.clear();
-    pending_bytes_.clear();
+    unsynced_.set(block.directory);
+    if (renameat2(dir, block.temporary.c_str(), dir, block.name.c_str(), RENAME_NOREPLACE) == 0) {
+      continue;
+    }
+    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("rename block ", block.name));
+    // Another writer's arrived meanwhile: it stays (its mark with it) if it
+    // is sound, else this one replaces it.
+    uint64_t size = 0;
+    if (MarkIfWhole(dir, block.name, &size)) {
+      unlinkat(dir, block.temporary.c_str(), 0);
+    } else if (renameat(dir, block.temporary.c_str(), dir, block.name.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("rename block ", block.name));
+    }
+  }
+  pending_.clear();
+  pending_bytes_.clear();
+  if (!options_.durable) {
+    unsynced_.reset();
+    return absl::OkStatus();
   }
   for (int index = 0; index < 256; ++index) {
     if (!unsynced_.test(index)) continue;

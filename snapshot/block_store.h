@@ -6,11 +6,12 @@
 // with zstd, as blocks/XX/<64 hex digits> (XX: the first two) under the
 // store's root: a 24-byte header (magic "HBK1", the block's size, the
 // compressed size, little endian) and one zstd frame. A block is written
-// under a random temporary name (.tmp-RANDOM) beside it; Commit makes the
-// blocks written since durable (one syncfs for all of them, not an fsync
-// each) and only then renames them into place, so a reader never sees part
-// of one, and writers of the same block on several nodes all succeed (the
-// bytes are the same; one rename wins). A crashed writer leaves only a .tmp- file, which no one
+// under a random temporary name (.tmp-RANDOM) beside it (its writeback
+// started at once); Commit makes each durable (fdatasync) and only then
+// renames it into place without replacing a sound block another writer put
+// there first, so a reader never sees part of one, a name never leads to
+// bytes a crash can lose, and writers of the same block on several nodes
+// all succeed (the bytes are the same). A crashed writer leaves only a .tmp- file, which no one
 // reads and gc removes. A file already there is taken as the block if this
 // user wrote it and its header fits its size (its hash is checked whenever
 // it is read), and its modification time is set to now, which tells gc a
@@ -72,6 +73,9 @@ struct BlockStoreOptions {
   int zstd_level = 1;
   // Blocks larger than this are refused (Put) and not read (Get).
   uint64_t max_block_bytes = uint64_t{2} << 20;
+  // false: a cache, not a store: no fsync at all (whatever a crash loses
+  // or damages is found missing or wrong when read, and fetched again).
+  bool durable = true;
   // Stores of one operation working in parallel: Put writes a block the
   // store lacks only if claim(id) says no other has (it must be thread-safe).
   std::function<bool(const BlockId&)> claim;
@@ -96,8 +100,8 @@ class BlockStore {
   // Stores `bytes` unless a block of the same hash is there (then marks it
   // used now). A block written is readable and durable once Commit returns.
   absl::StatusOr<Stored> Put(absl::string_view bytes);
-  // Makes the blocks Put wrote durable (syncfs), renames them into place
-  // and fsyncs the directories changed since the last call (Put's, Remove's).
+  // Makes the blocks Put wrote durable, renames them into place and fsyncs
+  // the directories changed since the last call (Put's, Remove's).
   absl::Status Commit();
 
   // The block's bytes, checked (see above). NOT_FOUND if it is not there.

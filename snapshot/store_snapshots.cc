@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <functional>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +24,7 @@
 #include "snapshot/dir_files.h"
 #include "snapshot/snapshot_format.h"
 #include "snapshot/version_store.h"
+#include "util/run_workers.h"
 
 namespace heapd {
 namespace {
@@ -36,6 +37,9 @@ constexpr char kRecipeMessage = 'r';  // name\0node\0heap\0 whole recipe file
 constexpr char kBlockMessage = 'b';   // raw id, bytes (FetchBlocks)
 constexpr char kTotalsMessage = 't';  // stored bytes u64, blocks u64
 constexpr char kGcMessage = 'g';      // v1::GcStoreResponse
+// What a listing or du may send back (a few KiB per part): heapd holds it
+// while it builds the answer, outside the reading budget.
+constexpr uint64_t kMaxListingBytes = uint64_t{64} << 20;
 
 std::string Tagged(char kind, const PartRef& part) {
   std::string out(1, kind);
@@ -58,6 +62,11 @@ bool ParseTagged(absl::string_view in, PartRef* part, absl::string_view* rest) {
   *rest = in;
   return ValidatePartRef(*part).ok();
 }
+
+// What a cached block file takes on disk, at least: whole 4 KiB blocks
+// (a cache of tiny files must not run the file system out of inodes or
+// space while its byte count looks small).
+uint64_t CachedBytes(uint64_t file_bytes) { return (file_bytes + 4095) / 4096 * 4096 + 4096; }
 
 // There is no default store: an empty directory would be heapd's own.
 absl::Status CheckStoreDir(const std::string& store_dir) {
@@ -191,7 +200,7 @@ absl::StatusOr<std::unique_ptr<StoreSnapshots>> StoreSnapshots::Open(
       if (!blocks.ok()) continue;
       absl::Status counted = blocks->ForEach([&](const BlockStore::Entry& entry) {
         if (entry.kind != BlockStore::Kind::kBlock) return blocks->Remove(entry);
-        bytes += entry.bytes;
+        bytes += CachedBytes(entry.bytes);
         return absl::OkStatus();
       });
       if (!counted.ok()) return counted;
@@ -273,7 +282,8 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::List(const Sna
   const std::string what = absl::StrCat("list store ", store_dir);
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+      caller, store_dir, {}, what,
+      [&](int root, MessageSink& out) -> absl::Status {
         absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, name, max_parts);
         if (!parts.ok()) return parts.status();
         for (const PartRef& part : *parts) {
@@ -282,7 +292,8 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::List(const Sna
           if (absl::Status s = out.Send(Tagged(kPartMessage, part) + *header); !s.ok()) return s;
         }
         return absl::OkStatus();
-      });
+      },
+      kMaxListingBytes);
   if (!messages.ok()) return messages.status();
   std::vector<v1::SnapshotManifest> manifests;
   for (const ChildMessage& message : *messages) {
@@ -338,9 +349,10 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   absl::StatusOr<RecipeFile> file = DecodeRecipeFile(bytes, where);
   if (!file.ok()) return file.status();
   // Held until the caller is done: the metadata it assembles (a recipe may
-  // name one block many times) and tables as large as the recipe, a few
-  // times over.
-  uint64_t held = 4 * bytes.size();
+  // name one block many times: it is assembled up to the sizes the recipe
+  // gives, no further) and tables of the recipe's ids, a dozen times its
+  // size.
+  uint64_t held = 12 * bytes.size();
   for (const v1::StoreFile& stored : file->recipe.metadata()) held += stored.bytes();
   absl::StatusOr<SnapshotStore::ReadingCharge> charge = snapshots_->ChargeReading(held, what);
   if (!charge.ok()) return charge.status();
@@ -372,8 +384,10 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   if (data_fd >= 0 && recipe.data_bytes() <= options_.cache_bytes / 2) {
     for (std::optional<BlockStore>& cache : caches) cache = CacheOf(caller.credentials.uid);
   }
-  const bool use_cache = caches[0].has_value();
+  const bool use_cache = std::all_of(caches.begin(), caches.end(),
+                                     [](const auto& cache) { return cache.has_value(); });
   std::map<BlockId, std::string> metadata_blocks;
+  std::vector<BlockId> fetched_metadata;  // metadata blocks read from the store
   std::vector<WantedBlock> wanted;
   for (const v1::StoreFile& stored : recipe.metadata()) {
     for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
@@ -419,15 +433,14 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   }
   std::vector<absl::Status> failures(threads);
   auto each_block = [&](const std::function<absl::Status(int worker, DataBlock&)>& work) {
-    std::vector<std::thread> workers;
-    auto run = [&](int worker) {
-      for (size_t k = worker; k < distinct.size() && failures[worker].ok(); k += threads) {
+    std::atomic<bool> failed{false};  // one worker's failure stops the others
+    RunWorkers(threads, [&](int worker) {
+      for (size_t k = worker; k < distinct.size() && failures[worker].ok() && !failed;
+           k += threads) {
         failures[worker] = work(worker, distinct[k]);
       }
-    };
-    for (int worker = 1; worker < threads; ++worker) workers.emplace_back(run, worker);
-    run(0);
-    for (std::thread& worker : workers) worker.join();
+      if (!failures[worker].ok()) failed = true;
+    });
     for (const absl::Status& failure : failures) {
       if (!failure.ok()) return failure;
     }
@@ -463,23 +476,36 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     const BlockId id = BlockId::FromRaw(message.bytes.data() + 1);
     auto slot = metadata_blocks.find(id);
     message.bytes.erase(0, 1 + kBlockIdBytes);
-    if (slot == metadata_blocks.end() || BlockId::Of(message.bytes) != id) return Malformed(what);
-    if (use_cache) Cache(*caches[0], message.bytes);
+    if (slot == metadata_blocks.end() || message.bytes.size() > recipe.block_bytes() ||
+        BlockId::Of(message.bytes) != id) {
+      return Malformed(what);
+    }
     slot->second = std::move(message.bytes);
+    fetched_metadata.push_back(id);
   }
+  // Each piece of a metadata file is a whole block but the last: the file
+  // is never assembled past the size its recipe gives (and was charged).
   for (const v1::StoreFile& stored : recipe.metadata()) {
     std::string& bytes = read.metadata_files[stored.name()];
     for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
-      bytes += metadata_blocks[BlockId::FromRaw(PackedId(stored.blocks(), i).data())];
-    }
-    if (bytes.size() != stored.bytes()) {
-      return absl::DataLossError(absl::StrCat(where, ": its file ", stored.name(), " has ",
-                                              bytes.size(), " bytes, not ", stored.bytes()));
+      const std::string& piece =
+          metadata_blocks[BlockId::FromRaw(PackedId(stored.blocks(), i).data())];
+      if (piece.size() != std::min<uint64_t>(recipe.block_bytes(), stored.bytes() - bytes.size())) {
+        return absl::DataLossError(absl::StrCat(where, ": block ", i, " of its file ",
+                                                stored.name(), " has ", piece.size(), " bytes"));
+      }
+      bytes += piece;
     }
   }
   if (data_fd < 0) return read;
-  // Fetched blocks enter the cache only as heapd itself hashed them.
+  // Fetched blocks enter the cache only once the part is checked whole
+  // (a restore that fails leaves nothing cached), and only as heapd itself
+  // hashed them.
   if (use_cache) {
+    absl::StatusOr<VerifiedSnapshot> checked = VerifySnapshotFiles(
+        where, read.manifest_json, read.metadata_files, read.manifest.data_bytes());
+    if (!checked.ok()) return checked.status();
+    for (const BlockId& id : fetched_metadata) Cache(*caches[0], metadata_blocks[id]);
     absl::Status cached = each_block([&](int worker, DataBlock& block) -> absl::Status {
       if (block.cached) return absl::OkStatus();
       std::string bytes(block.length, '\0');
@@ -518,7 +544,9 @@ std::optional<BlockStore> StoreSnapshots::CacheOf(uint32_t uid) {
   if (mkdirat(cache_.get(), name.c_str(), 0700) != 0 && errno != EEXIST) return std::nullopt;
   absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(cache_.get(), name);
   if (!dir.ok()) return std::nullopt;
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get());
+  BlockStoreOptions options;
+  options.durable = false;  // a cache: what a crash damages is found when read
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(dir->get(), options);
   // The store keeps its own descriptors of blocks/; the uid's directory
   // itself is not needed after this.
   if (!blocks.ok()) return std::nullopt;
@@ -528,10 +556,9 @@ std::optional<BlockStore> StoreSnapshots::CacheOf(uint32_t uid) {
 void StoreSnapshots::Cache(BlockStore& cache, absl::string_view bytes) {
   // Best effort: a full or failing cache slows later restores, no more.
   absl::StatusOr<BlockStore::Stored> stored = cache.Put(bytes);
-  if (stored.ok() && stored->written &&
-      cache_bytes_.fetch_add(stored->stored_bytes) + stored->stored_bytes > options_.cache_bytes) {
-    TrimCache();
-  }
+  if (!stored.ok() || !stored->written) return;
+  const uint64_t taken = CachedBytes(stored->stored_bytes);
+  if (cache_bytes_.fetch_add(taken) + taken > options_.cache_bytes) TrimCache();
 }
 
 void StoreSnapshots::TrimCache() {
@@ -539,32 +566,38 @@ void StoreSnapshots::TrimCache() {
   if (cache_bytes_.load() <= options_.cache_bytes) return;
   absl::StatusOr<std::vector<std::string>> uids = ListDirectory(cache_.get(), 1 << 20);
   if (!uids.ok()) return;
-  std::vector<BlockStore> stores;
-  std::vector<std::pair<BlockStore::Entry, size_t>> entries;  // and whose
+  // Every cached block, one uid's directory open at a time.
+  struct Cached {
+    int64_t modified_ns;
+    uint64_t bytes;
+    std::string path;  // relative to the cache directory (heapd's own)
+  };
+  std::vector<Cached> entries;
   uint64_t total = 0;
   for (const std::string& uid : *uids) {
     absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(cache_.get(), uid);
     absl::StatusOr<BlockStore> blocks =
         dir.ok() ? BlockStore::At(dir->get(), {}, /*create=*/false) : dir.status();
     if (!blocks.ok()) continue;
-    stores.push_back(*std::move(blocks));
-    (void)stores.back().ForEach([&](const BlockStore::Entry& entry) {
-      if (entry.kind == BlockStore::Kind::kBlock) {
-        entries.emplace_back(entry, stores.size() - 1);
-        total += entry.bytes;
-      }
+    (void)blocks->ForEach([&](const BlockStore::Entry& entry) {
+      const uint64_t bytes = CachedBytes(entry.bytes);
+      entries.push_back({entry.modified_ns, bytes,
+                         absl::StrCat(uid, "/blocks/", absl::Hex(entry.directory, absl::kZeroPad2),
+                                      "/", entry.name)});
+      total += bytes;
       return absl::OkStatus();
     });
   }
   std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return a.first.modified_ns < b.first.modified_ns; });
+            [](const Cached& a, const Cached& b) { return a.modified_ns < b.modified_ns; });
   // Down to 90%: a trim is a scan; not one per block.
   const uint64_t goal = options_.cache_bytes / 10 * 9;
-  for (const auto& [entry, store] : entries) {
+  for (const Cached& entry : entries) {
     if (total <= goal) break;
-    if (stores[store].Remove(entry).ok()) total -= entry.bytes;
+    if (unlinkat(cache_.get(), entry.path.c_str(), 0) == 0 || errno == ENOENT) {
+      total -= entry.bytes;
+    }
   }
-  for (BlockStore& store : stores) (void)store.Commit();
   cache_bytes_ = total;
 }
 
@@ -694,7 +727,8 @@ absl::StatusOr<v1::StoreUsageResponse> StoreSnapshots::Usage(const SnapshotCalle
   const std::string what = absl::StrCat("du store ", store_dir);
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
+      caller, store_dir, {}, what,
+      [&](int root, MessageSink& out) -> absl::Status {
         std::vector<PartUsage> parts;
         absl::StatusOr<StoreTotals> totals = AddUpUsage(root, max_parts, &parts);
         if (!totals.ok()) return totals.status();
@@ -708,7 +742,8 @@ absl::StatusOr<v1::StoreUsageResponse> StoreSnapshots::Usage(const SnapshotCalle
         message.append(reinterpret_cast<const char*>(&totals->stored_bytes), 8);
         message.append(reinterpret_cast<const char*>(&totals->blocks), 8);
         return out.Send(message);
-      });
+      },
+      kMaxListingBytes);
   if (!messages.ok()) return messages.status();
   v1::StoreUsageResponse response;
   bool totals_seen = false;

@@ -4,11 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <set>
-#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -17,6 +17,7 @@
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "snapshot/dir_files.h"
+#include "util/run_workers.h"
 
 namespace heapd {
 namespace {
@@ -162,6 +163,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   data_ids.assign(data_blocks * kBlockIdBytes, '\0');
   const int threads = std::max(1, source.threads);
   std::vector<Tally> tallies(threads);
+  std::atomic<bool> failed{false};  // one worker's failure stops the others
   auto work = [&](int worker) {
     Tally& tally = tallies[worker];
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
@@ -170,7 +172,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       return;
     }
     std::string block(source.block_bytes, '\0');
-    for (uint64_t i = worker; i < data_blocks && tally.status.ok(); i += threads) {
+    for (uint64_t i = worker; i < data_blocks && tally.status.ok() && !failed; i += threads) {
       const uint64_t at = i * source.block_bytes;
       const uint64_t chunk = at / kChunkSize;
       if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) continue;
@@ -186,12 +188,13 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       if (AllZero(bytes)) continue;  // a hole
       tally.status = put(*blocks, bytes, &data_ids[i * kBlockIdBytes], tally);
     }
-    if (tally.status.ok()) tally.status = blocks->Commit();
+    if (tally.status.ok() && !failed) tally.status = blocks->Commit();
+    if (!tally.status.ok()) failed = true;
   };
-  std::vector<std::thread> workers;
-  for (int worker = 1; worker < threads; ++worker) workers.emplace_back(work, worker);
-  work(0);
-  for (std::thread& worker : workers) worker.join();
+  RunWorkers(threads, work);
+  for (const Tally& each : tallies) {
+    if (!each.status.ok()) return each.status;
+  }
   // The metadata files' blocks.
   absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
   if (!blocks.ok()) return blocks.status();
@@ -389,6 +392,7 @@ absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int d
   // are the cost), written in place; metadata blocks sent, in order.
   threads = std::max(1, threads);
   std::vector<absl::Status> statuses(threads);
+  std::atomic<bool> failed{false};  // one worker's failure stops the others
   auto work = [&](int worker) {
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
     if (!blocks.ok()) {
@@ -398,7 +402,7 @@ absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int d
               : blocks.status();
       return;
     }
-    for (size_t i = worker; i < wanted.size() && statuses[worker].ok(); i += threads) {
+    for (size_t i = worker; i < wanted.size() && statuses[worker].ok() && !failed; i += threads) {
       const WantedBlock& block = wanted[i];
       if (block.offset < 0) continue;
       absl::StatusOr<std::string> bytes = fetch(*blocks, block);
@@ -413,11 +417,9 @@ absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int d
         statuses[worker] = ErrnoStatus(errno, absl::StrCat("write the data of ", what));
       }
     }
+    if (!statuses[worker].ok()) failed = true;
   };
-  std::vector<std::thread> workers;
-  for (int worker = 1; worker < threads; ++worker) workers.emplace_back(work, worker);
-  work(0);
-  for (std::thread& worker : workers) worker.join();
+  RunWorkers(threads, work);
   for (const absl::Status& status : statuses) {
     if (!status.ok()) return status;
   }

@@ -94,8 +94,12 @@ main() {
   local dir="$SNAPSHOT_BASE/$JOB_USER"
   make_user_dir "$dir" || return
 
-  # The user's snapshot store, made by the user in the user's directory.
-  local store=
+  # The user's snapshot store, made by the user in the user's directory;
+  # the job's version there (a requeued job, same id, makes another).
+  local store= version="job-$job"
+  local restarts=${SLURM_RESTART_COUNT:-0}
+  [[ $restarts =~ ^[0-9]{1,6}$ ]] || restarts=0
+  [ "$restarts" -eq 0 ] || version="job-$job-r$restarts"
   if [ "$HEAPD_SNAPSHOT_STORE" = 1 ]; then
     store="$dir/store"
     if [ ! -e "$store" ] && [ ! -L "$store" ] &&
@@ -131,8 +135,12 @@ main() {
       log "snapshot of heap $heap FAILED ($(heapd_failure $status)): $out"
     fi
     [ -n "$store" ] || continue
+    if [ "$SECONDS" -ge "$HEAPD_EPILOG_TOTAL_TIMEOUT" ]; then
+      log "heap $heap not stored: the epilog ran out of its ${HEAPD_EPILOG_TOTAL_TIMEOUT} s"
+      continue
+    fi
     out=$(heapd_ctl_user snapshot create --store="$store" --label="slurm_job_id=$job" \
-      --wait_ms="$HEAPD_SNAPSHOT_WAIT_MS" -- "$heap" "job-$job" 2>&1)
+      --wait_ms="$HEAPD_SNAPSHOT_WAIT_MS" -- "$heap" "$version" 2>&1)
     status=$?
     if [ $status -eq 0 ]; then
       log "$out"
