@@ -37,6 +37,18 @@ absl::Status RemoveTreeAtDepth(int dir, const std::string& name, int depth) {
 
 }  // namespace
 
+bool ReadAllAt(int fd, char* out, size_t length, uint64_t at) {
+  while (length > 0) {
+    const ssize_t n = pread(fd, out, length, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    out += n;
+    length -= static_cast<size_t>(n);
+    at += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
 absl::StatusOr<UniqueFd> OpenDirectoryAt(int dir, const std::string& name) {
   UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open directory ", name));

@@ -117,18 +117,6 @@ absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std:
                                                     "); name one by its node and heap"));
 }
 
-bool ReadAll(int fd, char* out, size_t length, uint64_t at) {
-  while (length > 0) {
-    const ssize_t n = pread(fd, out, length, static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    out += n;
-    length -= static_cast<size_t>(n);
-    at += static_cast<uint64_t>(n);
-  }
-  return true;
-}
-
 bool WriteAllAt(int fd, absl::string_view bytes, uint64_t at) {
   return pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at)) ==
          static_cast<ssize_t>(bytes.size());
@@ -509,7 +497,7 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     absl::Status cached = each_block([&](int worker, DataBlock& block) -> absl::Status {
       if (block.cached) return absl::OkStatus();
       std::string bytes(block.length, '\0');
-      if (!ReadAll(data_fd, bytes.data(), bytes.size(), block.at)) {
+      if (!ReadAllAt(data_fd, bytes.data(), bytes.size(), block.at)) {
         return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
       }
       if (BlockId::Of(bytes) != block.id) {
@@ -527,7 +515,7 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     const DataBlock& first = distinct[k];
     const uint64_t length = std::min<uint64_t>(recipe.block_bytes(), recipe.data_bytes() - at);
     block.resize(length);
-    if (length != first.length || !ReadAll(data_fd, block.data(), length, first.at) ||
+    if (length != first.length || !ReadAllAt(data_fd, block.data(), length, first.at) ||
         !WriteAllAt(data_fd, block, at)) {
       return ErrnoStatus(errno, absl::StrCat("copy a repeated block restored from ", where));
     }

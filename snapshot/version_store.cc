@@ -38,18 +38,6 @@ absl::StatusOr<UniqueFd> MakeDirectoryAt(int dir, const std::string& name) {
   return OpenDirectoryAt(dir, name);
 }
 
-bool ReadAll(int fd, char* out, size_t length, uint64_t at) {
-  while (length > 0) {
-    const ssize_t n = pread(fd, out, length, static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    out += n;
-    length -= static_cast<size_t>(n);
-    at += static_cast<uint64_t>(n);
-  }
-  return true;
-}
-
 bool AllZero(absl::string_view bytes) {
   return bytes.find_first_not_of('\0') == absl::string_view::npos;
 }
@@ -178,7 +166,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) continue;
       const size_t length =
           static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
-      if (!ReadAll(source.data_fd, block.data(), length, at)) {
+      if (!ReadAllAt(source.data_fd, block.data(), length, at)) {
         tally.status = ErrnoStatus(errno == 0 ? EIO : errno,
                                    absl::StrCat("read heap ", part.heap, "'s data at ", at));
         break;
@@ -282,7 +270,7 @@ absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool h
   uint64_t length = size;
   if (header_only) {
     char head[12];
-    if (size < sizeof(head) || !ReadAll(fd->get(), head, sizeof(head), 0)) {
+    if (size < sizeof(head) || !ReadAllAt(fd->get(), head, sizeof(head), 0)) {
       return absl::DataLossError(absl::StrCat("recipe ", where, ": not a recipe file"));
     }
     absl::StatusOr<uint64_t> header =
@@ -291,7 +279,7 @@ absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool h
     length = std::min(size, *header);
   }
   std::string bytes(static_cast<size_t>(length), '\0');
-  if (!ReadAll(fd->get(), bytes.data(), bytes.size(), 0)) {
+  if (!ReadAllAt(fd->get(), bytes.data(), bytes.size(), 0)) {
     return absl::DataLossError(absl::StrCat("recipe ", where, " cannot be read whole"));
   }
   return bytes;

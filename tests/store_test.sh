@@ -34,11 +34,14 @@ expect_in() {  # expect_in WHAT TEXT: TEXT contains WHAT
   case "$2" in *"$1"*) ;; *) fail "expected '$1' in: $2" ;; esac
 }
 
-start_node() {  # start_node NAME
+start_node() {  # start_node NAME: started, and answering (a killed one's sockets may remain)
   "$HEAPD" --node_name="$1" --state_dir="$DIR/$1/state" --runtime_dir="$DIR/$1/run" \
-    2>"$DIR/$1.log" &
+    2>>"$DIR/$1.log" &
   PIDS+=($!)
-  for _ in $(seq 100); do [ -S "$DIR/$1/run/heapd.fd.sock" ] && break; sleep 0.05; done
+  for _ in $(seq 200); do
+    HEAPD_SOCKET="$DIR/$1/run/heapd.sock" "$HEAPCTL" heap ls >/dev/null 2>&1 && break
+    sleep 0.05
+  done
 }
 on() {  # on NODE COMMAND...: heapctl (or a program) against NODE's heapd
   local node=$1
