@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "heap/data_file.h"
 #include "heap/metadata_store.h"
+#include "snapshot/block_store.h"
 #include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
 
@@ -47,7 +48,12 @@ std::string RandomHex() {
 std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
                                            std::unique_ptr<PersistentHeap> heap) {
   const bool reflink = ReflinkSupported(heap->dir());
-  return std::make_shared<ServedHeap>(ServedHeap{name, std::move(heap), reflink});
+  auto served = std::make_shared<ServedHeap>();
+  served->name = name;
+  served->heap = std::move(heap);
+  served->reflink = reflink;
+  served->incarnation = RandomName();
+  return served;
 }
 
 HeapRegistry::Reservation::~Reservation() {

@@ -16,6 +16,7 @@
 #ifndef HEAPD_DAEMON_HEAP_REGISTRY_H_
 #define HEAPD_DAEMON_HEAP_REGISTRY_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,15 @@ struct ServedHeap {
   std::string name;
   std::unique_ptr<PersistentHeap> heap;
   bool reflink = false;  // its file system can clone files (cheap snapshots)
+  // Which heap this is in this heapd's life (random: a heap removed and
+  // made again, or heapd restarted, is another).
+  std::string incarnation;
+  // Bumped when a read-write session starts (before it can write) and once
+  // it has ended (after heapd put its pages back): with no read-write
+  // session attached, the same value means heapd knows of no write to the
+  // data file since (snapshot stores reuse a part then; a process that
+  // keeps a writable descriptor after it detached is not seen).
+  std::atomic<uint64_t> content_generation{0};
 };
 
 // `heap` served as `name`, with its file system's reflink support probed.

@@ -293,8 +293,10 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
           SnapshotCallerOf(caller, context), {request->snapshot_dir(), request->snapshot()},
           SnapshotBytesAllowed(caller), options_.limits.names_per_heap, &manifest);
       if (!heap.ok()) return heap.status();
-      served = std::make_shared<ServedHeap>(
-          ServedHeap{absl::StrCat("snapshot:", request->snapshot()), *std::move(heap), false});
+      auto in_place = std::make_shared<ServedHeap>();
+      in_place->name = absl::StrCat("snapshot:", request->snapshot());
+      in_place->heap = *std::move(heap);
+      served = std::move(in_place);
     } else {
       served = heaps_->GetMade(request->heap(), kWaitForCreation);
       if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
@@ -493,6 +495,16 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
   });
 }
 
+std::string HeapdService::UnchangedToken(const ServedHeap& heap) const {
+  // The generation first: a writer that starts after it was read bumps it
+  // past what this token says, one that started before is seen below.
+  const uint64_t generation = heap.content_generation.load();
+  for (const std::shared_ptr<Session>& session : sessions_->List()) {
+    if (session->heap.get() == &heap && !session->read_only) return "";
+  }
+  return absl::StrCat(heap.incarnation, "/", generation);
+}
+
 uint64_t HeapdService::SnapshotBytesAllowed(const Caller& caller) const {
   return caller.uid == 0 ? kMaxHeapBytes : options_.limits.heap_bytes;
 }
@@ -551,7 +563,8 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
               ? snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
                                    {request->target_dir(), request->name()}, labels)
               : store_snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
-                                         request->store_dir(), request->name(), labels);
+                                         request->store_dir(), request->name(), labels,
+                                         UnchangedToken(**served));
       if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
       if (!request->store_dir().empty()) {

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "protocol/fd_protocol.h"
@@ -87,6 +88,7 @@ void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, 
   if (session->ended) return;
   session->ended = true;
   const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
+  if (!session->read_only) ++session->heap->content_generation;  // its pages went back
   metrics_->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
   LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
   spdlog::info(
@@ -115,6 +117,8 @@ void Sessions::ExpireTokens() {
 
 absl::StatusOr<SessionTable::Started> Sessions::Start(std::shared_ptr<ServedHeap> heap,
                                                       const Caller& caller, bool read_only) {
+  // Before the session can write (see ServedHeap::content_generation).
+  if (!read_only) ++heap->content_generation;
   absl::StatusOr<SessionTable::Started> started = table_.Start(std::move(heap), caller, read_only);
   if (started.ok()) {
     spdlog::info("session {} attached heap {} {} ({})", started->session->id,
@@ -270,6 +274,10 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
   }
   session->ended = true;
   PersistentHeap& heap = *session->heap->heap;
+  // Once its detach (or the reclaim after a failed one) is done.
+  absl::Cleanup ended = [&] {
+    if (!session->read_only) ++session->heap->content_generation;
+  };
   if (session->read_only) {
     spdlog::info("session {} detached heap {} ({})", id, session->heap->name, caller.ToString());
     return heap.epoch();

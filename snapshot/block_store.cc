@@ -250,6 +250,14 @@ absl::Status BlockStore::Commit() {
   return absl::OkStatus();
 }
 
+bool BlockStore::Mark(const BlockId& id) {
+  const int dir = Directory(id.hash[0], /*create=*/false);
+  uint64_t size = 0;
+  if (dir < 0 || !MarkIfWhole(dir, id.Hex(), &size)) return false;
+  unsynced_.set(id.hash[0]);
+  return true;
+}
+
 absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
   const std::string name = id.Hex();
   auto bad = [&](const std::string& why) {

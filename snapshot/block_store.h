@@ -104,6 +104,10 @@ class BlockStore {
   // the directories changed since the last call (Put's, Remove's).
   absl::Status Commit();
 
+  // Marks the block in use as Put does when it finds it; false if it is
+  // not there (whole, this user's) to be marked.
+  bool Mark(const BlockId& id);
+
   // The block's bytes, checked (see above). NOT_FOUND if it is not there.
   absl::StatusOr<std::string> Get(const BlockId& id);
   // Its file's size, or NOT_FOUND (not checked: du).

@@ -91,6 +91,30 @@ absl::StatusOr<RecipeFile> ReadRecipe(int root, const PartRef& part, uint64_t* r
   return DecodeRecipeFile(*bytes, part.ToString());
 }
 
+// The data block ids of this node's earlier part of the same heap stored
+// with `source.unchanged_token`, if there is one of the same geometry:
+// NOT_FOUND otherwise (any trouble finding it: then the data is read).
+absl::StatusOr<std::string> UnchangedDataIds(int root, const PartSource& source) {
+  if (source.unchanged_token.empty()) return absl::NotFoundError("heapd knows nothing");
+  absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, "", source.max_parts);
+  if (!parts.ok()) return absl::NotFoundError("");
+  for (const PartRef& part : *parts) {
+    if (part.node != source.part.node || part.heap != source.part.heap) continue;
+    absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true);
+    absl::StatusOr<RecipeFile> head =
+        header.ok() ? DecodeRecipeFile(*header, part.ToString(), true) : header.status();
+    if (!head.ok() || head->usage.source_token() != source.unchanged_token) continue;
+    absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false);
+    absl::StatusOr<RecipeFile> file =
+        bytes.ok() ? DecodeRecipeFile(*bytes, part.ToString()) : bytes.status();
+    if (file.ok() && file->recipe.block_bytes() == source.block_bytes &&
+        file->recipe.data_bytes() == source.data_bytes) {
+      return std::move(*file->recipe.mutable_data_blocks());
+    }
+  }
+  return absl::NotFoundError("");
+}
+
 }  // namespace
 
 absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
@@ -179,7 +203,26 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     if (tally.status.ok() && !failed) tally.status = blocks->Commit();
     if (!tally.status.ok()) failed = true;
   };
-  RunWorkers(threads, work);
+  usage.set_source_token(source.unchanged_token);
+  // Data heapd knows unchanged since this node's previous part with the
+  // same token: its blocks, marked in use (gc keeps them), not read again.
+  if (absl::StatusOr<std::string> previous = UnchangedDataIds(root, source); previous.ok()) {
+    absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
+    bool all_there = blocks.ok();
+    uint64_t named = 0;
+    for (size_t i = 0; all_there && i * kBlockIdBytes < previous->size(); ++i) {
+      const BlockId id = BlockId::FromRaw(PackedId(*previous, i).data());
+      if (id.IsZero()) continue;
+      all_there = blocks->Mark(id);
+      ++named;
+    }
+    if (all_there && blocks->Commit().ok()) {
+      data_ids = *std::move(previous);
+      tallies[0].blocks = named;
+      usage.set_data_reused(true);
+    }
+  }
+  if (!usage.data_reused()) RunWorkers(threads, work);
   for (const Tally& each : tallies) {
     if (!each.status.ok()) return each.status;
   }

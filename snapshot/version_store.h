@@ -49,6 +49,11 @@ struct PartSource {
   uint32_t block_bytes = kDefaultBlockBytes;
   int zstd_level = 1;
   int threads = 2;  // workers reading, hashing and compressing
+  // Non-empty: heapd knows of no write to the heap's data since it stored
+  // a part with this StoreUsage::source_token; that part's data blocks
+  // are reused (marked in use, not read) if this node has it in the store.
+  std::string unchanged_token;
+  size_t max_parts = 1 << 16;  // parts looked through for it
 };
 
 // Stores `source`; ALREADY_EXISTS if the part exists.

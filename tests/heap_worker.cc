@@ -18,6 +18,8 @@
 //   heap_worker SOCKET HEAP store-and-die NAME VALUE   sync, store VALUE into NAME's
 //                                               uint64_t, print "stored tracked|untracked",
 //                                               die of SIGKILL before syncing
+//   heap_worker SOCKET HEAP scribble-and-die NAME VALUE   the same without the
+//                                               sync first: no epoch passes
 //   heap_worker SOCKET HEAP store-and-wait NAME VALUE  the same, but stay attached;
 //                                               at each SIGUSR1 store VALUE+1 and print
 //                                               "stored again"
@@ -296,12 +298,16 @@ int Put(Client& client, const std::string& heap_name, const std::string& name, u
 // SIGKILL without syncing it; with `wait`, stays attached instead and at
 // each SIGUSR1 stores value + 1 and prints "stored again".
 int StoreAndDie(Client& client, const std::string& heap_name, const std::string& name,
-                uint64_t value, bool wait = false) {
+                uint64_t value, bool wait = false, bool sync_first = true) {
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
   if (!heap.ok()) return Fail(heap.status());
   absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
   if (!object.ok()) return Fail(object.status());
-  if (absl::StatusOr<uint64_t> synced = (*heap)->sync(); !synced.ok()) return Fail(synced.status());
+  if (sync_first) {
+    if (absl::StatusOr<uint64_t> synced = (*heap)->sync(); !synced.ok()) {
+      return Fail(synced.status());
+    }
+  }
   **object = value;
   std::printf("stored %s\n", (*heap)->content_rollback() ? "tracked" : "untracked");
   std::fflush(stdout);
@@ -635,10 +641,11 @@ int Main(int argc, char** argv) {
   if (mode == "relink-and-die") return RelinkAndDie(*client, heap);
   if (mode == "append") return Append(*client, heap, id);
   if (mode == "check-relinked") return CheckRelinked(*client, heap);
-  if (mode == "store-and-die") {
+  if (mode == "store-and-die" || mode == "scribble-and-die") {
     uint64_t value = 0;
     if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;
-    return StoreAndDie(*client, heap, arg, value);
+    return StoreAndDie(*client, heap, arg, value, /*wait=*/false,
+                       /*sync_first=*/mode == "store-and-die");
   }
   if (mode == "store-and-wait") {
     uint64_t value = 0;

@@ -18,6 +18,7 @@ HEAPD=$PWD/daemon/heapd
 HEAPCTL=$PWD/client/heapctl
 INGEST=$PWD/client/examples/graph_ingest
 QUERY=$PWD/client/examples/graph_query
+WORKER=$PWD/tests/heap_worker
 GRPCURL=$(command -v grpcurl || ls /usr/local/bin/grpcurl "$HOME/go/bin/grpcurl" 2>/dev/null | head -1)
 
 DIR=$(mktemp -d /tmp/heapd-store-XXXXXX)
@@ -79,6 +80,11 @@ out=$(on node-a "$HEAPCTL" --json snapshot create graph job-8 --store="$STORE") 
   fail "second create on a: $out"
 new=$(echo "$out" | sed -n 's/.*"blocks_written": "\{0,1\}\([0-9]*\).*/\1/p')
 [ "${new:-0}" -le 2 ] || fail "an unchanged heap wrote $new new blocks: $out"
+# No writer attached since job-7 (only read-only queries): heapd knows the
+# data unchanged and reuses job-7's data blocks without reading the heap.
+expect_in '"data_reused": true' "$out"
+case "$out" in *hashed_bytes*) fail "an unchanged heap was read and hashed: $out" ;; esac
+
 
 out=$(on node-a "$HEAPCTL" snapshot ls --store="$STORE") || fail "ls: $out"
 expect_in "node-b" "$out"
@@ -116,6 +122,34 @@ out=$(on node-c "$HEAPCTL" snapshot restore job-7 --store="$STORE" --from_node=n
   --heap=again 2>&1) || fail "second restore on c: $out"
 expect_in "0 blocks read from the store" "$(grep 'heap again restored' "$DIR/node-c.log")"
 [ "$(fingerprint node-c again)" = "$A_GRAPH" ] || fail "a's graph from c's cache differs"
+
+# A writer that attaches, stores without ever syncing and dies (no epoch
+# passes; here, on a file system, its store stays in the data file, as in a
+# full snapshot) changes what heapd knows: the next part is read and
+# hashed again, and each part restores to what the heap held.
+S_A=$DIR/node-a/run/heapd.sock
+out=$("$WORKER" "$S_A" counter put counter 5 2>&1) || fail "put: $out"
+out=$(on node-a "$HEAPCTL" --json snapshot create counter c1 --store="$STORE") || fail "c1: $out"
+out=$(on node-a "$HEAPCTL" --json snapshot create counter c2 --store="$STORE") || fail "c2: $out"
+expect_in '"data_reused": true' "$out"
+"$WORKER" "$S_A" counter scribble-and-die counter 9 >/dev/null 2>&1
+for _ in $(seq 100); do
+  grep -q "on heap counter .* ended: " "$DIR/node-a.log" 2>/dev/null && break
+  sleep 0.05
+done
+sleep 0.2
+out=$(on node-a "$HEAPCTL" --json snapshot create counter c3 --store="$STORE") || fail "c3: $out"
+case "$out" in *data_reused*) fail "a part reused data a writer changed since: $out" ;; esac
+expect_in '"hashed_bytes"' "$out"
+now=$("$WORKER" "$S_A" counter get counter 2>&1)
+for version in c1 c3; do
+  out=$(on node-b "$HEAPCTL" snapshot restore "$version" --store="$STORE" --heap="counter-$version" 2>&1) ||
+    fail "restore $version: $out"
+done
+[ "$("$WORKER" "$DIR/node-b/run/heapd.sock" counter-c1 get counter 2>&1)" = "value 5" ] ||
+  fail "c1 restored is not 5"
+[ "$("$WORKER" "$DIR/node-b/run/heapd.sock" counter-c3 get counter 2>&1)" = "$now" ] ||
+  fail "c3 restored differs from the heap ($now)"
 
 # rm, then gc: what job-7 names stays; what only the removed versions
 # named goes.
