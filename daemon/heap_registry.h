@@ -48,6 +48,10 @@ struct ServedHeap {
   // data file since (snapshot stores reuse a part then; a process that
   // keeps a writable descriptor after it detached is not seen).
   std::atomic<uint64_t> content_generation{0};
+  // Read-write sessions started and not yet done ending (counted before the
+  // bump at their start, uncounted after the bump at their end): while
+  // non-zero, heapd does not know the data unchanged.
+  std::atomic<int> writers{0};
 };
 
 // `heap` served as `name`, with its file system's reflink support probed.

@@ -495,13 +495,12 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
   });
 }
 
-std::string HeapdService::UnchangedToken(const ServedHeap& heap) const {
+std::string HeapdService::UnchangedToken(const ServedHeap& heap) {
   // The generation first: a writer that starts after it was read bumps it
-  // past what this token says, one that started before is seen below.
+  // past what this token says; one counted in `writers` (attached, or not
+  // yet done ending) means no token.
   const uint64_t generation = heap.content_generation.load();
-  for (const std::shared_ptr<Session>& session : sessions_->List()) {
-    if (session->heap.get() == &heap && !session->read_only) return "";
-  }
+  if (heap.writers.load() != 0) return "";
   return absl::StrCat(heap.incarnation, "/", generation);
 }
 
@@ -564,7 +563,7 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
                                    {request->target_dir(), request->name()}, labels)
               : store_snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
                                          request->store_dir(), request->name(), labels,
-                                         UnchangedToken(**served));
+                                         [&served] { return UnchangedToken(**served); });
       if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
       if (!request->store_dir().empty()) {

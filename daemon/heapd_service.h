@@ -131,7 +131,7 @@ class HeapdService final : public v1::Heapd::Service {
   // What heapd knows of `heap`'s data for a snapshot store
   // (StoreSnapshots::Create): empty while a read-write session is
   // attached, else the same as long as no writer started or ended since.
-  std::string UnchangedToken(const ServedHeap& heap) const;
+  static std::string UnchangedToken(const ServedHeap& heap);
   // The largest heap a restore or in-place attach may bring for `caller`.
   uint64_t SnapshotBytesAllowed(const Caller& caller) const;
   void FillClient(const Session& session, v1::ClientInfo* info) const;

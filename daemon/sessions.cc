@@ -88,7 +88,10 @@ void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, 
   if (session->ended) return;
   session->ended = true;
   const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
-  if (!session->read_only) ++session->heap->content_generation;  // its pages went back
+  if (!session->read_only) {  // its pages went back
+    ++session->heap->content_generation;
+    --session->heap->writers;
+  }
   metrics_->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
   LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
   spdlog::info(
@@ -118,8 +121,13 @@ void Sessions::ExpireTokens() {
 absl::StatusOr<SessionTable::Started> Sessions::Start(std::shared_ptr<ServedHeap> heap,
                                                       const Caller& caller, bool read_only) {
   // Before the session can write (see ServedHeap::content_generation).
-  if (!read_only) ++heap->content_generation;
+  ServedHeap* const served = heap.get();
+  if (!read_only) {
+    ++served->writers;
+    ++served->content_generation;
+  }
   absl::StatusOr<SessionTable::Started> started = table_.Start(std::move(heap), caller, read_only);
+  if (!started.ok() && !read_only) --served->writers;
   if (started.ok()) {
     spdlog::info("session {} attached heap {} {} ({})", started->session->id,
                  started->session->heap->name, read_only ? "read-only" : "read-write",
@@ -276,7 +284,9 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
   PersistentHeap& heap = *session->heap->heap;
   // Once its detach (or the reclaim after a failed one) is done.
   absl::Cleanup ended = [&] {
-    if (!session->read_only) ++session->heap->content_generation;
+    if (session->read_only) return;
+    ++session->heap->content_generation;
+    --session->heap->writers;
   };
   if (session->read_only) {
     spdlog::info("session {} detached heap {} ({})", id, session->heap->name, caller.ToString());

@@ -202,7 +202,8 @@ absl::StatusOr<std::unique_ptr<StoreSnapshots>> StoreSnapshots::Open(
 absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     const SnapshotCaller& caller, PersistentHeap& heap, const std::string& heap_name,
     const v1::HeapInfo& source, const std::string& store_dir, const std::string& name,
-    const std::map<std::string, std::string>& labels, const std::string& unchanged_token) {
+    const std::map<std::string, std::string>& labels,
+    const std::function<std::string()>& unchanged_token) {
   if (absl::Status s = CheckStoreDir(store_dir); !s.ok()) return s;
   const PartRef part{name, options_.node, heap_name};
   if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
@@ -245,8 +246,8 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     stored.zstd_level = options_.zstd_level;
     stored.threads = options_.threads;
     stored.max_parts = options_.max_parts;
-    if (!unchanged_token.empty()) {
-      stored.unchanged_token = absl::StrCat(unchanged_token, "/", state.epoch);
+    if (const std::string token = unchanged_token ? unchanged_token() : ""; !token.empty()) {
+      stored.unchanged_token = absl::StrCat(token, "/", state.epoch);
     }
     absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
         caller, store_dir, {data_fd.get()}, what, [&](int root, MessageSink& out) -> absl::Status {

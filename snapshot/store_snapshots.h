@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,15 +72,15 @@ class StoreSnapshots {
 
   // Stores `heap`'s committed epoch as part (this node, heap_name) of
   // version `name` in `store_dir`. The answer's `store` tells what it took.
-  // `unchanged_token`: non-empty if heapd knows of no write to the heap's
-  // data since it stored a part with this token (the epoch is added): that
-  // part's data blocks are then reused without reading the heap.
-  absl::StatusOr<v1::SnapshotManifest> Create(const SnapshotCaller& caller, PersistentHeap& heap,
-                                              const std::string& heap_name,
-                                              const v1::HeapInfo& source,
-                                              const std::string& store_dir, const std::string& name,
-                                              const std::map<std::string, std::string>& labels,
-                                              const std::string& unchanged_token = "");
+  // `unchanged_token()`, asked with the heap's files at rest: non-empty if
+  // heapd knows of no write to the heap's data since it stored a part with
+  // this token (the epoch is added): that part's data blocks are then
+  // reused without reading the heap.
+  absl::StatusOr<v1::SnapshotManifest> Create(
+      const SnapshotCaller& caller, PersistentHeap& heap, const std::string& heap_name,
+      const v1::HeapInfo& source, const std::string& store_dir, const std::string& name,
+      const std::map<std::string, std::string>& labels,
+      const std::function<std::string()>& unchanged_token = {});
 
   // The parts of the version `name` (every version's if empty), each a
   // manifest with its node and usage. Damaged parts are left out.

@@ -104,9 +104,13 @@ absl::StatusOr<std::string> UnchangedDataIds(int root, const PartSource& source)
     absl::StatusOr<RecipeFile> head =
         header.ok() ? DecodeRecipeFile(*header, part.ToString(), true) : header.status();
     if (!head.ok() || head->usage.source_token() != source.unchanged_token) continue;
-    absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false);
-    absl::StatusOr<RecipeFile> file =
-        bytes.ok() ? DecodeRecipeFile(*bytes, part.ToString()) : bytes.status();
+    // Only a recipe this user wrote: in a store others write to, another's
+    // could name blocks of this user's that are not this heap's.
+    uint32_t owner = 0;
+    absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false, &owner);
+    absl::StatusOr<RecipeFile> file = bytes.ok() && owner == geteuid()
+                                          ? DecodeRecipeFile(*bytes, part.ToString())
+                                          : absl::NotFoundError("");
     if (file.ok() && file->recipe.block_bytes() == source.block_bytes &&
         file->recipe.data_bytes() == source.data_bytes) {
       return std::move(*file->recipe.mutable_data_blocks());
@@ -290,7 +294,8 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   return usage;
 }
 
-absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool header_only) {
+absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool header_only,
+                                           uint32_t* owner) {
   if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
   const std::string where = part.ToString();
   absl::StatusOr<UniqueFd> versions = OpenDirectoryAt(root, kVersions);
@@ -309,6 +314,11 @@ absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool h
   }
   if (size > kMaxRecipeBytes) {
     return absl::DataLossError(absl::StrCat("recipe ", where, " is larger than 64 MiB"));
+  }
+  if (owner != nullptr) {
+    struct stat st;
+    if (fstat(fd->get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat recipe ", where));
+    *owner = st.st_uid;
   }
   uint64_t length = size;
   if (header_only) {

@@ -61,7 +61,9 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source);
 
 // The whole recipe file of `part` (at most kMaxRecipeBytes, unchecked), or
 // with `header_only` its header, manifest and usage. NOT_FOUND if absent.
-absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool header_only);
+// `owner`, if given, gets the file's owner.
+absl::StatusOr<std::string> ReadRecipeFile(int root, const PartRef& part, bool header_only,
+                                           uint32_t* owner = nullptr);
 
 // The parts of version `name`, or of every version if `name` is empty
 // (at most `max_parts`: RESOURCE_EXHAUSTED beyond). Entries that are not
