@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
@@ -55,9 +56,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Thrown by Die and caught in main, so that the heapds started here are
+// stopped and their directories removed on the way out.
+struct Failed {};
+
 [[noreturn]] void Die(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "store_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
-  std::exit(1);
+  throw Failed();
 }
 template <typename T>
 T Check(absl::StatusOr<T> value, const std::string& what) {
@@ -265,12 +270,12 @@ void RunRestores(const std::string& heapd, const Snapshots& b9a) {
 }  // namespace
 }  // namespace heapd
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+int Run() {
   using heapd::Check;
   const std::string heapd_binary = absl::GetFlag(FLAGS_heapd);
   std::string base = absl::GetFlag(FLAGS_dir) + "/heapd-b9-XXXXXX";
   if (mkdtemp(base.data()) == nullptr) heapd::Die("mkdtemp", absl::InternalError(base));
+  absl::Cleanup remove_base = [&base] { std::filesystem::remove_all(base); };
   std::vector<std::string> flags;
   if (const uint32_t block = absl::GetFlag(FLAGS_block_bytes); block != 0) {
     flags.push_back(absl::StrCat("--store_block_bytes=", block));
@@ -301,6 +306,14 @@ int main(int argc, char** argv) {
   for (const auto& [name, values] : heapd::Figures()) {
     std::printf("%-78s %10.3f\n", name.c_str(), heapd::Median(values));
   }
-  std::filesystem::remove_all(base);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  try {
+    return Run();
+  } catch (const heapd::Failed&) {
+    return 1;
+  }
 }
