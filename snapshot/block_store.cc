@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "heap/data_file.h"
+#include "snapshot/dir_files.h"
 
 namespace heapd {
 namespace {
@@ -37,16 +38,6 @@ uint64_t GetLe64(const char* at) {
   uint64_t value = 0;
   for (int i = 0; i < 8; ++i) value |= uint64_t{static_cast<uint8_t>(at[i])} << (8 * i);
   return value;
-}
-
-bool WriteAll(int fd, absl::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t n = write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
 }
 
 std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
@@ -187,7 +178,7 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
     if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create block ", name));
     // Writeback starts now; Commit waits for it (one block at a time
     // would wait for each in turn).
-    if (!WriteAll(fd.get(), file) ||
+    if (!WriteAllAt(fd.get(), file, 0) ||
         (options_.durable && sync_file_range(fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE) != 0 &&
          errno != ESPIPE && errno != EINVAL) ||
         close(fd.release()) != 0) {
@@ -285,7 +276,7 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
     return bad(absl::StrCat(st.st_size, " bytes"));
   }
   std::string file(static_cast<size_t>(st.st_size), '\0');
-  if (pread(fd.get(), file.data(), file.size(), 0) != static_cast<ssize_t>(file.size())) {
+  if (!ReadAllAt(fd.get(), file.data(), file.size(), 0)) {
     return bad("cannot be read whole");
   }
   const uint64_t size = GetLe64(file.data() + 4);

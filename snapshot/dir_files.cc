@@ -41,9 +41,22 @@ bool ReadAllAt(int fd, char* out, size_t length, uint64_t at) {
   while (length > 0) {
     const ssize_t n = pread(fd, out, length, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = EIO;  // the file ends first
     if (n <= 0) return false;
     out += n;
     length -= static_cast<size_t>(n);
+    at += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+bool WriteAllAt(int fd, absl::string_view bytes, uint64_t at) {
+  while (!bytes.empty()) {
+    const ssize_t n = pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = EIO;
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(n));
     at += static_cast<uint64_t>(n);
   }
   return true;

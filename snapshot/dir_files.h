@@ -33,9 +33,12 @@ absl::StatusOr<std::string> ReadFileAt(int dir, const std::string& name, uint64_
 // fsyncs it.
 absl::Status WriteNewFileAt(int dir, const std::string& name, absl::string_view bytes);
 
-// Reads exactly `length` bytes of `fd` at `at` into `out` (a short file or
-// an error: false, errno set if there was one).
+// Reads exactly `length` bytes of `fd` at `at` into `out`; false with
+// errno set on an error (EIO if the file ends first).
 bool ReadAllAt(int fd, char* out, size_t length, uint64_t at);
+// Writes all of `bytes` to `fd` at `at` (short writes continued); false
+// with errno set on an error.
+bool WriteAllAt(int fd, absl::string_view bytes, uint64_t at);
 
 // Removes `name` in `dir` and, if it is a directory, everything in it
 // (symlinks are removed, never followed). OK if it does not exist.

@@ -78,6 +78,15 @@ absl::Status Malformed(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": malformed answer from its worker"));
 }
 
+// The one message of `kind` a worker had to send (kind byte included).
+absl::StatusOr<absl::string_view> OnlyMessage(const std::vector<ChildMessage>& messages, char kind,
+                                              const std::string& what) {
+  if (messages.size() != 1 || messages[0].bytes.empty() || messages[0].bytes[0] != kind) {
+    return Malformed(what);
+  }
+  return absl::string_view(messages[0].bytes);
+}
+
 std::string Describe(const PartSelector& which) {
   std::string out = absl::StrCat("version ", which.name);
   if (!which.node.empty()) absl::StrAppend(&out, " node ", which.node);
@@ -115,11 +124,6 @@ absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std:
   return absl::FailedPreconditionError(absl::StrCat(Describe(which), " has ", matching.size(),
                                                     " parts (", absl::StrJoin(names, ", "),
                                                     "); name one by its node and heap"));
-}
-
-bool WriteAllAt(int fd, absl::string_view bytes, uint64_t at) {
-  return pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at)) ==
-         static_cast<ssize_t>(bytes.size());
 }
 
 // The chunks the committed epoch uses (small chunks, large runs): its
@@ -256,9 +260,10 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
           return out.Send(std::string(1, kUsageMessage) + usage->SerializeAsString());
         });
     if (!messages.ok()) return messages.status();
-    if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
-        (*messages)[0].bytes[0] != kUsageMessage ||
-        !manifest.mutable_store()->ParseFromString((*messages)[0].bytes.substr(1))) {
+    absl::StatusOr<absl::string_view> usage = OnlyMessage(*messages, kUsageMessage, what);
+    if (!usage.ok()) return usage.status();
+    if (!manifest.mutable_store()->ParseFromArray(usage->data() + 1,
+                                                  static_cast<int>(usage->size() - 1))) {
       return Malformed(what);
     }
     return absl::OkStatus();
@@ -333,9 +338,9 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   if (!messages.ok()) return messages.status();
   ReadPart read;
   absl::string_view bytes;
-  if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
-      (*messages)[0].bytes[0] != kRecipeMessage ||
-      !ParseTagged((*messages)[0].bytes, &read.part, &bytes) || !Matches(read.part, which)) {
+  absl::StatusOr<absl::string_view> recipe_message = OnlyMessage(*messages, kRecipeMessage, what);
+  if (!recipe_message.ok()) return recipe_message.status();
+  if (!ParseTagged(*recipe_message, &read.part, &bytes) || !Matches(read.part, which)) {
     return Malformed(what);
   }
   const std::string where = absl::StrCat("part ", read.part.ToString(), " in ", which.store_dir);
@@ -519,9 +524,12 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   for (const auto& [at, k] : copies) {
     const DataBlock& first = distinct[k];
     const uint64_t length = std::min<uint64_t>(recipe.block_bytes(), recipe.data_bytes() - at);
+    if (length != first.length) {
+      return absl::DataLossError(absl::StrCat(where, ": block ", first.id.Hex(), " named at ",
+                                              first.at, " and at ", at, " with other sizes"));
+    }
     block.resize(length);
-    if (length != first.length || !ReadAllAt(data_fd, block.data(), length, first.at) ||
-        !WriteAllAt(data_fd, block, at)) {
+    if (!ReadAllAt(data_fd, block.data(), length, first.at) || !WriteAllAt(data_fd, block, at)) {
       return ErrnoStatus(errno, absl::StrCat("copy a repeated block restored from ", where));
     }
   }
@@ -594,16 +602,18 @@ void StoreSnapshots::TrimCache() {
   cache_bytes_ = total;
 }
 
-absl::StatusOr<std::vector<PartRef>> StoreSnapshots::Parts(const SnapshotCaller& caller,
-                                                           const PartSelector& which) {
+absl::StatusOr<std::vector<PartRef>> StoreSnapshots::ForEachPart(
+    const SnapshotCaller& caller, const PartSelector& which, const std::string& what,
+    const std::function<absl::Status(int root, const PartRef& part)>& each) {
   if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
-  const std::string what = absl::StrCat("list ", Describe(which));
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
       caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
         absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
         if (!parts.ok()) return parts.status();
         for (const PartRef& part : *parts) {
+          if (!Matches(part, which)) continue;
+          if (absl::Status s = each(root, part); !s.ok()) return s;
           if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
         }
         return absl::OkStatus();
@@ -614,15 +624,21 @@ absl::StatusOr<std::vector<PartRef>> StoreSnapshots::Parts(const SnapshotCaller&
     PartRef part;
     absl::string_view rest;
     if (message.bytes.empty() || message.bytes[0] != kPartMessage ||
-        !ParseTagged(message.bytes, &part, &rest) || !rest.empty()) {
+        !ParseTagged(message.bytes, &part, &rest) || !rest.empty() || !Matches(part, which)) {
       return Malformed(what);
     }
-    if (Matches(part, which)) parts.push_back(std::move(part));
+    parts.push_back(std::move(part));
   }
   if (parts.empty()) {
     return absl::NotFoundError(absl::StrCat("the store has no part matching ", Describe(which)));
   }
   return parts;
+}
+
+absl::StatusOr<std::vector<PartRef>> StoreSnapshots::Parts(const SnapshotCaller& caller,
+                                                           const PartSelector& which) {
+  return ForEachPart(caller, which, absl::StrCat("list ", Describe(which)),
+                     [](int, const PartRef&) { return absl::OkStatus(); });
 }
 
 absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
@@ -645,25 +661,10 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
 
 absl::StatusOr<size_t> StoreSnapshots::Remove(const SnapshotCaller& caller,
                                               const PartSelector& which) {
-  if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
-  const std::string what = absl::StrCat("remove ", Describe(which));
-  const size_t max_parts = options_.max_parts;
-  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
-        absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
-        if (!parts.ok()) return parts.status();
-        for (const PartRef& part : *parts) {
-          if (!Matches(part, which)) continue;
-          if (absl::Status s = RemovePart(root, part); !s.ok()) return s;
-          if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
-        }
-        return absl::OkStatus();
-      });
-  if (!messages.ok()) return messages.status();
-  if (messages->empty()) {
-    return absl::NotFoundError(absl::StrCat("the store has no part matching ", Describe(which)));
-  }
-  return messages->size();
+  absl::StatusOr<std::vector<PartRef>> removed =
+      ForEachPart(caller, which, absl::StrCat("remove ", Describe(which)), RemovePart);
+  if (!removed.ok()) return removed.status();
+  return removed->size();
 }
 
 absl::StatusOr<std::unique_ptr<RestoredHeapDir>> StoreSnapshots::Restore(
@@ -705,10 +706,10 @@ absl::StatusOr<v1::GcStoreResponse> StoreSnapshots::CollectGarbage(
         return out.Send(std::string(1, kGcMessage) + result->SerializeAsString());
       });
   if (!messages.ok()) return messages.status();
+  absl::StatusOr<absl::string_view> answer = OnlyMessage(*messages, kGcMessage, what);
+  if (!answer.ok()) return answer.status();
   v1::GcStoreResponse response;
-  if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
-      (*messages)[0].bytes[0] != kGcMessage ||
-      !response.ParseFromString((*messages)[0].bytes.substr(1))) {
+  if (!response.ParseFromArray(answer->data() + 1, static_cast<int>(answer->size() - 1))) {
     return Malformed(what);
   }
   return response;

@@ -195,8 +195,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       const size_t length =
           static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
       if (!ReadAllAt(source.data_fd, block.data(), length, at)) {
-        tally.status = ErrnoStatus(errno == 0 ? EIO : errno,
-                                   absl::StrCat("read heap ", part.heap, "'s data at ", at));
+        tally.status = ErrnoStatus(errno, absl::StrCat("read heap ", part.heap, "'s data at ", at));
         break;
       }
       tally.hashed_bytes += length;
@@ -453,8 +452,7 @@ absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int d
         statuses[worker] =
             absl::DataLossError(absl::StrCat(what, ": the data block at ", block.offset, " has ",
                                              bytes->size(), " bytes, not ", block.length));
-      } else if (data_fd >= 0 && pwrite(data_fd, bytes->data(), bytes->size(), block.offset) !=
-                                     static_cast<ssize_t>(bytes->size())) {
+      } else if (data_fd >= 0 && !WriteAllAt(data_fd, *bytes, block.offset)) {
         statuses[worker] = ErrnoStatus(errno, absl::StrCat("write the data of ", what));
       }
     }
@@ -542,12 +540,11 @@ absl::StatusOr<v1::GcStoreResponse> CollectGarbage(int root, const GcOptions& op
   });
   if (!listed.ok()) return listed;
   for (const BlockStore::Entry& entry : candidates) {
-    bool removed = true;
-    if (options.dry_run) {
-    } else if (entry.kind != Kind::kBlock) {
+    bool removed = true;  // (in a dry run: would be)
+    if (!options.dry_run && entry.kind != Kind::kBlock) {
       // Leftovers of a crashed writer or gc, old and unnamed.
       if (absl::Status s = blocks->Remove(entry); !s.ok()) return s;
-    } else {
+    } else if (!options.dry_run) {
       absl::StatusOr<bool> gone = blocks->RemoveUnlessMarked(entry, cutoff);
       if (!gone.ok()) return gone.status();
       removed = *gone;
