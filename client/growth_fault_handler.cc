@@ -28,6 +28,7 @@ struct Registered {
   uint64_t max_size ABSL_GUARDED_BY(registering) = 0;
   int fd ABSL_GUARDED_BY(registering) = -1;
   bool writable ABSL_GUARDED_BY(registering) = false;
+  bool map_sync ABSL_GUARDED_BY(registering) = false;
   std::atomic<uint64_t>* mapped ABSL_GUARDED_BY(registering) = nullptr;
   int uffd ABSL_GUARDED_BY(registering) = -1;  // write tracking; -1: none
   const std::atomic<bool>* fenced ABSL_GUARDED_BY(registering) = nullptr;
@@ -56,8 +57,7 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
     if (fenced_before) {
       MapPrivately(at, size - mapped, heap.fd, mapped);  // as the rest after a fence
     } else {
-      bool map_sync = false;
-      if (MapFileAt(at, size - mapped, heap.writable, heap.fd, mapped, &map_sync) != 0) {
+      if (MapFileAt(at, size - mapped, heap.writable, heap.map_sync, heap.fd, mapped) != 0) {
         return false;
       }
       if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
@@ -104,7 +104,7 @@ void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_AN
 }  // namespace
 
 int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                std::atomic<uint64_t>* mapped, int uffd,
+                                bool map_sync, std::atomic<uint64_t>* mapped, int uffd,
                                 const std::atomic<bool>* fenced) {
   std::call_once(installed, [] {
     struct sigaction action = {};
@@ -119,6 +119,7 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     slots[i].max_size = max_size;
     slots[i].fd = fd;
     slots[i].writable = writable;
+    slots[i].map_sync = map_sync;
     slots[i].mapped = mapped;
     slots[i].uffd = uffd;
     slots[i].fenced = fenced;

@@ -15,15 +15,16 @@
 namespace heapd {
 
 // Registers the reservation [base, base + max_size) whose first `*mapped`
-// bytes map `fd` (with PROT_READ, plus PROT_WRITE if `writable`). The
-// handler raises `*mapped` when it maps more. Returns a slot for
+// bytes map `fd` (with PROT_READ, plus PROT_WRITE if `writable`; with
+// MAP_SYNC if `map_sync`, see FileTakesMapSync). The handler raises
+// `*mapped` when it maps more. Returns a slot for
 // Unregister, or -1 if every slot is taken (then faults stay faults).
 // `uffd` (-1: none): the heap's WriteTracker's userfaultfd, with which the
 // growth mapped is registered and write-protected; `fenced` (null: none):
 // once true, growth is mapped privately (the session is over: stores must
 // not reach the heap; see WriteTracker).
 int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                std::atomic<uint64_t>* mapped, int uffd = -1,
+                                bool map_sync, std::atomic<uint64_t>* mapped, int uffd = -1,
                                 const std::atomic<bool>* fenced = nullptr);
 void UnregisterHeapForGrowthFaults(int slot);
 

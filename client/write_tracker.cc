@@ -233,8 +233,11 @@ void WriteTracker::Capture(uint64_t offset) {
 
 void MapPrivately(char* at, uint64_t length, int fd, uint64_t offset) {
   if (mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
-           static_cast<off_t>(offset)) == MAP_FAILED) {
-    mprotect(at, length, PROT_READ);  // then a store faults instead
+           static_cast<off_t>(offset)) == MAP_FAILED &&
+      mprotect(at, length, PROT_READ) != 0) {  // then a store faults instead
+    // The failed mmap unmapped the range already (see FileTakesMapSync):
+    // reserve it again, every access faults.
+    mmap(at, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   }
   KeepFromChildren(at, length);
 }

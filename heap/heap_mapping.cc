@@ -1,6 +1,7 @@
 #include "heap/heap_mapping.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -43,30 +44,28 @@ absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t m
 
 HeapMapping::~HeapMapping() { munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_); }
 
-int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset, bool* map_sync) {
+bool FileTakesMapSync(int fd) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED_VALIDATE | MAP_SYNC, fd, 0);
+  if (probe == MAP_FAILED) return false;
+  munmap(probe, page);
+  return true;
+}
+
+int MapFileAt(char* at, uint64_t length, bool writable, bool map_sync, int fd, uint64_t offset) {
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  if (writable) {
-    if (mmap(at, length, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd,
-             static_cast<off_t>(offset)) != MAP_FAILED) {
-      *map_sync = true;
-      return 0;
-    }
-    if (errno != EOPNOTSUPP && errno != EINVAL) return errno;
-  }
-  if (mmap(at, length, prot, MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(offset)) ==
-      MAP_FAILED) {
-    return errno;
-  }
-  return 0;
+  const int flags = (map_sync ? MAP_SHARED_VALIDATE | MAP_SYNC : MAP_SHARED) | MAP_FIXED;
+  if (mmap(at, length, prot, flags, fd, static_cast<off_t>(offset)) != MAP_FAILED) return 0;
+  const int error = errno;
+  mmap(at, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  return error;
 }
 
 absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
-  bool map_sync = false;
-  if (const int error = MapFileAt(base_ + begin, end - begin, writable_, fd_, begin, &map_sync);
+  if (const int error = MapFileAt(base_ + begin, end - begin, writable_, map_sync_, fd_, begin);
       error != 0) {
     return ErrnoStatus(error, absl::StrCat("map heap bytes ", begin, "..", end));
   }
-  if (map_sync) map_sync_.store(true, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -23,11 +23,19 @@
 
 namespace heapd {
 
-// Maps `length` bytes of `fd` from `offset` at exactly `at` (MAP_FIXED):
-// MAP_SHARED_VALIDATE | MAP_SYNC if writable and the kernel accepts it,
-// else MAP_SHARED. Returns 0, or the errno. Sets *map_sync when MAP_SYNC
-// took. Async-signal-safe (the client's fault handler calls it).
-int MapFileAt(char* at, uint64_t length, bool writable, int fd, uint64_t offset, bool* map_sync);
+// Whether `fd` can be mapped MAP_SHARED_VALIDATE | MAP_SYNC (fs-dax). Asked
+// with a throwaway mapping at an address the kernel picks: a MAP_FIXED
+// attempt that the file system refuses in its mmap hook (ext4 and XFS
+// without DAX) has already unmapped the range it was to replace, and since
+// Linux 6.12 leaves it unmapped, a hole another thread's mmap can land in.
+bool FileTakesMapSync(int fd);
+
+// Maps `length` bytes of `fd` from `offset` at exactly `at` (MAP_FIXED),
+// writable or read-only, with MAP_SYNC when `map_sync` (see
+// FileTakesMapSync). Returns 0, or the errno; on failure the range is
+// reserved again (PROT_NONE) rather than left a hole. Async-signal-safe
+// (the client's fault handler calls it).
+int MapFileAt(char* at, uint64_t length, bool writable, bool map_sync, int fd, uint64_t offset);
 
 class HeapMapping {
  public:
@@ -56,7 +64,7 @@ class HeapMapping {
   char* base() const { return base_; }
   uint64_t size() const { return size_.load(std::memory_order_acquire); }
   uint64_t max_size() const { return max_size_; }
-  bool map_sync() const { return map_sync_.load(std::memory_order_relaxed); }
+  bool map_sync() const { return map_sync_; }
 
  private:
   HeapMapping(int fd, char* base, uint64_t max_size, uint64_t prefix_bytes, bool writable)
@@ -64,7 +72,8 @@ class HeapMapping {
         base_(base),
         max_size_(max_size),
         prefix_bytes_(prefix_bytes),
-        writable_(writable) {}
+        writable_(writable),
+        map_sync_(writable && FileTakesMapSync(fd)) {}
   absl::Status MapRange(uint64_t begin, uint64_t end);
 
   int fd_;  // not owned
@@ -73,7 +82,7 @@ class HeapMapping {
   uint64_t prefix_bytes_;
   std::atomic<uint64_t> size_{0};  // written by Extend only
   bool writable_;
-  std::atomic<bool> map_sync_{false};
+  const bool map_sync_;  // every range is mapped with MAP_SYNC
 };
 
 }  // namespace heapd

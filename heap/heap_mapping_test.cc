@@ -1,9 +1,12 @@
 #include "heap/heap_mapping.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "heap/data_file.h"
@@ -68,6 +71,55 @@ TEST(HeapMappingTest, PrefixIsPrivateMemoryJustBeforeTheBase) {
   EXPECT_EQ((*a)->base()[-1], 'a');  // private per mapping
   EXPECT_EQ((*b)->base()[0], 'x');   // the file is shared
   ASSERT_TRUE((*a)->Extend(2 * kMiB).ok());
+}
+
+// A mapping that fails must not leave a hole in the reservation: another
+// thread's mmap could land there and be unmapped or overwritten with heap
+// bytes later.
+TEST(HeapMappingTest, AFailedMapLeavesTheRangeReserved) {
+  TestDir dir;
+  auto file = DataFile::Create(dir.Sub("data"), 4 * kMiB);
+  ASSERT_TRUE(file.ok());
+  if (FileTakesMapSync((*file)->fd())) GTEST_SKIP() << "the test directory is on fs-dax";
+  auto mapping = HeapMapping::Map((*file)->fd(), 8 * kMiB, 0, true);
+  ASSERT_TRUE(mapping.ok()) << mapping.status();
+  char* at = (*mapping)->base() + 2 * kMiB;
+  // Refused by the file system's mmap hook on ext4 and XFS (after the range
+  // was unmapped), or before that on tmpfs.
+  EXPECT_NE(MapFileAt(at, 2 * kMiB, true, /*map_sync=*/true, (*file)->fd(), 0), 0);
+  unsigned char pages[2 * kMiB / 4096];
+  EXPECT_EQ(mincore(at, 2 * kMiB, pages), 0) << "a hole at " << static_cast<void*>(at);
+}
+
+// Growing mappings while another thread maps and uses memory of its own:
+// that memory is never replaced by heap bytes (Linux 6.12 and later leave a
+// hole where a MAP_FIXED mmap failed in the file system's hook, and a
+// second attempt over it would take whatever landed there meanwhile).
+TEST(HeapMappingTest, OtherThreadsMemoryNeverLandsInAReservation) {
+  TestDir dir;
+  auto file = DataFile::Create(dir.Sub("data"), 16 * kMiB);
+  ASSERT_TRUE(file.ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> clobbered{0};
+  std::thread other([&] {
+    constexpr size_t kBytes = 8 * kMiB;  // fits no hole but one 16 MiB wide
+    while (!stop.load()) {
+      void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) continue;
+      volatile char* bytes = static_cast<char*>(p);
+      bytes[0] = 'o';
+      for (int i = 0; i < 100; ++i) std::this_thread::yield();
+      if (bytes[0] != 'o') clobbered.fetch_add(1);
+      munmap(p, kBytes);
+    }
+  });
+  for (int i = 0; i < 3000; ++i) {
+    auto mapping = HeapMapping::Map((*file)->fd(), 64 * kMiB, 16 * kMiB, true);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+  }
+  stop = true;
+  other.join();
+  EXPECT_EQ(clobbered.load(), 0);
 }
 
 TEST(HeapMappingTest, RejectsASizeBeyondTheReservation) {
