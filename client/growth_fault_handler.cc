@@ -103,8 +103,8 @@ void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_AN
 
 }  // namespace
 
-int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                bool map_sync, std::atomic<uint64_t>* mapped, int uffd,
+int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable, bool map_sync,
+                                std::atomic<uint64_t>* mapped, int uffd,
                                 const std::atomic<bool>* fenced) {
   std::call_once(installed, [] {
     struct sigaction action = {};

@@ -23,8 +23,8 @@ namespace heapd {
 // growth mapped is registered and write-protected; `fenced` (null: none):
 // once true, growth is mapped privately (the session is over: stores must
 // not reach the heap; see WriteTracker).
-int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable,
-                                bool map_sync, std::atomic<uint64_t>* mapped, int uffd = -1,
+int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable, bool map_sync,
+                                std::atomic<uint64_t>* mapped, int uffd = -1,
                                 const std::atomic<bool>* fenced = nullptr);
 void UnregisterHeapForGrowthFaults(int slot);
 

@@ -175,10 +175,9 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
     }
     tracker_ = *std::move(tracker);
   }
-  fault_slot_ = RegisterHeapForGrowthFaults(base(), max_size, data_fd_, !read_only_,
-                                            mapping_->map_sync(), &mapped_bytes_,
-                                            tracker_ ? tracker_->fd() : -1,
-                                            tracker_ ? tracker_->fencing() : nullptr);
+  fault_slot_ = RegisterHeapForGrowthFaults(
+      base(), max_size, data_fd_, !read_only_, mapping_->map_sync(), &mapped_bytes_,
+      tracker_ ? tracker_->fd() : -1, tracker_ ? tracker_->fencing() : nullptr);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
