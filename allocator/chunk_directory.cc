@@ -178,15 +178,17 @@ void ChunkDirectory::ResolveRemoteFrees(uint32_t chunk, SlotBitmap& bitmap, bool
       continue;
     }
     const uint64_t offset = ChunkBase(chunk) + uint64_t{pending.slot} * ClassSize(c.size_class);
-    auto freer = clients_.find(pending.freer);
-    if (freer != clients_.end()) {
-      freer->second.rejected_frees.push_back(
-          absl::StrCat("the free of offset ", offset, " was rejected: client ", c.lessee,
-                       ", which leases its chunk, has no live object there (double free or never "
-                       "allocated)"));
-    }
+    RejectFree(pending.freer,
+               absl::StrCat("the free of offset ", offset, " was rejected: client ", c.lessee,
+                            ", which leases its chunk, has no live object there (double free or "
+                            "never allocated)"));
   }
   c.remote_frees = std::move(kept);
+}
+
+void ChunkDirectory::RejectFree(ClientId freer, std::string why) {
+  auto it = clients_.find(freer);
+  if (it != clients_.end()) it->second.rejected_frees.push_back(std::move(why));
 }
 
 absl::Status ChunkDirectory::CheckReport(ClientId client,
@@ -291,6 +293,102 @@ absl::StatusOr<uint64_t> ChunkDirectory::AllocateLarge(ClientId client, uint64_t
   return ChunkBase(*head);
 }
 
+absl::StatusOr<uint32_t> ChunkDirectory::Reserve(ClientId client, uint32_t chunks) {
+  if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
+  if (chunks == 0) return absl::InvalidArgumentError("cannot reserve 0 chunks");
+  std::optional<uint32_t> first = chunks <= chunks_.size() ? free_.Take(chunks) : std::nullopt;
+  if (!first) {
+    return absl::ResourceExhaustedError(absl::StrCat("no free run of ", chunks, " chunks"));
+  }
+  ClientState& state = clients_[client];
+  for (uint32_t chunk = *first; chunk < *first + chunks; ++chunk) {
+    chunks_[chunk].kind = ChunkKind::kReserved;
+    chunks_[chunk].lessee = client;
+    state.reserved.insert(chunk);
+  }
+  return *first;
+}
+
+absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacement> placements) {
+  std::set<uint32_t> claimed;
+  for (const LargePlacement& p : placements) {
+    const uint64_t end = uint64_t{p.chunk} + p.chunks;
+    if (p.chunks == 0 || end > chunks_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("a large object of ", p.chunks,
+                                                     " chunks at chunk ", p.chunk,
+                                                     " does not fit the heap's ", chunks_.size()));
+    }
+    for (uint32_t chunk = p.chunk; chunk < end; ++chunk) {
+      if (chunks_[chunk].kind != ChunkKind::kReserved || chunks_[chunk].lessee != client) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the large object at offset ", ChunkBase(p.chunk), " (", p.chunks,
+            " chunks) takes chunk ", chunk, ", which is not reserved for client ", client));
+      }
+      if (!claimed.insert(chunk).second) {
+        return absl::InvalidArgumentError(absl::StrCat("the large object at offset ",
+                                                       ChunkBase(p.chunk),
+                                                       " overlaps another at chunk ", chunk));
+      }
+    }
+  }
+  ClientState& state = clients_[client];
+  for (const LargePlacement& p : placements) {
+    for (uint32_t chunk = p.chunk; chunk < p.chunk + p.chunks; ++chunk) {
+      Chunk& c = chunks_[chunk];
+      c.lessee = 0;
+      c.kind = chunk == p.chunk ? ChunkKind::kLargeHead : ChunkKind::kLargeTail;
+      c.head_chunk = p.chunk;
+      state.reserved.erase(chunk);
+      auto queued = state.reserved_frees.find(chunk);
+      if (queued == state.reserved_frees.end()) continue;
+      if (chunk != p.chunk) {
+        RejectFree(queued->second.freer,
+                   absl::StrCat("the free of offset ", ChunkBase(chunk),
+                                " was rejected: it is inside the large object at offset ",
+                                ChunkBase(p.chunk), ", not at its start"));
+        state.reserved_frees.erase(queued);
+      }
+    }
+    Chunk& head = chunks_[p.chunk];
+    head.run_chunks = p.chunks;
+    head.uncommitted_by = client;
+    state.uncommitted_runs.insert(p.chunk);
+    auto queued = state.reserved_frees.find(p.chunk);
+    if (queued == state.reserved_frees.end()) continue;
+    const ReservedFree free = queued->second;
+    state.reserved_frees.erase(queued);
+    if (free.chunks != 0 && free.chunks != p.chunks) {
+      RejectFree(free.freer, absl::StrCat("the free of offset ", ChunkBase(p.chunk),
+                                          " was rejected: it is a large object of ", p.chunks,
+                                          " chunks, not of ", free.chunks));
+      continue;
+    }
+    state.uncommitted_runs.erase(p.chunk);
+    head.uncommitted_by = 0;
+    MakeFree(p.chunk, p.chunks);
+  }
+  return absl::OkStatus();
+}
+
+void ChunkDirectory::SettleReservedFrees(ClientId client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  std::map<uint32_t, ReservedFree>& queued = it->second.reserved_frees;
+  for (auto free = queued.begin(); free != queued.end();) {
+    if (!free->second.seen) {
+      free->second.seen = true;
+      ++free;
+      continue;
+    }
+    RejectFree(free->second.freer,
+               absl::StrCat("the free of offset ", ChunkBase(free->first), " was rejected: client ",
+                            client,
+                            ", for which its chunk is reserved, placed no large object "
+                            "there (double free or never allocated)"));
+    free = queued.erase(free);
+  }
+}
+
 absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(ClientId client,
                                                                      ObjectRef object) const {
   const uint64_t offset = object.offset;
@@ -302,6 +400,20 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(ClientId cl
     case ChunkKind::kFree:
       return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is not allocated (chunk ",
                                                      chunk, " is free): double free?"));
+    case ChunkKind::kReserved:
+      // Only client c.lessee knows whether it carved an object here since
+      // its last report: the free waits for it (see Place).
+      if (in_chunk != 0 || (object.size != 0 && object.size <= kMaxSmallSize)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("offset ", offset, " is not the start of an object: chunk ", chunk,
+                         " is reserved for client ", c.lessee, "'s large objects"));
+      }
+      if (clients_.at(c.lessee).reserved_frees.count(static_cast<uint32_t>(chunk)) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("offset ", offset, " is freed already (its free waits for client ",
+                         c.lessee, ", for which its chunk is reserved): double free"));
+      }
+      return PlannedFree{static_cast<uint32_t>(chunk), 0};
     case ChunkKind::kLargeTail:
       return absl::InvalidArgumentError(
           absl::StrCat("offset ", offset, " is inside the large object at offset ",
@@ -392,9 +504,15 @@ absl::Status ChunkDirectory::Free(ClientId client, absl::Span<const ObjectRef> o
     if (!planned.ok()) return planned.status();
     plan.push_back(*planned);
   }
-  for (const PlannedFree& p : plan) {
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PlannedFree& p = plan[i];
     Chunk& c = chunks_[p.chunk];
-    if (c.kind == ChunkKind::kLargeHead) {
+    if (c.kind == ChunkKind::kReserved) {
+      const uint64_t size = objects[i].size;
+      clients_[c.lessee].reserved_frees[p.chunk] =
+          ReservedFree{size == 0 ? 0 : ChunksFor(size), client, false};
+      clients_[client];  // where a rejection of this free will wait for it
+    } else if (c.kind == ChunkKind::kLargeHead) {
       if (c.uncommitted_by != 0) {
         clients_[c.uncommitted_by].uncommitted_runs.erase(p.chunk);
         c.uncommitted_by = 0;
@@ -438,6 +556,15 @@ ReclaimResult ChunkDirectory::EndClient(ClientId client, bool died) {
     chunks_[head].uncommitted_by = 0;
     MakeFree(head, chunks_[head].run_chunks);
     ++result.large_runs;
+  }
+  for (uint32_t chunk : it->second.reserved) MakeFree(chunk, 1);
+  if (!died) {
+    for (const auto& [chunk, free] : it->second.reserved_frees) {
+      RejectFree(free.freer, absl::StrCat("the free of offset ", ChunkBase(chunk),
+                                          " was rejected: client ", client,
+                                          " ended its session without a large object there (double "
+                                          "free or never allocated)"));
+    }
   }
   result.rejected_frees = std::move(clients_[client].rejected_frees);
   clients_.erase(client);
@@ -561,6 +688,9 @@ DirectoryStats ChunkDirectory::Stats() const {
         stats.by_class[c.size_class].live_objects += live;
         break;
       }
+      case ChunkKind::kReserved:
+        ++stats.leased_chunks;
+        break;
       case ChunkKind::kLargeHead:
         ++stats.large_objects;
         ++stats.live_objects;
@@ -578,7 +708,7 @@ ClientId ChunkDirectory::LesseeOf(uint64_t offset) const {
   const uint64_t chunk = offset >> kChunkShift;
   if (chunk >= chunks_.size()) return 0;
   const Chunk& c = chunks_[chunk];
-  if (c.kind == ChunkKind::kSmall) return c.lessee;
+  if (c.kind == ChunkKind::kSmall || c.kind == ChunkKind::kReserved) return c.lessee;
   // A large object not yet committed goes with its allocating client.
   return c.kind == ChunkKind::kLargeHead ? c.uncommitted_by : 0;
 }
@@ -611,6 +741,10 @@ absl::Status ChunkDirectory::CheckInvariants() const {
         return absl::InternalError(
             absl::StrCat("uncommitted run at chunk ", i, " is unknown to its client"));
       }
+    }
+    if (c.kind == ChunkKind::kReserved &&
+        (clients_.count(c.lessee) == 0 || clients_.at(c.lessee).reserved.count(i) == 0)) {
+      return absl::InternalError(absl::StrCat("reserved chunk ", i, " unknown to its client"));
     }
     if (c.kind == ChunkKind::kLargeTail) {
       const Chunk& head = chunks_[c.head_chunk];
@@ -653,6 +787,18 @@ absl::Status ChunkDirectory::CheckInvariants() const {
       if (chunks_[chunk].kind != ChunkKind::kSmall || chunks_[chunk].lessee != client) {
         return absl::InternalError(
             absl::StrCat("client ", client, " holds a stale lease of chunk ", chunk));
+      }
+    }
+    for (uint32_t chunk : state.reserved) {
+      if (chunks_[chunk].kind != ChunkKind::kReserved || chunks_[chunk].lessee != client) {
+        return absl::InternalError(
+            absl::StrCat("client ", client, " holds a stale reservation of chunk ", chunk));
+      }
+    }
+    for (const auto& [chunk, free] : state.reserved_frees) {
+      if (state.reserved.count(chunk) == 0) {
+        return absl::InternalError(
+            absl::StrCat("client ", client, " has a free queued for unreserved chunk ", chunk));
       }
     }
   }

@@ -8,6 +8,7 @@
 //     minus slots other clients freed since that were live in that report;
 //   - a large run: its head and length, once its allocator committed it
 //     (synced, detached or bound a name to it); uncommitted runs are free;
+//   - chunks reserved for a client to carve large objects from are free.
 //   - tails of large runs are never written: they follow from their head.
 // On recovery no client is attached, so every lease is gone and an empty small
 // chunk is free.
@@ -17,6 +18,8 @@
 //   - a run's head has run_chunks = length; each tail's head_chunk names it;
 //   - a small chunk is in leasable_[class] exactly when it has no lessee and
 //     a free slot; clients_[c].leased holds exactly the chunks leased by c;
+//   - clients_[c].reserved holds exactly the kReserved chunks whose lessee
+//     is c; clients_[c].reserved_frees names only such chunks;
 //   - remote_frees are slots of leased chunks, without repeats;
 //   - every pin is a live object start.
 // Not thread-safe: the owning PersistentHeap serializes calls.
@@ -47,6 +50,14 @@ enum class ChunkKind : uint8_t {
   kSmall = 1,
   kLargeHead = 2,
   kLargeTail = 3,  // in memory only
+  kReserved = 4,   // in memory only: a client carves large objects from it
+};
+
+// A large object a client carved from chunks reserved for it: its first
+// chunk and length.
+struct LargePlacement {
+  uint32_t chunk = 0;
+  uint32_t chunks = 0;
 };
 
 // The persisted image of one chunk.
@@ -74,7 +85,7 @@ struct DirectoryStats {
   uint32_t capacity_chunks = 0;
   uint32_t free_chunks = 0;
   uint32_t small_chunks = 0;
-  uint32_t leased_chunks = 0;
+  uint32_t leased_chunks = 0;  // small chunks leased and chunks reserved
   uint32_t large_chunks = 0;
   uint64_t large_objects = 0;
   uint64_t live_objects = 0;     // small and large
@@ -148,6 +159,27 @@ class ChunkDirectory {
   // run fits. REQUIRES: 0 < size.
   absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
 
+  // Reserves a run of `chunks` free chunks for `client`, which carves large
+  // objects from them itself (no round trip per object) and tells which by
+  // Place. Reserved chunks persist as free; those not placed are freed when
+  // the session ends. Returns the first chunk; RESOURCE_EXHAUSTED if no free
+  // run fits (the caller grows the heap and retries).
+  absl::StatusOr<uint32_t> Reserve(ClientId client, uint32_t chunks);
+
+  // Makes large objects `client` carved from its reserved chunks its
+  // uncommitted large runs, as AllocateLarge's (committed by its Commit,
+  // freed if it dies first). A free queued for an object's first chunk
+  // (see Free) applies now. All-or-nothing: an object outside the client's
+  // reserved chunks, of no chunks, or overlapping another fails with
+  // INVALID_ARGUMENT naming it and changes nothing.
+  absl::Status Place(ClientId client, absl::Span<const LargePlacement> placements);
+
+  // `client`'s report is complete (a sync's last part): a free queued for a
+  // reserved chunk it has not placed is kept for one more report (the
+  // object may have been carved after this report was taken), then
+  // rejected and told to its freer.
+  void SettleReservedFrees(ClientId client);
+
   // Frees objects on behalf of `client`: large runs (committed or not, by
   // any client), slots of unleased chunks, and slots of leased chunks —
   // another client's, or `client`'s own (a free it batched before it leased
@@ -159,7 +191,9 @@ class ChunkDirectory {
   // daemon can; one that is not the start of an object (interior pointer,
   // outside the heap, size of another class), a free of an object known
   // free, or a second free of a queued one fails with INVALID_ARGUMENT, one
-  // bound by a name with FAILED_PRECONDITION; then nothing is freed.
+  // bound by a name with FAILED_PRECONDITION; then nothing is freed. The
+  // first chunk of a reserved run may start an object its client carved and
+  // has not placed yet: that free is queued for the client (see Place).
   absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
   // What Free would say of `objects` now, changing nothing.
   absl::Status CheckFree(ClientId client, absl::Span<const ObjectRef> objects) const;
@@ -168,7 +202,8 @@ class ChunkDirectory {
   void Commit(ClientId client);
 
   // Ends `client`'s session: its leases return at their last reported state,
-  // its uncommitted large runs are freed. Frees others queued in its chunks
+  // its uncommitted large runs and reserved chunks are freed (frees queued
+  // for them are dropped: the objects died with it). Frees others queued in its chunks
   // are applied where that state has the object; where it does not, the
   // object was allocated after that state and dies with the session, so
   // the free has nothing left to do.
@@ -176,7 +211,8 @@ class ChunkDirectory {
   // Ends `client`'s session as it asked (a detach): its leases end at their
   // last reported state, which is final (frees others queued there that it
   // does not have are rejected, as by Report with `release`); its
-  // uncommitted large runs are freed.
+  // uncommitted large runs and reserved chunks are freed (frees queued for
+  // reserved chunks are rejected).
   ReclaimResult Release(ClientId client);
 
   // Marks the object at `object` bound by a name, so it stays live until
@@ -198,9 +234,9 @@ class ChunkDirectory {
 
   // Leases held by `client`.
   size_t LeaseCount(ClientId client) const;
-  // The client leasing the small chunk that holds `offset`, or the one that
-  // allocated the large object at `offset` while it is uncommitted; 0 if
-  // none.
+  // The client leasing the small chunk that holds `offset`, the one that
+  // allocated the large object at `offset` while it is uncommitted, or the
+  // one `offset`'s chunk is reserved for; 0 if none.
   ClientId LesseeOf(uint64_t offset) const;
 
   absl::Status CheckInvariants() const;
@@ -219,15 +255,24 @@ class ChunkDirectory {
     bool dirty = false;
     uint32_t run_chunks = 0;               // kLargeHead: run length
     uint32_t head_chunk = 0;               // kLargeTail: its head
-    ClientId lessee = 0;                   // kSmall: leasing client, 0 if none
+    ClientId lessee = 0;                   // kSmall: leasing client, 0 if none; kReserved
     ClientId uncommitted_by = 0;           // kLargeHead: allocating client until commit
     std::unique_ptr<SlotBitmap> bitmap;    // kSmall
     std::vector<RemoteFree> remote_frees;  // kSmall with a lessee
   };
+  // A free of the first chunk of a reserved run, waiting for its client to
+  // place an object there.
+  struct ReservedFree {
+    uint32_t chunks = 0;  // of the object as its freer sized it; 0: unknown
+    ClientId freer = 0;
+    bool seen = false;  // a complete report did not place it
+  };
   struct ClientState {
     std::set<uint32_t> leased;
     std::set<uint32_t> uncommitted_runs;
-    std::vector<std::string> rejected_frees;  // not yet told
+    std::set<uint32_t> reserved;
+    std::map<uint32_t, ReservedFree> reserved_frees;  // by chunk
+    std::vector<std::string> rejected_frees;          // not yet told
   };
   // What Free will do to one object, decided before anything changes.
   struct PlannedFree {
@@ -253,6 +298,8 @@ class ChunkDirectory {
   // Puts an unleased small chunk where it belongs: free, leasable or neither.
   void Settle(uint32_t chunk);
   void EndLease(uint32_t chunk, bool lessee_died);
+  // Tells `freer` (if its session is still there) its free was rejected.
+  void RejectFree(ClientId freer, std::string why);
   // Reclaim (`died`) and Release.
   ReclaimResult EndClient(ClientId client, bool died);
   ChunkRecord Persisted(uint32_t chunk) const;

@@ -10,6 +10,8 @@ constexpr ClientId kBob = 2;
 constexpr ClientId kCarol = 3;
 const uint32_t k64 = SizeClassFor(64);
 
+uint64_t ChunkBase(uint32_t chunk) { return uint64_t{chunk} << kChunkShift; }
+
 uint64_t Offset(uint32_t chunk, uint32_t slot, uint32_t size_class) {
   return (uint64_t{chunk} << kChunkShift) + uint64_t{slot} * ClassSize(size_class);
 }
@@ -306,6 +308,96 @@ TEST(ChunkDirectoryTest, ReclaimReturnsLeasesAtLastReportAndFreesUncommittedRuns
   EXPECT_EQ(stats.free_chunks, 8u - 1u - 2u);
   ASSERT_TRUE(dir.Free(kBob, {{*kept, 0}}).ok());
   EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd) {
+  ChunkDirectory dir(16);
+  absl::StatusOr<uint32_t> first = dir.Reserve(kAlice, 8);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(dir.Stats().leased_chunks, 8u);
+  EXPECT_EQ(dir.LesseeOf(ChunkBase(*first + 3)), kAlice);
+  EXPECT_TRUE(dir.TakeDirtyRecords().empty());  // reserved chunks persist as free
+  ASSERT_TRUE(dir.Place(kAlice, {{*first, 1}, {*first + 2, 3}}).ok());
+  dir.Commit(kAlice);
+  DirectoryStats stats = dir.Stats();
+  EXPECT_EQ(stats.large_objects, 2u);
+  EXPECT_EQ(stats.large_chunks, 4u);
+  EXPECT_EQ(stats.leased_chunks, 4u);  // still reserved: chunks 1, 5, 6, 7
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+  auto rebuilt = ChunkDirectory::FromRecords(16, dir.TakeDirtyRecords());
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  EXPECT_EQ((*rebuilt)->Stats().large_objects, 2u);
+  EXPECT_EQ((*rebuilt)->Stats().free_chunks, 12u);
+  dir.Release(kAlice);
+  stats = dir.Stats();
+  EXPECT_EQ(stats.leased_chunks, 0u);
+  EXPECT_EQ(stats.free_chunks, 12u);
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+  ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(*first + 2), 3 * kChunkSize}}).ok());
+  EXPECT_EQ(dir.Stats().free_chunks, 15u);
+}
+
+TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) {
+  ChunkDirectory dir(16);
+  const uint32_t alice = *dir.Reserve(kAlice, 4);
+  const uint32_t bob = *dir.Reserve(kBob, 4);
+  ExpectCode(dir.Place(kAlice, {{alice, 1}, {bob, 1}}), absl::StatusCode::kInvalidArgument,
+             "not reserved for client 1");
+  ExpectCode(dir.Place(kAlice, {{alice, 2}, {alice + 1, 1}}), absl::StatusCode::kInvalidArgument,
+             "overlaps");
+  ExpectCode(dir.Place(kAlice, {{alice + 2, 3}}), absl::StatusCode::kInvalidArgument,
+             "not reserved");
+  ExpectCode(dir.Place(kAlice, {{alice, 0}}), absl::StatusCode::kInvalidArgument, "0 chunks");
+  ExpectCode(dir.Place(kAlice, {{4294967295u, 2}}), absl::StatusCode::kInvalidArgument,
+             "does not fit");
+  EXPECT_EQ(dir.Stats().large_objects, 0u);
+  EXPECT_EQ(dir.Stats().leased_chunks, 8u);
+  // A placed object is no longer reserved: it cannot be placed twice.
+  ASSERT_TRUE(dir.Place(kAlice, {{alice, 2}}).ok());
+  ExpectCode(dir.Place(kAlice, {{alice, 2}}), absl::StatusCode::kInvalidArgument, "not reserved");
+  // Nor pinned before it is placed.
+  ExpectCode(dir.Pin(kBob, {ChunkBase(bob), 1}), absl::StatusCode::kFailedPrecondition,
+             "not the start of a live object");
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+}
+
+// Another client may free an object its allocator carved and has not
+// placed yet (a pointer it read from the heap): the free waits for the
+// placement, and one that names no object is rejected after one more
+// report, or dropped when the allocator dies (the object died with it).
+TEST(ChunkDirectoryTest, FreesOfReservedChunksWaitForTheirPlacement) {
+  ChunkDirectory dir(16);
+  const uint32_t first = *dir.Reserve(kAlice, 6);
+  ExpectCode(dir.Free(kBob, {{ChunkBase(first) + 64, 0}}), absl::StatusCode::kInvalidArgument,
+             "not the start of an object");
+  ExpectCode(dir.Free(kBob, {{ChunkBase(first), 64}}), absl::StatusCode::kInvalidArgument,
+             "not the start of an object");
+  ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(first), 2 * kChunkSize}}).ok());
+  ExpectCode(dir.Free(kCarol, {{ChunkBase(first), 0}}), absl::StatusCode::kInvalidArgument,
+             "double free");
+  ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(first + 3), 0}}).ok());             // never carved
+  ASSERT_TRUE(dir.Free(kCarol, {{ChunkBase(first + 5), kChunkSize}}).ok());  // inside
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+  ASSERT_TRUE(dir.Place(kAlice, {{first, 2}, {first + 4, 2}}).ok());
+  EXPECT_EQ(dir.Stats().large_objects, 1u);  // the first was freed on placement
+  EXPECT_EQ(dir.Stats().free_chunks, 10u + 2u);
+  dir.SettleReservedFrees(kAlice);  // first + 3: one more report
+  ASSERT_TRUE(dir.Report(kBob, {}, false)->rejected_frees.empty());
+  absl::StatusOr<ReportResult> carol = dir.Report(kCarol, {}, false);  // told at its report
+  ASSERT_EQ(carol->rejected_frees.size(), 1u);
+  EXPECT_NE(carol->rejected_frees[0].find("inside the large object"), std::string::npos);
+  dir.SettleReservedFrees(kAlice);
+  ReclaimResult bob = dir.Reclaim(kBob);
+  ASSERT_EQ(bob.rejected_frees.size(), 1u);
+  EXPECT_NE(bob.rejected_frees[0].find("placed no large object"), std::string::npos);
+  // Queued for a client that dies: dropped, and its reserve is free again.
+  const uint32_t again = *dir.Reserve(kBob, 2);
+  ASSERT_TRUE(dir.Free(kCarol, {{ChunkBase(again), 0}}).ok());
+  EXPECT_EQ(dir.Reclaim(kBob).large_runs, 0u);
+  EXPECT_TRUE(dir.Reclaim(kCarol).rejected_frees.empty());
+  EXPECT_EQ(dir.Stats().large_objects, 1u);
+  EXPECT_EQ(dir.Stats().leased_chunks, 2u);  // Alice's first + 2 and first + 3 still
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
 }
 
 TEST(ChunkDirectoryTest, RecordsRebuildTheSameHeap) {
