@@ -309,7 +309,15 @@ absl::StatusOr<uint32_t> ChunkDirectory::Reserve(ClientId client, uint32_t chunk
   return *first;
 }
 
-absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacement> placements) {
+bool ChunkDirectory::PlacedBefore(ClientId client, const LargePlacement& p) const {
+  if (p.chunk >= chunks_.size()) return false;
+  const Chunk& c = chunks_[p.chunk];
+  return c.kind == ChunkKind::kLargeHead && c.run_chunks == p.chunks &&
+         (c.uncommitted_by == client || c.uncommitted_by == 0);
+}
+
+absl::Status ChunkDirectory::CheckPlace(ClientId client,
+                                        absl::Span<const LargePlacement> placements) const {
   std::set<uint32_t> claimed;
   for (const LargePlacement& p : placements) {
     const uint64_t end = uint64_t{p.chunk} + p.chunks;
@@ -318,6 +326,7 @@ absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacem
                                                      " chunks at chunk ", p.chunk,
                                                      " does not fit the heap's ", chunks_.size()));
     }
+    if (PlacedBefore(client, p)) continue;
     for (uint32_t chunk = p.chunk; chunk < end; ++chunk) {
       if (chunks_[chunk].kind != ChunkKind::kReserved || chunks_[chunk].lessee != client) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -331,8 +340,20 @@ absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacem
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacement> placements) {
+  if (absl::Status s = CheckPlace(client, placements); !s.ok()) return s;
+  PlaceChecked(client, placements);
+  return absl::OkStatus();
+}
+
+void ChunkDirectory::PlaceChecked(ClientId client, absl::Span<const LargePlacement> placements) {
   ClientState& state = clients_[client];
   for (const LargePlacement& p : placements) {
+    const Chunk& first = chunks_[p.chunk];
+    if (first.kind != ChunkKind::kReserved || first.lessee != client) continue;  // placed before
     for (uint32_t chunk = p.chunk; chunk < p.chunk + p.chunks; ++chunk) {
       Chunk& c = chunks_[chunk];
       c.lessee = 0;
@@ -367,7 +388,6 @@ absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacem
     head.uncommitted_by = 0;
     MakeFree(p.chunk, p.chunks);
   }
-  return absl::OkStatus();
 }
 
 void ChunkDirectory::SettleReservedFrees(ClientId client) {

@@ -171,8 +171,18 @@ class ChunkDirectory {
   // freed if it dies first). A free queued for an object's first chunk
   // (see Free) applies now. All-or-nothing: an object outside the client's
   // reserved chunks, of no chunks, or overlapping another fails with
-  // INVALID_ARGUMENT naming it and changes nothing.
+  // INVALID_ARGUMENT naming it and changes nothing. An object placed before
+  // (a large run of that head and length, this client's or committed) is
+  // accepted again and left as it is: a client resends the placements of
+  // a sync that failed, not knowing how far it got.
   absl::Status Place(ClientId client, absl::Span<const LargePlacement> placements);
+  // Place's checks alone; stays true until `client`'s reserve changes (only
+  // its own Reserve, Place and end do that).
+  absl::Status CheckPlace(ClientId client, absl::Span<const LargePlacement> placements) const;
+  // Place without the checks. REQUIRES: CheckPlace(client, placements) was
+  // OK since `client`'s last Reserve, Place or end. (Others' frees may have
+  // freed an object placed before meanwhile: it is left as it is.)
+  void PlaceChecked(ClientId client, absl::Span<const LargePlacement> placements);
 
   // `client`'s report is complete (a sync's last part): a free queued for a
   // reserved chunk it has not placed is kept for one more report (the
@@ -298,6 +308,7 @@ class ChunkDirectory {
   // Puts an unleased small chunk where it belongs: free, leasable or neither.
   void Settle(uint32_t chunk);
   void EndLease(uint32_t chunk, bool lessee_died);
+  bool PlacedBefore(ClientId client, const LargePlacement& p) const;
   // Tells `freer` (if its session is still there) its free was rejected.
   void RejectFree(ClientId freer, std::string why);
   // Reclaim (`died`) and Release.

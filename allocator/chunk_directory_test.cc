@@ -352,9 +352,13 @@ TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) 
              "does not fit");
   EXPECT_EQ(dir.Stats().large_objects, 0u);
   EXPECT_EQ(dir.Stats().leased_chunks, 8u);
-  // A placed object is no longer reserved: it cannot be placed twice.
+  // Placed again (a sync sent again): accepted, nothing changes; placed
+  // again with another length: refused.
   ASSERT_TRUE(dir.Place(kAlice, {{alice, 2}}).ok());
-  ExpectCode(dir.Place(kAlice, {{alice, 2}}), absl::StatusCode::kInvalidArgument, "not reserved");
+  ASSERT_TRUE(dir.Place(kAlice, {{alice, 2}}).ok());
+  EXPECT_EQ(dir.Stats().large_objects, 1u);
+  ExpectCode(dir.Place(kAlice, {{alice, 1}}), absl::StatusCode::kInvalidArgument, "not reserved");
+  ExpectCode(dir.Place(kBob, {{alice, 3}}), absl::StatusCode::kInvalidArgument, "not reserved");
   // Nor pinned before it is placed.
   ExpectCode(dir.Pin(kBob, {ChunkBase(bob), 1}), absl::StatusCode::kFailedPrecondition,
              "not the start of a live object");

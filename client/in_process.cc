@@ -66,7 +66,8 @@ absl::Status InProcessSessionCalls::AllocateLarge(const v1::AllocateLargeRequest
                                                   v1::AllocateLargeResponse* response) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
-  absl::StatusOr<uint64_t> offset = heap_->AllocateLarge(session_, request.size());
+  absl::StatusOr<uint64_t> offset =
+      heap_->AllocateLarge(session_, request.size(), request.reserve());
   if (!offset.ok()) return offset.status();
   response->set_offset(*offset);
   response->set_capacity_bytes(heap_->capacity_bytes());
@@ -83,9 +84,12 @@ absl::Status InProcessSessionCalls::Sync(const v1::SyncRequest& request,
                                          v1::SyncResponse* response) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
-  if (request.more()) return heap_->StageReports(session_, FromProto(request.reports()));
-  absl::StatusOr<SyncResult> result =
-      heap_->Sync(session_, FromProto(request.reports()), request.generation());
+  if (request.more()) {
+    return heap_->StageReports(session_, FromProto(request.reports()),
+                               FromProto(request.placed()));
+  }
+  absl::StatusOr<SyncResult> result = heap_->Sync(session_, FromProto(request.reports()),
+                                                  request.generation(), FromProto(request.placed()));
   if (!result.ok()) return result.status();
   response->set_epoch(result->epoch);
   for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
@@ -99,8 +103,8 @@ absl::Status InProcessSessionCalls::Detach(const v1::DetachRequest& request) {
   if (absl::Status s = CheckLive(); !s.ok()) return s;
   ended_ = true;
   if (read_only_) return absl::OkStatus();
-  absl::StatusOr<SyncResult> result =
-      heap_->Detach(session_, FromProto(request.reports()), request.generation());
+  absl::StatusOr<SyncResult> result = heap_->Detach(
+      session_, FromProto(request.reports()), request.generation(), FromProto(request.placed()));
   if (result.ok()) return absl::OkStatus();
   heap_->Reclaim(session_);  // as heapd: the session ends at its last sync
   return result.status();

@@ -366,8 +366,9 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
 grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                   v1::DetachResponse* response) {
   return Serve(context, "Detach", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<uint64_t> epoch = sessions_->Detach(
-        request->session(), caller, FromProto(request->reports()), request->generation());
+    absl::StatusOr<uint64_t> epoch =
+        sessions_->Detach(request->session(), caller, FromProto(request->reports()),
+                          request->generation(), FromProto(request->placed()));
     if (!epoch.ok()) return epoch.status();
     response->set_epoch(*epoch);
     return absl::OkStatus();
@@ -406,7 +407,7 @@ grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
                                          v1::AllocateLargeResponse* response) {
   return Serve(context, "AllocateLarge", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<Sessions::Allocated> allocated =
-        sessions_->AllocateLarge(request->session(), caller, request->size());
+        sessions_->AllocateLarge(request->session(), caller, request->size(), request->reserve());
     if (!allocated.ok()) return allocated.status();
     response->set_offset(allocated->offset);
     response->set_capacity_bytes(allocated->capacity_bytes);
@@ -425,10 +426,12 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
                                 v1::SyncResponse* response) {
   return Serve(context, "Sync", *request, [&](const Caller& caller) -> absl::Status {
     if (request->more()) {
-      return sessions_->StageSyncPart(request->session(), caller, FromProto(request->reports()));
+      return sessions_->StageSyncPart(request->session(), caller, FromProto(request->reports()),
+                                      FromProto(request->placed()));
     }
-    absl::StatusOr<Sessions::Synced> synced = sessions_->Sync(
-        request->session(), caller, FromProto(request->reports()), request->generation());
+    absl::StatusOr<Sessions::Synced> synced =
+        sessions_->Sync(request->session(), caller, FromProto(request->reports()),
+                        request->generation(), FromProto(request->placed()));
     if (!synced.ok()) return synced.status();
     response->set_epoch(synced->result.epoch);
     for (const LeaseCorrection& c : synced->result.corrections) {

@@ -159,8 +159,36 @@ absl::Status ValidateRequest(const v1::AttachRequest& request) {
   return absl::OkStatus();
 }
 
+// Large objects carved from reserved chunks: whole chunks within the
+// largest heap. Whether they lie in the session's reserve is the heap's
+// check (ChunkDirectory::Place).
+absl::Status CheckPlacements(absl::string_view field,
+                             const RepeatedPtrField<v1::LargePlacement>& placed) {
+  if (placed.size() > kMaxPlacementsPerCall) {
+    return Invalid(field, absl::StrCat(placed.size(), " large objects in one call; at most ",
+                                       kMaxPlacementsPerCall));
+  }
+  constexpr uint64_t kMaxChunks = kMaxHeapBytes / kChunkSize;
+  for (int i = 0; i < placed.size(); ++i) {
+    const v1::LargePlacement& p = placed[i];
+    if (p.offset() % kChunkSize != 0) {
+      return Invalid(absl::StrCat(field, "[", i, "].offset"),
+                     absl::StrCat("offset ", p.offset(), " is not a multiple of the ", kChunkSize,
+                                  "-byte chunk"));
+    }
+    if (p.chunks() == 0 || p.offset() / kChunkSize + p.chunks() > kMaxChunks) {
+      return Invalid(absl::StrCat(field, "[", i, "].chunks"),
+                     absl::StrCat("a large object of ", p.chunks(), " chunks at offset ",
+                                  p.offset(), " is empty or beyond the largest heap (",
+                                  kMaxHeapBytes, " bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRequest(const v1::DetachRequest& request) {
-  return CheckSession(request.session());
+  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  return CheckPlacements("placed", request.placed());
 }
 
 absl::Status ValidateRequest(const v1::ListClientsRequest& request) {
@@ -196,7 +224,7 @@ absl::Status ValidateRequest(const v1::SyncRequest& request) {
   if (request.more() && request.generation() != 0) {
     return Invalid("generation", "only the last part of a sync (more=false) carries one");
   }
-  return absl::OkStatus();
+  return CheckPlacements("placed", request.placed());
 }
 
 absl::Status ValidateRequest(const v1::BindRequest& request) {

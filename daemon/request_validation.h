@@ -23,6 +23,7 @@ namespace heapd {
 // do unbounded work in one call.
 inline constexpr uint32_t kMaxLeasesPerWant = 64;               // LeaseWant.count: 1..this
 inline constexpr int kMaxFreesPerCall = 1 << 16;                // FreeRequest.objects
+inline constexpr int kMaxPlacementsPerCall = 1 << 16;           // Sync/DetachRequest.placed
 inline constexpr int kMaxLookupsPerAttach = 64;                 // AttachRequest.lookup
 inline constexpr uint32_t kMaxSnapshotWaitMs = 10 * 60 * 1000;  // wait_ms
 inline constexpr uint32_t kMinGraceSeconds = 60;                // GcStoreRequest.grace_s

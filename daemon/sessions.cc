@@ -188,14 +188,15 @@ absl::StatusOr<Sessions::Leased> Sessions::Lease(uint64_t id, const Caller& call
 }
 
 absl::Status Sessions::StageSyncPart(uint64_t id, const Caller& caller,
-                                     absl::Span<const LeaseReport> reports) {
+                                     absl::Span<const LeaseReport> reports,
+                                     absl::Span<const LargePlacement> placed) {
   return OnSession(id, caller, [&](Session& session) {
-    return InHeap(session, session.heap->heap->StageReports(session.id, reports));
+    return InHeap(session, session.heap->heap->StageReports(session.id, reports, placed));
   });
 }
 
 absl::StatusOr<Sessions::Allocated> Sessions::AllocateLarge(uint64_t id, const Caller& caller,
-                                                            uint64_t size) {
+                                                            uint64_t size, bool reserve) {
   Allocated allocated;
   absl::Status status = OnSession(id, caller, [&](Session& session) {
     PersistentHeap& heap = *session.heap->heap;
@@ -204,7 +205,7 @@ absl::StatusOr<Sessions::Allocated> Sessions::AllocateLarge(uint64_t id, const C
                                                      session.heap->name, " of maximum size ",
                                                      heap.config().max_size));
     }
-    absl::StatusOr<uint64_t> offset = heap.AllocateLarge(session.id, size);
+    absl::StatusOr<uint64_t> offset = heap.AllocateLarge(session.id, size, reserve);
     if (!offset.ok()) return offset.status();
     allocated = {*offset, heap.capacity_bytes()};
     return absl::OkStatus();
@@ -224,12 +225,13 @@ absl::Status Sessions::Free(uint64_t id, const Caller& caller,
 
 absl::StatusOr<Sessions::Synced> Sessions::Sync(uint64_t id, const Caller& caller,
                                                 absl::Span<const LeaseReport> reports,
-                                                uint64_t generation) {
+                                                uint64_t generation,
+                                                absl::Span<const LargePlacement> placed) {
   Synced synced;
   absl::Status status = OnSession(id, caller, [&](Session& session) {
     PersistentHeap& heap = *session.heap->heap;
     const absl::Time start = absl::Now();
-    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports, generation);
+    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports, generation, placed);
     metrics_->CountSync(session.heap->name, result.status(),
                         absl::ToDoubleSeconds(absl::Now() - start));
     if (!result.ok()) return result.status();
@@ -269,7 +271,8 @@ absl::StatusOr<NameEntry> Sessions::Unbind(uint64_t id, const Caller& caller,
 
 absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
                                           absl::Span<const LeaseReport> reports,
-                                          uint64_t generation) {
+                                          uint64_t generation,
+                                          absl::Span<const LargePlacement> placed) {
   absl::StatusOr<std::shared_ptr<Session>> found = table_.Get(id, caller);
   if (!found.ok()) return found.status();
   std::shared_ptr<Session> session = table_.Take(id);
@@ -293,7 +296,7 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
     return heap.epoch();
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports, generation);
+  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports, generation, placed);
   metrics_->CountSync(session->heap->name, result.status(),
                       absl::ToDoubleSeconds(absl::Now() - start));
   if (!result.ok()) {

@@ -73,12 +73,16 @@ class Sessions {
                                absl::Span<const LeaseWant> wants);
   // An earlier part of a sync or detach (PersistentHeap::StageReports).
   absl::Status StageSyncPart(uint64_t id, const Caller& caller,
-                             absl::Span<const LeaseReport> reports);
+                             absl::Span<const LeaseReport> reports,
+                             absl::Span<const LargePlacement> placed = {});
   struct Allocated {
     uint64_t offset = 0;
     uint64_t capacity_bytes = 0;
   };
-  absl::StatusOr<Allocated> AllocateLarge(uint64_t id, const Caller& caller, uint64_t size);
+  // With `reserve`: chunks the session carves large objects from
+  // (PersistentHeap::AllocateLarge).
+  absl::StatusOr<Allocated> AllocateLarge(uint64_t id, const Caller& caller, uint64_t size,
+                                          bool reserve = false);
   absl::Status Free(uint64_t id, const Caller& caller, absl::Span<const ObjectRef> objects);
   struct Synced {
     SyncResult result;
@@ -86,7 +90,8 @@ class Sessions {
   };
   // `generation`: the session's content generations committed with it.
   absl::StatusOr<Synced> Sync(uint64_t id, const Caller& caller,
-                              absl::Span<const LeaseReport> reports, uint64_t generation = 0);
+                              absl::Span<const LeaseReport> reports, uint64_t generation = 0,
+                              absl::Span<const LargePlacement> placed = {});
   // Binds `entry` (its owner and time are set here).
   absl::Status Bind(uint64_t id, const Caller& caller, NameEntry entry);
   absl::StatusOr<NameEntry> Unbind(uint64_t id, const Caller& caller, const std::string& name);
@@ -96,7 +101,8 @@ class Sessions {
   // that fails, the session has ended as a crash would end it (its
   // leases and contents as at its last commit: see PersistentHeap::Reclaim).
   absl::StatusOr<uint64_t> Detach(uint64_t id, const Caller& caller,
-                                  absl::Span<const LeaseReport> reports, uint64_t generation = 0);
+                                  absl::Span<const LeaseReport> reports, uint64_t generation = 0,
+                                  absl::Span<const LargePlacement> placed = {});
 
   // heapd.fd.sock. Redeem: the session of `token` for `caller` and a new fd
   // of its heap's data file (read-only for a read-only session). Lookup:

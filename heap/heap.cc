@@ -365,7 +365,8 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
   }
 }
 
-absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size) {
+absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size,
+                                                       bool reserve) {
   if (size == 0 || size > config_.max_size) {
     return absl::InvalidArgumentError(absl::StrCat("large allocation of ", size, " bytes in heap ",
                                                    dir_, " of at most ", config_.max_size,
@@ -378,7 +379,13 @@ absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
-      offset = directory_->AllocateLarge(client, size);
+      if (reserve) {
+        absl::StatusOr<uint32_t> first = directory_->Reserve(client, chunks);
+        offset = first.ok() ? absl::StatusOr<uint64_t>(uint64_t{*first} * kChunkSize)
+                            : first.status();
+      } else {
+        offset = directory_->AllocateLarge(client, size);
+      }
       capacity_seen = directory_->capacity_chunks();
     }
     if (offset.ok() && undo_ != nullptr) {
@@ -503,11 +510,13 @@ absl::StatusOr<UniqueFd> PersistentHeap::OpenUndoJournal(ClientId client) {
   return undo_->OpenJournal(client);
 }
 
-absl::Status PersistentHeap::StageReports(ClientId client, absl::Span<const LeaseReport> reports) {
+absl::Status PersistentHeap::StageReports(ClientId client, absl::Span<const LeaseReport> reports,
+                                          absl::Span<const LargePlacement> placed) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
   // Only chunks the client leases: what it can stage is bounded by them.
   if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
+  if (absl::Status s = directory_->Place(client, placed); !s.ok()) return s;
   std::map<uint32_t, LeaseReport>& staged = staged_reports_[client];
   for (const LeaseReport& report : reports) staged[report.chunk] = report;
   return absl::OkStatus();
@@ -529,7 +538,8 @@ std::vector<LeaseReport> PersistentHeap::TakeStagedLocked(ClientId client,
 
 absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
                                                             absl::Span<const LeaseReport> last,
-                                                            bool release, uint64_t generation) {
+                                                            bool release, uint64_t generation,
+                                                            absl::Span<const LargePlacement> placed) {
   absl::MutexLock persist_lock(&persist_mu_);
   SyncResult result;
   Checkpoint checkpoint;
@@ -543,6 +553,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     // sent again whole.
     reports = TakeStagedLocked(client, last);
     if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
+    if (absl::Status s = directory_->CheckPlace(client, placed); !s.ok()) return s;
     // Only persist_mu_ changes epoch_.
     result.epoch = epoch_ + 1;
   }
@@ -567,6 +578,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     // once its epoch is durable (below): a chunk it emptied must not be
     // handed out, and written without pre-images, before the stores that
     // unlinked its objects are committed.
+    directory_->PlaceChecked(client, placed);
     absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, /*release=*/false);
     if (!reported.ok()) {
       broken_ = absl::InternalError(
@@ -574,6 +586,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
                        "'s leases changed during its sync: ", reported.status().message()));
       return broken_;
     }
+    if (!release) directory_->SettleReservedFrees(client);
     result.corrections = std::move(reported->corrections);
     result.rejected_frees = std::move(reported->rejected_frees);
     directory_->Commit(client);
@@ -634,14 +647,16 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
 
 absl::StatusOr<SyncResult> PersistentHeap::Sync(ClientId client,
                                                 absl::Span<const LeaseReport> reports,
-                                                uint64_t generation) {
-  return ReportAndPersist(client, reports, /*release=*/false, generation);
+                                                uint64_t generation,
+                                                absl::Span<const LargePlacement> placed) {
+  return ReportAndPersist(client, reports, /*release=*/false, generation, placed);
 }
 
 absl::StatusOr<SyncResult> PersistentHeap::Detach(ClientId client,
                                                   absl::Span<const LeaseReport> reports,
-                                                  uint64_t generation) {
-  return ReportAndPersist(client, reports, /*release=*/true, generation);
+                                                  uint64_t generation,
+                                                  absl::Span<const LargePlacement> placed) {
+  return ReportAndPersist(client, reports, /*release=*/true, generation, placed);
 }
 
 absl::Status PersistentHeap::ReturnLeases(ClientId client, absl::Span<const LeaseReport> reports) {

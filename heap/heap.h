@@ -159,8 +159,11 @@ class PersistentHeap {
                                                       uint32_t count);
 
   // Allocates a large object (whole chunks) of `size` bytes, growing the
-  // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks.
-  absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
+  // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks. With
+  // `reserve`, the chunks are reserved for the client to carve large
+  // objects from instead (ChunkDirectory::Reserve), told by the `placed`
+  // of its syncs.
+  absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size, bool reserve = false);
 
   // Frees objects the client's lease pool does not hold. See
   // ChunkDirectory::Free for validation; all-or-nothing. On a heap whose
@@ -184,21 +187,27 @@ class PersistentHeap {
   // applies them with its own, so that one sync commits in one epoch (a
   // cleared slot never commits before the stores that unlinked its object).
   // A chunk staged again replaces its earlier report; a client that dies
-  // first commits none of them.
-  absl::Status StageReports(ClientId client, absl::Span<const LeaseReport> reports);
+  // first commits none of them. `placed`: large objects the client carved
+  // from its reserved chunks, placed now (ChunkDirectory::Place; they
+  // commit with the sync's last part, as large allocations do).
+  absl::Status StageReports(ClientId client, absl::Span<const LeaseReport> reports,
+                            absl::Span<const LargePlacement> placed = {});
 
-  // Records the client's lease reports (with those staged), commits its
-  // large allocations and persists a new epoch. On an I/O error nothing is
+  // Records the client's lease reports (with those staged) and the large
+  // objects it `placed` (see StageReports), commits its large allocations
+  // and persists a new epoch. On an I/O error nothing is
   // lost in memory and the next sync writes a full checkpoint.
   // `generation`: the client's content generations up to this one are
   // committed with it (ContentUndo; 0: none).
   absl::StatusOr<SyncResult> Sync(ClientId client, absl::Span<const LeaseReport> reports,
-                                  uint64_t generation = 0);
+                                  uint64_t generation = 0,
+                                  absl::Span<const LargePlacement> placed = {});
 
   // Ends a client's session cleanly: returns its leases with `reports` (and
   // those staged), commits and persists (a detach).
   absl::StatusOr<SyncResult> Detach(ClientId client, absl::Span<const LeaseReport> reports,
-                                    uint64_t generation = 0);
+                                    uint64_t generation = 0,
+                                    absl::Span<const LargePlacement> placed = {});
 
   // The content undo journal of a new read-write session, for its client;
   // an invalid fd if this heap does not roll contents back.
@@ -276,7 +285,8 @@ class PersistentHeap {
   // leases with `release`), commit the client's large runs, persist an
   // epoch.
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client, absl::Span<const LeaseReport> last,
-                                              bool release, uint64_t generation);
+                                              bool release, uint64_t generation,
+                                              absl::Span<const LargePlacement> placed);
   // `last` with the client's staged reports of other chunks; none stay
   // staged.
   std::vector<LeaseReport> TakeStagedLocked(ClientId client, absl::Span<const LeaseReport> last)

@@ -73,4 +73,19 @@ std::vector<ObjectRef> FromProto(const google::protobuf::RepeatedPtrField<v1::Ob
   return out;
 }
 
+std::vector<LargePlacement> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::LargePlacement>& placed) {
+  std::vector<LargePlacement> out;
+  out.reserve(placed.size());
+  for (const v1::LargePlacement& p : placed) {
+    out.push_back({static_cast<uint32_t>(p.offset() >> kChunkShift), p.chunks()});
+  }
+  return out;
+}
+
+void ToProto(const LargePlacement& placement, v1::LargePlacement* out) {
+  out->set_offset(uint64_t{placement.chunk} << kChunkShift);
+  out->set_chunks(placement.chunks);
+}
+
 }  // namespace heapd

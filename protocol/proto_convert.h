@@ -27,6 +27,11 @@ std::vector<LeaseReport> FromProto(
     const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports);
 std::vector<LeaseWant> FromProto(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants);
 std::vector<ObjectRef> FromProto(const google::protobuf::RepeatedPtrField<v1::ObjectRef>& objects);
+// REQUIRES: validated (daemon/request_validation.h): offsets chunk-aligned
+// within the largest heap.
+std::vector<LargePlacement> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::LargePlacement>& placed);
+void ToProto(const LargePlacement& placement, v1::LargePlacement* out);
 
 }  // namespace heapd
 
