@@ -85,11 +85,10 @@ absl::Status InProcessSessionCalls::Sync(const v1::SyncRequest& request,
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
   if (request.more()) {
-    return heap_->StageReports(session_, FromProto(request.reports()),
-                               FromProto(request.placed()));
+    return heap_->StageReports(session_, FromProto(request.reports()), FromProto(request.placed()));
   }
-  absl::StatusOr<SyncResult> result = heap_->Sync(session_, FromProto(request.reports()),
-                                                  request.generation(), FromProto(request.placed()));
+  absl::StatusOr<SyncResult> result = heap_->Sync(
+      session_, FromProto(request.reports()), request.generation(), FromProto(request.placed()));
   if (!result.ok()) return result.status();
   response->set_epoch(result->epoch);
   for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());

@@ -177,10 +177,10 @@ absl::Status CheckPlacements(absl::string_view field,
                                   "-byte chunk"));
     }
     if (p.chunks() == 0 || p.offset() / kChunkSize + p.chunks() > kMaxChunks) {
-      return Invalid(absl::StrCat(field, "[", i, "].chunks"),
-                     absl::StrCat("a large object of ", p.chunks(), " chunks at offset ",
-                                  p.offset(), " is empty or beyond the largest heap (",
-                                  kMaxHeapBytes, " bytes)"));
+      return Invalid(
+          absl::StrCat(field, "[", i, "].chunks"),
+          absl::StrCat("a large object of ", p.chunks(), " chunks at offset ", p.offset(),
+                       " is empty or beyond the largest heap (", kMaxHeapBytes, " bytes)"));
     }
   }
   return absl::OkStatus();

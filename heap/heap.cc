@@ -381,8 +381,8 @@ absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t
       if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
       if (reserve) {
         absl::StatusOr<uint32_t> first = directory_->Reserve(client, chunks);
-        offset = first.ok() ? absl::StatusOr<uint64_t>(uint64_t{*first} * kChunkSize)
-                            : first.status();
+        offset =
+            first.ok() ? absl::StatusOr<uint64_t>(uint64_t{*first} * kChunkSize) : first.status();
       } else {
         offset = directory_->AllocateLarge(client, size);
       }
@@ -536,10 +536,9 @@ std::vector<LeaseReport> PersistentHeap::TakeStagedLocked(ClientId client,
   return all;
 }
 
-absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
-                                                            absl::Span<const LeaseReport> last,
-                                                            bool release, uint64_t generation,
-                                                            absl::Span<const LargePlacement> placed) {
+absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(
+    ClientId client, absl::Span<const LeaseReport> last, bool release, uint64_t generation,
+    absl::Span<const LargePlacement> placed) {
   absl::MutexLock persist_lock(&persist_mu_);
   SyncResult result;
   Checkpoint checkpoint;
