@@ -316,10 +316,10 @@ bool ChunkDirectory::PlacedBefore(ClientId client, const LargePlacement& p) cons
          (c.uncommitted_by == client || c.uncommitted_by == 0);
 }
 
-absl::Status ChunkDirectory::CheckPlace(ClientId client,
-                                        absl::Span<const LargePlacement> placements) const {
+absl::Status ChunkDirectory::CheckReserveReport(ClientId client,
+                                                const ReserveReport& report) const {
   std::set<uint32_t> claimed;
-  for (const LargePlacement& p : placements) {
+  for (const LargePlacement& p : report.placed) {
     const uint64_t end = uint64_t{p.chunk} + p.chunks;
     if (p.chunks == 0 || end > chunks_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("a large object of ", p.chunks,
@@ -340,18 +340,48 @@ absl::Status ChunkDirectory::CheckPlace(ClientId client,
       }
     }
   }
+  for (const LargePlacement& run : report.released) {
+    const uint64_t end = uint64_t{run.chunk} + run.chunks;
+    for (uint64_t chunk = run.chunk; chunk < end; ++chunk) {
+      if (chunk >= chunks_.size() || chunks_[chunk].kind != ChunkKind::kReserved ||
+          chunks_[chunk].lessee != client) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the released run at chunk ", run.chunk, " (", run.chunks, " chunks) takes chunk ",
+            chunk, ", which is not reserved for client ", client));
+      }
+      if (!claimed.insert(static_cast<uint32_t>(chunk)).second) {
+        return absl::InvalidArgumentError(absl::StrCat("the released run at chunk ", run.chunk,
+                                                       " overlaps another at chunk ", chunk));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::Status ChunkDirectory::Place(ClientId client, absl::Span<const LargePlacement> placements) {
-  if (absl::Status s = CheckPlace(client, placements); !s.ok()) return s;
-  PlaceChecked(client, placements);
+absl::Status ChunkDirectory::TellReserve(ClientId client, const ReserveReport& report) {
+  if (absl::Status s = CheckReserveReport(client, report); !s.ok()) return s;
+  ApplyReserveReport(client, report);
   return absl::OkStatus();
 }
 
-void ChunkDirectory::PlaceChecked(ClientId client, absl::Span<const LargePlacement> placements) {
+void ChunkDirectory::ApplyReserveReport(ClientId client, const ReserveReport& report) {
   ClientState& state = clients_[client];
-  for (const LargePlacement& p : placements) {
+  for (const LargePlacement& run : report.released) {
+    for (uint32_t chunk = run.chunk; chunk < run.chunk + run.chunks; ++chunk) {
+      if (chunks_[chunk].kind != ChunkKind::kReserved || chunks_[chunk].lessee != client) continue;
+      state.reserved.erase(chunk);
+      if (auto queued = state.reserved_frees.find(chunk); queued != state.reserved_frees.end()) {
+        RejectFree(
+            queued->second.freer,
+            absl::StrCat("the free of offset ", ChunkBase(chunk), " was rejected: client ", client,
+                         " released its chunk unused (double free or never "
+                         "allocated)"));
+        state.reserved_frees.erase(queued);
+      }
+      MakeFree(chunk, 1);
+    }
+  }
+  for (const LargePlacement& p : report.placed) {
     const Chunk& first = chunks_[p.chunk];
     if (first.kind != ChunkKind::kReserved || first.lessee != client) continue;  // placed before
     for (uint32_t chunk = p.chunk; chunk < p.chunk + p.chunks; ++chunk) {
@@ -422,7 +452,7 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(ClientId cl
                                                      chunk, " is free): double free?"));
     case ChunkKind::kReserved:
       // Only client c.lessee knows whether it carved an object here since
-      // its last report: the free waits for it (see Place).
+      // its last report: the free waits for it (see TellReserve).
       if (in_chunk != 0 || (object.size != 0 && object.size <= kMaxSmallSize)) {
         return absl::InvalidArgumentError(
             absl::StrCat("offset ", offset, " is not the start of an object: chunk ", chunk,

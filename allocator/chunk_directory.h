@@ -53,13 +53,6 @@ enum class ChunkKind : uint8_t {
   kReserved = 4,   // in memory only: a client carves large objects from it
 };
 
-// A large object a client carved from chunks reserved for it: its first
-// chunk and length.
-struct LargePlacement {
-  uint32_t chunk = 0;
-  uint32_t chunks = 0;
-};
-
 // The persisted image of one chunk.
 struct ChunkRecord {
   uint32_t chunk = 0;
@@ -161,28 +154,30 @@ class ChunkDirectory {
 
   // Reserves a run of `chunks` free chunks for `client`, which carves large
   // objects from them itself (no round trip per object) and tells which by
-  // Place. Reserved chunks persist as free; those not placed are freed when
+  // TellReserve. Reserved chunks persist as free; those not placed are freed when
   // the session ends. Returns the first chunk; RESOURCE_EXHAUSTED if no free
   // run fits (the caller grows the heap and retries).
   absl::StatusOr<uint32_t> Reserve(ClientId client, uint32_t chunks);
 
-  // Makes large objects `client` carved from its reserved chunks its
-  // uncommitted large runs, as AllocateLarge's (committed by its Commit,
-  // freed if it dies first). A free queued for an object's first chunk
-  // (see Free) applies now. All-or-nothing: an object outside the client's
-  // reserved chunks, of no chunks, or overlapping another fails with
+  // Takes what `client` tells of its reserved chunks. The large objects it
+  // placed become its uncommitted large runs, as AllocateLarge's (committed
+  // by its Commit, freed if it dies first); a free queued for an object's
+  // first chunk (see Free) applies now. The runs it released are free
+  // again. All-or-nothing: an object or run outside the client's reserved
+  // chunks, of no chunks, or overlapping another fails with
   // INVALID_ARGUMENT naming it and changes nothing. An object placed before
   // (a large run of that head and length, this client's or committed) is
   // accepted again and left as it is: a client resends the placements of
   // a sync that failed, not knowing how far it got.
-  absl::Status Place(ClientId client, absl::Span<const LargePlacement> placements);
-  // Place's checks alone; stays true until `client`'s reserve changes (only
-  // its own Reserve, Place and end do that).
-  absl::Status CheckPlace(ClientId client, absl::Span<const LargePlacement> placements) const;
-  // Place without the checks. REQUIRES: CheckPlace(client, placements) was
-  // OK since `client`'s last Reserve, Place or end. (Others' frees may have
-  // freed an object placed before meanwhile: it is left as it is.)
-  void PlaceChecked(ClientId client, absl::Span<const LargePlacement> placements);
+  absl::Status TellReserve(ClientId client, const ReserveReport& report);
+  // TellReserve's checks alone; stays true until `client`'s reserve changes
+  // (only its own Reserve, TellReserve and end do that).
+  absl::Status CheckReserveReport(ClientId client, const ReserveReport& report) const;
+  // TellReserve without the checks. REQUIRES: CheckReserveReport(client,
+  // report) was OK since `client`'s last Reserve, TellReserve or end.
+  // (Others' frees may have freed an object placed before meanwhile: it is
+  // left as it is.)
+  void ApplyReserveReport(ClientId client, const ReserveReport& report);
 
   // `client`'s report is complete (a sync's last part): a free queued for a
   // reserved chunk it has not placed is kept for one more report (the
@@ -203,7 +198,7 @@ class ChunkDirectory {
   // free, or a second free of a queued one fails with INVALID_ARGUMENT, one
   // bound by a name with FAILED_PRECONDITION; then nothing is freed. The
   // first chunk of a reserved run may start an object its client carved and
-  // has not placed yet: that free is queued for the client (see Place).
+  // has not placed yet: that free is queued for the client (see TellReserve).
   absl::Status Free(ClientId client, absl::Span<const ObjectRef> objects);
   // What Free would say of `objects` now, changing nothing.
   absl::Status CheckFree(ClientId client, absl::Span<const ObjectRef> objects) const;

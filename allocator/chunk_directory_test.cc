@@ -317,7 +317,7 @@ TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd)
   EXPECT_EQ(dir.Stats().leased_chunks, 8u);
   EXPECT_EQ(dir.LesseeOf(ChunkBase(*first + 3)), kAlice);
   EXPECT_TRUE(dir.TakeDirtyRecords().empty());  // reserved chunks persist as free
-  ASSERT_TRUE(dir.Place(kAlice, {{*first, 1}, {*first + 2, 3}}).ok());
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{*first, 1}, {*first + 2, 3}}, {}}).ok());
   dir.Commit(kAlice);
   DirectoryStats stats = dir.Stats();
   EXPECT_EQ(stats.large_objects, 2u);
@@ -341,27 +341,47 @@ TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) 
   ChunkDirectory dir(16);
   const uint32_t alice = *dir.Reserve(kAlice, 4);
   const uint32_t bob = *dir.Reserve(kBob, 4);
-  ExpectCode(dir.Place(kAlice, {{alice, 1}, {bob, 1}}), absl::StatusCode::kInvalidArgument,
-             "not reserved for client 1");
-  ExpectCode(dir.Place(kAlice, {{alice, 2}, {alice + 1, 1}}), absl::StatusCode::kInvalidArgument,
-             "overlaps");
-  ExpectCode(dir.Place(kAlice, {{alice + 2, 3}}), absl::StatusCode::kInvalidArgument,
+  ExpectCode(dir.TellReserve(kAlice, {{{alice, 1}, {bob, 1}}, {}}),
+             absl::StatusCode::kInvalidArgument, "not reserved for client 1");
+  ExpectCode(dir.TellReserve(kAlice, {{{alice, 2}, {alice + 1, 1}}, {}}),
+             absl::StatusCode::kInvalidArgument, "overlaps");
+  ExpectCode(dir.TellReserve(kAlice, {{{alice + 2, 3}}, {}}), absl::StatusCode::kInvalidArgument,
              "not reserved");
-  ExpectCode(dir.Place(kAlice, {{alice, 0}}), absl::StatusCode::kInvalidArgument, "0 chunks");
-  ExpectCode(dir.Place(kAlice, {{4294967295u, 2}}), absl::StatusCode::kInvalidArgument,
+  ExpectCode(dir.TellReserve(kAlice, {{{alice, 0}}, {}}), absl::StatusCode::kInvalidArgument,
+             "0 chunks");
+  ExpectCode(dir.TellReserve(kAlice, {{{4294967295u, 2}}, {}}), absl::StatusCode::kInvalidArgument,
              "does not fit");
   EXPECT_EQ(dir.Stats().large_objects, 0u);
   EXPECT_EQ(dir.Stats().leased_chunks, 8u);
   // Placed again (a sync sent again): accepted, nothing changes; placed
   // again with another length: refused.
-  ASSERT_TRUE(dir.Place(kAlice, {{alice, 2}}).ok());
-  ASSERT_TRUE(dir.Place(kAlice, {{alice, 2}}).ok());
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2}}, {}}).ok());
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2}}, {}}).ok());
   EXPECT_EQ(dir.Stats().large_objects, 1u);
-  ExpectCode(dir.Place(kAlice, {{alice, 1}}), absl::StatusCode::kInvalidArgument, "not reserved");
-  ExpectCode(dir.Place(kBob, {{alice, 3}}), absl::StatusCode::kInvalidArgument, "not reserved");
+  ExpectCode(dir.TellReserve(kAlice, {{{alice, 1}}, {}}), absl::StatusCode::kInvalidArgument,
+             "not reserved");
+  ExpectCode(dir.TellReserve(kBob, {{{alice, 3}}, {}}), absl::StatusCode::kInvalidArgument,
+             "not reserved");
   // Nor pinned before it is placed.
   ExpectCode(dir.Pin(kBob, {ChunkBase(bob), 1}), absl::StatusCode::kFailedPrecondition,
              "not the start of a live object");
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+}
+
+TEST(ChunkDirectoryTest, ReleasedRunsAreFreeAgain) {
+  ChunkDirectory dir(16);
+  const uint32_t first = *dir.Reserve(kAlice, 6);
+  const uint32_t bob = *dir.Reserve(kBob, 2);
+  ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(first + 3), 0}}).ok());  // never carved
+  ExpectCode(dir.TellReserve(kAlice, {{{first, 2}}, {{first + 1, 2}}}),
+             absl::StatusCode::kInvalidArgument, "overlaps");
+  ExpectCode(dir.TellReserve(kAlice, {{}, {{bob, 1}}}), absl::StatusCode::kInvalidArgument,
+             "not reserved for client 1");
+  EXPECT_EQ(dir.Stats().leased_chunks, 8u);
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{first, 2}}, {{first + 2, 4}}}).ok());
+  EXPECT_EQ(dir.Stats().leased_chunks, 2u);  // Bob's
+  EXPECT_EQ(dir.Stats().free_chunks, 16u - 2u - 2u);
+  ASSERT_EQ(dir.Report(kBob, {}, false)->rejected_frees.size(), 1u);  // released unused
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
 }
 
@@ -382,7 +402,7 @@ TEST(ChunkDirectoryTest, FreesOfReservedChunksWaitForTheirPlacement) {
   ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(first + 3), 0}}).ok());             // never carved
   ASSERT_TRUE(dir.Free(kCarol, {{ChunkBase(first + 5), kChunkSize}}).ok());  // inside
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
-  ASSERT_TRUE(dir.Place(kAlice, {{first, 2}, {first + 4, 2}}).ok());
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{first, 2}, {first + 4, 2}}, {}}).ok());
   EXPECT_EQ(dir.Stats().large_objects, 1u);  // the first was freed on placement
   EXPECT_EQ(dir.Stats().free_chunks, 10u + 2u);
   dir.SettleReservedFrees(kAlice);  // first + 3: one more report

@@ -37,6 +37,8 @@ class FreeRuns {
   uint64_t free_chunks() const { return free_chunks_; }
   size_t run_count() const { return by_start_.size(); }
   uint32_t longest_run() const { return by_length_.empty() ? 0 : by_length_.rbegin()->first; }
+  // Every run as (start, length), by start.
+  const std::map<uint32_t, uint32_t>& runs() const { return by_start_; }
 
   absl::Status CheckInvariants() const;
 

@@ -1,5 +1,6 @@
-// Messages exchanged between a client's LeasePool and the daemon's
-// ChunkDirectory about leased small-object chunks.
+// Messages exchanged between a client (its LeasePool and LargeReserve) and
+// the daemon's ChunkDirectory about leased small-object chunks and chunks
+// reserved for large objects.
 #ifndef HEAPD_ALLOCATOR_LEASE_TYPES_H_
 #define HEAPD_ALLOCATOR_LEASE_TYPES_H_
 
@@ -39,6 +40,20 @@ struct LeaseCorrection {
   uint32_t chunk = 0;
   std::vector<uint32_t> freed_slots;
   std::vector<uint32_t> kept_slots;
+};
+
+// A large object a client carved from chunks reserved for it: its first
+// chunk and length.
+struct LargePlacement {
+  uint32_t chunk = 0;
+  uint32_t chunks = 0;
+};
+
+// What a client tells of the chunks reserved for it, with a sync: the large
+// objects it carved there, and runs (first chunk, length) it hands back.
+struct ReserveReport {
+  std::vector<LargePlacement> placed;
+  std::vector<LargePlacement> released;
 };
 
 }  // namespace heapd

@@ -28,6 +28,16 @@ namespace {
 // Lease reports per Sync call (a report of a chunk of 8-byte objects is
 // 32 KiB; this keeps a call well under the message limit).
 constexpr size_t kReportsPerSync = 1024;
+// Placements per Sync call (well under heapd's kMaxPlacementsPerCall).
+constexpr size_t kPlacementsPerPart = 16384;
+
+// Large objects of up to this many chunks are carved from the session's
+// reserve; the reserve grows in batches from the first size, doubling up
+// to the last (one call per batch; what a session has not carved is freed
+// when it ends).
+constexpr uint32_t kMaxCarvedChunks = 64;  // 128 MiB
+constexpr uint32_t kFirstReserveChunks = 4;
+constexpr uint32_t kMaxReserveChunks = 128;  // 256 MiB
 
 std::atomic<uint64_t> next_serial{1};
 
@@ -116,7 +126,8 @@ Heap::Heap(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOp
       lease_batch_(std::max<uint32_t>(options.lease_batch, 1)),
       free_batch_(std::max<uint32_t>(options.free_batch, 1)),
       serial_(next_serial.fetch_add(1)),
-      data_fd_(data_fd) {}
+      data_fd_(data_fd),
+      next_reserve_chunks_(kFirstReserveChunks) {}
 
 absl::StatusOr<std::unique_ptr<Heap>> Heap::Start(std::unique_ptr<SessionCalls> calls,
                                                   std::string name, const AttachOptions& options,
@@ -133,8 +144,10 @@ absl::StatusOr<std::unique_ptr<Heap>> Heap::Start(std::unique_ptr<SessionCalls> 
 
 bool Heap::leases(const void* p) const {
   const uint64_t offset = offset_of(p);
-  return offset < max_size_ &&
-         chunk_owner_[offset / kChunkSize].load(std::memory_order_acquire) != nullptr;
+  if (offset >= max_size_) return false;
+  if (chunk_owner_[offset / kChunkSize].load(std::memory_order_acquire) != nullptr) return true;
+  absl::MutexLock lock(&large_mu_);
+  return large_.Holds(static_cast<uint32_t>(offset >> kChunkShift));
 }
 
 absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
@@ -313,9 +326,32 @@ absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
 }
 
 absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
+  const uint64_t chunks = (size + kChunkSize - 1) / kChunkSize;
+  if (chunks > kMaxCarvedChunks) return AllocateLargeFromHeapd(size, /*reserve=*/false);
+  absl::MutexLock lock(&large_mu_);
+  std::optional<uint32_t> first = large_.Carve(static_cast<uint32_t>(chunks));
+  if (!first) {
+    uint64_t want = std::max<uint64_t>(
+        chunks, std::min<uint64_t>(next_reserve_chunks_, max_size_ / kChunkSize));
+    absl::StatusOr<uint64_t> reserved = AllocateLargeFromHeapd(want * kChunkSize, true);
+    if (reserved.status().code() == absl::StatusCode::kResourceExhausted && want > chunks) {
+      want = chunks;  // the heap is nearly full: no more than needed
+      reserved = AllocateLargeFromHeapd(want * kChunkSize, true);
+    }
+    if (!reserved.ok()) return reserved.status();
+    large_.Add(static_cast<uint32_t>(*reserved >> kChunkShift), static_cast<uint32_t>(want));
+    next_reserve_chunks_ = std::min(2 * next_reserve_chunks_, kMaxReserveChunks);
+    first = large_.Carve(static_cast<uint32_t>(chunks));
+    if (!first) return Unexpected(name_, "a reserve the object does not fit");
+  }
+  return uint64_t{*first} << kChunkShift;
+}
+
+absl::StatusOr<uint64_t> Heap::AllocateLargeFromHeapd(uint64_t size, bool reserve) {
   v1::AllocateLargeRequest request;
   request.set_session(session_);
   request.set_size(size);
+  request.set_reserve(reserve);
   v1::AllocateLargeResponse response;
   if (absl::Status s = calls_->AllocateLarge(request, &response); !s.ok()) return s;
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
@@ -327,7 +363,10 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
                   : s;
   }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) {
-    v1::ObjectRef object;  // the caller never sees it: give it back
+    // The caller never sees it: give an object back (a reserve is freed
+    // when the session ends).
+    if (reserve) return s;
+    v1::ObjectRef object;
     object.set_offset(response.offset());
     if (absl::Status freed = FreeRemotely({object}); !freed.ok()) {
       return absl::Status(s.code(), absl::StrCat(s.message(), "; then freeing the object at ",
@@ -339,6 +378,54 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
     tracker_->Unprotect(response.offset(), (size + kChunkSize - 1) / kChunkSize * kChunkSize);
   }
   return response.offset();
+}
+
+absl::StatusOr<bool> Heap::FreeUntold(uint64_t offset, uint64_t size_hint) {
+  const uint32_t chunk = static_cast<uint32_t>(offset >> kChunkShift);
+  absl::MutexLock lock(&large_mu_);
+  if (!large_.Holds(chunk)) return false;
+  const uint32_t chunks = offset % kChunkSize == 0 ? large_.UntoldChunks(chunk) : 0;
+  if (chunks == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heap ", name_, ": offset ", offset,
+        " is not the start of an object (its chunk is reserved for this process's large "
+        "objects, free or inside one): double free?"));
+  }
+  if (size_hint != 0 &&
+      (size_hint <= kMaxSmallSize || (size_hint + kChunkSize - 1) / kChunkSize != chunks)) {
+    return absl::InvalidArgumentError(absl::StrCat("heap ", name_, ": object at offset ", offset,
+                                                   " is a large object of ", chunks,
+                                                   " chunks, not of ", size_hint, " bytes"));
+  }
+  large_.FreeUntold(chunk);  // heapd never knew of it
+  return true;
+}
+
+absl::Status Heap::PlaceUntold() {
+  absl::MutexLock sync_lock(&sync_mu_);
+  std::vector<LargePlacement> placed;
+  {
+    absl::MutexLock lock(&large_mu_);
+    placed = large_.TakeForSync();
+  }
+  absl::Status status;
+  for (size_t i = 0; i < placed.size() && status.ok(); i += kPlacementsPerPart) {
+    v1::SyncRequest request;
+    request.set_session(session_);
+    request.set_more(true);  // placed now; committed by the next sync
+    for (size_t j = i; j < std::min(placed.size(), i + kPlacementsPerPart); ++j) {
+      ToProto(placed[j], request.add_placed());
+    }
+    v1::SyncResponse response;
+    status = calls_->Sync(request, &response);
+  }
+  absl::MutexLock lock(&large_mu_);
+  if (status.ok()) {
+    large_.SyncDone();
+  } else {
+    large_.SyncFailed();
+  }
+  return status;
 }
 
 absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
@@ -371,6 +458,9 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
       return absl::InvalidArgumentError(
           absl::StrCat("heap ", name_, ": ", mine->pool.DescribeNotLive(offset)));
     }
+  }
+  if (absl::StatusOr<bool> freed = FreeUntold(offset, size_hint); !freed.ok() || *freed) {
+    return freed.status();
   }
   v1::ObjectRef object;
   object.set_offset(offset);
@@ -416,13 +506,21 @@ absl::Status Heap::FlushFrees() {
   return FreeRemotely(std::move(batch));
 }
 
-absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent) {
-  while (reports.size() - *sent > kReportsPerSync) {
+absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent,
+                                    const std::vector<LargePlacement>& placed,
+                                    size_t* placed_sent) {
+  while (reports.size() - *sent > kReportsPerSync ||
+         placed.size() - *placed_sent > kPlacementsPerPart) {
     v1::SyncRequest request;
     request.set_session(session_);
     request.set_more(true);
-    for (const size_t end = *sent + kReportsPerSync; *sent < end; ++*sent) {
+    for (const size_t end = std::min(reports.size(), *sent + kReportsPerSync); *sent < end;
+         ++*sent) {
       ToProto(reports[*sent], request.add_reports());
+    }
+    for (const size_t end = std::min(placed.size(), *placed_sent + kPlacementsPerPart);
+         *placed_sent < end; ++*placed_sent) {
+      ToProto(placed[*placed_sent], request.add_placed());
     }
     v1::SyncResponse response;
     if (absl::Status s = calls_->Sync(request, &response); !s.ok()) return s;
@@ -431,16 +529,23 @@ absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, siz
   return absl::OkStatus();
 }
 
-absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports, uint64_t generation,
+absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports,
+                            const std::vector<LargePlacement>& placed,
+                            const std::vector<LargePlacement>& released, uint64_t generation,
                             v1::SyncResponse* response) {
   // heapd holds the earlier parts and commits them with the last, with the
   // contents: one sync, one epoch.
   size_t sent = 0;
-  if (absl::Status s = SendEarlierParts(reports, &sent); !s.ok()) return s;
+  size_t placed_sent = 0;
+  if (absl::Status s = SendEarlierParts(reports, &sent, placed, &placed_sent); !s.ok()) return s;
   v1::SyncRequest request;
   request.set_session(session_);
   request.set_generation(generation);
   for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
+  for (; placed_sent < placed.size(); ++placed_sent) {
+    ToProto(placed[placed_sent], request.add_placed());
+  }
+  for (const LargePlacement& run : released) ToProto(run, request.add_released());
   return calls_->Sync(request, response);
 }
 
@@ -466,10 +571,27 @@ absl::StatusOr<uint64_t> Heap::sync() {
   }
   // Protect again what this generation wrote: from here on, a store takes a
   // pre-image of the page as this sync commits it.
+  // The reserve goes back, but for what was carved from it: no free chunk
+  // stays held from other sessions (or from small objects) between syncs.
+  std::vector<LargePlacement> placed;
+  std::vector<LargePlacement> released;
+  {
+    absl::MutexLock lock(&large_mu_);
+    placed = large_.TakeForSync();
+    released = large_.TakeFreeRuns(kPlacementsPerPart);
+  }
   const uint64_t generation = tracker_ != nullptr ? tracker_->BeginSync() : 0;
   v1::SyncResponse response;
-  absl::Status sent = SendSync(reports, generation, &response);
+  absl::Status sent = SendSync(reports, placed, released, generation, &response);
   if (tracker_ != nullptr) tracker_->EndSync();
+  {
+    absl::MutexLock lock(&large_mu_);
+    if (sent.ok()) {
+      large_.SyncDone();
+    } else {
+      large_.SyncFailed();
+    }
+  }
   if (absl::Status s = std::move(sent); !s.ok()) {
     for (size_t i = 0; i < caches.size(); ++i) {
       VisitorScope visit(caches[i]->gate);
@@ -528,13 +650,22 @@ absl::Status Heap::detach() {
   // parts and returns them all with it, in one epoch. If a part failed, no
   // detach commits this session's stores without it: the session ends
   // without one (as a crash: heapd puts it back at its last sync).
+  std::vector<LargePlacement> placed;
+  {
+    absl::MutexLock lock(&large_mu_);
+    placed = large_.TakeForSync();
+  }
   size_t sent = 0;
-  const absl::Status parts = SendEarlierParts(reports, &sent);
+  size_t placed_sent = 0;
+  const absl::Status parts = SendEarlierParts(reports, &sent, placed, &placed_sent);
   if (parts.ok()) {
     v1::DetachRequest request;
     request.set_session(session_);
     if (tracker_ != nullptr) request.set_generation(tracker_->BeginSync());
     for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
+    for (; placed_sent < placed.size(); ++placed_sent) {
+      ToProto(placed[placed_sent], request.add_placed());
+    }
     status.Update(calls_->Detach(request));
   } else {
     status.Update(absl::Status(parts.code(), absl::StrCat("heap ", name_, ": ", parts.message(),
@@ -561,6 +692,17 @@ void Heap::prepare_write(void* p, uint64_t size) {
 
 absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t size,
                         const std::string& type_name) {
+  if (const uint64_t offset = offset_of(object); offset % kChunkSize == 0 && !read_only_) {
+    bool untold;
+    {
+      absl::MutexLock lock(&large_mu_);
+      untold = large_.UntoldChunks(static_cast<uint32_t>(offset >> kChunkShift)) != 0;
+    }
+    // heapd binds only objects it knows.
+    if (untold) {
+      if (absl::Status s = PlaceUntold(); !s.ok()) return s;
+    }
+  }
   v1::BindRequest request;
   request.set_session(session_);
   request.set_name(name);

@@ -4,7 +4,10 @@
 // Allocation: each thread carves small objects (up to 1 MiB) out of chunks
 // it leases from the daemon in batches; allocate and deallocate of those
 // make no system call, no RPC and no atomic read-modify-write (owner_gate.h).
-// Large objects are one RPC each. Freeing an object of another thread
+// Large objects up to kMaxCarvedChunks chunks are carved from chunks heapd
+// reserves for the session in growing batches (allocator/large_reserve.h):
+// no RPC per object; heapd learns of them at the next sync, where they
+// commit. Larger ones are one RPC each. Freeing an object of another thread
 // queues it for that thread's cache; freeing one in a chunk this process
 // does not lease (another process allocated it) is batched to the daemon,
 // which validates it.
@@ -40,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
 #include "client/client.h"
 #include "client/session_calls.h"
@@ -193,8 +197,10 @@ class Heap {
                                                      const v1::AttachResponse& attached,
                                                      int data_fd, UniqueFd journal);
 
-  // Whether a thread cache of this process leases the chunk holding `p`
-  // (then freeing it is local). For tests.
+  // Whether this process leases the chunk holding `p` (a thread cache's
+  // small-object chunk, or one reserved for its large objects): then a free
+  // there is judged here, and a double free of an object another process
+  // allocated there surfaces at that process's next sync. For tests.
   bool leases(const void* p) const;
 
  private:
@@ -216,15 +222,32 @@ class Heap {
   // handler mapped.
   absl::Status FlushMapping();
   absl::Status MapUpTo(uint64_t capacity);
+  // A large object: carved from the reserve (topped up first when no run
+  // fits), or from heapd when above kMaxCarvedChunks.
   absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
+  // AllocateLarge of heapd: an object of `size` bytes, or with `reserve`
+  // that many bytes of chunks for the reserve; mapped, unprotected.
+  absl::StatusOr<uint64_t> AllocateLargeFromHeapd(uint64_t size, bool reserve);
+  // Tells heapd of the carved objects it does not know yet (before one is
+  // bound to a name), in parts of a sync.
+  absl::Status PlaceUntold() ABSL_LOCKS_EXCLUDED(sync_mu_, large_mu_);
+  // A free of `offset` in this process's reserve: true if it freed an
+  // untold object, false if the reserve does not hold its chunk (heapd
+  // judges it), INVALID_ARGUMENT if it holds it but no object starts there.
+  absl::StatusOr<bool> FreeUntold(uint64_t offset, uint64_t size_hint);
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
   absl::Status FlushFrees();
   // `generation`: the content generation the sync commits (0: none); sent
   // with the last part only.
-  // A sync's reports but the last kReportsPerSync, as parts heapd holds
-  // for the last; `sent` counts them.
-  absl::Status SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent);
-  absl::Status SendSync(const std::vector<LeaseReport>& reports, uint64_t generation,
+  // A sync's reports and placements but the last kReportsPerSync and
+  // kPlacementsPerPart, as parts heapd holds for the last; `sent` and
+  // `placed_sent` count them.
+  absl::Status SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent,
+                                const std::vector<LargePlacement>& placed, size_t* placed_sent);
+  // `released`: reserved runs handed back (with the last part).
+  absl::Status SendSync(const std::vector<LeaseReport>& reports,
+                        const std::vector<LargePlacement>& placed,
+                        const std::vector<LargePlacement>& released, uint64_t generation,
                         v1::SyncResponse* response);
 
   const std::unique_ptr<SessionCalls> calls_;
@@ -265,6 +288,12 @@ class Heap {
 
   absl::Mutex frees_mu_;
   std::vector<v1::ObjectRef> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
+
+  // Chunks reserved for large objects; held across the call that tops the
+  // reserve up. Taken after sync_mu_.
+  mutable absl::Mutex large_mu_ ABSL_ACQUIRED_AFTER(sync_mu_);
+  LargeReserve large_ ABSL_GUARDED_BY(large_mu_);
+  uint32_t next_reserve_chunks_ ABSL_GUARDED_BY(large_mu_);
 
   // Names looked up at attach, served by Find without a call.
   absl::Mutex prefetched_mu_;

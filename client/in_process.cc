@@ -85,10 +85,10 @@ absl::Status InProcessSessionCalls::Sync(const v1::SyncRequest& request,
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
   if (request.more()) {
-    return heap_->StageReports(session_, FromProto(request.reports()), FromProto(request.placed()));
+    return heap_->StageReports(session_, FromProto(request.reports()), ReserveReportOf(request));
   }
-  absl::StatusOr<SyncResult> result = heap_->Sync(
-      session_, FromProto(request.reports()), request.generation(), FromProto(request.placed()));
+  absl::StatusOr<SyncResult> result = heap_->Sync(session_, FromProto(request.reports()),
+                                                  request.generation(), ReserveReportOf(request));
   if (!result.ok()) return result.status();
   response->set_epoch(result->epoch);
   for (const LeaseCorrection& c : result->corrections) ToProto(c, response->add_corrections());
@@ -102,8 +102,8 @@ absl::Status InProcessSessionCalls::Detach(const v1::DetachRequest& request) {
   if (absl::Status s = CheckLive(); !s.ok()) return s;
   ended_ = true;
   if (read_only_) return absl::OkStatus();
-  absl::StatusOr<SyncResult> result = heap_->Detach(
-      session_, FromProto(request.reports()), request.generation(), FromProto(request.placed()));
+  absl::StatusOr<SyncResult> result = heap_->Detach(session_, FromProto(request.reports()),
+                                                    request.generation(), ReserveReportOf(request));
   if (result.ok()) return absl::OkStatus();
   heap_->Reclaim(session_);  // as heapd: the session ends at its last sync
   return result.status();

@@ -368,7 +368,7 @@ grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::Detach
   return Serve(context, "Detach", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<uint64_t> epoch =
         sessions_->Detach(request->session(), caller, FromProto(request->reports()),
-                          request->generation(), FromProto(request->placed()));
+                          request->generation(), ReserveReportOf(*request));
     if (!epoch.ok()) return epoch.status();
     response->set_epoch(*epoch);
     return absl::OkStatus();
@@ -427,11 +427,11 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
   return Serve(context, "Sync", *request, [&](const Caller& caller) -> absl::Status {
     if (request->more()) {
       return sessions_->StageSyncPart(request->session(), caller, FromProto(request->reports()),
-                                      FromProto(request->placed()));
+                                      ReserveReportOf(*request));
     }
     absl::StatusOr<Sessions::Synced> synced =
         sessions_->Sync(request->session(), caller, FromProto(request->reports()),
-                        request->generation(), FromProto(request->placed()));
+                        request->generation(), ReserveReportOf(*request));
     if (!synced.ok()) return synced.status();
     response->set_epoch(synced->result.epoch);
     for (const LeaseCorrection& c : synced->result.corrections) {

@@ -159,9 +159,9 @@ absl::Status ValidateRequest(const v1::AttachRequest& request) {
   return absl::OkStatus();
 }
 
-// Large objects carved from reserved chunks: whole chunks within the
-// largest heap. Whether they lie in the session's reserve is the heap's
-// check (ChunkDirectory::Place).
+// Large objects carved from reserved chunks, or runs of them released:
+// whole chunks within the largest heap. Whether they lie in the session's
+// reserve is the heap's check (ChunkDirectory::TellReserve).
 absl::Status CheckPlacements(absl::string_view field,
                              const RepeatedPtrField<v1::LargePlacement>& placed) {
   if (placed.size() > kMaxPlacementsPerCall) {
@@ -224,7 +224,8 @@ absl::Status ValidateRequest(const v1::SyncRequest& request) {
   if (request.more() && request.generation() != 0) {
     return Invalid("generation", "only the last part of a sync (more=false) carries one");
   }
-  return CheckPlacements("placed", request.placed());
+  if (absl::Status s = CheckPlacements("placed", request.placed()); !s.ok()) return s;
+  return CheckPlacements("released", request.released());
 }
 
 absl::Status ValidateRequest(const v1::BindRequest& request) {

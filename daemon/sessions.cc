@@ -189,9 +189,9 @@ absl::StatusOr<Sessions::Leased> Sessions::Lease(uint64_t id, const Caller& call
 
 absl::Status Sessions::StageSyncPart(uint64_t id, const Caller& caller,
                                      absl::Span<const LeaseReport> reports,
-                                     absl::Span<const LargePlacement> placed) {
+                                     const ReserveReport& reserve) {
   return OnSession(id, caller, [&](Session& session) {
-    return InHeap(session, session.heap->heap->StageReports(session.id, reports, placed));
+    return InHeap(session, session.heap->heap->StageReports(session.id, reports, reserve));
   });
 }
 
@@ -225,13 +225,12 @@ absl::Status Sessions::Free(uint64_t id, const Caller& caller,
 
 absl::StatusOr<Sessions::Synced> Sessions::Sync(uint64_t id, const Caller& caller,
                                                 absl::Span<const LeaseReport> reports,
-                                                uint64_t generation,
-                                                absl::Span<const LargePlacement> placed) {
+                                                uint64_t generation, const ReserveReport& reserve) {
   Synced synced;
   absl::Status status = OnSession(id, caller, [&](Session& session) {
     PersistentHeap& heap = *session.heap->heap;
     const absl::Time start = absl::Now();
-    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports, generation, placed);
+    absl::StatusOr<SyncResult> result = heap.Sync(session.id, reports, generation, reserve);
     metrics_->CountSync(session.heap->name, result.status(),
                         absl::ToDoubleSeconds(absl::Now() - start));
     if (!result.ok()) return result.status();
@@ -271,8 +270,7 @@ absl::StatusOr<NameEntry> Sessions::Unbind(uint64_t id, const Caller& caller,
 
 absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
                                           absl::Span<const LeaseReport> reports,
-                                          uint64_t generation,
-                                          absl::Span<const LargePlacement> placed) {
+                                          uint64_t generation, const ReserveReport& reserve) {
   absl::StatusOr<std::shared_ptr<Session>> found = table_.Get(id, caller);
   if (!found.ok()) return found.status();
   std::shared_ptr<Session> session = table_.Take(id);
@@ -296,7 +294,7 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
     return heap.epoch();
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports, generation, placed);
+  absl::StatusOr<SyncResult> result = heap.Detach(session->id, reports, generation, reserve);
   metrics_->CountSync(session->heap->name, result.status(),
                       absl::ToDoubleSeconds(absl::Now() - start));
   if (!result.ok()) {

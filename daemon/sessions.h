@@ -74,7 +74,7 @@ class Sessions {
   // An earlier part of a sync or detach (PersistentHeap::StageReports).
   absl::Status StageSyncPart(uint64_t id, const Caller& caller,
                              absl::Span<const LeaseReport> reports,
-                             absl::Span<const LargePlacement> placed = {});
+                             const ReserveReport& reserve = {});
   struct Allocated {
     uint64_t offset = 0;
     uint64_t capacity_bytes = 0;
@@ -91,7 +91,7 @@ class Sessions {
   // `generation`: the session's content generations committed with it.
   absl::StatusOr<Synced> Sync(uint64_t id, const Caller& caller,
                               absl::Span<const LeaseReport> reports, uint64_t generation = 0,
-                              absl::Span<const LargePlacement> placed = {});
+                              const ReserveReport& reserve = {});
   // Binds `entry` (its owner and time are set here).
   absl::Status Bind(uint64_t id, const Caller& caller, NameEntry entry);
   absl::StatusOr<NameEntry> Unbind(uint64_t id, const Caller& caller, const std::string& name);
@@ -102,7 +102,7 @@ class Sessions {
   // leases and contents as at its last commit: see PersistentHeap::Reclaim).
   absl::StatusOr<uint64_t> Detach(uint64_t id, const Caller& caller,
                                   absl::Span<const LeaseReport> reports, uint64_t generation = 0,
-                                  absl::Span<const LargePlacement> placed = {});
+                                  const ReserveReport& reserve = {});
 
   // heapd.fd.sock. Redeem: the session of `token` for `caller` and a new fd
   // of its heap's data file (read-only for a read-only session). Lookup:

@@ -511,12 +511,12 @@ absl::StatusOr<UniqueFd> PersistentHeap::OpenUndoJournal(ClientId client) {
 }
 
 absl::Status PersistentHeap::StageReports(ClientId client, absl::Span<const LeaseReport> reports,
-                                          absl::Span<const LargePlacement> placed) {
+                                          const ReserveReport& reserve) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
   // Only chunks the client leases: what it can stage is bounded by them.
   if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
-  if (absl::Status s = directory_->Place(client, placed); !s.ok()) return s;
+  if (absl::Status s = directory_->TellReserve(client, reserve); !s.ok()) return s;
   std::map<uint32_t, LeaseReport>& staged = staged_reports_[client];
   for (const LeaseReport& report : reports) staged[report.chunk] = report;
   return absl::OkStatus();
@@ -536,9 +536,10 @@ std::vector<LeaseReport> PersistentHeap::TakeStagedLocked(ClientId client,
   return all;
 }
 
-absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(
-    ClientId client, absl::Span<const LeaseReport> last, bool release, uint64_t generation,
-    absl::Span<const LargePlacement> placed) {
+absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
+                                                            absl::Span<const LeaseReport> last,
+                                                            bool release, uint64_t generation,
+                                                            const ReserveReport& reserve) {
   absl::MutexLock persist_lock(&persist_mu_);
   SyncResult result;
   Checkpoint checkpoint;
@@ -552,7 +553,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(
     // sent again whole.
     reports = TakeStagedLocked(client, last);
     if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
-    if (absl::Status s = directory_->CheckPlace(client, placed); !s.ok()) return s;
+    if (absl::Status s = directory_->CheckReserveReport(client, reserve); !s.ok()) return s;
     // Only persist_mu_ changes epoch_.
     result.epoch = epoch_ + 1;
   }
@@ -577,7 +578,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(
     // once its epoch is durable (below): a chunk it emptied must not be
     // handed out, and written without pre-images, before the stores that
     // unlinked its objects are committed.
-    directory_->PlaceChecked(client, placed);
+    directory_->ApplyReserveReport(client, reserve);
     absl::StatusOr<ReportResult> reported = directory_->Report(client, reports, /*release=*/false);
     if (!reported.ok()) {
       broken_ = absl::InternalError(
@@ -646,16 +647,15 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(
 
 absl::StatusOr<SyncResult> PersistentHeap::Sync(ClientId client,
                                                 absl::Span<const LeaseReport> reports,
-                                                uint64_t generation,
-                                                absl::Span<const LargePlacement> placed) {
-  return ReportAndPersist(client, reports, /*release=*/false, generation, placed);
+                                                uint64_t generation, const ReserveReport& reserve) {
+  return ReportAndPersist(client, reports, /*release=*/false, generation, reserve);
 }
 
 absl::StatusOr<SyncResult> PersistentHeap::Detach(ClientId client,
                                                   absl::Span<const LeaseReport> reports,
                                                   uint64_t generation,
-                                                  absl::Span<const LargePlacement> placed) {
-  return ReportAndPersist(client, reports, /*release=*/true, generation, placed);
+                                                  const ReserveReport& reserve) {
+  return ReportAndPersist(client, reports, /*release=*/true, generation, reserve);
 }
 
 absl::Status PersistentHeap::ReturnLeases(ClientId client, absl::Span<const LeaseReport> reports) {

@@ -161,8 +161,8 @@ class PersistentHeap {
   // Allocates a large object (whole chunks) of `size` bytes, growing the
   // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks. With
   // `reserve`, the chunks are reserved for the client to carve large
-  // objects from instead (ChunkDirectory::Reserve), told by the `placed`
-  // of its syncs.
+  // objects from instead (ChunkDirectory::Reserve), told of with its syncs
+  // (ReserveReport).
   absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size, bool reserve = false);
 
   // Frees objects the client's lease pool does not hold. See
@@ -187,27 +187,25 @@ class PersistentHeap {
   // applies them with its own, so that one sync commits in one epoch (a
   // cleared slot never commits before the stores that unlinked its object).
   // A chunk staged again replaces its earlier report; a client that dies
-  // first commits none of them. `placed`: large objects the client carved
-  // from its reserved chunks, placed now (ChunkDirectory::Place; they
-  // commit with the sync's last part, as large allocations do).
+  // first commits none of them. `reserve`: what the client tells of its
+  // reserved chunks, taken now (ChunkDirectory::TellReserve; the objects
+  // it placed commit with the sync's last part, as large allocations do).
   absl::Status StageReports(ClientId client, absl::Span<const LeaseReport> reports,
-                            absl::Span<const LargePlacement> placed = {});
+                            const ReserveReport& reserve = {});
 
-  // Records the client's lease reports (with those staged) and the large
-  // objects it `placed` (see StageReports), commits its large allocations
-  // and persists a new epoch. On an I/O error nothing is
+  // Records the client's lease reports (with those staged) and `reserve`
+  // (see StageReports), commits its large allocations and persists a new
+  // epoch. On an I/O error nothing is
   // lost in memory and the next sync writes a full checkpoint.
   // `generation`: the client's content generations up to this one are
   // committed with it (ContentUndo; 0: none).
   absl::StatusOr<SyncResult> Sync(ClientId client, absl::Span<const LeaseReport> reports,
-                                  uint64_t generation = 0,
-                                  absl::Span<const LargePlacement> placed = {});
+                                  uint64_t generation = 0, const ReserveReport& reserve = {});
 
   // Ends a client's session cleanly: returns its leases with `reports` (and
   // those staged), commits and persists (a detach).
   absl::StatusOr<SyncResult> Detach(ClientId client, absl::Span<const LeaseReport> reports,
-                                    uint64_t generation = 0,
-                                    absl::Span<const LargePlacement> placed = {});
+                                    uint64_t generation = 0, const ReserveReport& reserve = {});
 
   // The content undo journal of a new read-write session, for its client;
   // an invalid fd if this heap does not roll contents back.
@@ -286,7 +284,7 @@ class PersistentHeap {
   // epoch.
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client, absl::Span<const LeaseReport> last,
                                               bool release, uint64_t generation,
-                                              absl::Span<const LargePlacement> placed);
+                                              const ReserveReport& reserve);
   // `last` with the client's staged reports of other chunks; none stay
   // staged.
   std::vector<LeaseReport> TakeStagedLocked(ClientId client, absl::Span<const LeaseReport> last)

@@ -83,6 +83,14 @@ std::vector<LargePlacement> FromProto(
   return out;
 }
 
+ReserveReport ReserveReportOf(const v1::SyncRequest& request) {
+  return {FromProto(request.placed()), FromProto(request.released())};
+}
+
+ReserveReport ReserveReportOf(const v1::DetachRequest& request) {
+  return {FromProto(request.placed()), {}};
+}
+
 void ToProto(const LargePlacement& placement, v1::LargePlacement* out) {
   out->set_offset(uint64_t{placement.chunk} << kChunkShift);
   out->set_chunks(placement.chunks);

@@ -32,6 +32,9 @@ std::vector<ObjectRef> FromProto(const google::protobuf::RepeatedPtrField<v1::Ob
 std::vector<LargePlacement> FromProto(
     const google::protobuf::RepeatedPtrField<v1::LargePlacement>& placed);
 void ToProto(const LargePlacement& placement, v1::LargePlacement* out);
+// A sync's placed and released runs; a detach's placed.
+ReserveReport ReserveReportOf(const v1::SyncRequest& request);
+ReserveReport ReserveReportOf(const v1::DetachRequest& request);
 
 }  // namespace heapd
 

@@ -1,0 +1,50 @@
+#include "allocator/large_reserve.h"
+
+namespace heapd {
+
+void LargeReserve::Add(uint32_t first, uint32_t chunks) { free_.Give(first, chunks); }
+
+std::optional<uint32_t> LargeReserve::Carve(uint32_t chunks) {
+  std::optional<uint32_t> first = free_.Take(chunks);
+  if (first) untold_[*first] = chunks;
+  return first;
+}
+
+bool LargeReserve::FreeUntold(uint32_t chunk) {
+  auto it = untold_.find(chunk);
+  if (it == untold_.end()) return false;
+  free_.Give(it->first, it->second);
+  untold_.erase(it);
+  return true;
+}
+
+bool LargeReserve::Holds(uint32_t chunk) const {
+  if (free_.IsFree(chunk, 1)) return true;
+  auto it = untold_.upper_bound(chunk);
+  return it != untold_.begin() && chunk < std::prev(it)->first + std::prev(it)->second;
+}
+
+std::vector<LargePlacement> LargeReserve::TakeForSync() {
+  in_flight_ = std::move(resend_);
+  resend_.clear();
+  for (const auto& [first, chunks] : untold_) in_flight_.push_back({first, chunks});
+  untold_.clear();
+  return in_flight_;
+}
+
+std::vector<LargePlacement> LargeReserve::TakeFreeRuns(size_t most) {
+  std::vector<LargePlacement> runs;
+  for (const auto& [first, chunks] : free_.runs()) {
+    if (runs.size() == most) break;
+    runs.push_back({first, chunks});
+  }
+  for (const LargePlacement& run : runs) free_.TakeAt(run.chunk, run.chunks);
+  return runs;
+}
+
+void LargeReserve::SyncFailed() {
+  resend_.insert(resend_.end(), in_flight_.begin(), in_flight_.end());
+  in_flight_.clear();
+}
+
+}  // namespace heapd
