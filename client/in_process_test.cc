@@ -134,5 +134,172 @@ TEST_F(InProcessTest, ADetachWhosePartFailsEndsAtTheLastSync) {
   EXPECT_EQ(heap_->Stats().directory.live_objects, live);
 }
 
+// Passes every call on; counts AllocateLarge calls, and can drop the
+// answer of the next last sync part (the sync applied, the client told it
+// failed).
+class Tap : public SessionCalls {
+ public:
+  explicit Tap(std::unique_ptr<SessionCalls> calls) : calls_(std::move(calls)) {}
+  absl::Status LeaseChunks(const v1::LeaseChunksRequest& r, v1::LeaseChunksResponse* a) override {
+    return calls_->LeaseChunks(r, a);
+  }
+  absl::Status AllocateLarge(const v1::AllocateLargeRequest& r,
+                             v1::AllocateLargeResponse* a) override {
+    ++large_calls;
+    return calls_->AllocateLarge(r, a);
+  }
+  absl::Status Free(const v1::FreeRequest& r) override { return calls_->Free(r); }
+  absl::Status Sync(const v1::SyncRequest& r, v1::SyncResponse* a) override {
+    absl::Status status = calls_->Sync(r, a);
+    if (!r.more() && lose_next_sync_answer) {
+      lose_next_sync_answer = false;
+      return absl::UnavailableError("injected: the answer was lost");
+    }
+    return status;
+  }
+  absl::Status Detach(const v1::DetachRequest& r) override { return calls_->Detach(r); }
+  absl::Status Bind(const v1::BindRequest& r) override { return calls_->Bind(r); }
+  absl::Status Unbind(const v1::UnbindRequest& r) override { return calls_->Unbind(r); }
+  absl::StatusOr<NameEntry> Lookup(const std::string& name) override {
+    return calls_->Lookup(name);
+  }
+  int lifeline() override { return calls_->lifeline(); }
+  void Close() override { calls_->Close(); }
+
+  int large_calls = 0;
+  bool lose_next_sync_answer = false;
+
+ private:
+  std::unique_ptr<SessionCalls> calls_;
+};
+
+class CarvingTest : public InProcessTest {
+ protected:
+  std::unique_ptr<Heap> Attach(ClientId session) {
+    auto heap =
+        AttachInProcess(heap_.get(), session, {}, [&](std::unique_ptr<InProcessSessionCalls> c) {
+          calls_ = c.get();
+          auto tap = std::make_unique<Tap>(std::move(c));
+          tap_ = tap.get();
+          return tap;
+        });
+    EXPECT_TRUE(heap.ok()) << heap.status();
+    return heap.ok() ? *std::move(heap) : nullptr;
+  }
+
+  InProcessSessionCalls* calls_ = nullptr;
+  Tap* tap_ = nullptr;
+};
+
+constexpr uint64_t kLarge = 3 << 19;  // 1.5 MiB: one chunk
+
+TEST_F(CarvingTest, LargeObjectsAreCarvedWithoutACallEachAndCommitAtSync) {
+  std::unique_ptr<Heap> heap = Attach(1);
+  ASSERT_NE(heap, nullptr);
+  std::vector<uint64_t*> objects;
+  for (uint64_t i = 0; i < 100; ++i) {
+    absl::StatusOr<void*> object = heap->allocate(kLarge);
+    ASSERT_TRUE(object.ok()) << object.status();
+    objects.push_back(static_cast<uint64_t*>(*object));
+    objects.back()[0] = i;
+    objects.back()[kLarge / 8 - 1] = i;
+  }
+  EXPECT_LE(tap_->large_calls, 6);  // batches of 4, 8, 16, 32, 64 chunks
+  for (size_t i = 0; i < objects.size(); i += 2) {
+    ASSERT_TRUE(heap->deallocate(objects[i], kLarge).ok());
+  }
+  // Freed before heapd knew of them: in the reserve again, so a second free
+  // and a free of the wrong size are refused here.
+  EXPECT_EQ(heap->deallocate(objects[0], kLarge).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heap->deallocate(objects[1], 5 * kLarge).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heap->deallocate(reinterpret_cast<char*>(objects[1]) + kChunkSize / 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 0u);
+  EXPECT_GE(heap_->Stats().directory.leased_chunks, 100u);
+  ASSERT_TRUE(heap->sync().ok());
+  DirectoryStats stats = heap_->Stats().directory;
+  EXPECT_EQ(stats.large_objects, 50u);
+  EXPECT_EQ(stats.leased_chunks, 0u);  // the rest of the reserve went back
+  EXPECT_TRUE(heap_->CheckInvariants().ok());
+  std::vector<uint64_t> kept;
+  for (size_t i = 1; i < objects.size(); i += 2) kept.push_back(heap->offset_of(objects[i]));
+  ASSERT_TRUE(heap->detach().ok());
+
+  std::unique_ptr<Heap> again = Attach(2);
+  ASSERT_NE(again, nullptr);
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const uint64_t* object = again->at<uint64_t>(kept[k]);
+    EXPECT_EQ(object[0], 2 * k + 1);
+    EXPECT_EQ(object[kLarge / 8 - 1], 2 * k + 1);
+  }
+  // Committed objects are freed through heapd, exactly once.
+  ASSERT_TRUE(again->deallocate(again->at(kept[0]), kLarge).ok());
+  EXPECT_EQ(again->deallocate(again->at(kept[0]), kLarge).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(again->sync().ok());  // frees apply with the freer's sync (content rollback)
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 49u);
+}
+
+// A sync that reached heapd but whose answer was lost: the client sends its
+// placements again with the next, and they count once. An object in
+// flight is freed through heapd.
+TEST_F(CarvingTest, PlacementsOfASyncWhoseAnswerWasLostAreSentAgain) {
+  std::unique_ptr<Heap> heap = Attach(1);
+  ASSERT_NE(heap, nullptr);
+  std::vector<void*> objects;
+  for (int i = 0; i < 3; ++i) objects.push_back(*heap->allocate(kLarge));
+  tap_->lose_next_sync_answer = true;
+  EXPECT_EQ(heap->sync().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 3u);
+  ASSERT_TRUE(heap->deallocate(objects[0], kLarge).ok());
+  ASSERT_TRUE(heap->allocate(kLarge).ok());
+  ASSERT_TRUE(heap->sync().ok());
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 3u);
+  EXPECT_EQ(heap->deallocate(objects[0], kLarge).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(heap_->CheckInvariants().ok());
+}
+
+// A carved object bound to a name is placed first: found by name by
+// another session, and committed.
+TEST_F(CarvingTest, ACarvedObjectBoundToANameIsPlacedFirst) {
+  struct Big {
+    char bytes[3 << 20];
+  };
+  std::unique_ptr<Heap> heap = Attach(1);
+  ASSERT_NE(heap, nullptr);
+  absl::StatusOr<Big*> big = heap->construct<Big>("big")();
+  ASSERT_TRUE(big.ok()) << big.status();
+  std::strcpy((*big)->bytes + (2 << 20), "far in");
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 1u);
+  std::unique_ptr<Heap> reader = Attach(2);
+  ASSERT_NE(reader, nullptr);
+  absl::StatusOr<Big*> found = reader->find<Big>("big");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_STREQ((*found)->bytes + (2 << 20), "far in");
+  EXPECT_EQ(reader->destroy<Big>("big").code(), absl::StatusCode::kOk);
+  ASSERT_TRUE(reader->sync().ok());
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 0u);
+}
+
+// A session that dies leaves nothing of its reserve: carved objects never
+// placed, and placed ones not committed, are free again.
+TEST_F(CarvingTest, ASessionThatDiesLeavesNothingOfItsReserve) {
+  std::unique_ptr<Heap> heap = Attach(1);
+  ASSERT_NE(heap, nullptr);
+  ASSERT_TRUE(heap->allocate(kLarge).ok());
+  ASSERT_TRUE(heap->sync().ok());
+  const DirectoryStats before = heap_->Stats().directory;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(heap->allocate(2 * kChunkSize).ok());
+  tap_->lose_next_sync_answer = true;  // placed, and committed: this is a sync
+  (void)heap->sync();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(heap->allocate(kLarge).ok());
+  calls_->Close();  // dies
+  const DirectoryStats after = heap_->Stats().directory;
+  EXPECT_EQ(after.large_objects, before.large_objects + 20);
+  EXPECT_EQ(after.leased_chunks, 0u);
+  EXPECT_EQ(after.free_chunks, after.capacity_chunks - after.large_chunks);
+  EXPECT_TRUE(heap_->CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace heapd

@@ -110,7 +110,19 @@ bool Model(const v1::AttachRequest& r) {
   }
   return !r.create_if_missing() || CreateSettingsOk(r.create_max_size(), r.create_mode());
 }
-bool Model(const v1::DetachRequest& r) { return r.session() != 0; }
+// Large objects or runs of whole chunks, within the largest heap (2^46
+// bytes: 2^25 chunks of 2 MiB).
+bool RunsOk(const google::protobuf::RepeatedPtrField<v1::LargePlacement>& runs) {
+  if (runs.size() > 65536) return false;
+  for (const v1::LargePlacement& run : runs) {
+    if (run.offset() % (uint64_t{1} << 21) != 0 || run.chunks() == 0 ||
+        (run.offset() >> 21) + run.chunks() > (uint64_t{1} << 25)) {
+      return false;
+    }
+  }
+  return true;
+}
+bool Model(const v1::DetachRequest& r) { return r.session() != 0 && RunsOk(r.placed()); }
 bool Model(const v1::ListClientsRequest& r) { return OptionalHeapNameOk(r.heap()); }
 bool Model(const v1::LeaseChunksRequest& r) { return r.session() != 0 && WantsOk(r.wants()); }
 bool Model(const v1::AllocateLargeRequest& r) {
@@ -118,7 +130,8 @@ bool Model(const v1::AllocateLargeRequest& r) {
 }
 bool Model(const v1::FreeRequest& r) { return r.session() != 0 && r.objects_size() <= 65536; }
 bool Model(const v1::SyncRequest& r) {
-  return r.session() != 0 && (!r.more() || r.generation() == 0);
+  return r.session() != 0 && (!r.more() || r.generation() == 0) && RunsOk(r.placed()) &&
+         RunsOk(r.released());
 }
 bool Model(const v1::BindRequest& r) {
   return r.session() != 0 && NameOk(r.name()) && NameOk(r.type_name()) && r.size() != 0;
@@ -294,9 +307,14 @@ Seeds MakeSeeds() {
   v1::LeaseReport* report = sync.add_reports();
   report->set_chunk(3);
   report->add_words(0x5);
+  v1::LargePlacement* placed = sync.add_placed();
+  placed->set_offset(uint64_t{5} << 21);
+  placed->set_chunks(2);
+  *sync.add_released() = *placed;
   v1::AllocateLargeRequest large;
   large.set_session(7);
   large.set_size(3 << 20);
+  large.set_reserve(true);
   v1::BindRequest bind;
   bind.set_session(7);
   bind.set_name("root");

@@ -136,6 +136,25 @@ TEST(RequestValidationTest, SessionCalls) {
   EXPECT_TRUE(ValidateRequest(sync).ok());
   sync.set_more(true);
   ExpectInvalid(ValidateRequest(sync), "generation", "last part");
+  sync.set_generation(0);
+  v1::LargePlacement* placed = sync.add_placed();
+  placed->set_offset(3 << 21);
+  placed->set_chunks(2);
+  EXPECT_TRUE(ValidateRequest(sync).ok());
+  placed->set_offset((3 << 21) + 4096);
+  ExpectInvalid(ValidateRequest(sync), "placed[0].offset", "multiple of the 2097152-byte chunk");
+  placed->set_offset(kMaxHeapBytes - (1 << 21));
+  ExpectInvalid(ValidateRequest(sync), "placed[0].chunks", "beyond the largest heap");
+  placed->set_chunks(0);
+  placed->set_offset(0);
+  ExpectInvalid(ValidateRequest(sync), "placed[0].chunks", "0 chunks");
+  sync.clear_placed();
+  sync.add_released()->set_offset(1);
+  ExpectInvalid(ValidateRequest(sync), "released[0].offset", "multiple");
+  v1::DetachRequest ending;
+  ending.set_session(7);
+  ending.add_placed()->set_chunks(0);
+  ExpectInvalid(ValidateRequest(ending), "placed[0].chunks", "empty");
 
   v1::LeaseChunksRequest lease;
   lease.set_session(7);

@@ -313,6 +313,78 @@ TEST_F(RpcValidationTest, FdSocketRequestsAreValidated) {
   EXPECT_EQ(ClientsAfterAWhile(), 0);
 }
 
+// Chunks reserved for one session's large objects: no other session can
+// place objects in them or release them, bad placements change nothing,
+// and a free of a reserved chunk no object was placed at is rejected.
+TEST_F(RpcValidationTest, ASessionPlacesAndReleasesOnlyItsOwnReservedChunks) {
+  const v1::AttachResponse owner = RawAttach();
+  const v1::AttachResponse other = RawAttach();
+  v1::AllocateLargeRequest reserve;
+  reserve.set_session(owner.session());
+  reserve.set_size(4 << 21);
+  reserve.set_reserve(true);
+  v1::AllocateLargeResponse reserved;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::AllocateLarge, reserve, &reserved).ok());
+  const uint64_t first = reserved.offset();
+  const v1::HeapStats before = Stat();
+  EXPECT_EQ(before.leased_chunks(), 4u);
+
+  v1::LargePlacement run;
+  run.set_offset(first);
+  run.set_chunks(1);
+  v1::SyncRequest steal;
+  steal.set_session(other.session());
+  *steal.add_placed() = run;
+  ExpectError(Call(&v1::Heapd::Stub::Sync, steal), StatusCode::kInvalidArgument,
+              "not reserved for client");
+  steal.set_more(true);
+  ExpectError(Call(&v1::Heapd::Stub::Sync, steal), StatusCode::kInvalidArgument,
+              "not reserved for client");
+  steal.clear_placed();
+  steal.set_more(false);
+  *steal.add_released() = run;
+  ExpectError(Call(&v1::Heapd::Stub::Sync, steal), StatusCode::kInvalidArgument,
+              "not reserved for client");
+  v1::SyncRequest bad;
+  bad.set_session(owner.session());
+  bad.add_placed()->set_offset(first + 4096);
+  bad.mutable_placed(0)->set_chunks(1);
+  ExpectError(Call(&v1::Heapd::Stub::Sync, bad), StatusCode::kInvalidArgument, "placed[0].offset");
+  bad.mutable_placed(0)->set_offset(first);
+  bad.mutable_placed(0)->set_chunks(5);  // beyond the reserve
+  ExpectError(Call(&v1::Heapd::Stub::Sync, bad), StatusCode::kInvalidArgument, "not reserved");
+  bad.mutable_placed(0)->set_chunks(2);
+  *bad.add_released() = bad.placed(0);  // placed and released at once
+  ExpectError(Call(&v1::Heapd::Stub::Sync, bad), StatusCode::kInvalidArgument, "overlaps");
+  EXPECT_EQ(Stat().DebugString(), before.DebugString());
+
+  // Another session frees a reserved chunk no object was placed at: taken
+  // for now (the owner may have carved one), rejected after the owner's
+  // second sync that does not place it.
+  v1::FreeRequest free;
+  free.set_session(other.session());
+  free.add_objects()->set_offset(first + (3 << 21));
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Free, free).ok());
+  ExpectError(Call(&v1::Heapd::Stub::Free, free), StatusCode::kInvalidArgument, "double free");
+  v1::SyncRequest sync;
+  sync.set_session(owner.session());
+  v1::LargePlacement* object = sync.add_placed();
+  object->set_offset(first);
+  object->set_chunks(2);
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Sync, sync).ok());
+  sync.clear_placed();
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Sync, sync).ok());
+  v1::SyncRequest told;
+  told.set_session(other.session());
+  v1::SyncResponse answer;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::Sync, told, &answer).ok());
+  ASSERT_EQ(answer.rejected_frees_size(), 1) << answer.DebugString();
+  EXPECT_NE(answer.rejected_frees(0).find("placed no large object"), std::string::npos);
+  const v1::HeapStats after = Stat();
+  EXPECT_EQ(after.large_objects(), before.large_objects() + 1);
+  EXPECT_EQ(after.leased_chunks(), 2u);  // the rest of the reserve
+}
+
 TEST_F(RpcValidationTest, ReadOnlySessionsCannotWrite) {
   v1::AttachRequest attach;
   attach.set_heap("h");
