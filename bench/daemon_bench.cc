@@ -1,9 +1,9 @@
-// Benchmarks B2 (2 processes), B3, B4, B5 and attach+find of the design
+// Benchmarks B2 (2 processes), B3, B4, B5, B11 and attach+find of the design
 // brief, through the client library against a real heapd (started here, on
 // /dev/shm), each next to its in-process std::allocator baseline measured in
 // the same run. Prints the median of --reps runs of every figure.
 //
-//   daemon_bench --heapd=PATH [--reps=5] [--only=b2,b3,b4,b5]
+//   daemon_bench --heapd=PATH [--reps=5] [--only=b2,b3,b4,b5,b11]
 //                [--b3_track_contents=both|true|false]
 //
 // B3 runs against a heapd with content tracking (its default) and, with
@@ -51,7 +51,7 @@
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(int, reps, 5, "runs of each figure; medians are printed");
-ABSL_FLAG(std::string, only, "b2,b3,b4,b5", "which benchmarks");
+ABSL_FLAG(std::string, only, "b2,b3,b4,b5,b11", "which benchmarks");
 ABSL_FLAG(std::string, b3_track_contents, "both",
           "B3 against a heapd with content tracking (true), one with --track_contents=false "
           "(false), or both in every rep (both)");
@@ -486,6 +486,112 @@ int B5Child() {
   return 0;
 }
 
+// ---- B11: N large objects allocated, then freed, through heapd::Heap (a
+// session carves them from chunks heapd reserves for it), on a new heap
+// and on one grown by an earlier session; baselines in the same rep: one
+// AllocateLarge / Free call per object (heapd's path before carving, still
+// taken above 128 MiB), and std::allocator. Objects are not written: the
+// figures are the allocator's, not first-touch page faults.
+struct LargeTimes {
+  double allocate_us = 0;
+  double free_us = 0;
+};
+
+template <typename Alloc, typename Free>
+LargeTimes TimeLarge(int count, Alloc&& alloc, Free&& free) {
+  std::vector<void*> objects(count);
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < count; ++i) objects[i] = alloc();
+  const Clock::time_point t1 = Clock::now();
+  for (int i = 0; i < count; ++i) free(objects[i]);
+  const Clock::time_point t2 = Clock::now();
+  return {Seconds(t1 - t0) * 1e6 / count, Seconds(t2 - t1) * 1e6 / count};
+}
+
+LargeTimes LargeThroughHeap(Heap& heap, int count, uint64_t size) {
+  return TimeLarge(
+      count,
+      [&] {
+        absl::StatusOr<void*> p = heap.allocate(size);
+        if (!p.ok()) Die("allocate", p.status());
+        return *p;
+      },
+      [&](void* p) {
+        if (absl::Status s = heap.deallocate(p, size); !s.ok()) Die("deallocate", s);
+      });
+}
+
+// The calls themselves, on `heap`'s session: what each object cost before.
+LargeTimes LargeByCalls(Client& client, Heap& heap, int count, uint64_t size) {
+  return TimeLarge(
+      count,
+      [&]() -> void* {
+        v1::AllocateLargeRequest request;
+        request.set_session(heap.session());
+        request.set_size(size);
+        v1::AllocateLargeResponse response;
+        grpc::ClientContext context;
+        if (!client.stub().AllocateLarge(&context, request, &response).ok()) {
+          Die("AllocateLarge", absl::InternalError("call failed"));
+        }
+        return heap.at(response.offset());
+      },
+      [&](void* p) {
+        v1::FreeRequest request;
+        request.set_session(heap.session());
+        v1::ObjectRef* object = request.add_objects();
+        object->set_offset(heap.offset_of(p));
+        object->set_size(size);
+        v1::FreeResponse response;
+        grpc::ClientContext context;
+        if (!client.stub().Free(&context, request, &response).ok()) {
+          Die("Free", absl::InternalError("call failed"));
+        }
+      });
+}
+
+// `where`: which heapd, for the figures' names.
+void RunB11(Client& client, const std::string& where) {
+  struct Case {
+    const char* label;
+    uint64_t size;
+    int count;
+  };
+  for (const Case& c : {Case{"1.5 MiB", 3 << 19, 1000}, Case{"16 MiB", 16 << 20, 100}}) {
+    for (const bool by_calls : {false, true}) {
+      RemoveHeap(client, "b11");
+      AttachOptions create;
+      create.create_if_missing = true;
+      create.max_size = uint64_t{4} << 30;
+      std::unique_ptr<Heap> heap = Check(client.Attach("b11", create), "attach b11");
+      auto run = [&] {
+        return by_calls ? LargeByCalls(client, *heap, c.count, c.size)
+                        : LargeThroughHeap(*heap, c.count, c.size);
+      };
+      const LargeTimes fresh = run();  // the heap grows under it
+      Check(heap->sync(), "sync");
+      if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+      heap = Check(client.Attach("b11"), "attach b11 again");
+      const LargeTimes grown = run();
+      if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+      const std::string name =
+          absl::StrCat("B11 ", where, " ", c.label, by_calls ? " one call each" : " heapd::Heap");
+      Record(absl::StrCat(name, " new heap us/allocate"), fresh.allocate_us);
+      Record(absl::StrCat(name, " new heap us/free"), fresh.free_us);
+      Record(absl::StrCat(name, " grown heap us/allocate"), grown.allocate_us);
+      Record(absl::StrCat(name, " grown heap us/free"), grown.free_us);
+    }
+    if (where != "tracked") continue;  // once per rep
+    std::allocator<char> a;
+    const LargeTimes std_times = TimeLarge(
+        c.count, [&] { return static_cast<void*>(a.allocate(c.size)); },
+        [&](void* p) { a.deallocate(static_cast<char*>(p), c.size); });
+    Record(absl::StrCat("B11 ", c.label, " std::allocator us/allocate"), std_times.allocate_us);
+    Record(absl::StrCat("B11 ", c.label, " std::allocator us/free"), std_times.free_us);
+  }
+  RemoveHeap(client, "b11");
+}
+
 int Main() {
   const std::string heapd = absl::GetFlag(FLAGS_heapd);
   const std::string only = absl::GetFlag(FLAGS_only);
@@ -499,19 +605,37 @@ int Main() {
   absl::StatusOr<std::unique_ptr<HeapdProcess>> daemon = HeapdProcess::Start(heapd, {});
   if (!daemon.ok()) Die("heapd", daemon.status());
   Client& client = (*daemon)->client();
-  // A second heapd without content tracking, for B3's comparison.
+  const bool b11 = only.find("b11") != std::string::npos;
+  // A second heapd without content tracking, for B3's and B11's
+  // comparisons; a third on a tmpfs with 2 MiB pages for B11's (root only).
   std::unique_ptr<HeapdProcess> untracked;
-  if (b3 && b3_mode != "true") {
+  if ((b3 && b3_mode != "true") || b11) {
     untracked = Check(HeapdProcess::Start(heapd, {"--track_contents=false"}), "heapd untracked");
+  }
+  std::unique_ptr<HeapdProcess> huge;
+  if (b11) {
+    absl::StatusOr<std::unique_ptr<HeapdProcess>> started =
+        HeapdProcess::Start(heapd, {}, /*huge_pages=*/true);
+    if (started.ok()) {
+      huge = *std::move(started);
+    } else {
+      std::fprintf(stderr, "B11 on 2 MiB pages skipped: %s\n", started.status().ToString().c_str());
+    }
   }
   const auto edges = b3 ? Edges(0, kEdges) : std::vector<std::pair<uint64_t, uint64_t>>();
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     if (only.find("b2") != std::string::npos) RunB2(client, (*daemon)->dir());
     if (b3) {
-      RunB3Pair(b3_mode != "false" ? daemon->get() : nullptr, untracked.get(), rep % 2 == 0, edges);
+      RunB3Pair(b3_mode != "false" ? daemon->get() : nullptr,
+                b3_mode != "true" ? untracked.get() : nullptr, rep % 2 == 0, edges);
     }
     if (only.find("b4") != std::string::npos) RunB4(client, (*daemon)->dir());
     if (only.find("b5") != std::string::npos) RunB5(client, (*daemon)->dir());
+    if (b11) {
+      RunB11(client, "tracked");
+      RunB11(untracked->client(), "untracked");
+      if (huge != nullptr) RunB11(huge->client(), "tracked, 2 MiB pages");
+    }
     std::fprintf(stderr, "rep %d done\n", rep + 1);
   }
   std::printf("%-52s %12s   (runs)\n", "figure", "median");

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,13 +21,20 @@ extern char** environ;
 namespace heapd {
 
 absl::StatusOr<std::unique_ptr<HeapdProcess>> HeapdProcess::Start(
-    const std::string& binary, const std::vector<std::string>& flags) {
+    const std::string& binary, const std::vector<std::string>& flags, bool huge_pages) {
   std::unique_ptr<HeapdProcess> process(new HeapdProcess());
   char pattern[] = "/dev/shm/heapd-bench-XXXXXX";
   if (mkdtemp(pattern) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp /dev/shm: ", std::strerror(errno)));
   }
   process->dir_ = pattern;
+  if (huge_pages) {
+    if (mount("tmpfs", pattern, "tmpfs", 0, "huge=within_size,size=16g,mode=0700") != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("mount a huge-page tmpfs on ", pattern, ": ", std::strerror(errno)));
+    }
+    process->mounted_ = true;
+  }
   std::vector<std::string> argv = {binary, "--state_dir=" + process->state_dir(),
                                    "--runtime_dir=" + process->dir_ + "/run", "--log_level=warn"};
   argv.insert(argv.end(), flags.begin(), flags.end());
@@ -61,7 +69,12 @@ HeapdProcess::~HeapdProcess() {
     waitpid(pid_, nullptr, 0);
   }
   std::error_code ignored;
-  if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+  if (dir_.empty()) return;
+  std::filesystem::remove_all(dir_, ignored);  // its contents, if mounted
+  if (mounted_) {
+    umount2(dir_.c_str(), MNT_DETACH);
+    std::filesystem::remove(dir_, ignored);
+  }
 }
 
 double Median(std::vector<double> values) {

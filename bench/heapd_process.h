@@ -19,9 +19,12 @@ class HeapdProcess {
  public:
   // Starts `binary` with --state_dir and --runtime_dir in a new directory
   // /dev/shm/heapd-bench-XXXXXX, --log_level=warn and `flags`, and waits
-  // (up to 4 s) until it answers on its socket.
+  // (up to 4 s) until it answers on its socket. With `huge_pages`, the
+  // directory is a tmpfs of its own mounted huge=within_size (2 MiB pages;
+  // needs root), unmounted when this is destroyed.
   static absl::StatusOr<std::unique_ptr<HeapdProcess>> Start(const std::string& binary,
-                                                             const std::vector<std::string>& flags);
+                                                             const std::vector<std::string>& flags,
+                                                             bool huge_pages = false);
   // Closes the client, stops heapd (SIGTERM), waits for it and removes the
   // directory. Heaps attached through client() must be gone by then.
   ~HeapdProcess();
@@ -37,6 +40,7 @@ class HeapdProcess {
   HeapdProcess() = default;
   pid_t pid_ = -1;
   std::string dir_;
+  bool mounted_ = false;
   std::unique_ptr<Client> client_;
 };
 

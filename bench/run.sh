@@ -16,7 +16,7 @@ for b in allocator_bench sync_bench; do
   "$bin/bench/$b" --benchmark_repetitions="$reps" \
     --benchmark_report_aggregates_only=true 2>&1 | grep -E "median|^Benchmark|^-|CPU|Run on"
 done
-echo "== daemon_bench: B2 (threads, 2 processes), B3 (with and without content tracking), B4, B5 through heapd (median of $reps)"
+echo "== daemon_bench: B2 (threads, 2 processes), B3 (with and without content tracking), B4, B5, B11 through heapd (median of $reps)"
 "$bin/bench/daemon_bench" --heapd="$bin/daemon/heapd" --reps="$reps"
 echo "== update_bench: B8, 10% of a 1 GiB heap updated between syncs, with and without content tracking ($reps runs of 8 rounds each)"
 "$bin/bench/update_bench" --heapd="$bin/daemon/heapd" --reps="$reps" --rounds=8
