@@ -739,7 +739,7 @@ DirectoryStats ChunkDirectory::Stats() const {
         break;
       }
       case ChunkKind::kReserved:
-        ++stats.leased_chunks;
+        ++stats.large_reserve_chunks;
         break;
       case ChunkKind::kLargeHead:
         ++stats.large_objects;

@@ -78,7 +78,8 @@ struct DirectoryStats {
   uint32_t capacity_chunks = 0;
   uint32_t free_chunks = 0;
   uint32_t small_chunks = 0;
-  uint32_t leased_chunks = 0;  // small chunks leased and chunks reserved
+  uint32_t leased_chunks = 0;         // small chunks leased
+  uint32_t large_reserve_chunks = 0;  // chunks reserved for sessions' large objects
   uint32_t large_chunks = 0;
   uint64_t large_objects = 0;
   uint64_t live_objects = 0;     // small and large

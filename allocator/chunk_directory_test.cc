@@ -314,7 +314,7 @@ TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd)
   ChunkDirectory dir(16);
   absl::StatusOr<uint32_t> first = dir.Reserve(kAlice, 8);
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(dir.Stats().leased_chunks, 8u);
+  EXPECT_EQ(dir.Stats().large_reserve_chunks, 8u);
   EXPECT_EQ(dir.LesseeOf(ChunkBase(*first + 3)), kAlice);
   EXPECT_TRUE(dir.TakeDirtyRecords().empty());  // reserved chunks persist as free
   ASSERT_TRUE(dir.TellReserve(kAlice, {{{*first, 1}, {*first + 2, 3}}, {}}).ok());
@@ -322,7 +322,7 @@ TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd)
   DirectoryStats stats = dir.Stats();
   EXPECT_EQ(stats.large_objects, 2u);
   EXPECT_EQ(stats.large_chunks, 4u);
-  EXPECT_EQ(stats.leased_chunks, 4u);  // still reserved: chunks 1, 5, 6, 7
+  EXPECT_EQ(stats.large_reserve_chunks, 4u);  // still reserved: chunks 1, 5, 6, 7
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
   auto rebuilt = ChunkDirectory::FromRecords(16, dir.TakeDirtyRecords());
   ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
@@ -330,7 +330,7 @@ TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd)
   EXPECT_EQ((*rebuilt)->Stats().free_chunks, 12u);
   dir.Release(kAlice);
   stats = dir.Stats();
-  EXPECT_EQ(stats.leased_chunks, 0u);
+  EXPECT_EQ(stats.large_reserve_chunks, 0u);
   EXPECT_EQ(stats.free_chunks, 12u);
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
   ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(*first + 2), 3 * kChunkSize}}).ok());
@@ -352,7 +352,7 @@ TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) 
   ExpectCode(dir.TellReserve(kAlice, {{{4294967295u, 2}}, {}}), absl::StatusCode::kInvalidArgument,
              "does not fit");
   EXPECT_EQ(dir.Stats().large_objects, 0u);
-  EXPECT_EQ(dir.Stats().leased_chunks, 8u);
+  EXPECT_EQ(dir.Stats().large_reserve_chunks, 8u);
   // Placed again (a sync sent again): accepted, nothing changes; placed
   // again with another length: refused.
   ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2}}, {}}).ok());
@@ -377,9 +377,9 @@ TEST(ChunkDirectoryTest, ReleasedRunsAreFreeAgain) {
              absl::StatusCode::kInvalidArgument, "overlaps");
   ExpectCode(dir.TellReserve(kAlice, {{}, {{bob, 1}}}), absl::StatusCode::kInvalidArgument,
              "not reserved for client 1");
-  EXPECT_EQ(dir.Stats().leased_chunks, 8u);
+  EXPECT_EQ(dir.Stats().large_reserve_chunks, 8u);
   ASSERT_TRUE(dir.TellReserve(kAlice, {{{first, 2}}, {{first + 2, 4}}}).ok());
-  EXPECT_EQ(dir.Stats().leased_chunks, 2u);  // Bob's
+  EXPECT_EQ(dir.Stats().large_reserve_chunks, 2u);  // Bob's
   EXPECT_EQ(dir.Stats().free_chunks, 16u - 2u - 2u);
   ASSERT_EQ(dir.Report(kBob, {}, false)->rejected_frees.size(), 1u);  // released unused
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
@@ -420,7 +420,7 @@ TEST(ChunkDirectoryTest, FreesOfReservedChunksWaitForTheirPlacement) {
   EXPECT_EQ(dir.Reclaim(kBob).large_runs, 0u);
   EXPECT_TRUE(dir.Reclaim(kCarol).rejected_frees.empty());
   EXPECT_EQ(dir.Stats().large_objects, 1u);
-  EXPECT_EQ(dir.Stats().leased_chunks, 2u);  // Alice's first + 2 and first + 3 still
+  EXPECT_EQ(dir.Stats().large_reserve_chunks, 2u);  // Alice's first + 2 and first + 3 still
   EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
 }
 

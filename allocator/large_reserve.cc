@@ -1,8 +1,17 @@
 #include "allocator/large_reserve.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace heapd {
 
-void LargeReserve::Add(uint32_t first, uint32_t chunks) { free_.Give(first, chunks); }
+bool LargeReserve::Add(uint32_t first, uint32_t chunks) {
+  for (uint64_t chunk = first; chunk < uint64_t{first} + chunks; ++chunk) {
+    if (chunk > UINT32_MAX || Holds(static_cast<uint32_t>(chunk))) return false;
+  }
+  free_.Give(first, chunks);
+  return true;
+}
 
 std::optional<uint32_t> LargeReserve::Carve(uint32_t chunks) {
   std::optional<uint32_t> first = free_.Take(chunks);
@@ -22,6 +31,13 @@ bool LargeReserve::Holds(uint32_t chunk) const {
   if (free_.IsFree(chunk, 1)) return true;
   auto it = untold_.upper_bound(chunk);
   return it != untold_.begin() && chunk < std::prev(it)->first + std::prev(it)->second;
+}
+
+bool LargeReserve::NotYetTold(uint32_t chunk) const {
+  auto starts_here = [chunk](const LargePlacement& p) { return p.chunk == chunk; };
+  return untold_.count(chunk) != 0 ||
+         std::any_of(in_flight_.begin(), in_flight_.end(), starts_here) ||
+         std::any_of(resend_.begin(), resend_.end(), starts_here);
 }
 
 std::vector<LargePlacement> LargeReserve::TakeForSync() {

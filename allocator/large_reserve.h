@@ -27,8 +27,9 @@ namespace heapd {
 
 class LargeReserve {
  public:
-  // heapd reserved [first, first + chunks) for this session.
-  void Add(uint32_t first, uint32_t chunks);
+  // heapd reserved [first, first + chunks) for this session. False (and
+  // nothing added) if any of it is held already: heapd answered wrong.
+  bool Add(uint32_t first, uint32_t chunks);
 
   // Carves an object of `chunks` chunks (best fit); its first chunk, or
   // nullopt if no reserved run is long enough.
@@ -39,6 +40,9 @@ class LargeReserve {
   bool FreeUntold(uint32_t chunk);
   // True if `chunk` is reserved and not carved, or in an untold object.
   bool Holds(uint32_t chunk) const;
+  // True if the object at `chunk` is untold or in flight: heapd may not
+  // know it yet.
+  bool NotYetTold(uint32_t chunk) const;
   // The length of the untold object at `chunk`; 0 if none starts there.
   uint32_t UntoldChunks(uint32_t chunk) const {
     auto it = untold_.find(chunk);

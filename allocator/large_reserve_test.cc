@@ -8,8 +8,8 @@ namespace {
 TEST(LargeReserveTest, CarvesBestFitAndTakesUntoldFreesBack) {
   LargeReserve reserve;
   EXPECT_FALSE(reserve.Carve(1).has_value());
-  reserve.Add(10, 4);
-  reserve.Add(20, 1);
+  ASSERT_TRUE(reserve.Add(10, 4));
+  ASSERT_TRUE(reserve.Add(20, 1));
   EXPECT_EQ(reserve.Carve(1), 20u);  // the run that fits best
   EXPECT_EQ(reserve.Carve(3), 10u);
   EXPECT_FALSE(reserve.Carve(2).has_value());
@@ -24,8 +24,10 @@ TEST(LargeReserveTest, CarvesBestFitAndTakesUntoldFreesBack) {
   EXPECT_FALSE(reserve.FreeUntold(10));  // a second free is heapd's to judge
   EXPECT_EQ(reserve.free_chunks(), 4u);
   EXPECT_EQ(reserve.Carve(4), 10u);
-  reserve.Add(30, 2);
-  reserve.Add(40, 3);
+  EXPECT_TRUE(reserve.Add(30, 2));
+  EXPECT_TRUE(reserve.Add(40, 3));
+  EXPECT_FALSE(reserve.Add(41, 4));  // overlaps a reserved run
+  EXPECT_FALSE(reserve.Add(10, 1));  // an untold object
   std::vector<LargePlacement> runs = reserve.TakeFreeRuns(1);
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].chunk, 30u);
@@ -37,13 +39,15 @@ TEST(LargeReserveTest, CarvesBestFitAndTakesUntoldFreesBack) {
 
 TEST(LargeReserveTest, PlacementsOfAFailedSyncAreSentAgainAndNeverFreedLocally) {
   LargeReserve reserve;
-  reserve.Add(0, 8);
+  ASSERT_TRUE(reserve.Add(0, 8));
   const uint32_t a = *reserve.Carve(2);
   const uint32_t b = *reserve.Carve(1);
   std::vector<LargePlacement> first = reserve.TakeForSync();
   ASSERT_EQ(first.size(), 2u);
   EXPECT_FALSE(reserve.FreeUntold(a));  // in flight: heapd frees it
+  EXPECT_TRUE(reserve.NotYetTold(a));
   reserve.SyncFailed();
+  EXPECT_TRUE(reserve.NotYetTold(a));
   const uint32_t c = *reserve.Carve(1);
   std::vector<LargePlacement> second = reserve.TakeForSync();
   ASSERT_EQ(second.size(), 3u);
@@ -53,6 +57,7 @@ TEST(LargeReserveTest, PlacementsOfAFailedSyncAreSentAgainAndNeverFreedLocally) 
   EXPECT_EQ(second[2].chunk, c);
   EXPECT_FALSE(reserve.FreeUntold(b));
   reserve.SyncDone();
+  EXPECT_FALSE(reserve.NotYetTold(a));
   EXPECT_TRUE(reserve.TakeForSync().empty());
 }
 

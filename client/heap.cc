@@ -339,7 +339,10 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
       reserved = AllocateLargeFromHeapd(want * kChunkSize, true);
     }
     if (!reserved.ok()) return reserved.status();
-    large_.Add(static_cast<uint32_t>(*reserved >> kChunkShift), static_cast<uint32_t>(want));
+    if (!large_.Add(static_cast<uint32_t>(*reserved >> kChunkShift), static_cast<uint32_t>(want))) {
+      return Unexpected(name_, absl::StrCat("a reserve at offset ", *reserved,
+                                            " overlapping what it reserved before"));
+    }
     next_reserve_chunks_ = std::min(2 * next_reserve_chunks_, kMaxReserveChunks);
     first = large_.Carve(static_cast<uint32_t>(chunks));
     if (!first) return Unexpected(name_, "a reserve the object does not fit");
@@ -696,9 +699,10 @@ absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t si
     bool untold;
     {
       absl::MutexLock lock(&large_mu_);
-      untold = large_.UntoldChunks(static_cast<uint32_t>(offset >> kChunkShift)) != 0;
+      untold = large_.NotYetTold(static_cast<uint32_t>(offset >> kChunkShift));
     }
-    // heapd binds only objects it knows.
+    // heapd binds only objects it knows (one in flight with a sync: once
+    // that sync is over, PlaceUntold sends whatever is left).
     if (untold) {
       if (absl::Status s = PlaceUntold(); !s.ok()) return s;
     }

@@ -236,11 +236,11 @@ int Run(const std::vector<std::string>& args) {
     PrintHeapRow(stats.info());
     std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
     std::printf(
-        "chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects; "
-        "%llu live objects; metadata log %s\n",
+        "chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects, %u held "
+        "for sessions' large objects; %llu live objects; metadata log %s\n",
         stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(), stats.leased_chunks(),
         stats.large_chunks(), static_cast<unsigned long long>(stats.large_objects()),
-        static_cast<unsigned long long>(stats.info().live_objects()),
+        stats.large_reserve_chunks(), static_cast<unsigned long long>(stats.info().live_objects()),
         Bytes(stats.metadata_log_bytes()).c_str());
     if (stats.size_classes_size() != 0) {
       std::printf("\n%-6s %9s %7s %12s %9s\n", "CLASS", "SLOT", "CHUNKS", "LIVE", "OCCUPIED");

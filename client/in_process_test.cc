@@ -215,11 +215,11 @@ TEST_F(CarvingTest, LargeObjectsAreCarvedWithoutACallEachAndCommitAtSync) {
   EXPECT_EQ(heap->deallocate(reinterpret_cast<char*>(objects[1]) + kChunkSize / 2).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(heap_->Stats().directory.large_objects, 0u);
-  EXPECT_GE(heap_->Stats().directory.leased_chunks, 100u);
+  EXPECT_GE(heap_->Stats().directory.large_reserve_chunks, 100u);
   ASSERT_TRUE(heap->sync().ok());
   DirectoryStats stats = heap_->Stats().directory;
   EXPECT_EQ(stats.large_objects, 50u);
-  EXPECT_EQ(stats.leased_chunks, 0u);  // the rest of the reserve went back
+  EXPECT_EQ(stats.large_reserve_chunks, 0u);  // the rest of the reserve went back
   EXPECT_TRUE(heap_->CheckInvariants().ok());
   std::vector<uint64_t> kept;
   for (size_t i = 1; i < objects.size(); i += 2) kept.push_back(heap->offset_of(objects[i]));
@@ -297,6 +297,7 @@ TEST_F(CarvingTest, ASessionThatDiesLeavesNothingOfItsReserve) {
   const DirectoryStats after = heap_->Stats().directory;
   EXPECT_EQ(after.large_objects, before.large_objects + 20);
   EXPECT_EQ(after.leased_chunks, 0u);
+  EXPECT_EQ(after.large_reserve_chunks, 0u);
   EXPECT_EQ(after.free_chunks, after.capacity_chunks - after.large_chunks);
   EXPECT_TRUE(heap_->CheckInvariants().ok());
 }

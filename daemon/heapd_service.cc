@@ -215,6 +215,7 @@ grpc::Status HeapdService::StatHeap(grpc::ServerContext* context,
     stats->set_free_chunks(d.free_chunks);
     stats->set_small_chunks(d.small_chunks);
     stats->set_leased_chunks(d.leased_chunks);
+    stats->set_large_reserve_chunks(d.large_reserve_chunks);
     stats->set_large_chunks(d.large_chunks);
     stats->set_large_objects(d.large_objects);
     stats->set_metadata_log_bytes(heap.metadata_log_bytes);

@@ -92,6 +92,7 @@ class HeapStateCollector : public prometheus::Collectable {
       Add(chunks, {{"heap", h}, {"state", "leased"}}, d.leased_chunks);
       Add(chunks, {{"heap", h}, {"state", "small"}}, d.small_chunks - d.leased_chunks);
       Add(chunks, {{"heap", h}, {"state", "large"}}, d.large_chunks);
+      Add(chunks, {{"heap", h}, {"state", "large_reserve"}}, d.large_reserve_chunks);
       Add(clients, {{"heap", h}}, static_cast<double>(sessions_->CountOn(h)));
       Add(names, {{"heap", h}}, static_cast<double>(stats.names));
       Add(epoch, {{"heap", h}}, static_cast<double>(stats.epoch));

@@ -91,6 +91,10 @@ for pair in live_objects:heapd_heap_live_objects allocated_bytes:heapd_heap_allo
 done
 leased=$(value 'heapd_heap_chunks{heap="h",state="leased"}')
 [ "$leased" -gt 0 ] || fail "no leased chunks while a client allocates"
+reserve=$(value 'heapd_heap_chunks{heap="h",state="large_reserve"}')
+[ -n "$reserve" ] || fail "no large_reserve chunk count"
+small=$(value 'heapd_heap_chunks{heap="h",state="small"}')
+[ "$small" -ge 0 ] && [ "$small" -lt 4096 ] || fail "unleased small chunks: $small"
 [ "$(value 'heapd_leases_reclaimed_total')" -gt 0 ] || fail "the killed client's leases were not counted"
 grep -q '^heapd_rpc_duration_seconds_bucket{method="Attach",le="2e-05"}' "$DIR/metrics.txt" ||
   fail "no 20 us latency bucket"

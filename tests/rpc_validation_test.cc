@@ -327,7 +327,7 @@ TEST_F(RpcValidationTest, ASessionPlacesAndReleasesOnlyItsOwnReservedChunks) {
   ASSERT_TRUE(Call(&v1::Heapd::Stub::AllocateLarge, reserve, &reserved).ok());
   const uint64_t first = reserved.offset();
   const v1::HeapStats before = Stat();
-  EXPECT_EQ(before.leased_chunks(), 4u);
+  EXPECT_EQ(before.large_reserve_chunks(), 4u);
 
   v1::LargePlacement run;
   run.set_offset(first);
@@ -382,7 +382,7 @@ TEST_F(RpcValidationTest, ASessionPlacesAndReleasesOnlyItsOwnReservedChunks) {
   EXPECT_NE(answer.rejected_frees(0).find("placed no large object"), std::string::npos);
   const v1::HeapStats after = Stat();
   EXPECT_EQ(after.large_objects(), before.large_objects() + 1);
-  EXPECT_EQ(after.leased_chunks(), 2u);  // the rest of the reserve
+  EXPECT_EQ(after.large_reserve_chunks(), 2u);  // the rest of the reserve
 }
 
 TEST_F(RpcValidationTest, ReadOnlySessionsCannotWrite) {
