@@ -39,9 +39,9 @@ namespace {
 // Enough chunks for runs, boundaries and overlaps; small enough that one
 // input stays fast.
 constexpr uint32_t kMaxCapacity = 512;
-// Record kinds drawn: 0..2 persisted, 3 (kLargeTail) exists only in memory,
-// 4 stands for every unknown value.
-constexpr uint32_t kKindsDrawn = 5;
+// Record kinds drawn: 0..2 persisted, 3 (kLargeTail) and 4 (kReserved)
+// exist only in memory, 5 stands for every unknown value.
+constexpr uint32_t kKindsDrawn = 6;
 // Size classes drawn: two past the last, to reach the range check.
 constexpr uint32_t kClassesDrawn = kNumSizeClasses + 2;
 
