@@ -293,27 +293,35 @@ absl::StatusOr<uint64_t> ChunkDirectory::AllocateLarge(ClientId client, uint64_t
   return ChunkBase(*head);
 }
 
-absl::StatusOr<uint32_t> ChunkDirectory::Reserve(ClientId client, uint32_t chunks) {
+absl::StatusOr<LargePlacement> ChunkDirectory::Reserve(ClientId client, uint32_t min_chunks,
+                                                       uint32_t max_chunks) {
   if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
-  if (chunks == 0) return absl::InvalidArgumentError("cannot reserve 0 chunks");
-  std::optional<uint32_t> first = chunks <= chunks_.size() ? free_.Take(chunks) : std::nullopt;
-  if (!first) {
-    return absl::ResourceExhaustedError(absl::StrCat("no free run of ", chunks, " chunks"));
+  if (min_chunks == 0 || max_chunks < min_chunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot reserve ", min_chunks, " to ", max_chunks, " chunks"));
   }
+  const uint32_t chunks = std::min(free_.longest_run(), max_chunks);
+  if (chunks < min_chunks) {
+    return absl::ResourceExhaustedError(absl::StrCat("no free run of ", min_chunks, " chunks"));
+  }
+  const uint32_t first = *free_.Take(chunks);
   ClientState& state = clients_[client];
-  for (uint32_t chunk = *first; chunk < *first + chunks; ++chunk) {
+  for (uint32_t chunk = first; chunk < first + chunks; ++chunk) {
     chunks_[chunk].kind = ChunkKind::kReserved;
     chunks_[chunk].lessee = client;
     state.reserved.insert(chunk);
   }
-  return *first;
+  return LargePlacement{first, chunks};
 }
 
-bool ChunkDirectory::PlacedBefore(ClientId client, const LargePlacement& p) const {
-  if (p.chunk >= chunks_.size()) return false;
-  const Chunk& c = chunks_[p.chunk];
-  return c.kind == ChunkKind::kLargeHead && c.run_chunks == p.chunks &&
-         (c.uncommitted_by == client || c.uncommitted_by == 0);
+bool ChunkDirectory::ReservedFor(ClientId client, const LargePlacement& run) const {
+  for (uint64_t chunk = run.chunk; chunk < uint64_t{run.chunk} + run.chunks; ++chunk) {
+    if (chunk >= chunks_.size() || chunks_[chunk].kind != ChunkKind::kReserved ||
+        chunks_[chunk].lessee != client) {
+      return false;
+    }
+  }
+  return true;
 }
 
 absl::Status ChunkDirectory::CheckReserveReport(ClientId client,
@@ -326,7 +334,7 @@ absl::Status ChunkDirectory::CheckReserveReport(ClientId client,
                                                      " chunks at chunk ", p.chunk,
                                                      " does not fit the heap's ", chunks_.size()));
     }
-    if (PlacedBefore(client, p)) continue;
+    if (p.again) continue;  // see LargePlacement
     for (uint32_t chunk = p.chunk; chunk < end; ++chunk) {
       if (chunks_[chunk].kind != ChunkKind::kReserved || chunks_[chunk].lessee != client) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -365,6 +373,10 @@ absl::Status ChunkDirectory::TellReserve(ClientId client, const ReserveReport& r
 }
 
 void ChunkDirectory::ApplyReserveReport(ClientId client, const ReserveReport& report) {
+  // Placements sent again last: they take only what is still reserved.
+  std::vector<LargePlacement> placed = report.placed;
+  std::stable_partition(placed.begin(), placed.end(),
+                        [](const LargePlacement& p) { return !p.again; });
   ClientState& state = clients_[client];
   for (const LargePlacement& run : report.released) {
     for (uint32_t chunk = run.chunk; chunk < run.chunk + run.chunks; ++chunk) {
@@ -381,9 +393,8 @@ void ChunkDirectory::ApplyReserveReport(ClientId client, const ReserveReport& re
       MakeFree(chunk, 1);
     }
   }
-  for (const LargePlacement& p : report.placed) {
-    const Chunk& first = chunks_[p.chunk];
-    if (first.kind != ChunkKind::kReserved || first.lessee != client) continue;  // placed before
+  for (const LargePlacement& p : placed) {
+    if (!ReservedFor(client, p)) continue;  // sent again, and placed before
     for (uint32_t chunk = p.chunk; chunk < p.chunk + p.chunks; ++chunk) {
       Chunk& c = chunks_[chunk];
       c.lessee = 0;

@@ -153,12 +153,13 @@ class ChunkDirectory {
   // run fits. REQUIRES: 0 < size.
   absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
 
-  // Reserves a run of `chunks` free chunks for `client`, which carves large
+  // Reserves for `client` the longest free run of at most `max_chunks`
+  // chunks (taken from the start of a longer one), which carves large
   // objects from them itself (no round trip per object) and tells which by
-  // TellReserve. Reserved chunks persist as free; those not placed are freed when
-  // the session ends. Returns the first chunk; RESOURCE_EXHAUSTED if no free
-  // run fits (the caller grows the heap and retries).
-  absl::StatusOr<uint32_t> Reserve(ClientId client, uint32_t chunks);
+  // TellReserve. Reserved chunks persist as free; those not placed are
+  // freed when the session ends. RESOURCE_EXHAUSTED if no free run has
+  // `min_chunks` (the caller grows the heap and retries).
+  absl::StatusOr<LargePlacement> Reserve(ClientId client, uint32_t min_chunks, uint32_t max_chunks);
 
   // Takes what `client` tells of its reserved chunks. The large objects it
   // placed become its uncommitted large runs, as AllocateLarge's (committed
@@ -166,18 +167,15 @@ class ChunkDirectory {
   // first chunk (see Free) applies now. The runs it released are free
   // again. All-or-nothing: an object or run outside the client's reserved
   // chunks, of no chunks, or overlapping another fails with
-  // INVALID_ARGUMENT naming it and changes nothing. An object placed before
-  // (a large run of that head and length, this client's or committed) is
-  // accepted again and left as it is: a client resends the placements of
-  // a sync that failed, not knowing how far it got.
+  // INVALID_ARGUMENT naming it and changes nothing. A placement marked
+  // `again` (sent again after a sync whose answer was lost) is placed if
+  // its chunks are still reserved for the client and skipped otherwise.
   absl::Status TellReserve(ClientId client, const ReserveReport& report);
   // TellReserve's checks alone; stays true until `client`'s reserve changes
   // (only its own Reserve, TellReserve and end do that).
   absl::Status CheckReserveReport(ClientId client, const ReserveReport& report) const;
   // TellReserve without the checks. REQUIRES: CheckReserveReport(client,
   // report) was OK since `client`'s last Reserve, TellReserve or end.
-  // (Others' frees may have freed an object placed before meanwhile: it is
-  // left as it is.)
   void ApplyReserveReport(ClientId client, const ReserveReport& report);
 
   // `client`'s report is complete (a sync's last part): a free queued for a
@@ -304,7 +302,8 @@ class ChunkDirectory {
   // Puts an unleased small chunk where it belongs: free, leasable or neither.
   void Settle(uint32_t chunk);
   void EndLease(uint32_t chunk, bool lessee_died);
-  bool PlacedBefore(ClientId client, const LargePlacement& p) const;
+  // Every chunk of `run` is reserved for `client`.
+  bool ReservedFor(ClientId client, const LargePlacement& run) const;
   // Tells `freer` (if its session is still there) its free was rejected.
   void RejectFree(ClientId freer, std::string why);
   // Reclaim (`died`) and Release.

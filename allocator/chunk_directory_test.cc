@@ -312,8 +312,9 @@ TEST(ChunkDirectoryTest, ReclaimReturnsLeasesAtLastReportAndFreesUncommittedRuns
 
 TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd) {
   ChunkDirectory dir(16);
-  absl::StatusOr<uint32_t> first = dir.Reserve(kAlice, 8);
-  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<LargePlacement> run = dir.Reserve(kAlice, 8, 8);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const uint32_t* first = &run->chunk;
   EXPECT_EQ(dir.Stats().large_reserve_chunks, 8u);
   EXPECT_EQ(dir.LesseeOf(ChunkBase(*first + 3)), kAlice);
   EXPECT_TRUE(dir.TakeDirtyRecords().empty());  // reserved chunks persist as free
@@ -337,10 +338,33 @@ TEST(ChunkDirectoryTest, PlacedObjectsOfAReserveCommitAndTheRestIsFreedAtTheEnd)
   EXPECT_EQ(dir.Stats().free_chunks, 15u);
 }
 
+// A reserve takes the longest free run up to its maximum, so free chunks
+// are used before the heap grows; below its minimum there is none.
+TEST(ChunkDirectoryTest, AReserveTakesTheLongestFreeRunUpToItsMaximum) {
+  ChunkDirectory dir(16);
+  ASSERT_TRUE(dir.AllocateLarge(kBob, 3 * kChunkSize).ok());  // 0..2
+  ASSERT_TRUE(dir.AllocateLarge(kBob, kChunkSize).ok());      // 3
+  ASSERT_TRUE(dir.Free(kBob, {{0, 0}}).ok());                 // 0..2 free, 4..15 free
+  absl::StatusOr<LargePlacement> run = dir.Reserve(kAlice, 2, 8);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->chunks, 8u);
+  run = dir.Reserve(kAlice, 2, 8);  // 0..2 and 12..15 left: the longest
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->chunk, 12u);
+  EXPECT_EQ(run->chunks, 4u);
+  run = dir.Reserve(kAlice, 3, 8);
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->chunks, 3u);
+  ExpectCode(dir.Reserve(kAlice, 1, 8).status(), absl::StatusCode::kResourceExhausted,
+             "no free run of 1");
+  ExpectCode(dir.Reserve(kAlice, 3, 2).status(), absl::StatusCode::kInvalidArgument, "3 to 2");
+  EXPECT_TRUE(dir.CheckInvariants().ok()) << dir.CheckInvariants();
+}
+
 TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) {
   ChunkDirectory dir(16);
-  const uint32_t alice = *dir.Reserve(kAlice, 4);
-  const uint32_t bob = *dir.Reserve(kBob, 4);
+  const uint32_t alice = dir.Reserve(kAlice, 4, 4)->chunk;
+  const uint32_t bob = dir.Reserve(kBob, 4, 4)->chunk;
   ExpectCode(dir.TellReserve(kAlice, {{{alice, 1}, {bob, 1}}, {}}),
              absl::StatusCode::kInvalidArgument, "not reserved for client 1");
   ExpectCode(dir.TellReserve(kAlice, {{{alice, 2}, {alice + 1, 1}}, {}}),
@@ -353,13 +377,22 @@ TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) 
              "does not fit");
   EXPECT_EQ(dir.Stats().large_objects, 0u);
   EXPECT_EQ(dir.Stats().large_reserve_chunks, 8u);
-  // Placed again (a sync sent again): accepted, nothing changes; placed
-  // again with another length: refused.
+  // A placed object is no longer reserved: placed a second time, refused;
+  // sent again (after a sync whose answer was lost), skipped, even once it
+  // was freed, and never taking another client's chunks.
   ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2}}, {}}).ok());
-  ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2}}, {}}).ok());
-  EXPECT_EQ(dir.Stats().large_objects, 1u);
-  ExpectCode(dir.TellReserve(kAlice, {{{alice, 1}}, {}}), absl::StatusCode::kInvalidArgument,
+  ExpectCode(dir.TellReserve(kAlice, {{{alice, 2}}, {}}), absl::StatusCode::kInvalidArgument,
              "not reserved");
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2, /*again=*/true}}, {}}).ok());
+  EXPECT_EQ(dir.Stats().large_objects, 1u);
+  ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(alice), 0}}).ok());
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice, 2, true}, {bob, 1, true}}, {}}).ok());
+  EXPECT_EQ(dir.Stats().large_objects, 0u);
+  EXPECT_EQ(dir.Stats().large_reserve_chunks, 2u + 4u);
+  // Sent again while still reserved (the first sync never reached heapd):
+  // placed.
+  ASSERT_TRUE(dir.TellReserve(kAlice, {{{alice + 2, 2, true}}, {}}).ok());
+  EXPECT_EQ(dir.Stats().large_objects, 1u);
   ExpectCode(dir.TellReserve(kBob, {{{alice, 3}}, {}}), absl::StatusCode::kInvalidArgument,
              "not reserved");
   // Nor pinned before it is placed.
@@ -370,8 +403,8 @@ TEST(ChunkDirectoryTest, PlacementsOutsideTheReserveOrOverlappingChangeNothing) 
 
 TEST(ChunkDirectoryTest, ReleasedRunsAreFreeAgain) {
   ChunkDirectory dir(16);
-  const uint32_t first = *dir.Reserve(kAlice, 6);
-  const uint32_t bob = *dir.Reserve(kBob, 2);
+  const uint32_t first = dir.Reserve(kAlice, 6, 6)->chunk;
+  const uint32_t bob = dir.Reserve(kBob, 2, 2)->chunk;
   ASSERT_TRUE(dir.Free(kBob, {{ChunkBase(first + 3), 0}}).ok());  // never carved
   ExpectCode(dir.TellReserve(kAlice, {{{first, 2}}, {{first + 1, 2}}}),
              absl::StatusCode::kInvalidArgument, "overlaps");
@@ -391,7 +424,7 @@ TEST(ChunkDirectoryTest, ReleasedRunsAreFreeAgain) {
 // report, or dropped when the allocator dies (the object died with it).
 TEST(ChunkDirectoryTest, FreesOfReservedChunksWaitForTheirPlacement) {
   ChunkDirectory dir(16);
-  const uint32_t first = *dir.Reserve(kAlice, 6);
+  const uint32_t first = dir.Reserve(kAlice, 6, 6)->chunk;
   ExpectCode(dir.Free(kBob, {{ChunkBase(first) + 64, 0}}), absl::StatusCode::kInvalidArgument,
              "not the start of an object");
   ExpectCode(dir.Free(kBob, {{ChunkBase(first), 64}}), absl::StatusCode::kInvalidArgument,
@@ -415,7 +448,7 @@ TEST(ChunkDirectoryTest, FreesOfReservedChunksWaitForTheirPlacement) {
   ASSERT_EQ(bob.rejected_frees.size(), 1u);
   EXPECT_NE(bob.rejected_frees[0].find("placed no large object"), std::string::npos);
   // Queued for a client that dies: dropped, and its reserve is free again.
-  const uint32_t again = *dir.Reserve(kBob, 2);
+  const uint32_t again = dir.Reserve(kBob, 2, 2)->chunk;
   ASSERT_TRUE(dir.Free(kCarol, {{ChunkBase(again), 0}}).ok());
   EXPECT_EQ(dir.Reclaim(kBob).large_runs, 0u);
   EXPECT_TRUE(dir.Reclaim(kCarol).rejected_frees.empty());

@@ -6,9 +6,18 @@
 namespace heapd {
 
 bool LargeReserve::Add(uint32_t first, uint32_t chunks) {
-  for (uint64_t chunk = first; chunk < uint64_t{first} + chunks; ++chunk) {
-    if (chunk > UINT32_MAX || Holds(static_cast<uint32_t>(chunk))) return false;
+  const uint64_t end = uint64_t{first} + chunks;
+  if (chunks == 0 || end > uint64_t{UINT32_MAX} + 1) return false;
+  for (uint64_t chunk = first; chunk < end; ++chunk) {
+    if (Holds(static_cast<uint32_t>(chunk))) return false;
   }
+  // heapd reserves only free chunks: a placement to send again that lies
+  // here was placed by the sync that failed and freed since.
+  resend_.erase(std::remove_if(resend_.begin(), resend_.end(),
+                               [&](const LargePlacement& p) {
+                                 return p.chunk < end && uint64_t{p.chunk} + p.chunks > first;
+                               }),
+                resend_.end());
   free_.Give(first, chunks);
   return true;
 }
@@ -43,6 +52,7 @@ bool LargeReserve::NotYetTold(uint32_t chunk) const {
 std::vector<LargePlacement> LargeReserve::TakeForSync() {
   in_flight_ = std::move(resend_);
   resend_.clear();
+  for (LargePlacement& p : in_flight_) p.again = true;
   for (const auto& [first, chunks] : untold_) in_flight_.push_back({first, chunks});
   untold_.clear();
   return in_flight_;

@@ -8,8 +8,9 @@
 //
 // An object's life here: carved (untold) -> taken for a sync (in flight)
 // -> told (the sync answered: forgotten here, heapd knows it). If the sync
-// fails, its placements stay to be sent again (heapd accepts a placement
-// twice) and are no longer freed locally: heapd may have placed them.
+// fails, its placements are sent again, marked `again` (heapd places them
+// if it had not, and skips them if it had), and are no longer freed
+// locally: heapd may have placed them.
 //
 // Not thread-safe: the owning Heap serializes calls.
 #ifndef HEAPD_ALLOCATOR_LARGE_RESERVE_H_
@@ -29,6 +30,8 @@ class LargeReserve {
  public:
   // heapd reserved [first, first + chunks) for this session. False (and
   // nothing added) if any of it is held already: heapd answered wrong.
+  // Placements to send again that lie there are dropped (heapd had placed
+  // them, and they were freed since). REQUIRES: no sync in flight.
   bool Add(uint32_t first, uint32_t chunks);
 
   // Carves an object of `chunks` chunks (best fit); its first chunk, or

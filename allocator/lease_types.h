@@ -43,10 +43,14 @@ struct LeaseCorrection {
 };
 
 // A large object a client carved from chunks reserved for it: its first
-// chunk and length.
+// chunk and length. `again`: sent before with a sync whose answer the
+// client did not get (the daemon may have placed it then, and it may have
+// been freed since): placed if its chunks are still reserved for the
+// client, else skipped.
 struct LargePlacement {
   uint32_t chunk = 0;
   uint32_t chunks = 0;
+  bool again = false;
 };
 
 // What a client tells of the chunks reserved for it, with a sync: the large

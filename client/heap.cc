@@ -327,42 +327,57 @@ absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
 
 absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   const uint64_t chunks = (size + kChunkSize - 1) / kChunkSize;
-  if (chunks > kMaxCarvedChunks) return AllocateLargeFromHeapd(size, /*reserve=*/false);
-  absl::MutexLock lock(&large_mu_);
-  std::optional<uint32_t> first = large_.Carve(static_cast<uint32_t>(chunks));
-  if (!first) {
-    uint64_t want = std::max<uint64_t>(
-        chunks, std::min<uint64_t>(next_reserve_chunks_, max_size_ / kChunkSize));
-    absl::StatusOr<uint64_t> reserved = AllocateLargeFromHeapd(want * kChunkSize, true);
-    if (reserved.status().code() == absl::StatusCode::kResourceExhausted && want > chunks) {
-      want = chunks;  // the heap is nearly full: no more than needed
-      reserved = AllocateLargeFromHeapd(want * kChunkSize, true);
-    }
-    if (!reserved.ok()) return reserved.status();
-    if (!large_.Add(static_cast<uint32_t>(*reserved >> kChunkShift), static_cast<uint32_t>(want))) {
-      return Unexpected(name_, absl::StrCat("a reserve at offset ", *reserved,
-                                            " overlapping what it reserved before"));
-    }
-    next_reserve_chunks_ = std::min(2 * next_reserve_chunks_, kMaxReserveChunks);
-    first = large_.Carve(static_cast<uint32_t>(chunks));
-    if (!first) return Unexpected(name_, "a reserve the object does not fit");
+  if (chunks > kMaxCarvedChunks) {
+    absl::StatusOr<LargePlacement> run = TakeFromHeapd(size, /*reserve=*/false, 0);
+    if (!run.ok()) return run.status();
+    return uint64_t{run->chunk} << kChunkShift;
   }
+  const uint32_t need = static_cast<uint32_t>(chunks);
+  uint64_t want;
+  {
+    absl::MutexLock lock(&large_mu_);
+    if (std::optional<uint32_t> first = large_.Carve(need)) return uint64_t{*first} << kChunkShift;
+  }
+  // Topped up with sync_mu_ held, not large_mu_: other threads carve and
+  // free meanwhile, and no sync is under way while heapd may hand out
+  // chunks of placements it would send again (LargeReserve::Add).
+  absl::MutexLock sync_lock(&sync_mu_);
+  {
+    absl::MutexLock lock(&large_mu_);
+    if (std::optional<uint32_t> first = large_.Carve(need)) return uint64_t{*first} << kChunkShift;
+    want =
+        std::max<uint64_t>(need, std::min<uint64_t>(next_reserve_chunks_, max_size_ / kChunkSize));
+  }
+  absl::StatusOr<LargePlacement> run = TakeFromHeapd(want * kChunkSize, true, chunks * kChunkSize);
+  if (!run.ok()) return run.status();
+  absl::MutexLock lock(&large_mu_);
+  if (run->chunks < need || !large_.Add(run->chunk, run->chunks)) {
+    return Unexpected(name_, absl::StrCat("a reserve of ", run->chunks, " chunks at chunk ",
+                                          run->chunk, " (", need, " needed, and none held)"));
+  }
+  next_reserve_chunks_ = std::min(2 * next_reserve_chunks_, kMaxReserveChunks);
+  const std::optional<uint32_t> first = large_.Carve(need);
+  if (!first) return Unexpected(name_, "a reserve the object does not fit");
   return uint64_t{*first} << kChunkShift;
 }
 
-absl::StatusOr<uint64_t> Heap::AllocateLargeFromHeapd(uint64_t size, bool reserve) {
+absl::StatusOr<LargePlacement> Heap::TakeFromHeapd(uint64_t size, bool reserve, uint64_t min_size) {
   v1::AllocateLargeRequest request;
   request.set_session(session_);
   request.set_size(size);
   request.set_reserve(reserve);
+  request.set_min_size(min_size);
   v1::AllocateLargeResponse response;
   if (absl::Status s = calls_->AllocateLarge(request, &response); !s.ok()) return s;
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckObject(name_, response.offset(), size, response.capacity_bytes());
-      !s.ok() || response.offset() % kChunkSize != 0) {
-    return s.ok() ? Unexpected(name_, absl::StrCat("a large object at offset ", response.offset()))
+  const uint64_t taken = response.size();
+  if (absl::Status s = CheckObject(name_, response.offset(), taken, response.capacity_bytes());
+      !s.ok() || response.offset() % kChunkSize != 0 || taken % kChunkSize != 0 ||
+      taken < std::max(min_size, reserve ? 0 : size) || taken > size + kChunkSize - 1) {
+    return s.ok() ? Unexpected(name_, absl::StrCat(taken, " bytes of large object or reserve at ",
+                                                   "offset ", response.offset(), " for ", size))
                   : s;
   }
   if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) {
@@ -377,10 +392,9 @@ absl::StatusOr<uint64_t> Heap::AllocateLargeFromHeapd(uint64_t size, bool reserv
     }
     return s;
   }
-  if (tracker_ != nullptr) {  // a free run: no pre-images needed
-    tracker_->Unprotect(response.offset(), (size + kChunkSize - 1) / kChunkSize * kChunkSize);
-  }
-  return response.offset();
+  if (tracker_ != nullptr) tracker_->Unprotect(response.offset(), taken);  // free: no pre-images
+  return LargePlacement{static_cast<uint32_t>(response.offset() >> kChunkShift),
+                        static_cast<uint32_t>(taken >> kChunkShift)};
 }
 
 absl::StatusOr<bool> Heap::FreeUntold(uint64_t offset, uint64_t size_hint) {
@@ -582,6 +596,7 @@ absl::StatusOr<uint64_t> Heap::sync() {
     absl::MutexLock lock(&large_mu_);
     placed = large_.TakeForSync();
     released = large_.TakeFreeRuns(kPlacementsPerPart);
+    next_reserve_chunks_ = kFirstReserveChunks;  // batches grow again from here
   }
   const uint64_t generation = tracker_ != nullptr ? tracker_->BeginSync() : 0;
   v1::SyncResponse response;

@@ -226,8 +226,9 @@ class Heap {
   // fits), or from heapd when above kMaxCarvedChunks.
   absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
   // AllocateLarge of heapd: an object of `size` bytes, or with `reserve`
-  // that many bytes of chunks for the reserve; mapped, unprotected.
-  absl::StatusOr<uint64_t> AllocateLargeFromHeapd(uint64_t size, bool reserve);
+  // a run of chunks for the reserve, of `min_size` to `size` bytes;
+  // checked, mapped and unprotected.
+  absl::StatusOr<LargePlacement> TakeFromHeapd(uint64_t size, bool reserve, uint64_t min_size);
   // Tells heapd of the carved objects it does not know yet (before one is
   // bound to a name), in parts of a sync.
   absl::Status PlaceUntold() ABSL_LOCKS_EXCLUDED(sync_mu_, large_mu_);

@@ -66,10 +66,11 @@ absl::Status InProcessSessionCalls::AllocateLarge(const v1::AllocateLargeRequest
                                                   v1::AllocateLargeResponse* response) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
-  absl::StatusOr<uint64_t> offset =
-      heap_->AllocateLarge(session_, request.size(), request.reserve());
-  if (!offset.ok()) return offset.status();
-  response->set_offset(*offset);
+  absl::StatusOr<LargePlacement> run =
+      AllocateOrReserve(*heap_, session_, request.size(), request.reserve(), request.min_size());
+  if (!run.ok()) return run.status();
+  response->set_offset(uint64_t{run->chunk} * kChunkSize);
+  response->set_size(uint64_t{run->chunks} * kChunkSize);
   response->set_capacity_bytes(heap_->capacity_bytes());
   return absl::OkStatus();
 }

@@ -407,10 +407,11 @@ grpc::Status HeapdService::AllocateLarge(grpc::ServerContext* context,
                                          const v1::AllocateLargeRequest* request,
                                          v1::AllocateLargeResponse* response) {
   return Serve(context, "AllocateLarge", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<Sessions::Allocated> allocated =
-        sessions_->AllocateLarge(request->session(), caller, request->size(), request->reserve());
+    absl::StatusOr<Sessions::Allocated> allocated = sessions_->AllocateLarge(
+        request->session(), caller, request->size(), request->reserve(), request->min_size());
     if (!allocated.ok()) return allocated.status();
     response->set_offset(allocated->offset);
+    response->set_size(allocated->size);
     response->set_capacity_bytes(allocated->capacity_bytes);
     return absl::OkStatus();
   });

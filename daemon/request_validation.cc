@@ -207,6 +207,13 @@ absl::Status ValidateRequest(const v1::AllocateLargeRequest& request) {
     return Invalid("size", absl::StrCat("cannot allocate ", request.size(),
                                         " bytes: no heap's maximum size is above ", kMaxHeapBytes));
   }
+  if (request.min_size() != 0 && !request.reserve()) {
+    return Invalid("min_size", "only a reserve has one");
+  }
+  if (request.min_size() > request.size()) {
+    return Invalid("min_size", absl::StrCat("min_size ", request.min_size(), " is above size ",
+                                            request.size()));
+  }
   return absl::OkStatus();
 }
 
@@ -225,7 +232,13 @@ absl::Status ValidateRequest(const v1::SyncRequest& request) {
     return Invalid("generation", "only the last part of a sync (more=false) carries one");
   }
   if (absl::Status s = CheckPlacements("placed", request.placed()); !s.ok()) return s;
-  return CheckPlacements("released", request.released());
+  if (absl::Status s = CheckPlacements("released", request.released()); !s.ok()) return s;
+  for (int i = 0; i < request.released_size(); ++i) {
+    if (request.released(i).again()) {
+      return Invalid(absl::StrCat("released[", i, "].again"), "a released run is never sent again");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateRequest(const v1::BindRequest& request) {

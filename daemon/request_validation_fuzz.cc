@@ -126,12 +126,15 @@ bool Model(const v1::DetachRequest& r) { return r.session() != 0 && RunsOk(r.pla
 bool Model(const v1::ListClientsRequest& r) { return OptionalHeapNameOk(r.heap()); }
 bool Model(const v1::LeaseChunksRequest& r) { return r.session() != 0 && WantsOk(r.wants()); }
 bool Model(const v1::AllocateLargeRequest& r) {
-  return r.session() != 0 && r.size() != 0 && r.size() <= (uint64_t{1} << 46);
+  return r.session() != 0 && r.size() != 0 && r.size() <= (uint64_t{1} << 46) &&
+         (r.min_size() == 0 || r.reserve()) && r.min_size() <= r.size();
 }
 bool Model(const v1::FreeRequest& r) { return r.session() != 0 && r.objects_size() <= 65536; }
 bool Model(const v1::SyncRequest& r) {
+  bool again = false;
+  for (const v1::LargePlacement& run : r.released()) again |= run.again();
   return r.session() != 0 && (!r.more() || r.generation() == 0) && RunsOk(r.placed()) &&
-         RunsOk(r.released());
+         RunsOk(r.released()) && !again;
 }
 bool Model(const v1::BindRequest& r) {
   return r.session() != 0 && NameOk(r.name()) && NameOk(r.type_name()) && r.size() != 0;

@@ -196,7 +196,8 @@ absl::Status Sessions::StageSyncPart(uint64_t id, const Caller& caller,
 }
 
 absl::StatusOr<Sessions::Allocated> Sessions::AllocateLarge(uint64_t id, const Caller& caller,
-                                                            uint64_t size, bool reserve) {
+                                                            uint64_t size, bool reserve,
+                                                            uint64_t min_size) {
   Allocated allocated;
   absl::Status status = OnSession(id, caller, [&](Session& session) {
     PersistentHeap& heap = *session.heap->heap;
@@ -205,9 +206,11 @@ absl::StatusOr<Sessions::Allocated> Sessions::AllocateLarge(uint64_t id, const C
                                                      session.heap->name, " of maximum size ",
                                                      heap.config().max_size));
     }
-    absl::StatusOr<uint64_t> offset = heap.AllocateLarge(session.id, size, reserve);
-    if (!offset.ok()) return offset.status();
-    allocated = {*offset, heap.capacity_bytes()};
+    absl::StatusOr<LargePlacement> run =
+        AllocateOrReserve(heap, session.id, size, reserve, min_size);
+    if (!run.ok()) return run.status();
+    allocated = {uint64_t{run->chunk} * kChunkSize, uint64_t{run->chunks} * kChunkSize,
+                 heap.capacity_bytes()};
     return absl::OkStatus();
   });
   if (!status.ok()) return status;

@@ -77,12 +77,13 @@ class Sessions {
                              const ReserveReport& reserve = {});
   struct Allocated {
     uint64_t offset = 0;
+    uint64_t size = 0;  // whole chunks
     uint64_t capacity_bytes = 0;
   };
-  // With `reserve`: chunks the session carves large objects from
-  // (PersistentHeap::AllocateLarge).
+  // With `reserve`: chunks the session carves large objects from, between
+  // `min_size` (0: `size`) and `size` bytes (PersistentHeap::ReserveLarge).
   absl::StatusOr<Allocated> AllocateLarge(uint64_t id, const Caller& caller, uint64_t size,
-                                          bool reserve = false);
+                                          bool reserve = false, uint64_t min_size = 0);
   absl::Status Free(uint64_t id, const Caller& caller, absl::Span<const ObjectRef> objects);
   struct Synced {
     SyncResult result;

@@ -365,42 +365,82 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
   }
 }
 
-absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size,
-                                                       bool reserve) {
+absl::StatusOr<LargePlacement> PersistentHeap::TakeRun(
+    ClientId client, uint32_t grow_least, uint32_t grow_chunks,
+    const std::function<absl::StatusOr<LargePlacement>()>& take) {
+  for (int attempt = 0;; ++attempt) {
+    uint32_t capacity_seen;
+    absl::StatusOr<LargePlacement> run;
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
+      run = take();
+      capacity_seen = directory_->capacity_chunks();
+    }
+    if (run.ok() && undo_ != nullptr) {
+      // The run was free: its client writes it without pre-images.
+      if (absl::Status s = ForgetUndo(client, uint64_t{run->chunk} * kChunkSize,
+                                      uint64_t{run->chunks} * kChunkSize);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (run.ok() || run.status().code() != absl::StatusCode::kResourceExhausted ||
+        attempt == kMaxGrowAttempts) {
+      return run;
+    }
+    // A growth by the whole run makes one at the end (with any free chunks
+    // before it); by the least that serves when the heap has no more room.
+    absl::Status grown = Grow(grow_chunks, capacity_seen);
+    if (grown.code() == absl::StatusCode::kResourceExhausted && grow_least < grow_chunks) {
+      grown = Grow(grow_least, capacity_seen);
+    }
+    if (!grown.ok()) return grown;
+  }
+}
+
+absl::StatusOr<uint64_t> PersistentHeap::AllocateLarge(ClientId client, uint64_t size) {
   if (size == 0 || size > config_.max_size) {
     return absl::InvalidArgumentError(absl::StrCat("large allocation of ", size, " bytes in heap ",
                                                    dir_, " of at most ", config_.max_size,
                                                    " bytes"));
   }
   const uint32_t chunks = static_cast<uint32_t>((size + kChunkSize - 1) / kChunkSize);
-  for (int attempt = 0;; ++attempt) {
-    uint32_t capacity_seen;
-    absl::StatusOr<uint64_t> offset;
-    {
-      absl::MutexLock lock(&mu_);
-      if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
-      if (reserve) {
-        absl::StatusOr<uint32_t> first = directory_->Reserve(client, chunks);
-        offset =
-            first.ok() ? absl::StatusOr<uint64_t>(uint64_t{*first} * kChunkSize) : first.status();
-      } else {
-        offset = directory_->AllocateLarge(client, size);
-      }
-      capacity_seen = directory_->capacity_chunks();
-    }
-    if (offset.ok() && undo_ != nullptr) {
-      // The run was free: its client writes it without pre-images.
-      if (absl::Status s = ForgetUndo(client, *offset, uint64_t{chunks} * kChunkSize); !s.ok())
-        return s;
-    }
-    if (offset.ok() || offset.status().code() != absl::StatusCode::kResourceExhausted ||
-        attempt == kMaxGrowAttempts) {
-      return offset;
-    }
-    // A growth by the whole run makes one at the end (with any free chunks
-    // before it).
-    if (absl::Status s = Grow(chunks, capacity_seen); !s.ok()) return s;
+  absl::StatusOr<LargePlacement> run =
+      TakeRun(client, chunks, chunks,
+              [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<LargePlacement> {
+                absl::StatusOr<uint64_t> offset = directory_->AllocateLarge(client, size);
+                if (!offset.ok()) return offset.status();
+                return LargePlacement{static_cast<uint32_t>(*offset / kChunkSize), chunks};
+              });
+  if (!run.ok()) return run.status();
+  return uint64_t{run->chunk} * kChunkSize;
+}
+
+absl::StatusOr<LargePlacement> PersistentHeap::ReserveLarge(ClientId client, uint32_t min_chunks,
+                                                            uint32_t most) {
+  if (min_chunks == 0 || min_chunks > most || most > max_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat("a reserve of ", min_chunks, " to ", most,
+                                                   " chunks in heap ", dir_, " of at most ",
+                                                   max_chunks(), " chunks"));
   }
+  return TakeRun(client, min_chunks, most, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return directory_->Reserve(client, min_chunks, most);
+  });
+}
+
+absl::StatusOr<LargePlacement> AllocateOrReserve(PersistentHeap& heap, ClientId client,
+                                                 uint64_t size, bool reserve, uint64_t min_size) {
+  auto chunks_of = [](uint64_t bytes) {
+    return static_cast<uint32_t>(
+        std::min<uint64_t>((bytes + kChunkSize - 1) / kChunkSize, UINT32_MAX));
+  };
+  if (reserve) {
+    return heap.ReserveLarge(client, chunks_of(min_size == 0 ? size : min_size), chunks_of(size));
+  }
+  absl::StatusOr<uint64_t> offset = heap.AllocateLarge(client, size);
+  if (!offset.ok()) return offset.status();
+  return LargePlacement{static_cast<uint32_t>(*offset / kChunkSize), chunks_of(size)};
 }
 
 absl::Status PersistentHeap::Free(ClientId client, absl::Span<const ObjectRef> objects) {

@@ -106,6 +106,13 @@ struct CommittedState {
   uint64_t data_bytes = 0;  // its size
 };
 
+// AllocateLarge (as a run) or, with `reserve`, ReserveLarge of between
+// `min_size` (0: `size`) and `size` bytes, in whole chunks: what the
+// AllocateLarge call does, through heapd or in process.
+class PersistentHeap;
+absl::StatusOr<LargePlacement> AllocateOrReserve(PersistentHeap& heap, ClientId client,
+                                                 uint64_t size, bool reserve, uint64_t min_size);
+
 // OK if `config` may describe a heap: max_size a positive multiple of 2 MiB
 // up to kMaxHeapBytes, mode within 0777. INVALID_ARGUMENT saying which.
 absl::Status ValidateHeapConfig(const HeapConfig& config);
@@ -159,11 +166,14 @@ class PersistentHeap {
                                                       uint32_t count);
 
   // Allocates a large object (whole chunks) of `size` bytes, growing the
-  // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks. With
-  // `reserve`, the chunks are reserved for the client to carve large
-  // objects from instead (ChunkDirectory::Reserve), told of with its syncs
-  // (ReserveReport).
-  absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size, bool reserve = false);
+  // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks.
+  absl::StatusOr<uint64_t> AllocateLarge(ClientId client, uint64_t size);
+  // Reserves chunks for the client to carve large objects from
+  // (ChunkDirectory::Reserve: the longest free run of at most `most`
+  // chunks, at least `min_chunks`), told of with its syncs (ReserveReport).
+  // With no such run, grows the data file by `most` first.
+  // RESOURCE_EXHAUSTED as for LeaseChunks.
+  absl::StatusOr<LargePlacement> ReserveLarge(ClientId client, uint32_t min_chunks, uint32_t most);
 
   // Frees objects the client's lease pool does not hold. See
   // ChunkDirectory::Free for validation; all-or-nothing. On a heap whose
@@ -269,6 +279,13 @@ class PersistentHeap {
   // data file of `data_bytes` bytes. DATA_LOSS naming `label`.
   absl::Status LoadLocked(const std::string& label, const Checkpoint& state, uint64_t data_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `take` under mu_ until it finds a run, growing the data file by
+  // `grow_chunks` (or `grow_least` where that does not fit) while it
+  // answers RESOURCE_EXHAUSTED (a few times at most); the run is fresh
+  // memory for `client` (ForgetUndo).
+  absl::StatusOr<LargePlacement> TakeRun(
+      ClientId client, uint32_t grow_least, uint32_t grow_chunks,
+      const std::function<absl::StatusOr<LargePlacement>()>& take) ABSL_LOCKS_EXCLUDED(mu_);
   // Grows the data file by at least `chunks` chunks, unless the capacity is
   // no longer `capacity_seen` (another thread grew it meanwhile).
   absl::Status Grow(uint32_t chunks, uint32_t capacity_seen) ABSL_LOCKS_EXCLUDED(mu_);

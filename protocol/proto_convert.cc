@@ -78,7 +78,7 @@ std::vector<LargePlacement> FromProto(
   std::vector<LargePlacement> out;
   out.reserve(placed.size());
   for (const v1::LargePlacement& p : placed) {
-    out.push_back({static_cast<uint32_t>(p.offset() >> kChunkShift), p.chunks()});
+    out.push_back({static_cast<uint32_t>(p.offset() >> kChunkShift), p.chunks(), p.again()});
   }
   return out;
 }
@@ -94,6 +94,7 @@ ReserveReport ReserveReportOf(const v1::DetachRequest& request) {
 void ToProto(const LargePlacement& placement, v1::LargePlacement* out) {
   out->set_offset(uint64_t{placement.chunk} << kChunkShift);
   out->set_chunks(placement.chunks);
+  out->set_again(placement.again);
 }
 
 }  // namespace heapd
