@@ -113,14 +113,16 @@ void ChunkDirectory::MakeSmall(uint32_t chunk, uint32_t size_class) {
   MarkDirty(chunk);
 }
 
-void ChunkDirectory::MakeFree(uint32_t chunk_start, uint32_t length) {
+void ChunkDirectory::MakeFree(uint32_t chunk_start, uint32_t length, bool record) {
   for (uint32_t i = chunk_start; i < chunk_start + length; ++i) {
     Chunk& c = chunks_[i];
     const bool dirty = c.dirty;
+    const uint32_t incarnation = c.incarnation + 1;
     c = Chunk{};
     c.dirty = dirty;
+    c.incarnation = incarnation;
   }
-  MarkDirty(chunk_start);
+  if (record) MarkDirty(chunk_start);
   free_.Give(chunk_start, length);
 }
 
@@ -390,7 +392,7 @@ void ChunkDirectory::ApplyReserveReport(ClientId client, const ReserveReport& re
                          "allocated)"));
         state.reserved_frees.erase(queued);
       }
-      MakeFree(chunk, 1);
+      MakeFree(chunk, 1, /*record=*/false);  // it was free on disk all along
     }
   }
   for (const LargePlacement& p : placed) {
@@ -618,7 +620,7 @@ ReclaimResult ChunkDirectory::EndClient(ClientId client, bool died) {
     MakeFree(head, chunks_[head].run_chunks);
     ++result.large_runs;
   }
-  for (uint32_t chunk : it->second.reserved) MakeFree(chunk, 1);
+  for (uint32_t chunk : it->second.reserved) MakeFree(chunk, 1, /*record=*/false);
   if (!died) {
     for (const auto& [chunk, free] : it->second.reserved_frees) {
       RejectFree(free.freer, absl::StrCat("the free of offset ", ChunkBase(chunk),
@@ -772,6 +774,11 @@ ClientId ChunkDirectory::LesseeOf(uint64_t offset) const {
   if (c.kind == ChunkKind::kSmall || c.kind == ChunkKind::kReserved) return c.lessee;
   // A large object not yet committed goes with its allocating client.
   return c.kind == ChunkKind::kLargeHead ? c.uncommitted_by : 0;
+}
+
+uint32_t ChunkDirectory::IncarnationOf(uint64_t offset) const {
+  const uint64_t chunk = offset >> kChunkShift;
+  return chunk < chunks_.size() ? chunks_[chunk].incarnation : 0;
 }
 
 size_t ChunkDirectory::LeaseCount(ClientId client) const {

@@ -242,6 +242,11 @@ class ChunkDirectory {
   // allocated the large object at `offset` while it is uncommitted, or the
   // one `offset`'s chunk is reserved for; 0 if none.
   ClientId LesseeOf(uint64_t offset) const;
+  // Times the chunk holding `offset` became free (wrapping); 0 outside the
+  // heap. A free checked now and applied later applies only if it is the
+  // same then: else the object it named is gone, and its chunk was handed
+  // out again.
+  uint32_t IncarnationOf(uint64_t offset) const;
 
   absl::Status CheckInvariants() const;
 
@@ -257,6 +262,7 @@ class ChunkDirectory {
     ChunkKind kind = ChunkKind::kFree;
     uint8_t size_class = 0;
     bool dirty = false;
+    uint32_t incarnation = 0;              // times the chunk became free
     uint32_t run_chunks = 0;               // kLargeHead: run length
     uint32_t head_chunk = 0;               // kLargeTail: its head
     ClientId lessee = 0;                   // kSmall: leasing client, 0 if none; kReserved
@@ -297,7 +303,9 @@ class ChunkDirectory {
                           LeaseCorrection* correction);
   void MarkDirty(uint32_t chunk);
   void MakeSmall(uint32_t chunk, uint32_t size_class);
-  void MakeFree(uint32_t chunk_start, uint32_t length);
+  // Frees a run; with `record`, its first chunk is written at the next
+  // persist (a chunk that was reserved was free on disk all along).
+  void MakeFree(uint32_t chunk_start, uint32_t length, bool record = true);
   void FreeRun(uint32_t head);
   // Puts an unleased small chunk where it belongs: free, leasable or neither.
   void Settle(uint32_t chunk);

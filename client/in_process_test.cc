@@ -150,6 +150,10 @@ class Tap : public SessionCalls {
   }
   absl::Status Free(const v1::FreeRequest& r) override { return calls_->Free(r); }
   absl::Status Sync(const v1::SyncRequest& r, v1::SyncResponse* a) override {
+    if (!r.more() && fail_next_sync) {
+      fail_next_sync = false;
+      return absl::UnavailableError("injected: the sync never reached heapd");
+    }
     absl::Status status = calls_->Sync(r, a);
     if (!r.more() && lose_next_sync_answer) {
       lose_next_sync_answer = false;
@@ -168,6 +172,7 @@ class Tap : public SessionCalls {
 
   int large_calls = 0;
   bool lose_next_sync_answer = false;
+  bool fail_next_sync = false;
 
  private:
   std::unique_ptr<SessionCalls> calls_;
@@ -300,6 +305,98 @@ TEST_F(CarvingTest, ASessionThatDiesLeavesNothingOfItsReserve) {
   EXPECT_EQ(after.large_reserve_chunks, 0u);
   EXPECT_EQ(after.free_chunks, after.capacity_chunks - after.large_chunks);
   EXPECT_TRUE(heap_->CheckInvariants().ok());
+}
+
+// A sync reached heapd but its answer was lost; the object is freed before
+// the next sync sends its placement again (at once without content
+// tracking; by another session with it): the next syncs and the detach
+// still work, and the object counts once.
+TEST_F(CarvingTest, AnObjectFreedBeforeItsPlacementIsSentAgainLocksNothingOut) {
+  for (const bool tracked : {false, true}) {
+    SCOPED_TRACE(tracked ? "content rollback" : "no content rollback");
+    HeapConfig config;
+    config.max_size = uint64_t{4} << 30;
+    HeapOptions options;
+    options.track_contents = tracked;
+    auto heap = PersistentHeap::Create(dir_.Sub(tracked ? "tracked" : "plain"), config, options);
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    heap_ = *std::move(heap);
+    std::unique_ptr<Heap> session = Attach(1);
+    ASSERT_NE(session, nullptr);
+    void* object = *session->allocate(kLarge);
+    tap_->lose_next_sync_answer = true;
+    EXPECT_FALSE(session->sync().ok());  // placed and committed at heapd
+    if (tracked) {
+      std::unique_ptr<Heap> other = Attach(2);
+      ASSERT_NE(other, nullptr);
+      ASSERT_TRUE(other->deallocate(other->at(session->offset_of(object)), kLarge).ok());
+      ASSERT_TRUE(other->detach().ok());
+    } else {
+      ASSERT_TRUE(session->deallocate(object, kLarge).ok());
+    }
+    EXPECT_EQ(heap_->Stats().directory.large_objects, 0u);
+    // Its chunk reserved again, for this session, before the placement
+    // is sent again: that placement is dropped, not taken as new.
+    void* next = *session->allocate(kLarge);
+    absl::StatusOr<uint64_t> synced = session->sync();
+    EXPECT_TRUE(synced.ok()) << synced.status();
+    EXPECT_EQ(heap_->Stats().directory.large_objects, 1u);
+    ASSERT_TRUE(session->deallocate(next, kLarge).ok());
+    EXPECT_TRUE(session->sync().ok());
+    const absl::Status detached = session->detach();
+    EXPECT_TRUE(detached.ok()) << detached;
+    EXPECT_EQ(heap_->Stats().directory.large_objects, 0u);
+    EXPECT_TRUE(heap_->CheckInvariants().ok());
+  }
+}
+
+// With content tracking a free is checked at once and applied at the
+// freer's sync. One of a reserved chunk no object was ever carved at must
+// not free what the owner carves there later (after releasing and
+// reserving it again): it is rejected.
+TEST_F(CarvingTest, AFreeOfAReservedChunkNeverFreesALaterObjectThere) {
+  std::unique_ptr<Heap> owner = Attach(1);
+  ASSERT_NE(owner, nullptr);
+  void* first = *owner->allocate(kLarge);
+  const uint64_t bogus = owner->offset_of(first) + kChunkSize;  // reserved, never carved
+  std::unique_ptr<Heap> other = Attach(2);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->deallocate(other->at(bogus), kLarge).ok());  // taken for now
+  ASSERT_TRUE(owner->sync().ok());  // places `first`, releases the rest
+  void* second = *owner->allocate(kLarge);
+  ASSERT_EQ(owner->offset_of(second), bogus);  // the same chunk, reserved again
+  ASSERT_TRUE(owner->sync().ok());
+  EXPECT_EQ(other->sync().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 2u);
+}
+
+// An object whose sync never reached heapd can still be bound: it is
+// placed first.
+TEST_F(CarvingTest, AnObjectOfASyncThatFailedCanBeBound) {
+  std::unique_ptr<Heap> heap = Attach(1);
+  ASSERT_NE(heap, nullptr);
+  void* object = *heap->allocate(kLarge);
+  tap_->fail_next_sync = true;
+  EXPECT_FALSE(heap->sync().ok());
+  const absl::Status bound = heap->Bind("big", object, kLarge, "Big");
+  EXPECT_TRUE(bound.ok()) << bound;
+  EXPECT_TRUE(heap->sync().ok());
+  EXPECT_EQ(heap_->Stats().directory.large_objects, 1u);
+}
+
+// Reserves do not grow the heap far past what sessions use: they take free
+// chunks first, and batches start small after each sync.
+TEST_F(CarvingTest, ReservesDoNotBalloonTheHeap) {
+  std::vector<std::unique_ptr<Heap>> sessions;
+  for (ClientId s = 1; s <= 4; ++s) sessions.push_back(Attach(s));
+  for (int round = 0; round < 10; ++round) {
+    for (auto& session : sessions) ASSERT_TRUE(session->allocate(kLarge).ok());
+    for (auto& session : sessions) ASSERT_TRUE(session->sync().ok());
+  }
+  const DirectoryStats stats = heap_->Stats().directory;
+  EXPECT_EQ(stats.large_objects, 40u);
+  // 40 chunks used; growth steps of 16 chunks or an eighth of the heap.
+  EXPECT_LE(stats.capacity_chunks, 64u) << stats.capacity_chunks;
 }
 
 }  // namespace

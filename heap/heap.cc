@@ -456,7 +456,8 @@ absl::Status PersistentHeap::Free(ClientId client, absl::Span<const ObjectRef> o
     }
   }
   for (const ObjectRef& object : objects) {
-    deferred[object.offset] = DeferredFree{object, directory_->LesseeOf(object.offset)};
+    deferred[object.offset] = DeferredFree{object, directory_->LesseeOf(object.offset),
+                                           directory_->IncarnationOf(object.offset)};
   }
   return absl::OkStatus();
 }
@@ -465,7 +466,17 @@ void PersistentHeap::ApplyDeferredFreesLocked(ClientId client, std::vector<std::
   auto it = deferred_frees_.find(client);
   if (it == deferred_frees_.end()) return;
   std::vector<ObjectRef> objects;
-  for (const auto& [offset, deferred] : it->second) objects.push_back(deferred.object);
+  for (const auto& [offset, deferred] : it->second) {
+    // Its chunk became free since (the object it named was freed by
+    // another, or died with its session) and may hold another now.
+    if (directory_->IncarnationOf(offset) != deferred.incarnation) {
+      rejected->push_back(absl::StrCat("the free of offset ", offset,
+                                       " was rejected: its object was gone before this session's "
+                                       "sync applied the free (double free?)"));
+      continue;
+    }
+    objects.push_back(deferred.object);
+  }
   deferred_frees_.erase(it);
   if (directory_->Free(client, objects).ok()) return;
   // One of them went bad meanwhile (another session freed it first: a

@@ -354,6 +354,7 @@ class PersistentHeap {
   struct DeferredFree {
     ObjectRef object;
     ClientId lessee = 0;
+    uint32_t incarnation = 0;  // of its chunk when it was checked
   };
   std::map<ClientId, std::map<uint64_t, DeferredFree>> deferred_frees_ ABSL_GUARDED_BY(mu_);
   // Reports of a sync's earlier parts, by client and chunk (StageReports);
