@@ -776,6 +776,13 @@ ClientId ChunkDirectory::LesseeOf(uint64_t offset) const {
   return c.kind == ChunkKind::kLargeHead ? c.uncommitted_by : 0;
 }
 
+uint32_t ChunkDirectory::FreeTailChunks() const {
+  const std::map<uint32_t, uint32_t>& runs = free_.runs();
+  if (runs.empty()) return 0;
+  const auto& [start, length] = *runs.rbegin();
+  return start + length == chunks_.size() ? length : 0;
+}
+
 uint32_t ChunkDirectory::IncarnationOf(uint64_t offset) const {
   const uint64_t chunk = offset >> kChunkShift;
   return chunk < chunks_.size() ? chunks_[chunk].incarnation : 0;

@@ -122,6 +122,9 @@ class ChunkDirectory {
 
   uint32_t capacity_chunks() const { return static_cast<uint32_t>(chunks_.size()); }
 
+  // Free chunks at the end of the heap (a growth extends their run).
+  uint32_t FreeTailChunks() const;
+
   // Adds free chunks up to `capacity_chunks`. REQUIRES: not a shrink.
   void Grow(uint32_t capacity_chunks);
 

@@ -264,7 +264,12 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   want->set_size_class(size_class);
   want->set_count(count);
   v1::LeaseChunksResponse response;
-  if (absl::Status s = calls_->LeaseChunks(request, &response); !s.ok()) return s;
+  absl::Status leased = calls_->LeaseChunks(request, &response);
+  if (leased.code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) {
+    response.Clear();
+    leased = calls_->LeaseChunks(request, &response);  // with what the reserve held
+  }
+  if (!leased.ok()) return leased;
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
     return s;
   }
@@ -329,6 +334,9 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   const uint64_t chunks = (size + kChunkSize - 1) / kChunkSize;
   if (chunks > kMaxCarvedChunks) {
     absl::StatusOr<LargePlacement> run = TakeFromHeapd(size, /*reserve=*/false, 0);
+    if (run.status().code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) {
+      run = TakeFromHeapd(size, /*reserve=*/false, 0);
+    }
     if (!run.ok()) return run.status();
     return uint64_t{run->chunk} << kChunkShift;
   }
@@ -345,10 +353,15 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   {
     absl::MutexLock lock(&large_mu_);
     if (std::optional<uint32_t> first = large_.Carve(need)) return uint64_t{*first} << kChunkShift;
-    want =
-        std::max<uint64_t>(need, std::min<uint64_t>(next_reserve_chunks_, max_size_ / kChunkSize));
+    // At most a sixteenth of the heap's maximum size: what a session holds
+    // unused between syncs makes the heap grow by as much.
+    want = std::max<uint64_t>(
+        need, std::min<uint64_t>(next_reserve_chunks_, max_size_ / kChunkSize / 16));
   }
   absl::StatusOr<LargePlacement> run = TakeFromHeapd(want * kChunkSize, true, chunks * kChunkSize);
+  if (run.status().code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) {
+    run = TakeFromHeapd(want * kChunkSize, true, chunks * kChunkSize);
+  }
   if (!run.ok()) return run.status();
   absl::MutexLock lock(&large_mu_);
   if (run->chunks < need || !large_.Add(run->chunk, run->chunks)) {
@@ -416,6 +429,22 @@ absl::StatusOr<bool> Heap::FreeUntold(uint64_t offset, uint64_t size_hint) {
   }
   large_.FreeUntold(chunk);  // heapd never knew of it
   return true;
+}
+
+bool Heap::ReturnReserve() {
+  std::vector<LargePlacement> released;
+  {
+    absl::MutexLock lock(&large_mu_);
+    released = large_.TakeFreeRuns(kPlacementsPerPart);
+  }
+  if (released.empty()) return false;
+  v1::SyncRequest request;
+  request.set_session(session_);
+  request.set_more(true);  // released at once; nothing else
+  for (const LargePlacement& run : released) ToProto(run, request.add_released());
+  v1::SyncResponse response;
+  // Failed: the runs stay reserved until the session ends.
+  return calls_->Sync(request, &response).ok();
 }
 
 absl::Status Heap::PlaceUntold() {

@@ -229,6 +229,11 @@ class Heap {
   // a run of chunks for the reserve, of `min_size` to `size` bytes;
   // checked, mapped and unprotected.
   absl::StatusOr<LargePlacement> TakeFromHeapd(uint64_t size, bool reserve, uint64_t min_size);
+  // Hands the reserve's uncarved chunks back to heapd now (the heap is
+  // full: they may be what an allocation needs); true if it held some and
+  // heapd took them. Takes no lock but large_mu_ (safe from a thread
+  // cache's allocation path).
+  bool ReturnReserve() ABSL_LOCKS_EXCLUDED(large_mu_);
   // Tells heapd of the carved objects it does not know yet (before one is
   // bound to a name), in parts of a sync.
   absl::Status PlaceUntold() ABSL_LOCKS_EXCLUDED(sync_mu_, large_mu_);

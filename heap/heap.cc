@@ -305,19 +305,23 @@ absl::Status PersistentHeap::RepairDataFileLocked() {
 
 absl::Status PersistentHeap::Grow(uint32_t chunks, uint32_t capacity_seen) {
   absl::MutexLock grow_lock(&grow_mu_);
+  uint64_t free_tail;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckWritableLocked("grow the heap"); !s.ok()) return s;
     // Another thread grew the heap while this one waited: try that first.
     if (directory_->capacity_chunks() != capacity_seen) return absl::OkStatus();
+    free_tail = directory_->FreeTailChunks();
   }
   const uint64_t capacity = capacity_seen;
   const uint64_t step = std::max<uint64_t>({chunks, kMinGrowChunks, capacity / 8});
   const uint64_t target = std::min(capacity + step, max_chunks());
-  if (target < capacity + chunks) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "heap ", dir_, " is full: it needs ", chunks, " more chunks of 2 MiB beyond its ", capacity,
-        " (maximum size ", config_.max_size, " bytes)"));
+  // A run of `chunks` at the end: the free chunks there and the growth.
+  if (target < capacity + chunks - std::min<uint64_t>(free_tail, chunks) || target == capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("heap ", dir_, " is full: it needs a free run of ", chunks,
+                     " chunks of 2 MiB, and ", free_tail, " of its ", capacity,
+                     " are free at its end (maximum size ", config_.max_size, " bytes)"));
   }
   if (absl::Status s = RepairDataFileLocked(); !s.ok()) return s;
   if (data_->backing() == BackingKind::kTmpfs && options_.tmpfs_reserve_bytes != 0) {
@@ -424,9 +428,13 @@ absl::StatusOr<LargePlacement> PersistentHeap::ReserveLarge(ClientId client, uin
                                                    " chunks in heap ", dir_, " of at most ",
                                                    max_chunks(), " chunks"));
   }
-  return TakeRun(client, min_chunks, most, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return directory_->Reserve(client, min_chunks, most);
-  });
+  // Past half its maximum size, the heap grows by what the object needs
+  // only: a batch's remainder could split the room a later object needs.
+  const bool roomy = capacity_bytes() / kChunkSize + most <= max_chunks() / 2;
+  return TakeRun(client, min_chunks, roomy ? most : min_chunks,
+                 [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                   return directory_->Reserve(client, min_chunks, most);
+                 });
 }
 
 absl::StatusOr<LargePlacement> AllocateOrReserve(PersistentHeap& heap, ClientId client,

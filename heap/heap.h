@@ -171,7 +171,8 @@ class PersistentHeap {
   // Reserves chunks for the client to carve large objects from
   // (ChunkDirectory::Reserve: the longest free run of at most `most`
   // chunks, at least `min_chunks`), told of with its syncs (ReserveReport).
-  // With no such run, grows the data file by `most` first.
+  // With no such run, grows the data file by `most` first (by
+  // `min_chunks` past half the heap's maximum size).
   // RESOURCE_EXHAUSTED as for LeaseChunks.
   absl::StatusOr<LargePlacement> ReserveLarge(ClientId client, uint32_t min_chunks, uint32_t most);
 

@@ -184,6 +184,23 @@ TEST(HeapTest, FullHeapIsResourceExhaustedAndStillUsable) {
   EXPECT_TRUE((*heap)->CheckInvariants().ok());
 }
 
+// A large object that fits only in the free chunks at the end of the heap
+// and a growth below the maximum size: the growth counts those chunks.
+TEST(HeapTest, GrowthCountsTheFreeChunksAtTheEnd) {
+  TestDir dir;
+  auto heap = PersistentHeap::Create(dir.Sub("h"), Config(40));
+  ASSERT_TRUE(heap.ok());
+  ASSERT_TRUE((*heap)->AllocateLarge(1, 16 * kChunkSize).ok());  // capacity 16
+  ASSERT_TRUE((*heap)->AllocateLarge(1, 2 * kChunkSize).ok());   // capacity 32, 14 free at the end
+  absl::StatusOr<uint64_t> big = (*heap)->AllocateLarge(1, 20 * kChunkSize);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(*big, 18 * kChunkSize);
+  EXPECT_EQ((*heap)->Stats().capacity_bytes, 40 * kChunkSize);
+  EXPECT_EQ((*heap)->AllocateLarge(1, 3 * kChunkSize).status().code(),  // 2 left
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*heap)->CheckInvariants().ok());
+}
+
 TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
   TestDir dir;
   auto heap = PersistentHeap::Create(dir.Sub("h"), Config(32));
