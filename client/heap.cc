@@ -365,8 +365,9 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   if (!run.ok()) return run.status();
   absl::MutexLock lock(&large_mu_);
   if (run->chunks < need || !large_.Add(run->chunk, run->chunks)) {
-    return Unexpected(name_, absl::StrCat("a reserve of ", run->chunks, " chunks at chunk ",
-                                          run->chunk, " (", need, " needed, and none held)"));
+    return Unexpected(
+        name_, absl::StrCat("a reserve of ", run->chunks, " chunks at chunk ", run->chunk,
+                            " for an object of ", need, ", or over chunks this session holds"));
   }
   next_reserve_chunks_ = std::min(2 * next_reserve_chunks_, kMaxReserveChunks);
   const std::optional<uint32_t> first = large_.Carve(need);
@@ -615,8 +616,6 @@ absl::StatusOr<uint64_t> Heap::sync() {
     by_cache[i] = caches[i]->pool.TakeDirtyReports();
     reports.insert(reports.end(), by_cache[i].begin(), by_cache[i].end());
   }
-  // Protect again what this generation wrote: from here on, a store takes a
-  // pre-image of the page as this sync commits it.
   // The reserve goes back, but for what was carved from it: no free chunk
   // stays held from other sessions (or from small objects) between syncs.
   std::vector<LargePlacement> placed;
@@ -627,6 +626,8 @@ absl::StatusOr<uint64_t> Heap::sync() {
     released = large_.TakeFreeRuns(kPlacementsPerPart);
     next_reserve_chunks_ = kFirstReserveChunks;  // batches grow again from here
   }
+  // Protect again what this generation wrote: from here on, a store takes a
+  // pre-image of the page as this sync commits it.
   const uint64_t generation = tracker_ != nullptr ? tracker_->BeginSync() : 0;
   v1::SyncResponse response;
   absl::Status sent = SendSync(reports, placed, released, generation, &response);
