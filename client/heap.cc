@@ -264,11 +264,10 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   want->set_size_class(size_class);
   want->set_count(count);
   v1::LeaseChunksResponse response;
-  absl::Status leased = calls_->LeaseChunks(request, &response);
-  if (leased.code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) {
+  const absl::Status leased = WithReserveBack([&] {
     response.Clear();
-    leased = calls_->LeaseChunks(request, &response);  // with what the reserve held
-  }
+    return calls_->LeaseChunks(request, &response);
+  });
   if (!leased.ok()) return leased;
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
     return s;
@@ -333,11 +332,12 @@ absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
 absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   const uint64_t chunks = (size + kChunkSize - 1) / kChunkSize;
   if (chunks > kMaxCarvedChunks) {
-    absl::StatusOr<LargePlacement> run = TakeFromHeapd(size, /*reserve=*/false, 0);
-    if (run.status().code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) {
-      run = TakeFromHeapd(size, /*reserve=*/false, 0);
+    absl::StatusOr<LargePlacement> run;
+    if (absl::Status s = WithReserveBack(
+            [&] { return (run = TakeFromHeapd(size, /*reserve=*/false, 0)).status(); });
+        !s.ok()) {
+      return s;
     }
-    if (!run.ok()) return run.status();
     return uint64_t{run->chunk} << kChunkShift;
   }
   const uint32_t need = static_cast<uint32_t>(chunks);
@@ -358,11 +358,13 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
     want = std::max<uint64_t>(
         need, std::min<uint64_t>(next_reserve_chunks_, max_size_ / kChunkSize / 16));
   }
-  absl::StatusOr<LargePlacement> run = TakeFromHeapd(want * kChunkSize, true, chunks * kChunkSize);
-  if (run.status().code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) {
-    run = TakeFromHeapd(want * kChunkSize, true, chunks * kChunkSize);
+  absl::StatusOr<LargePlacement> run;
+  if (absl::Status s = WithReserveBack([&] {
+        return (run = TakeFromHeapd(want * kChunkSize, true, chunks * kChunkSize)).status();
+      });
+      !s.ok()) {
+    return s;
   }
-  if (!run.ok()) return run.status();
   absl::MutexLock lock(&large_mu_);
   if (run->chunks < need || !large_.Add(run->chunk, run->chunks)) {
     return Unexpected(
@@ -432,20 +434,31 @@ absl::StatusOr<bool> Heap::FreeUntold(uint64_t offset, uint64_t size_hint) {
   return true;
 }
 
+absl::Status Heap::WithReserveBack(const std::function<absl::Status()>& call) {
+  absl::Status status = call();
+  if (status.code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) status = call();
+  return status;
+}
+
 bool Heap::ReturnReserve() {
   std::vector<LargePlacement> released;
   {
     absl::MutexLock lock(&large_mu_);
     released = large_.TakeFreeRuns(kPlacementsPerPart);
   }
-  if (released.empty()) return false;
+  // Failed: the runs stay reserved until the session ends.
+  return !released.empty() && TellReserve({}, released).ok();
+}
+
+absl::Status Heap::TellReserve(absl::Span<const LargePlacement> placed,
+                               absl::Span<const LargePlacement> released) {
   v1::SyncRequest request;
   request.set_session(session_);
-  request.set_more(true);  // released at once; nothing else
+  request.set_more(true);  // taken at once; committed by the next sync
+  for (const LargePlacement& object : placed) ToProto(object, request.add_placed());
   for (const LargePlacement& run : released) ToProto(run, request.add_released());
   v1::SyncResponse response;
-  // Failed: the runs stay reserved until the session ends.
-  return calls_->Sync(request, &response).ok();
+  return calls_->Sync(request, &response);
 }
 
 absl::Status Heap::PlaceUntold() {
@@ -457,14 +470,7 @@ absl::Status Heap::PlaceUntold() {
   }
   absl::Status status;
   for (size_t i = 0; i < placed.size() && status.ok(); i += kPlacementsPerPart) {
-    v1::SyncRequest request;
-    request.set_session(session_);
-    request.set_more(true);  // placed now; committed by the next sync
-    for (size_t j = i; j < std::min(placed.size(), i + kPlacementsPerPart); ++j) {
-      ToProto(placed[j], request.add_placed());
-    }
-    v1::SyncResponse response;
-    status = calls_->Sync(request, &response);
+    status = TellReserve(absl::MakeConstSpan(placed).subspan(i, kPlacementsPerPart), {});
   }
   absl::MutexLock lock(&large_mu_);
   if (status.ok()) {

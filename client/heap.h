@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <new>
@@ -43,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
 #include "client/client.h"
@@ -234,6 +236,14 @@ class Heap {
   // heapd took them. Takes no lock but large_mu_ (safe from a thread
   // cache's allocation path).
   bool ReturnReserve() ABSL_LOCKS_EXCLUDED(large_mu_);
+  // `call()`, and once more if the heap was full and ReturnReserve gave
+  // heapd something back.
+  absl::Status WithReserveBack(const std::function<absl::Status()>& call)
+      ABSL_LOCKS_EXCLUDED(large_mu_);
+  // One part of a sync (more=true) that tells heapd of carved objects and
+  // released runs, taken at once (ChunkDirectory::TellReserve).
+  absl::Status TellReserve(absl::Span<const LargePlacement> placed,
+                           absl::Span<const LargePlacement> released);
   // Tells heapd of the carved objects it does not know yet (before one is
   // bound to a name), in parts of a sync.
   absl::Status PlaceUntold() ABSL_LOCKS_EXCLUDED(sync_mu_, large_mu_);

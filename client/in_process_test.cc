@@ -71,72 +71,10 @@ TEST_F(InProcessTest, ASyncCommitsTheStore) {
   EXPECT_EQ(ReadX(), 22u);
 }
 
-// Passes every call on, but fails the earlier parts of syncs and counts
-// detaches.
-class FailingParts : public SessionCalls {
- public:
-  explicit FailingParts(std::unique_ptr<SessionCalls> calls) : calls_(std::move(calls)) {}
-  absl::Status LeaseChunks(const v1::LeaseChunksRequest& r, v1::LeaseChunksResponse* a) override {
-    return calls_->LeaseChunks(r, a);
-  }
-  absl::Status AllocateLarge(const v1::AllocateLargeRequest& r,
-                             v1::AllocateLargeResponse* a) override {
-    return calls_->AllocateLarge(r, a);
-  }
-  absl::Status Free(const v1::FreeRequest& r) override { return calls_->Free(r); }
-  absl::Status Sync(const v1::SyncRequest& r, v1::SyncResponse* a) override {
-    if (r.more()) return absl::UnavailableError("injected: a sync part failed");
-    return calls_->Sync(r, a);
-  }
-  absl::Status Detach(const v1::DetachRequest& r) override {
-    ++*detaches_;
-    return calls_->Detach(r);
-  }
-  absl::Status Bind(const v1::BindRequest& r) override { return calls_->Bind(r); }
-  absl::Status Unbind(const v1::UnbindRequest& r) override { return calls_->Unbind(r); }
-  absl::StatusOr<NameEntry> Lookup(const std::string& name) override {
-    return calls_->Lookup(name);
-  }
-  int lifeline() override { return calls_->lifeline(); }
-  void Close() override { calls_->Close(); }
-
-  int* detaches_ = nullptr;
-
- private:
-  std::unique_ptr<SessionCalls> calls_;
-};
-
-// A detach whose earlier part fails sends no Detach (it would commit the
-// session's stores without the part's allocations): the session ends as
-// a crash, at its last sync.
-TEST_F(InProcessTest, ADetachWhosePartFailsEndsAtTheLastSync) {
-  struct statvfs shm;
-  if (statvfs("/dev/shm", &shm) != 0 || uint64_t{shm.f_bavail} * shm.f_frsize < (3ull << 30)) {
-    GTEST_SKIP() << "needs 3 GiB free on /dev/shm (a detach of more than one message)";
-  }
-  int detaches = 0;
-  auto heap = AttachInProcess(heap_.get(), 1, {}, [&](std::unique_ptr<InProcessSessionCalls> c) {
-    auto failing = std::make_unique<FailingParts>(std::move(c));
-    failing->detaches_ = &detaches;
-    return failing;
-  });
-  ASSERT_TRUE(heap.ok()) << heap.status();
-  uint64_t* x = PutX(**heap, 11);
-  ASSERT_NE(x, nullptr);
-  const uint64_t live = heap_->Stats().directory.live_objects;
-  *x = 22;
-  // Two objects a chunk: more chunks than one detach message carries.
-  for (int i = 0; i < 2100; ++i) ASSERT_TRUE((*heap)->allocate(kMaxSmallSize).ok());
-  const absl::Status detached = (*heap)->detach();
-  EXPECT_EQ(detached.code(), absl::StatusCode::kUnavailable) << detached;
-  EXPECT_EQ(detaches, 0);
-  EXPECT_EQ(ReadX(), 11u);
-  EXPECT_EQ(heap_->Stats().directory.live_objects, live);
-}
-
-// Passes every call on; counts AllocateLarge calls, and can drop the
-// answer of the next last sync part (the sync applied, the client told it
-// failed).
+// Passes every call on; counts AllocateLarge and Detach calls, and fails
+// what a test asks: every earlier part of a sync, the next last part
+// before it reaches the heap, or the next last part's answer after the
+// heap applied it.
 class Tap : public SessionCalls {
  public:
   explicit Tap(std::unique_ptr<SessionCalls> calls) : calls_(std::move(calls)) {}
@@ -150,6 +88,7 @@ class Tap : public SessionCalls {
   }
   absl::Status Free(const v1::FreeRequest& r) override { return calls_->Free(r); }
   absl::Status Sync(const v1::SyncRequest& r, v1::SyncResponse* a) override {
+    if (r.more() && fail_sync_parts) return absl::UnavailableError("injected: a sync part failed");
     if (!r.more() && fail_next_sync) {
       fail_next_sync = false;
       return absl::UnavailableError("injected: the sync never reached heapd");
@@ -161,7 +100,10 @@ class Tap : public SessionCalls {
     }
     return status;
   }
-  absl::Status Detach(const v1::DetachRequest& r) override { return calls_->Detach(r); }
+  absl::Status Detach(const v1::DetachRequest& r) override {
+    ++detaches;
+    return calls_->Detach(r);
+  }
   absl::Status Bind(const v1::BindRequest& r) override { return calls_->Bind(r); }
   absl::Status Unbind(const v1::UnbindRequest& r) override { return calls_->Unbind(r); }
   absl::StatusOr<NameEntry> Lookup(const std::string& name) override {
@@ -171,12 +113,43 @@ class Tap : public SessionCalls {
   void Close() override { calls_->Close(); }
 
   int large_calls = 0;
-  bool lose_next_sync_answer = false;
+  int detaches = 0;
+  bool fail_sync_parts = false;
   bool fail_next_sync = false;
+  bool lose_next_sync_answer = false;
 
  private:
   std::unique_ptr<SessionCalls> calls_;
 };
+
+// A detach whose earlier part fails sends no Detach (it would commit the
+// session's stores without the part's allocations): the session ends as
+// a crash, at its last sync.
+TEST_F(InProcessTest, ADetachWhosePartFailsEndsAtTheLastSync) {
+  struct statvfs shm;
+  if (statvfs("/dev/shm", &shm) != 0 || uint64_t{shm.f_bavail} * shm.f_frsize < (3ull << 30)) {
+    GTEST_SKIP() << "needs 3 GiB free on /dev/shm (a detach of more than one message)";
+  }
+  Tap* tap = nullptr;
+  auto heap = AttachInProcess(heap_.get(), 1, {}, [&](std::unique_ptr<InProcessSessionCalls> c) {
+    auto failing = std::make_unique<Tap>(std::move(c));
+    failing->fail_sync_parts = true;
+    tap = failing.get();
+    return failing;
+  });
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  uint64_t* x = PutX(**heap, 11);
+  ASSERT_NE(x, nullptr);
+  const uint64_t live = heap_->Stats().directory.live_objects;
+  *x = 22;
+  // Two objects a chunk: more chunks than one detach message carries.
+  for (int i = 0; i < 2100; ++i) ASSERT_TRUE((*heap)->allocate(kMaxSmallSize).ok());
+  const absl::Status detached = (*heap)->detach();
+  EXPECT_EQ(detached.code(), absl::StatusCode::kUnavailable) << detached;
+  EXPECT_EQ(tap->detaches, 0);
+  EXPECT_EQ(ReadX(), 11u);
+  EXPECT_EQ(heap_->Stats().directory.live_objects, live);
+}
 
 class CarvingTest : public InProcessTest {
  protected:
