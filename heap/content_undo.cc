@@ -13,10 +13,12 @@
 #include <optional>
 #include <thread>
 
+#include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "allocator/size_class.h"
 
 namespace heapd {
 namespace {
@@ -99,6 +101,13 @@ uint64_t PunchedPrefix(int fd) {
 }
 
 }  // namespace
+
+ContentUndo::ContentUndo(std::string dir, const DataFile* data)
+    : dir_(std::move(dir)), data_(data), changes_source_([] {
+        absl::BitGen random;
+        return absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16),
+                            absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16));
+      }()) {}
 
 absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string& undo_dir,
                                                                const DataFile* data, uint64_t epoch,
@@ -225,8 +234,10 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
       Entry entry{kind,    h.time_ns, session == 0 ? h.session : session, h.generation, h.epoch,
                   session, r.image_at};
       AddLocked(h.page, entry);
-      if (session != 0)
+      if (session != 0) {
         journal.written.push_back({h.page, h.generation, r.image_at - kUndoHeaderBytes + r.size});
+        ChangedLocked(h.page, kUndoPageBytes, marks_ + 1);
+      }
     }
     journal.read_to += r.size;
   }
@@ -234,6 +245,7 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
 
 void ContentUndo::StopReadingLocked(ClientId session, Journal& journal, const std::string& why) {
   journal.broken = true;
+  all_changed_at_ = marks_ + 1;  // its later stores are not seen
   ++counts_.bad_journals;
   std::fprintf(stderr, "heapd: undo journal %s stops being read: %s\n",
                session == 0 ? kHeapJournal : JournalPath(session).c_str(), why.c_str());
@@ -359,6 +371,7 @@ absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {
   absl::StatusOr<std::string> image = ReadImageLocked(target);
   if (!image.ok()) return image.status();
   if (page + kUndoPageBytes > data_->size()) return absl::OkStatus();  // beyond the file now
+  ChangedLocked(page, kUndoPageBytes, marks_ + 1);
   if (pwrite(data_->fd(), image->data(), image->size(), page) !=
       static_cast<ssize_t>(image->size())) {
     return ErrnoStatus(errno, absl::StrCat("put back page ", page, " of ", data_->path()));
@@ -678,6 +691,7 @@ void ContentUndo::RecoverAllLocked() {
     if (target == nullptr) continue;
     absl::StatusOr<std::string> image = ReadImageLocked(*target);
     if (!image.ok() || page + kUndoPageBytes > data_->size()) continue;
+    ChangedLocked(page, kUndoPageBytes, marks_ + 1);
     if (pwrite(data_->fd(), image->data(), image->size(), page) ==
         static_cast<ssize_t>(image->size())) {
       ++counts_.pages_restored;
@@ -707,6 +721,7 @@ absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t len
                 fresh.end());
     fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
   }
+  ChangedLocked(offset, length, marks_ + 1);
   RefreshAllLocked();
   std::vector<uint64_t> pages;
   for (auto it = index_.lower_bound(offset); it != index_.end() && it->first < offset + length;
@@ -722,6 +737,32 @@ absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t len
 UndoCounts ContentUndo::counts() const {
   absl::MutexLock lock(&mu_);
   return counts_;
+}
+
+ChunkChanges ContentUndo::MarkChanges() {
+  absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
+  RefreshAllLocked();
+  // What stays open to stores no later record will show changes after
+  // this mark too.
+  const uint64_t next = marks_ + 2;
+  for (const auto& [session, journal] : journals_) {
+    if (journal.broken) all_changed_at_ = next;
+    for (const Journal::Written& w : journal.written) ChangedLocked(w.page, kUndoPageBytes, next);
+    for (uint64_t page : journal.adopted) ChangedLocked(page, kUndoPageBytes, next);
+    for (const Journal::Fresh& f : journal.fresh) ChangedLocked(f.offset, f.length, next);
+  }
+  ++marks_;
+  return ChunkChanges{changes_source_, marks_, changed_at_, all_changed_at_};
+}
+
+void ContentUndo::ChangedLocked(uint64_t offset, uint64_t length, uint64_t stamp) {
+  if (length == 0) return;
+  const uint64_t last = (offset + length - 1) / kChunkSize;
+  if (changed_at_.size() <= last) changed_at_.resize(last + 1, 0);
+  for (uint64_t chunk = offset / kChunkSize; chunk <= last; ++chunk) {
+    changed_at_[chunk] = std::max(changed_at_[chunk], stamp);
+  }
 }
 
 }  // namespace heapd

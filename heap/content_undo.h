@@ -43,6 +43,7 @@
 #ifndef HEAPD_HEAP_CONTENT_UNDO_H_
 #define HEAPD_HEAP_CONTENT_UNDO_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -63,6 +64,21 @@
 #include "util/unique_fd.h"
 
 namespace heapd {
+
+// What heapd knows of which chunks changed, for snapshot stores
+// (ContentUndo::MarkChanges; docs/snapshot-store.md "Unchanged chunks").
+struct ChunkChanges {
+  // This ContentUndo's life (random): marks of another are not comparable.
+  std::string source;
+  // This mark: a chunk whose changed_at is at most an earlier mark M holds
+  // what it held when M was taken (every store to it was made before M).
+  uint64_t mark = 0;
+  std::vector<uint64_t> changed_at;  // by 2 MiB chunk; beyond its end: 0
+  uint64_t all_changed_at = 0;       // every chunk, as if in changed_at
+  uint64_t ChangedAt(uint64_t chunk) const {
+    return std::max(all_changed_at, chunk < changed_at.size() ? changed_at[chunk] : 0);
+  }
+};
 
 struct UndoCounts {
   uint64_t pages_restored = 0;     // put back to their last commit
@@ -116,6 +132,17 @@ class ContentUndo {
 
   UndoCounts counts() const;
 
+  // Takes a mark (the heap's files at rest, as a snapshot is taken; the
+  // data is read after it). Stores heapd learns of (pre-images in the
+  // journals, memory handed out free, pages put back) stamp their chunk
+  // with the next mark; so do, at each mark, the pages and free memory
+  // still open to stores without a new pre-image (written since their
+  // session's last sync, or granted fresh), and every chunk while a live
+  // session's journal is not read. This knows only what the clients'
+  // write trackers tell: a writer that stores without taking pre-images is
+  // not seen (as its stores are not rolled back).
+  ChunkChanges MarkChanges();
+
  private:
   // One record known to be in a journal.
   struct Entry {
@@ -159,7 +186,7 @@ class ContentUndo {
   static constexpr int kLockAttempts = 20;
   static constexpr std::chrono::microseconds kLockRetry{500};
 
-  ContentUndo(std::string dir, const DataFile* data) : dir_(std::move(dir)), data_(data) {}
+  ContentUndo(std::string dir, const DataFile* data);
 
   std::string JournalPath(ClientId session) const;
   // Reads what was appended to `session`'s journal since the last read.
@@ -203,6 +230,9 @@ class ContentUndo {
   // Puts every page back and starts empty: no session is alive.
   void RecoverAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJournalLocked(ClientId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stamps the chunks of [offset, offset + length) with the next mark.
+  void ChangedLocked(uint64_t offset, uint64_t length, uint64_t stamp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The generation up to which `session`'s pre-images are committed.
   uint64_t EndedGenerationLocked(ClientId session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -225,6 +255,11 @@ class ContentUndo {
   std::map<ClientId, std::vector<std::pair<uint64_t, uint64_t>>> ends_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<Entry>> index_ ABSL_GUARDED_BY(mu_);  // by page
   UndoCounts counts_ ABSL_GUARDED_BY(mu_);
+  // See MarkChanges: marks taken so far, and each chunk's stamp.
+  const std::string changes_source_;
+  uint64_t marks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> changed_at_ ABSL_GUARDED_BY(mu_);
+  uint64_t all_changed_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace heapd

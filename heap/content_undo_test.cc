@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/size_class.h"
 #include "gtest/gtest.h"
 #include "heap/data_file.h"
 #include "heap/test_dir.h"
@@ -729,6 +730,64 @@ TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {
   EXPECT_TRUE(SamePage(Page(kPage), written));
   EXPECT_EQ(DataFileBytes(), 16 * kPage);
   EXPECT_EQ(UndoFiles(), kOnlyHeapJournal);
+}
+
+// Marks (snapshot stores): a chunk's stamp says whether it may have changed
+// since an earlier mark; stores that can still come without a pre-image
+// (the page's generation is open, memory granted fresh) count as changes
+// after the mark too; an unread journal makes every chunk changed.
+TEST_F(ContentUndoTest, MarksSayWhichChunksChangedSinceThem) {
+  ASSERT_NO_FATAL_FAILURE(Make(4 * kChunkSize));
+  auto changed_since = [](const ChunkChanges& now, const ChunkChanges& then) {
+    std::vector<int> chunks;
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      if (now.ChangedAt(chunk) > then.mark) chunks.push_back(chunk);
+    }
+    return chunks;
+  };
+  using Chunks = std::vector<int>;
+  const ChunkChanges m1 = undo_->MarkChanges();
+  auto s = Attach(3);
+  ASSERT_NO_FATAL_FAILURE(Write(*s, kChunkSize + 5 * kPage, 0, "first"));
+  const ChunkChanges m2 = undo_->MarkChanges();
+  EXPECT_EQ(m2.source, m1.source);
+  EXPECT_EQ(changed_since(m2, m1), Chunks{1});
+  // More stores of that generation take no pre-image: after m2 too.
+  ASSERT_NO_FATAL_FAILURE(Write(*s, kChunkSize + 5 * kPage, 0, "second"));
+  ASSERT_NO_FATAL_FAILURE(Sync(*s));
+  const ChunkChanges m3 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m3, m2), Chunks{1});
+  const ChunkChanges m4 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m4, m3), Chunks{});
+  // Memory handed out fresh is written without pre-images until its grant
+  // ends (a sync but one later).
+  auto owner = Attach(4);
+  ASSERT_TRUE(undo_->Forget(owner->id, 2 * kChunkSize, kChunkSize).ok());
+  const ChunkChanges m5 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m5, m4), Chunks{2});
+  ASSERT_NO_FATAL_FAILURE(Sync(*owner));
+  const ChunkChanges m6 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m6, m5), Chunks{2});
+  ASSERT_NO_FATAL_FAILURE(Sync(*owner));
+  const ChunkChanges m7 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m7, m6), Chunks{2});
+  EXPECT_EQ(changed_since(undo_->MarkChanges(), m7), Chunks{});
+  // A dead session's pages put back are changes.
+  auto dying = Attach(5);
+  ASSERT_NO_FATAL_FAILURE(Write(*dying, 3 * kChunkSize, 0, "lost"));
+  const ChunkChanges m8 = undo_->MarkChanges();
+  EXPECT_EQ(Die(*dying).pages_restored, 1u);
+  const ChunkChanges m9 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m9, m8), Chunks{3});
+  // A journal heapd stops reading hides its writer's stores: everything.
+  auto broken = Attach(6);
+  ASSERT_NO_FATAL_FAILURE(Append(*broken, std::string(kUndoImageRecordBytes, 'G')));
+  const ChunkChanges m10 = undo_->MarkChanges();
+  EXPECT_EQ(changed_since(m10, m9), (Chunks{0, 1, 2, 3}));
+  EXPECT_EQ(changed_since(undo_->MarkChanges(), m10), (Chunks{0, 1, 2, 3}));
+  // Another ContentUndo's marks are not comparable.
+  ASSERT_NO_FATAL_FAILURE(OpenUndo(epoch_));
+  EXPECT_NE(undo_->MarkChanges().source, m1.source);
 }
 
 // A sync writes its commit images, then its generation end: one that

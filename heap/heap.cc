@@ -821,6 +821,10 @@ absl::Status PersistentHeap::WithCommittedState(
   state.metadata_files = *std::move(files);
   state.data_fd = data_->fd();
   state.data_bytes = data_->size();
+  if (undo_ != nullptr) {
+    state.changes = undo_->MarkChanges();
+    absl::StrAppend(&state.changes->source, "/", data_file_repairs());
+  }
   return copy(state);
 }
 

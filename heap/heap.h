@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,9 @@ struct CommittedState {
   std::map<std::string, std::string> metadata_files;
   int data_fd = -1;         // the data file, durable; owned by the heap
   uint64_t data_bytes = 0;  // its size
+  // Heaps that track contents: a mark taken now (ContentUndo::MarkChanges;
+  // its source also names the data file's repairs, which no record shows).
+  std::optional<ChunkChanges> changes;
 };
 
 // AllocateLarge (as a run) or, with `reserve`, ReserveLarge of between

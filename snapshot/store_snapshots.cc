@@ -250,6 +250,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     stored.zstd_level = options_.zstd_level;
     stored.threads = options_.threads;
     stored.max_parts = options_.max_parts;
+    stored.changes = state.changes;
     if (const std::string token = unchanged_token ? unchanged_token() : ""; !token.empty()) {
       stored.unchanged_token = absl::StrCat(token, "/", state.epoch);
     }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "allocator/size_class.h"
 #include "client/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
@@ -43,6 +44,7 @@ std::map<std::string, std::string> Objects(const PersistentHeap& heap) {
 // One node: a state directory with a heap "h", heapd's own snapshots and
 // block cache, and its StoreSnapshots.
 struct Node {
+  // `dir` on tmpfs: the heap tracks its contents (heap/content_undo.h).
   Node(const std::string& dir, const std::string& name) : dir(dir) {
     std::filesystem::create_directories(dir + "/heaps");
     HeapConfig config;
@@ -191,6 +193,66 @@ TEST_F(StoreSnapshotsTest, VersionsRestoreExactlyAndShareTheirUnchangedBlocks) {
   }
   EXPECT_LT(du->stored_bytes(), named);
   EXPECT_LT(du->stored_bytes(), du->logical_bytes() / 1000);
+}
+
+// A heap that tracks its contents, written by a session that stays
+// attached: each create reads only the chunks heapd knows changed since
+// this node's last part (reusing the rest), and restores stay exact,
+// including stores made after a create's mark without a new pre-image.
+TEST_F(StoreSnapshotsTest, ChunksKnownUnchangedAreNotReadAgain) {
+  TestDir shm("/dev/shm");
+  Node node(shm.Sub("a"), "node-a");
+  ASSERT_TRUE(node.heap->Stats().content_rollback);
+  node.InSession([](Heap& heap) { Fill(heap, 20); });
+  auto first = node.Create(store_, "v1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->store().reused_blocks(), 0u);
+  EXPECT_FALSE(first->store().changes_token().empty());
+
+  auto session = AttachInProcess(node.heap.get(), node.next_session++);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Heap& heap = **session;
+  auto object = [&](const std::string& name) {
+    auto found = heap.Find(name, "bytes", 1);
+    EXPECT_TRUE(found.ok()) << found.status();
+    return static_cast<char*>(*found);
+  };
+  // obj-4 is 3 MiB: its first chunk changes.
+  std::memcpy(object("obj-4"), "changed", 7);
+  ASSERT_TRUE(heap.sync().ok());
+  const auto at_v2 = Objects(*node.heap);
+  auto second = node.Create(store_, "v2");
+  ASSERT_TRUE(second.ok()) << second.status();
+  const v1::StoreUsage& usage = second->store();
+  EXPECT_GT(usage.reused_blocks(), 0u) << usage.DebugString();
+  EXPECT_FALSE(usage.data_reused());
+  EXPECT_LE(usage.hashed_bytes(), kChunkSize) << usage.DebugString();
+
+  // A store before v3 (its page's pre-image taken), another to the same
+  // page after v3's mark (none taken: same generation), then a sync: v4
+  // has the second.
+  std::memcpy(object("obj-9") + 100, "before v3", 9);
+  auto third = node.Create(store_, "v3");
+  ASSERT_TRUE(third.ok()) << third.status();
+  std::memcpy(object("obj-9") + 100, "after v3!", 9);
+  ASSERT_TRUE(heap.sync().ok());
+  const auto at_v4 = Objects(*node.heap);
+  auto fourth = node.Create(store_, "v4");
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_GT(fourth->store().reused_blocks(), 0u);
+  ASSERT_TRUE(heap.detach().ok());
+
+  Node other(dir_.Sub("b"), "node-b");
+  auto v2 = other.Restore({store_, "v2", "", ""}, "v2");
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(Objects(**v2), at_v2);
+  auto v4 = other.Restore({store_, "v4", "", ""}, "v4");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(Objects(**v4), at_v4);
+  EXPECT_EQ(Objects(**v4).at("obj-9").substr(100, 9), "after v3!");
+  auto verified = node.versions->Verify(kRoot, {store_, "", "", ""});
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(verified->size(), 4u);
 }
 
 // Two nodes add their parts to one job version; a restore names a part,

@@ -4,15 +4,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "allocator/size_class.h"
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
@@ -91,30 +96,67 @@ absl::StatusOr<RecipeFile> ReadRecipe(int root, const PartRef& part, uint64_t* r
   return DecodeRecipeFile(*bytes, part.ToString());
 }
 
-// The data block ids of this node's earlier part of the same heap stored
-// with `source.unchanged_token`, if there is one of the same geometry:
-// NOT_FOUND otherwise (any trouble finding it: then the data is read).
-absl::StatusOr<std::string> UnchangedDataIds(int root, const PartSource& source) {
-  if (source.unchanged_token.empty()) return absl::NotFoundError("heapd knows nothing");
+// An earlier part of this node's whose data blocks a create may reuse.
+struct EarlierPart {
+  std::string data_ids;  // packed, as its recipe holds them
+  uint64_t data_bytes = 0;
+  bool unchanged = false;  // stored with source.unchanged_token: all of it reusable
+  uint64_t mark = 0;       // else: its mark among source.changes
+};
+
+// The mark a part's changes_token gives if it was taken by the same
+// ContentUndo life as `changes`, else 0.
+uint64_t MarkOf(const v1::StoreUsage& usage, const ChunkChanges& changes) {
+  absl::string_view token = usage.changes_token();
+  uint64_t mark = 0;
+  if (!absl::ConsumePrefix(&token, changes.source) || !absl::ConsumePrefix(&token, "/") ||
+      !absl::SimpleAtoi(token, &mark) || mark >= changes.mark) {
+    return 0;
+  }
+  return mark;
+}
+
+// This node's earlier part of the same heap that heapd vouches for: stored
+// with `source.unchanged_token`, else the one with the latest mark among
+// `source.changes`; of this user's (in a store others write to, another's
+// could name blocks of this user's that are not this heap's) and of the
+// same block size. NOT_FOUND if none (any trouble finding it: then the data
+// is read).
+absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) {
+  if (source.unchanged_token.empty() && !source.changes.has_value()) {
+    return absl::NotFoundError("heapd knows nothing");
+  }
   absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, "", source.max_parts);
   if (!parts.ok()) return absl::NotFoundError("");
+  // Candidates best first: the same token, then later marks.
+  std::vector<std::pair<uint64_t, PartRef>> candidates;
   for (const PartRef& part : *parts) {
     if (part.node != source.part.node || part.heap != source.part.heap) continue;
     absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true);
     absl::StatusOr<RecipeFile> head =
         header.ok() ? DecodeRecipeFile(*header, part.ToString(), true) : header.status();
-    if (!head.ok() || head->usage.source_token() != source.unchanged_token) continue;
-    // Only a recipe this user wrote: in a store others write to, another's
-    // could name blocks of this user's that are not this heap's.
+    if (!head.ok()) continue;
+    if (!source.unchanged_token.empty() && head->usage.source_token() == source.unchanged_token) {
+      candidates.emplace_back(std::numeric_limits<uint64_t>::max(), part);
+    } else if (const uint64_t mark = source.changes ? MarkOf(head->usage, *source.changes) : 0) {
+      candidates.emplace_back(mark, part);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [mark, part] : candidates) {
     uint32_t owner = 0;
     absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false, &owner);
-    absl::StatusOr<RecipeFile> file = bytes.ok() && owner == geteuid()
-                                          ? DecodeRecipeFile(*bytes, part.ToString())
-                                          : absl::NotFoundError("");
-    if (file.ok() && file->recipe.block_bytes() == source.block_bytes &&
-        file->recipe.data_bytes() == source.data_bytes) {
-      return std::move(*file->recipe.mutable_data_blocks());
-    }
+    if (!bytes.ok() || owner != geteuid()) continue;
+    absl::StatusOr<RecipeFile> file = DecodeRecipeFile(*bytes, part.ToString());
+    if (!file.ok() || file->recipe.block_bytes() != source.block_bytes) continue;
+    EarlierPart earlier;
+    earlier.data_bytes = file->recipe.data_bytes();
+    earlier.unchanged = mark == std::numeric_limits<uint64_t>::max();
+    if (earlier.unchanged && earlier.data_bytes != source.data_bytes) continue;
+    earlier.mark = earlier.unchanged ? 0 : mark;
+    earlier.data_ids = std::move(*file->recipe.mutable_data_blocks());
+    return earlier;
   }
   return absl::NotFoundError("");
 }
@@ -159,7 +201,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   recipe.set_data_bytes(source.data_bytes);
   // What one worker counted; each writes the ids of its own blocks.
   struct Tally {
-    uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0;
+    uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0, reused = 0;
     absl::Status status;
   };
   auto put = [](BlockStore& blocks, absl::string_view bytes, char* id, Tally& tally) {
@@ -180,6 +222,9 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   const int threads = std::max(1, source.threads);
   std::vector<Tally> tallies(threads);
   std::atomic<bool> failed{false};  // one worker's failure stops the others
+  // The chunks heapd knows unchanged since an earlier part's mark.
+  const absl::StatusOr<EarlierPart> earlier = FindEarlierPart(root, source);
+  const bool reusable = earlier.ok() && !earlier->unchanged && source.changes.has_value();
   auto work = [&](int worker) {
     Tally& tally = tallies[worker];
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
@@ -194,6 +239,22 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) continue;
       const size_t length =
           static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
+      // A block within a chunk heapd knows unchanged since the earlier
+      // part's mark, whole there too (blocks never span chunks). A hole
+      // there was zeros in a used chunk: a chunk free then is used now only
+      // if it was handed out since, a change.
+      if (reusable && source.changes->ChangedAt(chunk) <= earlier->mark &&
+          at + length <= earlier->data_bytes && length == source.block_bytes &&
+          (i + 1) * kBlockIdBytes <= earlier->data_ids.size()) {
+        const BlockId id = BlockId::FromRaw(PackedId(earlier->data_ids, i).data());
+        if (id.IsZero()) continue;
+        if (blocks->Mark(id)) {
+          std::memcpy(&data_ids[i * kBlockIdBytes], id.hash.data(), kBlockIdBytes);
+          ++tally.blocks;
+          ++tally.reused;
+          continue;
+        }
+      }
       if (!ReadAllAt(source.data_fd, block.data(), length, at)) {
         tally.status = ErrnoStatus(errno, absl::StrCat("read heap ", part.heap, "'s data at ", at));
         break;
@@ -207,21 +268,25 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     if (!tally.status.ok()) failed = true;
   };
   usage.set_source_token(source.unchanged_token);
+  if (source.changes.has_value()) {
+    usage.set_changes_token(absl::StrCat(source.changes->source, "/", source.changes->mark));
+  }
   // Data heapd knows unchanged since this node's previous part with the
   // same token: its blocks, marked in use (gc keeps them), not read again.
-  if (absl::StatusOr<std::string> previous = UnchangedDataIds(root, source); previous.ok()) {
+  if (earlier.ok() && earlier->unchanged) {
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
     bool all_there = blocks.ok();
     uint64_t named = 0;
-    for (size_t i = 0; all_there && i * kBlockIdBytes < previous->size(); ++i) {
-      const BlockId id = BlockId::FromRaw(PackedId(*previous, i).data());
+    for (size_t i = 0; all_there && i * kBlockIdBytes < earlier->data_ids.size(); ++i) {
+      const BlockId id = BlockId::FromRaw(PackedId(earlier->data_ids, i).data());
       if (id.IsZero()) continue;
       all_there = blocks->Mark(id);
       ++named;
     }
     if (all_there && blocks->Commit().ok()) {
-      data_ids = *std::move(previous);
+      data_ids = earlier->data_ids;
       tallies[0].blocks = named;
+      tallies[0].reused = named;
       usage.set_data_reused(true);
     }
   }
@@ -256,6 +321,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     usage.set_blocks_written(usage.blocks_written() + each.written);
     usage.set_stored_bytes(usage.stored_bytes() + each.stored_bytes);
     usage.set_hashed_bytes(usage.hashed_bytes() + each.hashed_bytes);
+    usage.set_reused_blocks(usage.reused_blocks() + each.reused);
   }
   const std::string encoded = EncodeRecipeFile(file);
   // A recipe readers would refuse is an error now, not at restore.

@@ -26,11 +26,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "heap/content_undo.h"
 #include "proto/heapd.pb.h"
 #include "snapshot/block_store.h"
 #include "snapshot/store_recipe.h"
@@ -53,7 +55,11 @@ struct PartSource {
   // a part with this StoreUsage::source_token; that part's data blocks
   // are reused (marked in use, not read) if this node has it in the store.
   std::string unchanged_token;
-  size_t max_parts = 1 << 16;  // parts looked through for it
+  // Heaps that track contents: the chunks heapd knows unchanged since an
+  // earlier part of this node's (StoreUsage::changes_token) have that
+  // part's blocks reused (marked in use, not read).
+  std::optional<ChunkChanges> changes;
+  size_t max_parts = 1 << 16;  // parts looked through for them
 };
 
 // Stores `source`; ALREADY_EXISTS if the part exists.
