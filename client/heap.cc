@@ -594,6 +594,7 @@ absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports,
   v1::SyncRequest request;
   request.set_session(session_);
   request.set_generation(generation);
+  request.set_stores_unseen(StoresUnseen());
   for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
   for (; placed_sent < placed.size(); ++placed_sent) {
     ToProto(placed[placed_sent], request.add_placed());
@@ -601,6 +602,8 @@ absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports,
   for (const LargePlacement& run : released) ToProto(run, request.add_released());
   return calls_->Sync(request, response);
 }
+
+bool Heap::StoresUnseen() const { return tracker_ != nullptr && !tracker_->error().ok(); }
 
 absl::StatusOr<uint64_t> Heap::sync() {
   absl::MutexLock sync_lock(&sync_mu_);
@@ -716,6 +719,7 @@ absl::Status Heap::detach() {
     v1::DetachRequest request;
     request.set_session(session_);
     if (tracker_ != nullptr) request.set_generation(tracker_->BeginSync());
+    request.set_stores_unseen(StoresUnseen());
     for (; sent < reports.size(); ++sent) ToProto(reports[sent], request.add_reports());
     for (; placed_sent < placed.size(); ++placed_sent) {
       ToProto(placed[placed_sent], request.add_placed());

@@ -253,6 +253,9 @@ class Heap {
   absl::StatusOr<bool> FreeUntold(uint64_t offset, uint64_t size_hint);
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
   absl::Status FlushFrees();
+  // Whether the write tracker let a store through without its pre-image
+  // (told to heapd with each sync and the detach).
+  bool StoresUnseen() const;
   // `generation`: the content generation the sync commits (0: none); sent
   // with the last part only.
   // A sync's reports and placements but the last kReportsPerSync and

@@ -88,6 +88,7 @@ absl::Status InProcessSessionCalls::Sync(const v1::SyncRequest& request,
   if (request.more()) {
     return heap_->StageReports(session_, FromProto(request.reports()), ReserveReportOf(request));
   }
+  if (request.stores_unseen()) heap_->StoresUnseen(session_);
   absl::StatusOr<SyncResult> result = heap_->Sync(session_, FromProto(request.reports()),
                                                   request.generation(), ReserveReportOf(request));
   if (!result.ok()) return result.status();
@@ -103,6 +104,7 @@ absl::Status InProcessSessionCalls::Detach(const v1::DetachRequest& request) {
   if (absl::Status s = CheckLive(); !s.ok()) return s;
   ended_ = true;
   if (read_only_) return absl::OkStatus();
+  if (request.stores_unseen()) heap_->StoresUnseen(session_);
   absl::StatusOr<SyncResult> result = heap_->Detach(session_, FromProto(request.reports()),
                                                     request.generation(), ReserveReportOf(request));
   if (result.ok()) return absl::OkStatus();

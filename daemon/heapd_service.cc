@@ -367,6 +367,9 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
 grpc::Status HeapdService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                   v1::DetachResponse* response) {
   return Serve(context, "Detach", *request, [&](const Caller& caller) -> absl::Status {
+    if (request->stores_unseen()) {
+      if (absl::Status s = sessions_->StoresUnseen(request->session(), caller); !s.ok()) return s;
+    }
     absl::StatusOr<uint64_t> epoch =
         sessions_->Detach(request->session(), caller, FromProto(request->reports()),
                           request->generation(), ReserveReportOf(*request));
@@ -430,6 +433,9 @@ grpc::Status HeapdService::Sync(grpc::ServerContext* context, const v1::SyncRequ
     if (request->more()) {
       return sessions_->StageSyncPart(request->session(), caller, FromProto(request->reports()),
                                       ReserveReportOf(*request));
+    }
+    if (request->stores_unseen()) {
+      if (absl::Status s = sessions_->StoresUnseen(request->session(), caller); !s.ok()) return s;
     }
     absl::StatusOr<Sessions::Synced> synced =
         sessions_->Sync(request->session(), caller, FromProto(request->reports()),

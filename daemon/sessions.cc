@@ -226,6 +226,13 @@ absl::Status Sessions::Free(uint64_t id, const Caller& caller,
   });
 }
 
+absl::Status Sessions::StoresUnseen(uint64_t id, const Caller& caller) {
+  return OnSession(id, caller, [&](Session& session) {
+    session.heap->heap->StoresUnseen(session.id);
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<Sessions::Synced> Sessions::Sync(uint64_t id, const Caller& caller,
                                                 absl::Span<const LeaseReport> reports,
                                                 uint64_t generation, const ReserveReport& reserve) {

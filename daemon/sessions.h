@@ -93,6 +93,9 @@ class Sessions {
   absl::StatusOr<Synced> Sync(uint64_t id, const Caller& caller,
                               absl::Span<const LeaseReport> reports, uint64_t generation = 0,
                               const ReserveReport& reserve = {});
+  // The session's client stored without pre-images
+  // (PersistentHeap::StoresUnseen); told before its sync or detach.
+  absl::Status StoresUnseen(uint64_t id, const Caller& caller);
   // Binds `entry` (its owner and time are set here).
   absl::Status Bind(uint64_t id, const Caller& caller, NameEntry entry);
   absl::StatusOr<NameEntry> Unbind(uint64_t id, const Caller& caller, const std::string& name);

@@ -245,7 +245,7 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
 
 void ContentUndo::StopReadingLocked(ClientId session, Journal& journal, const std::string& why) {
   journal.broken = true;
-  all_changed_at_ = marks_ + 1;  // its later stores are not seen
+  all_changed_at_ = std::max(all_changed_at_, marks_ + 1);  // its later stores are not seen
   ++counts_.bad_journals;
   std::fprintf(stderr, "heapd: undo journal %s stops being read: %s\n",
                session == 0 ? kHeapJournal : JournalPath(session).c_str(), why.c_str());
@@ -747,13 +747,22 @@ ChunkChanges ContentUndo::MarkChanges() {
   // this mark too.
   const uint64_t next = marks_ + 2;
   for (const auto& [session, journal] : journals_) {
-    if (journal.broken) all_changed_at_ = next;
+    if (journal.broken || journal.unseen) all_changed_at_ = next;
     for (const Journal::Written& w : journal.written) ChangedLocked(w.page, kUndoPageBytes, next);
     for (uint64_t page : journal.adopted) ChangedLocked(page, kUndoPageBytes, next);
     for (const Journal::Fresh& f : journal.fresh) ChangedLocked(f.offset, f.length, next);
   }
   ++marks_;
   return ChunkChanges{changes_source_, marks_, changed_at_, all_changed_at_};
+}
+
+void ContentUndo::StoresUnseen(ClientId session) {
+  absl::MutexLock lock(&mu_);
+  AdoptNewJournalsLocked();
+  if (auto journal = journals_.find(session); journal != journals_.end()) {
+    journal->second.unseen = true;
+  }
+  all_changed_at_ = std::max(all_changed_at_, marks_ + 1);
 }
 
 void ContentUndo::ChangedLocked(uint64_t offset, uint64_t length, uint64_t stamp) {

@@ -141,7 +141,10 @@ class ContentUndo {
   // session's journal is not read. This knows only what the clients'
   // write trackers tell: a writer that stores without taking pre-images is
   // not seen (as its stores are not rolled back).
-  ChunkChanges MarkChanges();
+  ChunkChanges MarkChanges() ABSL_LOCKS_EXCLUDED(mu_);
+  // `session`'s client let stores through without pre-images (its journal
+  // could not take them): every chunk counts as changed while it lives.
+  void StoresUnseen(ClientId session) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // One record known to be in a journal.
@@ -160,6 +163,7 @@ class ContentUndo {
     uint64_t punched = 0;    // bytes before this are void and punched out
     bool broken = false;     // stopped being read
     bool oversized = false;  // and emptied at each check: it grew too big
+    bool unseen = false;     // its client stored without pre-images (StoresUnseen)
     // Its pre-images in journal order (generations only grow along it).
     struct Written {
       uint64_t page;

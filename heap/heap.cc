@@ -564,6 +564,10 @@ absl::Status PersistentHeap::ForgetUndo(ClientId client, uint64_t offset, uint64
   return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));
 }
 
+void PersistentHeap::StoresUnseen(ClientId client) {
+  if (undo_ != nullptr) undo_->StoresUnseen(client);
+}
+
 absl::StatusOr<UniqueFd> PersistentHeap::OpenUndoJournal(ClientId client) {
   if (undo_ == nullptr) return UniqueFd();
   return undo_->OpenJournal(client);

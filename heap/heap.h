@@ -225,6 +225,9 @@ class PersistentHeap {
   // The content undo journal of a new read-write session, for its client;
   // an invalid fd if this heap does not roll contents back.
   absl::StatusOr<UniqueFd> OpenUndoJournal(ClientId client);
+  // The client's tracker let stores through without pre-images
+  // (ContentUndo::StoresUnseen); nothing if contents are not tracked.
+  void StoresUnseen(ClientId client);
   bool content_rollback() const { return undo_ != nullptr; }
   // Why not, when content_rollback() is false.
   std::string content_rollback_note() const;

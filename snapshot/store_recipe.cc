@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/size_class.h"
 #include "heap/heap_name.h"
 #include "heap/metadata_format.h"
 #include "snapshot/snapshot_format.h"
@@ -40,6 +41,10 @@ absl::Status ValidatePartRef(const PartRef& part) {
   if (absl::Status s = ValidateHeapName(part.name, "version"); !s.ok()) return s;
   if (absl::Status s = ValidateHeapName(part.node, "node"); !s.ok()) return s;
   return ValidateHeapName(part.heap);
+}
+
+uint64_t UsedChunksBytes(uint64_t data_bytes) {
+  return ((data_bytes + kChunkSize - 1) / kChunkSize + 7) / 8;
 }
 
 bool ValidBlockBytes(uint64_t bytes) {
@@ -96,6 +101,11 @@ absl::StatusOr<RecipeFile> DecodeRecipeFile(absl::string_view bytes, const std::
   if (recipe.data_bytes() > kMaxHeapBytes ||
       recipe.data_blocks().size() != BlocksFor(recipe.data_bytes(), block) * kBlockIdBytes) {
     return bad(absl::StrCat(recipe.data_blocks().size() / kBlockIdBytes, " data blocks for ",
+                            recipe.data_bytes(), " bytes"));
+  }
+  if (!recipe.used_chunks().empty() &&
+      recipe.used_chunks().size() != UsedChunksBytes(recipe.data_bytes())) {
+    return bad(absl::StrCat(recipe.used_chunks().size(), " bytes of used chunks for ",
                             recipe.data_bytes(), " bytes"));
   }
   uint64_t metadata_bytes = 0;

@@ -42,6 +42,9 @@ struct PartRef {
   std::string RecipePath() const;  // "versions/NAME/NODE/HEAP.recipe"
 };
 
+// Bytes of StoreRecipe::used_chunks for a data file of `data_bytes`.
+uint64_t UsedChunksBytes(uint64_t data_bytes);
+
 // INVALID_ARGUMENT unless name, node and heap are each a heap name.
 absl::Status ValidatePartRef(const PartRef& part);
 // A power of two from 64 KiB to 2 MiB.

@@ -4,10 +4,12 @@
 #include "snapshot/store_snapshots.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -253,6 +255,41 @@ TEST_F(StoreSnapshotsTest, ChunksKnownUnchangedAreNotReadAgain) {
   auto verified = node.versions->Verify(kRoot, {store_, "", "", ""});
   ASSERT_TRUE(verified.ok()) << verified.status();
   EXPECT_EQ(verified->size(), 4u);
+}
+
+// A store whose pre-image could not be appended (here the journal cannot
+// grow: RLIMIT_FSIZE) goes through unseen; the client says so with its
+// sync, and the next create reads every chunk instead of reusing blocks.
+TEST_F(StoreSnapshotsTest, StoresTheTrackerCouldNotJournalAreNotMissed) {
+  TestDir shm("/dev/shm");
+  Node node(shm.Sub("a"), "node-a");
+  node.InSession([](Heap& heap) { Fill(heap, 10); });
+  ASSERT_TRUE(node.Create(store_, "v1").ok());
+  auto session = AttachInProcess(node.heap.get(), node.next_session++);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Heap& heap = **session;
+  auto object = heap.Find("obj-4", "bytes", 1);
+  ASSERT_TRUE(object.ok()) << object.status();
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit tiny = old;
+  tiny.rlim_cur = 1;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  std::memcpy(*object, "unseen", 6);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, SIG_DFL);
+  // The sync commits, and reports the pre-image it could not take.
+  EXPECT_EQ(heap.sync().status().code(), absl::StatusCode::kDataLoss);
+  const auto at_v2 = Objects(*node.heap);
+  auto second = node.Create(store_, "v2");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->store().reused_blocks(), 0u) << second->store().DebugString();
+  (void)heap.detach();
+  Node other(dir_.Sub("b"), "node-b");
+  auto v2 = other.Restore({store_, "v2", "", ""}, "v2");
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(Objects(**v2).at("obj-4").substr(0, 6), "unseen");
 }
 
 // Two nodes add their parts to one job version; a restore names a part,

@@ -96,9 +96,16 @@ absl::StatusOr<RecipeFile> ReadRecipe(int root, const PartRef& part, uint64_t* r
   return DecodeRecipeFile(*bytes, part.ToString());
 }
 
+// Whether StoreRecipe::used_chunks `used` says `chunk` was used (not if it
+// is empty or too short).
+bool ChunkUsed(const std::string& used, uint64_t chunk) {
+  return chunk / 8 < used.size() && (static_cast<uint8_t>(used[chunk / 8]) >> (chunk % 8)) & 1;
+}
+
 // An earlier part of this node's whose data blocks a create may reuse.
 struct EarlierPart {
-  std::string data_ids;  // packed, as its recipe holds them
+  std::string data_ids;     // packed, as its recipe holds them
+  std::string used_chunks;  // its StoreRecipe::used_chunks
   uint64_t data_bytes = 0;
   bool unchanged = false;  // stored with source.unchanged_token: all of it reusable
   uint64_t mark = 0;       // else: its mark among source.changes
@@ -132,10 +139,11 @@ absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) 
   std::vector<std::pair<uint64_t, PartRef>> candidates;
   for (const PartRef& part : *parts) {
     if (part.node != source.part.node || part.heap != source.part.heap) continue;
-    absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true);
+    uint32_t owner = 0;
+    absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true, &owner);
     absl::StatusOr<RecipeFile> head =
         header.ok() ? DecodeRecipeFile(*header, part.ToString(), true) : header.status();
-    if (!head.ok()) continue;
+    if (!head.ok() || owner != geteuid()) continue;
     if (!source.unchanged_token.empty() && head->usage.source_token() == source.unchanged_token) {
       candidates.emplace_back(std::numeric_limits<uint64_t>::max(), part);
     } else if (const uint64_t mark = source.changes ? MarkOf(head->usage, *source.changes) : 0) {
@@ -144,10 +152,12 @@ absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) 
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
+  uint64_t read = 0;  // recipes planted to look like candidates cost at most this
   for (const auto& [mark, part] : candidates) {
     uint32_t owner = 0;
     absl::StatusOr<std::string> bytes = ReadRecipeFile(root, part, /*header_only=*/false, &owner);
     if (!bytes.ok() || owner != geteuid()) continue;
+    if ((read += bytes->size()) > kMaxRecipeBytesPerCall) break;
     absl::StatusOr<RecipeFile> file = DecodeRecipeFile(*bytes, part.ToString());
     if (!file.ok() || file->recipe.block_bytes() != source.block_bytes) continue;
     EarlierPart earlier;
@@ -156,6 +166,7 @@ absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) 
     if (earlier.unchanged && earlier.data_bytes != source.data_bytes) continue;
     earlier.mark = earlier.unchanged ? 0 : mark;
     earlier.data_ids = std::move(*file->recipe.mutable_data_blocks());
+    earlier.used_chunks = std::move(*file->recipe.mutable_used_chunks());
     return earlier;
   }
   return absl::NotFoundError("");
@@ -199,6 +210,11 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   v1::StoreRecipe& recipe = file.recipe;
   recipe.set_block_bytes(source.block_bytes);
   recipe.set_data_bytes(source.data_bytes);
+  std::string& used = *recipe.mutable_used_chunks();
+  used.assign(UsedChunksBytes(source.data_bytes), '\0');
+  for (uint64_t chunk = 0; chunk < source.used_chunks.size() && chunk / 8 < used.size(); ++chunk) {
+    if (source.used_chunks[chunk]) used[chunk / 8] |= static_cast<char>(1 << (chunk % 8));
+  }
   // What one worker counted; each writes the ids of its own blocks.
   struct Tally {
     uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0, reused = 0;
@@ -241,14 +257,15 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
           static_cast<size_t>(std::min<uint64_t>(source.block_bytes, source.data_bytes - at));
       // A block within a chunk heapd knows unchanged since the earlier
       // part's mark, whole there too (blocks never span chunks). A hole
-      // there was zeros in a used chunk: a chunk free then is used now only
-      // if it was handed out since, a change.
+      // there is zeros if the chunk was used then; one free then may have
+      // been written before that mark and committed since (no stamp says
+      // so), and is read.
       if (reusable && source.changes->ChangedAt(chunk) <= earlier->mark &&
           at + length <= earlier->data_bytes && length == source.block_bytes &&
           (i + 1) * kBlockIdBytes <= earlier->data_ids.size()) {
         const BlockId id = BlockId::FromRaw(PackedId(earlier->data_ids, i).data());
-        if (id.IsZero()) continue;
-        if (blocks->Mark(id)) {
+        if (id.IsZero() && ChunkUsed(earlier->used_chunks, chunk)) continue;
+        if (!id.IsZero() && blocks->Mark(id)) {
           std::memcpy(&data_ids[i * kBlockIdBytes], id.hash.data(), kBlockIdBytes);
           ++tally.blocks;
           ++tally.reused;

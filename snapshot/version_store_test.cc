@@ -1,0 +1,130 @@
+// WritePart's reuse of an earlier part's blocks for chunks heapd knows
+// unchanged (ChunkChanges), run in process on a store in a test directory.
+#include "snapshot/version_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "allocator/size_class.h"
+#include "gtest/gtest.h"
+#include "heap/test_dir.h"
+#include "snapshot/store_recipe.h"
+#include "util/unique_fd.h"
+
+namespace heapd {
+namespace {
+
+constexpr uint32_t kBlock = 1 << 20;
+
+class VersionStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_.reset(open(dir_.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    ASSERT_TRUE(data_.valid());
+    ASSERT_EQ(ftruncate(data_.get(), 2 * kChunkSize), 0);
+    Fill(0, 'a');
+    ASSERT_EQ(mkdir(dir_.Sub("store").c_str(), 0700), 0);
+    root_.reset(open(dir_.Sub("store").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(root_.valid());
+  }
+
+  void Fill(uint64_t chunk, char byte) {
+    const std::string bytes(kChunkSize, byte);
+    ASSERT_EQ(pwrite(data_.get(), bytes.data(), bytes.size(), chunk * kChunkSize),
+              static_cast<ssize_t>(bytes.size()));
+  }
+
+  // Part `name` of the data file with chunks `used`, at `mark` with chunk
+  // stamps `changed_at`.
+  absl::StatusOr<v1::StoreUsage> Write(const std::string& name, std::vector<bool> used,
+                                       uint64_t mark, std::vector<uint64_t> changed_at) {
+    PartSource source;
+    source.part = {name, "node", "h"};
+    source.manifest_json = "{}";
+    source.data_fd = data_.get();
+    source.data_bytes = 2 * kChunkSize;
+    source.used_chunks = std::move(used);
+    source.metadata_files = &metadata_;
+    source.block_bytes = kBlock;
+    source.threads = 1;
+    source.changes = ChunkChanges{"heap-life", mark, std::move(changed_at), 0};
+    return WritePart(root_.get(), source);
+  }
+
+  // The data block ids of part `name`, packed.
+  std::string DataIds(const std::string& name) {
+    const PartRef part{name, "node", "h"};
+    absl::StatusOr<std::string> bytes = ReadRecipeFile(root_.get(), part, false);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    absl::StatusOr<RecipeFile> file = DecodeRecipeFile(bytes.ok() ? *bytes : "", name);
+    EXPECT_TRUE(file.ok()) << file.status();
+    return file.ok() ? file->recipe.data_blocks() : "";
+  }
+
+  TestDir dir_{"/tmp"};
+  UniqueFd data_, root_;
+  const std::map<std::string, std::string> metadata_ = {{"checkpoint", "metadata"}};
+};
+
+TEST_F(VersionStoreTest, UnchangedChunksAreReusedUnread) {
+  auto v1 = Write("v1", {true, true}, 1, {0, 0});
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(v1->reused_blocks(), 0u);
+  EXPECT_EQ(v1->hashed_bytes(), 2 * kChunkSize);
+  // Chunk 1 changed after v1's mark: read; chunk 0 taken from v1.
+  Fill(1, 'b');
+  auto v2 = Write("v2", {true, true}, 2, {0, 2});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->reused_blocks(), 2u);
+  EXPECT_EQ(v2->hashed_bytes(), kChunkSize);
+  EXPECT_EQ(DataIds("v2").substr(0, 2 * kBlockIdBytes), DataIds("v1").substr(0, 2 * kBlockIdBytes));
+  EXPECT_NE(DataIds("v2"), DataIds("v1"));
+  // Nothing changed since v2's mark: all taken from v2, nothing read.
+  auto v3 = Write("v3", {true, true}, 3, {0, 0});
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->reused_blocks(), 4u);
+  EXPECT_EQ(v3->hashed_bytes(), 0u);
+}
+
+// A chunk free at the earlier part's mark (a hole there) but used now was
+// perhaps written before that mark and committed after it, with no stamp
+// since (a grant that ended before the mark): it is read, not taken as
+// zeros.
+TEST_F(VersionStoreTest, AChunkFreeAtTheEarlierMarkIsRead) {
+  Fill(1, 'c');  // written while free (a grant's stores, not yet committed)
+  auto v1 = Write("v1", {true, false}, 1, {0, 0});
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(DataIds("v1").substr(2 * kBlockIdBytes), std::string(2 * kBlockIdBytes, '\0'));
+  auto v2 = Write("v2", {true, true}, 2, {0, 1});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->reused_blocks(), 2u);
+  EXPECT_EQ(v2->hashed_bytes(), kChunkSize);
+  EXPECT_NE(DataIds("v2").substr(2 * kBlockIdBytes), std::string(2 * kBlockIdBytes, '\0'));
+  // A hole of a chunk used at the earlier mark is zeros, and stays a hole.
+  const std::string zeros(kChunkSize, '\0');
+  ASSERT_EQ(pwrite(data_.get(), zeros.data(), zeros.size(), kChunkSize),
+            static_cast<ssize_t>(zeros.size()));
+  auto v3 = Write("v3", {true, true}, 3, {0, 3});
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  auto v4 = Write("v4", {true, true}, 4, {0, 3});
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->hashed_bytes(), 0u);
+  EXPECT_EQ(DataIds("v4").substr(2 * kBlockIdBytes), std::string(2 * kBlockIdBytes, '\0'));
+}
+
+// Only the caller's own recipes are candidates: one another user put
+// there, claiming the heap's changes, is not read.
+TEST_F(VersionStoreTest, AnotherUsersRecipeIsNotReused) {
+  auto v1 = Write("v1", {true, true}, 1, {0, 0});
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_EQ(chown(dir_.Sub("store/versions/v1/node/h.recipe").c_str(), 61001, 61001), 0);
+  auto v2 = Write("v2", {true, true}, 2, {0, 0});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->reused_blocks(), 0u);
+  EXPECT_EQ(v2->hashed_bytes(), 2 * kChunkSize);
+}
+
+}  // namespace
+}  // namespace heapd
