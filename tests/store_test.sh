@@ -71,6 +71,8 @@ expect_in "part job-7/node-a/graph" "$out"
 out=$(on node-b "$HEAPCTL" --json snapshot create graph job-7 --store="$STORE") ||
   fail "create on b: $out"
 expect_in '"node": "node-b"' "$out"
+# The store's first versions: every block now is job-7's (damaged below).
+JOB7_BLOCKS=$(find "$STORE/blocks" -type f -name '[0-9a-f]*' | sort)
 out=$(on node-a "$HEAPCTL" snapshot create graph job-7 --store="$STORE" 2>&1) &&
   fail "a second part node-a/graph of job-7 was made"
 expect_in "ALREADY_EXISTS" "$out"
@@ -215,8 +217,10 @@ if command -v setpriv >/dev/null && getent passwd nobody >/dev/null; then
   expect_in "PERMISSION_DENIED" "$out"
 fi
 
-# A block changed in the store: verify names it, a restore refuses it.
-block=$(find "$STORE/blocks" -type f -name '[0-9a-f]*' | head -1)
+# A block of job-7 changed in the store: verify names it, a restore
+# refuses it. (Not any block: the store holds other versions' too.)
+block=$(echo "$JOB7_BLOCKS" | head -1)
+[ -f "$block" ] || fail "job-7's block $block is gone"
 printf 'x' | dd of="$block" bs=1 seek=40 conv=notrunc status=none
 out=$(on node-b "$HEAPCTL" snapshot verify job-7 --store="$STORE" 2>&1) &&
   fail "verify passed a damaged block"
