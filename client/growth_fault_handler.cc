@@ -1,7 +1,10 @@
 #include "client/growth_fault_handler.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <mutex>
@@ -32,11 +35,27 @@ struct Registered {
   std::atomic<uint64_t>* mapped ABSL_GUARDED_BY(registering) = nullptr;
   int uffd ABSL_GUARDED_BY(registering) = -1;  // write tracking; -1: none
   const std::atomic<bool>* fenced ABSL_GUARDED_BY(registering) = nullptr;
+  // The thread mapping the heap's growth (GrowthMappingLock); 0: none.
+  std::atomic<pid_t> mapping_by{0};
 };
 
 Registered slots[kSlots];
 struct sigaction previous;
 std::once_flag installed;
+
+// Takes `heap`'s mapping lock; false (not taken) if this thread holds it
+// already (a signal handler on the thread mapping). Async-signal-safe.
+bool LockMapping(Registered& heap) {
+  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+  for (pid_t holder = 0;
+       !heap.mapping_by.compare_exchange_weak(holder, self, std::memory_order_acquire);
+       holder = 0) {
+    if (holder == self) return false;
+    sched_yield();
+  }
+  return true;
+}
+void UnlockMapping(Registered& heap) { heap.mapping_by.store(0, std::memory_order_release); }
 
 // Maps the file of `heap` up to its size; false if the fault at `offset`
 // lies beyond it too (a real fault). Exempt from the analysis: called by
@@ -45,8 +64,10 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
   struct stat st;
   if (fstat(heap.fd, &st) != 0) return false;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  const uint64_t mapped = heap.mapped->load(std::memory_order_acquire);
   if (offset >= size || size > heap.max_size) return false;
+  const bool locked = LockMapping(heap);
+  // Read under the lock: what another mapper mapped is not mapped again.
+  const uint64_t mapped = heap.mapped->load(std::memory_order_acquire);
   if (size > mapped) {
     char* at = heap.base.load(std::memory_order_acquire) + mapped;
     const std::atomic<bool>* fenced = heap.fenced;
@@ -58,6 +79,7 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
       MapPrivately(at, size - mapped, heap.fd, mapped);  // as the rest after a fence
     } else {
       if (MapFileAt(at, size - mapped, heap.writable, heap.map_sync, heap.fd, mapped) != 0) {
+        if (locked) UnlockMapping(heap);
         return false;
       }
       if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
@@ -71,6 +93,7 @@ bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
     // the flag (both sequentially consistent) and maps privately itself.
     if (!fenced_before && fencing()) MapPrivately(at, size - mapped, heap.fd, mapped);
   }
+  if (locked) UnlockMapping(heap);
   return true;  // mapped now (by us or by another thread)
 }
 
@@ -127,6 +150,14 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     return i;
   }
   return -1;
+}
+
+GrowthMappingLock::GrowthMappingLock(int slot) : slot_(slot) {
+  if (slot_ >= 0 && slot_ < kSlots) held_ = LockMapping(slots[slot_]);
+}
+
+GrowthMappingLock::~GrowthMappingLock() {
+  if (held_) UnlockMapping(slots[slot_]);
 }
 
 void UnregisterHeapForGrowthFaults(int slot) {

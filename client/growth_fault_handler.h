@@ -28,6 +28,24 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
                                 const std::atomic<bool>* fenced = nullptr);
 void UnregisterHeapForGrowthFaults(int slot);
 
+// Held while a heap's mapping grows outside the handler (Heap::MapUpTo):
+// two mappers of the same range would each map it anew, and the later map
+// drops the earlier one's registration for write protection until it
+// registers its own, a window in which a store takes no pre-image. The
+// handler takes the same lock (spinning), except on the thread holding it.
+// Slot -1: nothing.
+class GrowthMappingLock {
+ public:
+  explicit GrowthMappingLock(int slot);
+  ~GrowthMappingLock();
+  GrowthMappingLock(const GrowthMappingLock&) = delete;
+  GrowthMappingLock& operator=(const GrowthMappingLock&) = delete;
+
+ private:
+  const int slot_;
+  bool held_ = false;
+};
+
 }  // namespace heapd
 
 #endif  // HEAPD_CLIENT_GROWTH_FAULT_HANDLER_H_

@@ -233,7 +233,9 @@ absl::Status Heap::MapUpTo(uint64_t capacity) {
   if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
   absl::MutexLock lock(&mapping_mu_);
   // What the growth fault handler mapped (and registered for write
-  // protection) is not mapped again: that would drop its protection.
+  // protection) is not mapped again: that would drop its protection; nor
+  // does it map while this does.
+  GrowthMappingLock growth(fault_slot_);
   mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
   const uint64_t before = mapping_->size();
   if (absl::Status s = mapping_->Extend(capacity); !s.ok()) return s;
