@@ -1,5 +1,6 @@
 #include "client/growth_fault_handler.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -135,6 +136,15 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     action.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&action.sa_mask);
     sigaction(SIGSEGV, &action, &previous);
+    // A forked child has none of the heaps (their mapped parts are kept
+    // from children, MADV_DONTFORK): its faults there stay faults, and a
+    // lock a parent's thread held at the fork is not waited on.
+    pthread_atfork(nullptr, nullptr, [] {
+      for (Registered& heap : slots) {
+        heap.base.store(nullptr, std::memory_order_relaxed);
+        heap.mapping_by.store(0, std::memory_order_relaxed);
+      }
+    });
   });
   absl::MutexLock lock(&registering);
   for (int i = 0; i < kSlots; ++i) {

@@ -4,10 +4,12 @@
 #include "client/growth_fault_handler.h"
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <thread>
 
@@ -61,6 +63,21 @@ TEST(GrowthFaultHandlerTest, AFaultWaitsForAnotherThreadMappingButNotForItsOwn) 
     EXPECT_EQ(base[5 * kMiB], 'h');
   }
   EXPECT_EQ(mapped.load(), 6 * kMiB);
+
+  // A forked child gets no growth mapped (its stores would go untracked),
+  // even while a thread of the parent holds the lock: it faults.
+  ASSERT_NO_FATAL_FAILURE(grow_and_write(8 * kMiB, 7 * kMiB, 'i'));
+  {
+    GrowthMappingLock held(slot);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      _exit(base[7 * kMiB] == 'i' ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+  }
   UnregisterHeapForGrowthFaults(slot);
 }
 
