@@ -234,7 +234,8 @@ class ContentUndo {
   // Puts every page back and starts empty: no session is alive.
   void RecoverAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJournalLocked(ClientId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stamps the chunks of [offset, offset + length) with the next mark.
+  // Stamps the chunks of [offset, offset + length) with mark `stamp`
+  // (the next one for what was learned now), keeping a later stamp.
   void ChangedLocked(uint64_t offset, uint64_t length, uint64_t stamp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The generation up to which `session`'s pre-images are committed.
