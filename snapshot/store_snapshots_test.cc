@@ -67,6 +67,13 @@ struct Node {
     versions = *std::move(store);
   }
 
+  // A session of the real client on the heap.
+  std::unique_ptr<Heap> Attach() {
+    auto session = AttachInProcess(heap.get(), next_session++);
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.ok() ? *std::move(session) : nullptr;
+  }
+
   // Runs `work` in a session of the real client, then detaches.
   void InSession(const std::function<void(Heap&)>& work) {
     auto session = AttachInProcess(heap.get(), next_session++);
@@ -211,9 +218,9 @@ TEST_F(StoreSnapshotsTest, ChunksKnownUnchangedAreNotReadAgain) {
   EXPECT_EQ(first->store().reused_blocks(), 0u);
   EXPECT_FALSE(first->store().changes_token().empty());
 
-  auto session = AttachInProcess(node.heap.get(), node.next_session++);
-  ASSERT_TRUE(session.ok()) << session.status();
-  Heap& heap = **session;
+  std::unique_ptr<Heap> session = node.Attach();
+  ASSERT_NE(session, nullptr);
+  Heap& heap = *session;
   auto object = [&](const std::string& name) {
     auto found = heap.Find(name, "bytes", 1);
     EXPECT_TRUE(found.ok()) << found.status();
@@ -265,9 +272,9 @@ TEST_F(StoreSnapshotsTest, StoresTheTrackerCouldNotJournalAreNotMissed) {
   Node node(shm.Sub("a"), "node-a");
   node.InSession([](Heap& heap) { Fill(heap, 10); });
   ASSERT_TRUE(node.Create(store_, "v1").ok());
-  auto session = AttachInProcess(node.heap.get(), node.next_session++);
-  ASSERT_TRUE(session.ok()) << session.status();
-  Heap& heap = **session;
+  std::unique_ptr<Heap> session = node.Attach();
+  ASSERT_NE(session, nullptr);
+  Heap& heap = *session;
   auto object = heap.Find("obj-4", "bytes", 1);
   ASSERT_TRUE(object.ok()) << object.status();
   signal(SIGXFSZ, SIG_IGN);
@@ -285,11 +292,12 @@ TEST_F(StoreSnapshotsTest, StoresTheTrackerCouldNotJournalAreNotMissed) {
   auto second = node.Create(store_, "v2");
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->store().reused_blocks(), 0u) << second->store().DebugString();
-  (void)heap.detach();
+  ASSERT_TRUE(heap.detach().ok());
   Node other(dir_.Sub("b"), "node-b");
   auto v2 = other.Restore({store_, "v2", "", ""}, "v2");
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ(Objects(**v2).at("obj-4").substr(0, 6), "unseen");
+  EXPECT_EQ(Objects(**v2), at_v2);
 }
 
 // Two nodes add their parts to one job version; a restore names a part,

@@ -239,7 +239,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   std::vector<Tally> tallies(threads);
   std::atomic<bool> failed{false};  // one worker's failure stops the others
   // The chunks heapd knows unchanged since an earlier part's mark.
-  const absl::StatusOr<EarlierPart> earlier = FindEarlierPart(root, source);
+  absl::StatusOr<EarlierPart> earlier = FindEarlierPart(root, source);
   const bool reusable = earlier.ok() && !earlier->unchanged && source.changes.has_value();
   auto work = [&](int worker) {
     Tally& tally = tallies[worker];
@@ -301,7 +301,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       ++named;
     }
     if (all_there && blocks->Commit().ok()) {
-      data_ids = earlier->data_ids;
+      data_ids = std::move(earlier->data_ids);
       tallies[0].blocks = named;
       tallies[0].reused = named;
       usage.set_data_reused(true);
