@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "client/write_tracker.h"
+#include "heap/fault_point.h"
 #include "heap/heap_mapping.h"
 
 namespace heapd {
@@ -28,14 +30,8 @@ constexpr int kSlots = 64;
 ABSL_CONST_INIT absl::Mutex registering(absl::kConstInit);
 
 struct Registered {
-  std::atomic<char*> base{nullptr};  // null: free slot
-  uint64_t max_size ABSL_GUARDED_BY(registering) = 0;
-  int fd ABSL_GUARDED_BY(registering) = -1;
-  bool writable ABSL_GUARDED_BY(registering) = false;
-  bool map_sync ABSL_GUARDED_BY(registering) = false;
-  std::atomic<uint64_t>* mapped ABSL_GUARDED_BY(registering) = nullptr;
-  int uffd ABSL_GUARDED_BY(registering) = -1;  // write tracking; -1: none
-  const std::atomic<bool>* fenced ABSL_GUARDED_BY(registering) = nullptr;
+  std::atomic<char*> base{nullptr};  // null: free slot; else heap.base
+  GrowingHeap heap ABSL_GUARDED_BY(registering);
   // The thread mapping the heap's growth (GrowthMappingLock); 0: none.
   std::atomic<pid_t> mapping_by{0};
 };
@@ -44,70 +40,88 @@ Registered slots[kSlots];
 struct sigaction previous;
 std::once_flag installed;
 
-// Takes `heap`'s mapping lock; false (not taken) if this thread holds it
+// Takes `slot`'s mapping lock; false (not taken) if this thread holds it
 // already (a signal handler on the thread mapping). Async-signal-safe.
-bool LockMapping(Registered& heap) {
+bool LockMapping(Registered& slot) {
   const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
   for (pid_t holder = 0;
-       !heap.mapping_by.compare_exchange_weak(holder, self, std::memory_order_acquire);
+       !slot.mapping_by.compare_exchange_weak(holder, self, std::memory_order_acquire);
        holder = 0) {
     if (holder == self) return false;
     sched_yield();
   }
   return true;
 }
-void UnlockMapping(Registered& heap) { heap.mapping_by.store(0, std::memory_order_release); }
+void UnlockMapping(Registered& slot) { slot.mapping_by.store(0, std::memory_order_release); }
 
-// Maps the file of `heap` up to its size; false if the fault at `offset`
-// lies beyond it too (a real fault). Exempt from the analysis: called by
-// the signal handler, which reads the slot without `registering` (above).
-bool MapGrowth(Registered& heap, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+// MapHeapGrowth's work, under the slot's lock. Async-signal-safe.
+int MapGrowthLocked(const GrowingHeap& heap, uint64_t size) {
+  // Read under the lock: what another mapper mapped is not mapped again.
+  const uint64_t mapped = heap.mapped->load(std::memory_order_acquire);
+  if (size <= mapped) return 0;
+  char* at = heap.base + mapped;
+  const uint64_t length = size - mapped;
+  auto fencing = [&heap] {
+    return heap.fenced != nullptr && heap.fenced->load(std::memory_order_seq_cst);
+  };
+  const bool fenced_before = fencing();
+  if (fenced_before) {
+    MapPrivately(at, length, heap.fd, mapped);  // as the rest after a fence
+  } else {
+    // Tracked growth is mapped read-only until it is write-protected: a
+    // store of another thread in between faults here, waits for the lock
+    // and, retried, stops at the protection (its pre-image is taken).
+    const bool tracked = heap.writable && heap.uffd >= 0;
+    if (const int error =
+            MapFileAt(at, length, heap.writable && !tracked, heap.map_sync, heap.fd, mapped);
+        error != 0) {
+      return error;
+    }
+    if (tracked) {
+      FaultPoint("client.growth.mapped_before_protected");
+      if (!RegisterForWriteProtection(heap.uffd, at, length) && heap.unprotected != nullptr) {
+        heap.unprotected->store(true, std::memory_order_release);
+      }
+      if (mprotect(at, length, PROT_READ | PROT_WRITE) != 0) return errno;
+    }
+  }
+  uint64_t seen = mapped;
+  while (seen < size &&
+         !heap.mapped->compare_exchange_weak(seen, size, std::memory_order_seq_cst)) {
+  }
+  // A fence maps privately what `mapped` says after it set its flag; it
+  // may have read `mapped` before the exchange above: then this sees the
+  // flag (both sequentially consistent) and maps privately itself.
+  if (!fenced_before && fencing()) MapPrivately(at, length, heap.fd, mapped);
+  return 0;
+}
+
+// Maps the file of the heap in `slot` up to its size; false if the fault
+// at `offset` lies beyond it too (a real fault). Exempt from the
+// analysis: called by the signal handler, which reads the slot without
+// `registering` (above).
+bool MapGrowth(Registered& slot, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const GrowingHeap& heap = slot.heap;
   struct stat st;
   if (fstat(heap.fd, &st) != 0) return false;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (offset >= size || size > heap.max_size) return false;
-  const bool locked = LockMapping(heap);
-  // Read under the lock: what another mapper mapped is not mapped again.
-  const uint64_t mapped = heap.mapped->load(std::memory_order_acquire);
-  if (size > mapped) {
-    char* at = heap.base.load(std::memory_order_acquire) + mapped;
-    const std::atomic<bool>* fenced = heap.fenced;
-    auto fencing = [fenced] {
-      return fenced != nullptr && fenced->load(std::memory_order_seq_cst);
-    };
-    const bool fenced_before = fencing();
-    if (fenced_before) {
-      MapPrivately(at, size - mapped, heap.fd, mapped);  // as the rest after a fence
-    } else {
-      if (MapFileAt(at, size - mapped, heap.writable, heap.map_sync, heap.fd, mapped) != 0) {
-        if (locked) UnlockMapping(heap);
-        return false;
-      }
-      if (heap.uffd >= 0) RegisterForWriteProtection(heap.uffd, at, size - mapped);
-    }
-    uint64_t seen = mapped;
-    while (seen < size &&
-           !heap.mapped->compare_exchange_weak(seen, size, std::memory_order_seq_cst)) {
-    }
-    // A fence maps privately what `mapped` says after it set its flag; it
-    // may have read `mapped` before the exchange above: then this sees
-    // the flag (both sequentially consistent) and maps privately itself.
-    if (!fenced_before && fencing()) MapPrivately(at, size - mapped, heap.fd, mapped);
-  }
-  if (locked) UnlockMapping(heap);
-  return true;  // mapped now (by us or by another thread)
+  const bool locked = LockMapping(slot);
+  const int error = MapGrowthLocked(heap, size);
+  if (locked) UnlockMapping(slot);
+  return error == 0;  // mapped now (by us or by another thread)
 }
 
 // Exempt from the analysis: it cannot take `registering` (above).
 void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   char* address = static_cast<char*>(info->si_addr);
   const int saved_errno = errno;  // the interrupted code's
-  for (Registered& heap : slots) {
-    char* base = heap.base.load(std::memory_order_acquire);
-    if (base == nullptr || address < base || address >= base + heap.max_size) continue;
+  for (Registered& slot : slots) {
+    char* base = slot.base.load(std::memory_order_acquire);
+    if (base == nullptr || address < base || address >= base + slot.heap.max_size) continue;
     const uint64_t offset = static_cast<uint64_t>(address - base);
     const bool mapped =
-        offset >= heap.mapped->load(std::memory_order_acquire) && MapGrowth(heap, offset);
+        offset >= slot.heap.mapped->load(std::memory_order_acquire) && MapGrowth(slot, offset);
     errno = saved_errno;
     if (mapped) return;  // the access is retried
     break;
@@ -127,9 +141,7 @@ void OnSegv(int signal, siginfo_t* info, void* context) ABSL_NO_THREAD_SAFETY_AN
 
 }  // namespace
 
-int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writable, bool map_sync,
-                                std::atomic<uint64_t>* mapped, int uffd,
-                                const std::atomic<bool>* fenced) {
+int RegisterHeapForGrowthFaults(const GrowingHeap& heap) {
   std::call_once(installed, [] {
     struct sigaction action = {};
     action.sa_sigaction = OnSegv;
@@ -140,26 +152,25 @@ int RegisterHeapForGrowthFaults(char* base, uint64_t max_size, int fd, bool writ
     // from children, MADV_DONTFORK): its faults there stay faults, and a
     // lock a parent's thread held at the fork is not waited on.
     pthread_atfork(nullptr, nullptr, [] {
-      for (Registered& heap : slots) {
-        heap.base.store(nullptr, std::memory_order_relaxed);
-        heap.mapping_by.store(0, std::memory_order_relaxed);
+      for (Registered& slot : slots) {
+        slot.base.store(nullptr, std::memory_order_relaxed);
+        slot.mapping_by.store(0, std::memory_order_relaxed);
       }
     });
   });
   absl::MutexLock lock(&registering);
   for (int i = 0; i < kSlots; ++i) {
     if (slots[i].base.load() != nullptr) continue;
-    slots[i].max_size = max_size;
-    slots[i].fd = fd;
-    slots[i].writable = writable;
-    slots[i].map_sync = map_sync;
-    slots[i].mapped = mapped;
-    slots[i].uffd = uffd;
-    slots[i].fenced = fenced;
-    slots[i].base.store(base, std::memory_order_release);
+    slots[i].heap = heap;
+    slots[i].base.store(heap.base, std::memory_order_release);
     return i;
   }
   return -1;
+}
+
+int MapHeapGrowth(const GrowingHeap& heap, int slot, uint64_t size) {
+  GrowthMappingLock lock(slot);
+  return MapGrowthLocked(heap, size);
 }
 
 GrowthMappingLock::GrowthMappingLock(int slot) : slot_(slot) {

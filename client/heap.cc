@@ -188,9 +188,14 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
     }
     tracker_ = *std::move(tracker);
   }
-  fault_slot_ = RegisterHeapForGrowthFaults(
-      base(), max_size, data_fd_, !read_only_, mapping_->map_sync(), &mapped_bytes_,
-      tracker_ ? tracker_->fd() : -1, tracker_ ? tracker_->fencing() : nullptr);
+  growing_ =
+      GrowingHeap{base(), max_size, data_fd_, !read_only_, mapping_->map_sync(), &mapped_bytes_};
+  if (tracker_ != nullptr) {
+    growing_.uffd = tracker_->fd();
+    growing_.fenced = tracker_->fencing();
+    growing_.unprotected = tracker_->unprotected_growth();
+  }
+  fault_slot_ = RegisterHeapForGrowthFaults(growing_);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
@@ -231,22 +236,15 @@ Heap::ThreadCache* Heap::NewCacheForThisThread() {
 
 absl::Status Heap::MapUpTo(uint64_t capacity) {
   if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
+  if (capacity > max_size_) {
+    return Unexpected(
+        name_, absl::StrCat("capacity ", capacity, " beyond the heap's maximum ", max_size_));
+  }
   absl::MutexLock lock(&mapping_mu_);
-  // What the growth fault handler mapped (and registered for write
-  // protection) is not mapped again: that would drop its protection; nor
-  // does it map while this does.
-  GrowthMappingLock growth(fault_slot_);
+  if (const int error = MapHeapGrowth(growing_, fault_slot_, capacity); error != 0) {
+    return ErrnoStatus(error, absl::StrCat("map heap ", name_, " up to ", capacity, " bytes"));
+  }
   mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
-  const uint64_t before = mapping_->size();
-  if (absl::Status s = mapping_->Extend(capacity); !s.ok()) return s;
-  if (tracker_ != nullptr && mapping_->size() > before) {
-    tracker_->AddMapping(before, mapping_->size() - before);
-  }
-  // Never lower: the growth fault handler may have mapped further meanwhile.
-  for (uint64_t seen = mapped_bytes_.load(std::memory_order_acquire);
-       seen < mapping_->size() &&
-       !mapped_bytes_.compare_exchange_weak(seen, mapping_->size(), std::memory_order_acq_rel);) {
-  }
   return absl::OkStatus();
 }
 

@@ -48,6 +48,7 @@
 #include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
 #include "client/client.h"
+#include "client/growth_fault_handler.h"
 #include "client/session_calls.h"
 #include "client/spin_lock.h"
 #include "client/type_name.h"
@@ -277,13 +278,16 @@ class Heap {
   const size_t free_batch_;
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
   const int data_fd_;
-  int fault_slot_ = -1;  // see growth_fault_handler.h
   bool detached_ = false;
 
   // mapping_ is set by Start and reset by detach (nothing runs concurrently
-  // with either); in between, calls of mapping_->Extend take mapping_mu_
-  // (MapUpTo), and the rest of HeapMapping may run beside them.
+  // with either); in between, the heap grows by MapHeapGrowth (MapUpTo,
+  // holding mapping_mu_, and the growth fault handler), which raises
+  // mapped_bytes_; mapping_ adopts that size under mapping_mu_, and the
+  // rest of HeapMapping may run beside them.
   absl::Mutex mapping_mu_;
+  GrowingHeap growing_;  // set by Start; see growth_fault_handler.h
+  int fault_slot_ = -1;  // growing_'s slot with the handler
   std::unique_ptr<HeapMapping> mapping_;
   char* base_ = nullptr;  // mapping_->base(), kept here for the fast path
   uint64_t max_size_ = 0;

@@ -150,20 +150,20 @@ void KeepFromChildren(char* at, uint64_t length) {
   madvise(at, length, MADV_DONTFORK);
 }
 
-void RegisterForWriteProtection(int uffd, char* at, uint64_t length) {
+bool RegisterForWriteProtection(int uffd, char* at, uint64_t length) {
   KeepFromChildren(at, length);
   uffdio_register reg{};
   reg.range = {reinterpret_cast<uint64_t>(at), length};
   reg.mode = UFFDIO_REGISTER_MODE_WP;
-  if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return;
+  if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return false;
   uffdio_writeprotect wp{};
   wp.range = reg.range;
   wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
-  ioctl(uffd, UFFDIO_WRITEPROTECT, &wp);
-}
-
-void WriteTracker::AddMapping(uint64_t offset, uint64_t length) const {
-  RegisterForWriteProtection(uffd_.get(), base_ + offset, length);
+  // EAGAIN: the address space was changing; try again.
+  for (int attempts = 0; ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) != 0; ++attempts) {
+    if ((errno != EAGAIN && errno != EINTR) || attempts == 1000) return false;
+  }
+  return true;
 }
 
 void WriteTracker::Unprotect(uint64_t offset, uint64_t length) {
@@ -199,6 +199,11 @@ uint64_t WriteTracker::BeginSync() {
 
 absl::Status WriteTracker::error() const {
   absl::MutexLock lock(&mu_);
+  if (error_.ok() && unprotected_growth_.load(std::memory_order_acquire)) {
+    return absl::InternalError(
+        "the kernel refused to write-protect part of the heap's growth; stores there take no "
+        "pre-images and cannot be put back if this process dies");
+  }
   return error_;
 }
 

@@ -51,9 +51,9 @@ namespace heapd {
 // Async-signal-safe.
 void KeepFromChildren(char* at, uint64_t length);
 // Registers [at, at + length) with the userfaultfd `uffd` for
-// write-protection, protects it and keeps it from children.
-// Async-signal-safe.
-void RegisterForWriteProtection(int uffd, char* at, uint64_t length);
+// write-protection, protects it and keeps it from children; false if the
+// kernel refused. Async-signal-safe.
+bool RegisterForWriteProtection(int uffd, char* at, uint64_t length);
 // Maps [offset, offset + length) of `fd` at `at` privately (MAP_FIXED):
 // reads see the file, stores stay in this process; read-only if that
 // fails. Async-signal-safe.
@@ -75,9 +75,6 @@ class WriteTracker {
   WriteTracker(const WriteTracker&) = delete;
   WriteTracker& operator=(const WriteTracker&) = delete;
 
-  // [offset, offset + length) of the heap was just mapped: registered and
-  // write-protected. Async-signal-safe (the growth fault handler calls it).
-  void AddMapping(uint64_t offset, uint64_t length) const;
   // [offset, offset + length) is fresh memory: its stores need no
   // pre-image until the next sync.
   void Unprotect(uint64_t offset, uint64_t length);
@@ -90,7 +87,8 @@ class WriteTracker {
   // of the next generation must not be among them.
   void EndSync();
   // The first error taking a pre-image (the store went through without
-  // one: its page cannot be put back); OK if none.
+  // one: its page cannot be put back), or growth that could not be
+  // write-protected; OK if none.
   absl::Status error() const;
   // The userfaultfd's descriptor (for the growth fault handler).
   int fd() const { return uffd_.get(); }
@@ -100,6 +98,9 @@ class WriteTracker {
   // Set when the fence starts: the growth fault handler maps privately
   // from then on.
   const std::atomic<bool>* fencing() const { return &fencing_; }
+  // Set by whoever maps the heap's growth when the kernel refuses to
+  // write-protect it (growth_fault_handler.h).
+  std::atomic<bool>* unprotected_growth() { return &unprotected_growth_; }
 
  private:
   WriteTracker(char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd uffd,
@@ -140,6 +141,7 @@ class WriteTracker {
   std::thread thread_;
   std::atomic<bool> fencing_{false};  // set (release) when Fence starts
   std::atomic<bool> fenced_{false};   // set (release) once Fence has run
+  std::atomic<bool> unprotected_growth_{false};
 
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
