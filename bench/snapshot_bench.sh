@@ -3,8 +3,9 @@
 # XFS with reflink — time and extra space used — and restore time. Each
 # file system is made fresh (tmpfs mount, loop-mounted images), a heapd runs
 # on it, graph_ingest builds the heap, then heapctl snapshots it into the
-# same file system REPS times. Needs root. Times are wall time of
-# `heapctl snapshot create` (process start and connect included, ~5 ms).
+# same file system REPS times. Needs root. Times: wall time of
+# `heapctl snapshot create` (process start and connect included) and
+# heapd's own (the answer's duration_us, from the call's arrival).
 # Usage: bash bench/snapshot_bench.sh [REPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,8 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 used_kb() { df -k --output=used "$W/mnt" | tail -1 | tr -d ' '; }
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
-printf "%-6s %-8s %14s %16s %14s   runs (snapshot ms)\n" fs method "snapshot ms" "extra space MB" "restore ms"
+printf "%-6s %-8s %12s %10s %16s %11s   runs (snapshot ms, heapd ms)\n" fs method "snapshot ms" \
+  "heapd ms" "extra space MB" "restore ms"
 for fs in tmpfs ext4 xfs; do
   mkdir -p "$W/mnt"
   case $fs in
@@ -39,7 +41,7 @@ for fs in tmpfs ext4 xfs; do
   "$BIN/client/examples/graph_ingest" --heap=b3 --scale=18 --edges=4194304 --seed=2026 >/dev/null
   mkdir -p "$W/mnt/snaps"
   sync
-  snap=(); extra=(); restore=(); method=
+  snap=(); daemon=(); extra=(); restore=(); method=
   for i in $(seq "$reps"); do
     before=$(used_kb)
     t0=$(now_ms)
@@ -49,6 +51,8 @@ for fs in tmpfs ext4 xfs; do
     after=$(used_kb)
     method=$(echo "$out" | sed -n 's/.*"copy_method": "\(.*\)".*/\1/p')
     snap+=($((t1 - t0)))
+    us=$(echo "$out" | sed -n 's/.*"duration_us": "\([0-9]*\)".*/\1/p')
+    daemon+=($(( (us + 500) / 1000 )))
     extra+=($(( (after - before) / 1024 )))
     t0=$(now_ms)
     "$BIN/client/heapctl" snapshot restore "s$i" --to="$W/mnt/snaps" --heap="r$i" >/dev/null
@@ -57,9 +61,10 @@ for fs in tmpfs ext4 xfs; do
     "$BIN/client/heapctl" heap rm "r$i" >/dev/null
     "$BIN/client/heapctl" snapshot rm "s$i" --to="$W/mnt/snaps" >/dev/null
   done
-  printf "%-6s %-8s %14s %16s %14s   %s\n" "$fs" "$method" \
-    "$(printf '%s\n' "${snap[@]}" | median)" "$(printf '%s\n' "${extra[@]}" | median)" \
-    "$(printf '%s\n' "${restore[@]}" | median)" "${snap[*]}"
+  printf "%-6s %-8s %12s %10s %16s %11s   %s; %s\n" "$fs" "$method" \
+    "$(printf '%s\n' "${snap[@]}" | median)" "$(printf '%s\n' "${daemon[@]}" | median)" \
+    "$(printf '%s\n' "${extra[@]}" | median)" "$(printf '%s\n' "${restore[@]}" | median)" \
+    "${snap[*]}" "${daemon[*]}"
   kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
   umount "$W/mnt"; rm -f "$W/img"
 done

@@ -332,9 +332,10 @@ int Run(const std::vector<std::string>& args) {
           usage.duration_us() / 1e6);
       return 0;
     }
-    std::printf("snapshot %s of heap %s at epoch %llu (%s, %s copied)\n", manifest.name().c_str(),
-                manifest.heap().c_str(), static_cast<unsigned long long>(manifest.epoch()),
-                manifest.copy_method().c_str(), Bytes(manifest.bytes_written()).c_str());
+    std::printf("snapshot %s of heap %s at epoch %llu (%s, %s copied, %.1f ms)\n",
+                manifest.name().c_str(), manifest.heap().c_str(),
+                static_cast<unsigned long long>(manifest.epoch()), manifest.copy_method().c_str(),
+                Bytes(manifest.bytes_written()).c_str(), manifest.duration_us() / 1e3);
     return 0;
   }
   if (what == "snapshot ls") {

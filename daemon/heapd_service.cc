@@ -587,10 +587,12 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
             usage.blocks(), usage.stored_bytes());
         return absl::OkStatus();
       }
-      spdlog::info("snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied)",
-                   request->name(), request->heap(), response->epoch(), caller.ToString(),
-                   request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
-                   response->copy_method(), response->bytes_written());
+      response->set_duration_us(absl::ToInt64Microseconds(absl::Now() - start));
+      spdlog::info(
+          "snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied, {} us)",
+          request->name(), request->heap(), response->epoch(), caller.ToString(),
+          request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
+          response->copy_method(), response->bytes_written(), response->duration_us());
       return absl::OkStatus();
     }();
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);

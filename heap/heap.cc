@@ -819,7 +819,15 @@ absl::Status PersistentHeap::WithCommittedState(
     if (absl::Status s = CheckWritableLocked("snapshot"); !s.ok()) return s;
     state.epoch = epoch_;
   }
-  if (absl::Status s = FlushDataLocked(); !s.ok()) return s;
+  // No flush: a copy reads the data through the page cache and makes
+  // itself durable (the last sync made the heap's own data durable). Only
+  // a data file cut short (by whoever could write it) is mended first.
+  {
+    absl::MutexLock grow_lock(&grow_mu_);
+    if (absl::Status s = RepairDataFileLocked(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("snapshot of heap ", dir_, ": ", s.message()));
+    }
+  }
   absl::StatusOr<std::map<std::string, std::string>> files = store_->ReadCommittedFiles();
   if (!files.ok()) return files.status();
   state.metadata_files = *std::move(files);

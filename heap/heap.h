@@ -103,7 +103,7 @@ struct CommittedState {
   HeapConfig config;
   // The metadata files of `epoch` by name ("checkpoint", "log.G").
   std::map<std::string, std::string> metadata_files;
-  int data_fd = -1;         // the data file, durable; owned by the heap
+  int data_fd = -1;         // the data file, owned by the heap
   uint64_t data_bytes = 0;  // its size
   // Heaps that track contents: a mark taken now (ContentUndo::MarkChanges;
   // its source also names the data file's repairs, which no record shows).
@@ -247,8 +247,9 @@ class PersistentHeap {
   // page goes back under reports that commit later.
   ReclaimResult Reclaim(ClientId client);
 
-  // Runs `copy(state)` with the heap's files at rest: the data file made
-  // durable first, and no sync until `copy` returns, so the data file holds
+  // Runs `copy(state)` with the heap's files at rest: no sync until `copy`
+  // returns (the data file is not flushed: a copy reads it through the page
+  // cache and makes itself durable), so the data file holds
   // what the committed epoch's metadata describes. Allocation, frees and
   // lookups go on meanwhile (they change nothing persistent). (Clients may
   // still store into their objects through their mappings; the caller

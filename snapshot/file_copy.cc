@@ -51,32 +51,32 @@ int CopyRange(int from, int to, uint64_t offset, uint64_t length) {
   return 0;
 }
 
-// Copies the written extents of `from` by FIEMAP, skipping holes and
-// extents reserved but never written (they read as zeros; a heap's data
-// file reserves its whole size with fallocate). 0 or the errno; EOPNOTSUPP
-// if the file system has no FIEMAP.
-int CopyWrittenExtents(int from, int to, uint64_t size, uint64_t* written) {
+// Copies the written extents of `from` in [begin, end) by FIEMAP,
+// skipping holes and extents reserved but never written (they read as
+// zeros; a heap's data file reserves its whole size with fallocate). 0 or
+// the errno; EOPNOTSUPP if the file system has no FIEMAP.
+int CopyWrittenExtents(int from, int to, uint64_t begin, uint64_t end, uint64_t* written) {
   constexpr uint32_t kBatch = 256;
   std::vector<char> buffer(sizeof(fiemap) + kBatch * sizeof(fiemap_extent));
-  uint64_t start = 0;
-  while (start < size) {
+  uint64_t start = begin;
+  while (start < end) {
     std::fill(buffer.begin(), buffer.end(), 0);
     auto* map = reinterpret_cast<fiemap*>(buffer.data());
     map->fm_start = start;
-    map->fm_length = size - start;
+    map->fm_length = end - start;
     map->fm_flags = FIEMAP_FLAG_SYNC;
     map->fm_extent_count = kBatch;
     if (ioctl(from, FS_IOC_FIEMAP, map) != 0) return errno == ENOTTY ? EOPNOTSUPP : errno;
     if (map->fm_mapped_extents == 0) return 0;
     for (uint32_t i = 0; i < map->fm_mapped_extents; ++i) {
       const fiemap_extent& extent = map->fm_extents[i];
-      const uint64_t end = std::min<uint64_t>(size, extent.fe_logical + extent.fe_length);
-      if ((extent.fe_flags & FIEMAP_EXTENT_UNWRITTEN) == 0 && end > extent.fe_logical) {
-        if (const int error = CopyRange(from, to, extent.fe_logical, end - extent.fe_logical);
-            error != 0) {
+      const uint64_t from_byte = std::max<uint64_t>(begin, extent.fe_logical);
+      const uint64_t to_byte = std::min<uint64_t>(end, extent.fe_logical + extent.fe_length);
+      if ((extent.fe_flags & FIEMAP_EXTENT_UNWRITTEN) == 0 && to_byte > from_byte) {
+        if (const int error = CopyRange(from, to, from_byte, to_byte - from_byte); error != 0) {
           return error;
         }
-        *written += end - extent.fe_logical;
+        *written += to_byte - from_byte;
       }
       start = extent.fe_logical + extent.fe_length;
       if (extent.fe_flags & FIEMAP_EXTENT_LAST) return 0;
@@ -85,25 +85,27 @@ int CopyWrittenExtents(int from, int to, uint64_t size, uint64_t* written) {
   return 0;
 }
 
-// Copies the data regions of `from` (size `size`); 0 or the errno. EINVAL
-// if the file system cannot tell data from holes.
-int CopySparse(int from, int to, uint64_t size, uint64_t* written) {
-  if (const int error = CopyWrittenExtents(from, to, size, written); error != EOPNOTSUPP) {
+// Copies the data regions of `from` in [begin, end); 0 or the errno.
+// EINVAL if the file system cannot tell data from holes.
+int CopySparse(int from, int to, uint64_t begin, uint64_t end, uint64_t* written) {
+  if (const int error = CopyWrittenExtents(from, to, begin, end, written); error != EOPNOTSUPP) {
     return error;
   }
-  off_t offset = 0;
-  while (static_cast<uint64_t>(offset) < size) {
-    const off_t data = lseek(from, offset, SEEK_DATA);
+  uint64_t offset = begin;
+  while (offset < end) {
+    const off_t data = lseek(from, static_cast<off_t>(offset), SEEK_DATA);
     if (data < 0) return errno == ENXIO ? 0 : errno;  // ENXIO: only a hole remains
+    if (static_cast<uint64_t>(data) >= end) return 0;
     const off_t hole = lseek(from, data, SEEK_HOLE);
     if (hole < 0) return errno;
+    const uint64_t stop = std::min<uint64_t>(end, static_cast<uint64_t>(hole));
     if (const int error =
-            CopyRange(from, to, static_cast<uint64_t>(data), static_cast<uint64_t>(hole - data));
+            CopyRange(from, to, static_cast<uint64_t>(data), stop - static_cast<uint64_t>(data));
         error != 0) {
       return error;
     }
-    *written += static_cast<uint64_t>(hole - data);
-    offset = hole;
+    *written += stop - static_cast<uint64_t>(data);
+    offset = stop;
   }
   return 0;
 }
@@ -123,7 +125,8 @@ const char* CopyMethodName(CopyMethod method) {
 }
 
 absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_fd,
-                                            const std::string& what) {
+                                            const std::string& what,
+                                            const std::vector<ByteRange>* needed) {
   CopyResult result;
   result.size = size;
   const file_clone_range whole{from_fd, 0, size, 0};
@@ -136,14 +139,23 @@ absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_f
     if (ftruncate(to_fd, static_cast<off_t>(size)) != 0) {
       return ErrnoStatus(errno, absl::StrCat("size ", what));
     }
-    int error = CopySparse(from_fd, to_fd, size, &result.bytes_written);
+    const std::vector<ByteRange> everything{{0, size}};
+    if (needed == nullptr) needed = &everything;
     result.method = CopyMethod::kSparse;
-    if (error == EINVAL || error == EOPNOTSUPP) {
-      result.method = CopyMethod::kPlain;
-      result.bytes_written = size;
-      error = CopyRange(from_fd, to_fd, 0, size);
+    int error = 0;
+    for (const ByteRange& range : *needed) {
+      const uint64_t end = std::min(range.end, size);
+      if (range.begin >= end) continue;
+      if (result.method == CopyMethod::kSparse) {
+        error = CopySparse(from_fd, to_fd, range.begin, end, &result.bytes_written);
+        if (error == EINVAL || error == EOPNOTSUPP) result.method = CopyMethod::kPlain;
+      }
+      if (result.method == CopyMethod::kPlain) {
+        error = CopyRange(from_fd, to_fd, range.begin, end - range.begin);
+        result.bytes_written += end - range.begin;
+      }
+      if (error != 0) return ErrnoStatus(error, absl::StrCat("copy ", what));
     }
-    if (error != 0) return ErrnoStatus(error, absl::StrCat("copy ", what));
   }
   if (fsync(to_fd) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", what));
   return result;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -24,12 +25,22 @@ struct CopyResult {
   uint64_t bytes_written = 0;  // copied (0 for a reflink)
 };
 
+// [begin, end) of a file.
+struct ByteRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
 // Copies the first `size` bytes of `from_fd` into `to_fd`, an empty file
-// opened for writing, and fsyncs it. RESOURCE_EXHAUSTED when the target
-// file system is full; `what` names the copy in errors. No locks, no
-// logging: it may run in a RunAs child (util/run_as.h).
+// opened for writing, and fsyncs it. `needed` (null: everything): the only
+// ranges whose contents matter, sorted and disjoint; the rest of the copy
+// reads as zeros (a reflink clones everything: that costs nothing).
+// RESOURCE_EXHAUSTED when the target file system is full; `what` names the
+// copy in errors. No locks, no logging: it may run in a RunAs child
+// (util/run_as.h).
 absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_fd,
-                                            const std::string& what);
+                                            const std::string& what,
+                                            const std::vector<ByteRange>* needed = nullptr);
 
 // Reserves the first `size` bytes of `fd` on disk (fallocate), as a heap's
 // data file must be: a restored heap never meets a full disk in a client's

@@ -1,6 +1,7 @@
 #include "snapshot/snapshot_format.h"
 
 #include <climits>
+#include <memory>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -8,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "allocator/chunk_directory.h"
 #include "google/protobuf/util/json_util.h"
 #include "heap/heap.h"
 #include "heap/heap_name.h"
@@ -152,6 +154,23 @@ absl::StatusOr<VerifiedSnapshot> VerifySnapshotFiles(
     return s;
   }
   return VerifiedSnapshot{*std::move(manifest), *std::move(metadata)};
+}
+
+// The chunks the committed epoch uses (small chunks, large runs): its
+// records read as the heap reads them (the last of each chunk wins; a
+// log's records free chunks too).
+absl::StatusOr<std::vector<bool>> UsedChunks(const Checkpoint& state) {
+  absl::StatusOr<std::unique_ptr<ChunkDirectory>> directory =
+      ChunkDirectory::FromRecords(state.capacity_chunks, state.chunks);
+  if (!directory.ok()) return directory.status();
+  std::vector<bool> used(state.capacity_chunks, false);
+  for (const ChunkRecord& record : (*directory)->AllRecords()) {
+    const uint64_t length = record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
+    for (uint64_t c = record.chunk; c < record.chunk + length && c < used.size(); ++c) {
+      used[c] = true;
+    }
+  }
+  return used;
 }
 
 }  // namespace heapd

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -67,6 +68,11 @@ struct VerifiedSnapshot {
 absl::StatusOr<VerifiedSnapshot> VerifySnapshotFiles(
     absl::string_view where, absl::string_view manifest_json,
     const std::map<std::string, std::string>& metadata_files, uint64_t data_bytes);
+
+// The chunks `state` uses (small chunks, large runs), as the heap reads its
+// records (the last of each chunk wins; a log's records free chunks too):
+// the only ones whose data a snapshot of it needs.
+absl::StatusOr<std::vector<bool>> UsedChunks(const Checkpoint& state);
 
 // The CRC-32 recorded for a metadata file.
 uint32_t MetadataCrc32(absl::string_view bytes);

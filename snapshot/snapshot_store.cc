@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "allocator/size_class.h"
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "heap/metadata_store.h"
@@ -88,6 +89,22 @@ bool MayAccess(const Credentials& who, uint32_t owner_uid, uint32_t owner_gid, u
     return (mode & (bit << 3)) != 0;
   }
   return (mode & bit) != 0;
+}
+
+// The byte ranges of the chunks `state` uses, runs merged.
+absl::StatusOr<std::vector<ByteRange>> UsedRanges(const Checkpoint& state) {
+  absl::StatusOr<std::vector<bool>> used = UsedChunks(state);
+  if (!used.ok()) return used.status();
+  std::vector<ByteRange> ranges;
+  for (uint64_t chunk = 0; chunk < used->size(); ++chunk) {
+    if (!(*used)[chunk]) continue;
+    if (!ranges.empty() && ranges.back().end == chunk * kChunkSize) {
+      ranges.back().end += kChunkSize;
+    } else {
+      ranges.push_back({chunk * kChunkSize, (chunk + 1) * kChunkSize});
+    }
+  }
+  return ranges;
 }
 
 }  // namespace
@@ -283,63 +300,71 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
       (*manifest.mutable_metadata_crc32())[name] = MetadataCrc32(bytes);
     }
     const std::string json = ManifestToJson(manifest);
+    // Only the chunks the committed epoch uses are copied (the rest is free:
+    // its bytes never matter), as its metadata says (checked as a
+    // snapshot's would be).
+    absl::StatusOr<VerifiedSnapshot> verified =
+        VerifySnapshotFiles(where, json, state.metadata_files, state.data_bytes);
+    if (!verified.ok()) return verified.status();
+    absl::StatusOr<std::vector<ByteRange>> needed = UsedRanges(verified->metadata.state);
+    if (!needed.ok()) return needed.status();
     // The child gets only a read-only descriptor of the heap's data.
     absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
     if (!data.ok()) return data.status();
     UniqueFd data_fd(*data);
     const int from = data_fd.get();
     const std::string building = absl::StrCat(".", ref.name, ".partial-", RandomName());
-    absl::StatusOr<std::vector<ChildMessage>> messages =
-        RunIn(caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
-              [&](int target, MessageSink& out) -> absl::Status {
-                struct stat st;
-                if (fstatat(target, ref.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-                  return absl::AlreadyExistsError("it already exists");
-                }
-                // A create of this name that was killed midway left a hidden
-                // partial directory: nothing lists it; clear it now.
-                if (absl::StatusOr<std::vector<std::string>> entries =
-                        ListDirectory(target, kMaxEntriesSwept);
-                    entries.ok()) {
-                  for (const std::string& entry : *entries) {
-                    if (absl::StartsWith(entry, absl::StrCat(".", ref.name, ".partial-"))) {
-                      (void)RemoveTreeAt(target, entry);
-                    }
-                  }
-                }
-                if (mkdirat(target, building.c_str(), 0700) != 0) {
-                  return ErrnoStatus(errno, absl::StrCat("create ", building));
-                }
-                auto built = [&]() -> absl::StatusOr<CopyResult> {
-                  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
-                  if (!dir.ok()) return dir.status();
-                  UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
-                                       O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-                  if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
-                  absl::StatusOr<CopyResult> copied =
-                      CopyFileContents(from, state.data_bytes, copy.get(), "its data file");
-                  if (!copied.ok()) return copied.status();
-                  for (const auto& [name, bytes] : state.metadata_files) {
-                    if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
-                  }
-                  if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
-                    return s;
-                  }
-                  if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
-                  if (renameat2(target, building.c_str(), target, ref.name.c_str(),
-                                RENAME_NOREPLACE) != 0) {
-                    return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
-                                           : ErrnoStatus(errno, "rename it into place");
-                  }
-                  return copied;
-                }();
-                if (!built.ok()) {
-                  (void)RemoveTreeAt(target, building);
-                  return built.status();
-                }
-                if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
-                return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
-              });
+    absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
+        caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
+        [&](int target, MessageSink& out) -> absl::Status {
+          struct stat st;
+          if (fstatat(target, ref.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            return absl::AlreadyExistsError("it already exists");
+          }
+          // A create of this name that was killed midway left a hidden
+          // partial directory: nothing lists it; clear it now.
+          if (absl::StatusOr<std::vector<std::string>> entries =
+                  ListDirectory(target, kMaxEntriesSwept);
+              entries.ok()) {
+            for (const std::string& entry : *entries) {
+              if (absl::StartsWith(entry, absl::StrCat(".", ref.name, ".partial-"))) {
+                (void)RemoveTreeAt(target, entry);
+              }
+            }
+          }
+          if (mkdirat(target, building.c_str(), 0700) != 0) {
+            return ErrnoStatus(errno, absl::StrCat("create ", building));
+          }
+          auto built = [&]() -> absl::StatusOr<CopyResult> {
+            absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
+            if (!dir.ok()) return dir.status();
+            UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
+                                 O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+            if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
+            absl::StatusOr<CopyResult> copied =
+                CopyFileContents(from, state.data_bytes, copy.get(), "its data file", &*needed);
+            if (!copied.ok()) return copied.status();
+            for (const auto& [name, bytes] : state.metadata_files) {
+              if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
+            }
+            if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
+              return s;
+            }
+            if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
+            if (renameat2(target, building.c_str(), target, ref.name.c_str(), RENAME_NOREPLACE) !=
+                0) {
+              return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
+                                     : ErrnoStatus(errno, "rename it into place");
+            }
+            return copied;
+          }();
+          if (!built.ok()) {
+            (void)RemoveTreeAt(target, building);
+            return built.status();
+          }
+          if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
+          return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
+        });
     if (!messages.ok()) return messages.status();
     CopyResult copied;
     if (messages->size() != 1 || (*messages)[0].bytes.empty() ||

@@ -126,23 +126,6 @@ absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std:
                                                     "); name one by its node and heap"));
 }
 
-// The chunks the committed epoch uses (small chunks, large runs): its
-// records read as the heap reads them (the last of each chunk wins; a
-// log's records free chunks too).
-absl::StatusOr<std::vector<bool>> UsedChunks(const Checkpoint& state) {
-  absl::StatusOr<std::unique_ptr<ChunkDirectory>> directory =
-      ChunkDirectory::FromRecords(state.capacity_chunks, state.chunks);
-  if (!directory.ok()) return directory.status();
-  std::vector<bool> used(state.capacity_chunks, false);
-  for (const ChunkRecord& record : (*directory)->AllRecords()) {
-    const uint64_t length = record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
-    for (uint64_t c = record.chunk; c < record.chunk + length && c < used.size(); ++c) {
-      used[c] = true;
-    }
-  }
-  return used;
-}
-
 }  // namespace
 
 struct StoreSnapshots::ReadPart {
