@@ -124,6 +124,8 @@ class ChunkDirectory {
 
   // Free chunks at the end of the heap (a growth extends their run).
   uint32_t FreeTailChunks() const;
+  // Free chunks anywhere.
+  uint32_t FreeChunks() const { return static_cast<uint32_t>(free_.free_chunks()); }
 
   // Adds free chunks up to `capacity_chunks`. REQUIRES: not a shrink.
   void Grow(uint32_t capacity_chunks);

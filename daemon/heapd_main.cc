@@ -66,6 +66,10 @@ ABSL_FLAG(bool, track_contents, true,
           "Roll object contents back to the last sync after a crash (clients keep pre-images "
           "of the pages they write; tmpfs heaps only, see docs/consistency.md). false: only "
           "allocations and names roll back, and attach and stats say so.");
+ABSL_FLAG(bool, grow_ahead, true,
+          "Grow a heap's data file in the background when fewer than a sixteenth of its chunks "
+          "are free, so that allocations seldom wait for its space to be reserved (space is "
+          "still reserved before it is handed out).");
 ABSL_FLAG(uint64_t, tmpfs_reserve_bytes, uint64_t{1} << 30,
           "growth of heaps on tmpfs is refused when it would leave less than this much of the "
           "node's available memory (0: never refused)");
@@ -234,6 +238,7 @@ int Run() {
   heap_options.max_names = limits.names_per_heap;
   heap_options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes);
   heap_options.track_contents = absl::GetFlag(FLAGS_track_contents);
+  heap_options.grow_ahead = absl::GetFlag(FLAGS_grow_ahead);
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
       HeapRegistry::Open(state_dir, heap_options, limits);
   if (!heaps.ok()) {

@@ -252,7 +252,49 @@ absl::Status PersistentHeap::LoadLocked(const std::string& label, const Checkpoi
   return absl::OkStatus();
 }
 
-PersistentHeap::~PersistentHeap() = default;
+PersistentHeap::~PersistentHeap() {
+  std::thread grower;
+  {
+    absl::MutexLock lock(&ahead_mu_);
+    ahead_stop_ = true;
+    ahead_wanted_ = true;  // wakes the grower to stop
+    grower = std::move(grower_);
+  }
+  if (grower.joinable()) grower.join();
+}
+
+bool PersistentHeap::GrowAheadDueLocked() const {
+  const uint32_t capacity = directory_->capacity_chunks();
+  return options_.grow_ahead && capacity < max_chunks() && directory_->FreeChunks() < capacity / 16;
+}
+
+void PersistentHeap::RequestGrowAhead() {
+  absl::MutexLock lock(&ahead_mu_);
+  if (ahead_stop_) return;
+  ahead_wanted_ = true;
+  if (!grower_.joinable()) grower_ = std::thread([this] { GrowAheadLoop(); });
+}
+
+void PersistentHeap::GrowAheadLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&ahead_mu_);
+      ahead_mu_.Await(absl::Condition(
+          +[](bool* wanted) { return *wanted; }, &ahead_wanted_));
+      if (ahead_stop_) return;
+      ahead_wanted_ = false;
+    }
+    uint32_t capacity_seen;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!CheckWritableLocked("grow the heap").ok() || !GrowAheadDueLocked()) continue;
+      capacity_seen = directory_->capacity_chunks();
+    }
+    // Errors (a full disk, tmpfs memory) are left to the growth a lease
+    // needs, which reports them to its caller.
+    (void)Grow(kMinGrowChunks, capacity_seen);
+  }
+}
 
 absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
   if (read_only()) {
@@ -346,13 +388,16 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
   if (count == 0) return absl::InvalidArgumentError("lease of 0 chunks");
   for (int attempt = 0;; ++attempt) {
     uint32_t capacity_seen;
+    bool grow_ahead;
     absl::StatusOr<std::vector<LeaseGrant>> grants;
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("lease chunks"); !s.ok()) return s;
       grants = directory_->Lease(client, size_class, count);
       capacity_seen = directory_->capacity_chunks();
+      grow_ahead = GrowAheadDueLocked();
     }
+    if (grow_ahead) RequestGrowAhead();
     if (!grants.ok() || !grants->empty() || attempt == kMaxGrowAttempts) {
       if (!grants.ok() || undo_ == nullptr) return grants;
       // An empty chunk is fresh: its client writes it without pre-images.
@@ -374,13 +419,16 @@ absl::StatusOr<LargePlacement> PersistentHeap::TakeRun(
     const std::function<absl::StatusOr<LargePlacement>()>& take) {
   for (int attempt = 0;; ++attempt) {
     uint32_t capacity_seen;
+    bool grow_ahead;
     absl::StatusOr<LargePlacement> run;
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("allocate"); !s.ok()) return s;
       run = take();
       capacity_seen = directory_->capacity_chunks();
+      grow_ahead = GrowAheadDueLocked();
     }
+    if (grow_ahead) RequestGrowAhead();
     if (run.ok() && undo_ != nullptr) {
       // The run was free: its client writes it without pre-images.
       if (absl::Status s = ForgetUndo(client, uint64_t{run->chunk} * kChunkSize,

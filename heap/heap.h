@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -86,6 +87,11 @@ struct HeapOptions {
   // after a crash (heap/content_undo.h); only where the backing lets
   // clients take them (tmpfs: see ContentRollbackNote).
   bool track_contents = true;
+  // Grow the data file in the background when a lease or large run leaves
+  // fewer than a sixteenth of the heap's chunks free, so that allocation
+  // seldom waits for fallocate (which on tmpfs allocates and zeroes every
+  // page). Chunks are still handed out only after Grow reserved them.
+  bool grow_ahead = false;
 };
 
 // Why a heap on `backing` cannot roll object contents back; empty if it
@@ -331,6 +337,14 @@ class PersistentHeap {
   // Fresh memory handed out: no pre-image may put its pages back.
   absl::Status ForgetUndo(ClientId client, uint64_t offset, uint64_t length);
   uint64_t max_chunks() const { return config_.max_size / kChunkSize; }
+  // True if a growth ahead of demand is due (options_.grow_ahead): the
+  // heap can grow and fewer than a sixteenth of its chunks are free.
+  bool GrowAheadDueLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Wakes the grower (started on first use) to grow ahead of demand.
+  void RequestGrowAhead() ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  // The grower's loop: one growth per request while one is due, until
+  // the heap closes.
+  void GrowAheadLoop() ABSL_LOCKS_EXCLUDED(ahead_mu_, mu_);
 
   const std::string dir_;
   const HeapConfig config_;
@@ -373,6 +387,13 @@ class PersistentHeap {
   // (never under mu_ or grow_mu_).
   std::unique_ptr<ContentUndo> undo_;
   UndoCounts recovered_;  // pages put back when the heap opened
+
+  // Growth ahead of demand (RequestGrowAhead); a leaf lock. grower_ is
+  // started under it and joined by the destructor.
+  absl::Mutex ahead_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  bool ahead_wanted_ ABSL_GUARDED_BY(ahead_mu_) = false;  // a request, or the stop
+  bool ahead_stop_ ABSL_GUARDED_BY(ahead_mu_) = false;
+  std::thread grower_ ABSL_GUARDED_BY(ahead_mu_);
 };
 
 }  // namespace heapd

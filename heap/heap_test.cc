@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/time/clock.h"
 #include "client/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
@@ -199,6 +200,34 @@ TEST(HeapTest, GrowthCountsTheFreeChunksAtTheEnd) {
   EXPECT_EQ((*heap)->AllocateLarge(1, 3 * kChunkSize).status().code(),  // 2 left
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE((*heap)->CheckInvariants().ok());
+}
+
+// With grow_ahead, a lease that leaves fewer than a sixteenth of the chunks
+// free has the heap grown in the background, without another lease
+// needing it; space is reserved before the directory hands it out.
+TEST(HeapTest, GrowsAheadOfDemandInTheBackground) {
+  for (const bool grow_ahead : {false, true}) {
+    SCOPED_TRACE(grow_ahead ? "grow_ahead" : "no grow_ahead");
+    TestDir dir;
+    HeapOptions options;
+    options.grow_ahead = grow_ahead;
+    auto heap = PersistentHeap::Create(dir.Sub("h"), Config(1024), options);
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    for (int i = 0; i < 40; ++i) ASSERT_TRUE((*heap)->LeaseChunks(1, 3, 1).ok());
+    DirectoryStats stats = (*heap)->Stats().directory;
+    for (int i = 0; grow_ahead && i < 1000 && stats.free_chunks < stats.capacity_chunks / 16; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+      stats = (*heap)->Stats().directory;
+    }
+    if (grow_ahead) {
+      EXPECT_GT(stats.capacity_chunks, 40u);
+      EXPECT_GE(stats.free_chunks, stats.capacity_chunks / 16);
+    } else {
+      EXPECT_EQ(stats.capacity_chunks, 40u);  // each growth by what a lease needed
+      EXPECT_EQ(stats.free_chunks, 0u);
+    }
+    EXPECT_TRUE((*heap)->CheckInvariants().ok());
+  }
 }
 
 TEST(HeapTest, ReclaimReturnsADeadClientsWorkAsOfItsLastSync) {
