@@ -31,18 +31,31 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-TEST(GrowthFaultHandlerTest, AFaultWaitsForAnotherThreadMappingButNotForItsOwn) {
-  TestDir dir("/dev/shm");
-  UniqueFd fd(open(dir.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  ASSERT_TRUE(fd.valid());
-  ASSERT_EQ(ftruncate(fd.get(), 2 * kMiB), 0);
-  auto mapping = HeapMapping::Map(fd.get(), 64 * kMiB, 2 * kMiB, /*writable=*/true);
-  ASSERT_TRUE(mapping.ok()) << mapping.status();
-  volatile char* base = (*mapping)->base();
+// A heap's data file of 2 MiB, mapped in a 64 MiB reservation.
+class GrowthFaultHandlerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fd.reset(open(dir.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(ftruncate(fd.get(), 2 * kMiB), 0);
+    auto mapped_file = HeapMapping::Map(fd.get(), 64 * kMiB, 2 * kMiB, /*writable=*/true);
+    ASSERT_TRUE(mapped_file.ok()) << mapped_file.status();
+    mapping = *std::move(mapped_file);
+  }
+  GrowingHeap Heap() {
+    return GrowingHeap{mapping->base(),    64 * kMiB, fd.get(), /*writable=*/true,
+                       /*map_sync=*/false, &mapped};
+  }
+
+  TestDir dir{"/dev/shm"};
+  UniqueFd fd;
+  std::unique_ptr<HeapMapping> mapping;
   std::atomic<uint64_t> mapped{2 * kMiB};
-  const int slot =
-      RegisterHeapForGrowthFaults(GrowingHeap{(*mapping)->base(), 64 * kMiB, fd.get(),
-                                              /*writable=*/true, /*map_sync=*/false, &mapped});
+};
+
+TEST_F(GrowthFaultHandlerTest, AFaultWaitsForAnotherThreadMappingButNotForItsOwn) {
+  volatile char* base = mapping->base();
+  const int slot = RegisterHeapForGrowthFaults(Heap());
   ASSERT_GE(slot, 0);
   // Another process grew the heap and wrote there.
   auto grow_and_write = [&](uint64_t size, uint64_t at, char byte) {
@@ -94,17 +107,10 @@ TEST(GrowthFaultHandlerTest, AFaultWaitsForAnotherThreadMappingButNotForItsOwn) 
 
 // Growth mapped after the session's end (heapd gone: the mapping fenced)
 // is mapped privately, whoever maps it: stores stay in this process.
-TEST(GrowthFaultHandlerTest, GrowthMappedAfterAFenceIsPrivate) {
-  TestDir dir("/dev/shm");
-  UniqueFd fd(open(dir.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  ASSERT_TRUE(fd.valid());
+TEST_F(GrowthFaultHandlerTest, GrowthMappedAfterAFenceIsPrivate) {
   ASSERT_EQ(ftruncate(fd.get(), 4 * kMiB), 0);
-  auto mapping = HeapMapping::Map(fd.get(), 64 * kMiB, 2 * kMiB, /*writable=*/true);
-  ASSERT_TRUE(mapping.ok()) << mapping.status();
-  std::atomic<uint64_t> mapped{2 * kMiB};
   std::atomic<bool> fenced{true};
-  GrowingHeap heap{(*mapping)->base(), 64 * kMiB, fd.get(), /*writable=*/true,
-                   /*map_sync=*/false, &mapped};
+  GrowingHeap heap = Heap();
   heap.fenced = &fenced;
   ASSERT_EQ(MapHeapGrowth(heap, /*slot=*/-1, 4 * kMiB), 0);
   EXPECT_EQ(mapped.load(), 4 * kMiB);
@@ -135,15 +141,8 @@ void WaitInTheWindow(const char* point) {  // async-signal-safe
 // A store by another thread into growth that a fault is mapping, before
 // it is write-protected, must not go through without a pre-image: it waits
 // until the growth is protected, then takes one.
-TEST(GrowthFaultHandlerTest, TrackedGrowthIsProtectedBeforeAnyStoreReachesIt) {
-  TestDir dir("/dev/shm");
-  UniqueFd fd(open(dir.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  ASSERT_TRUE(fd.valid());
-  ASSERT_EQ(ftruncate(fd.get(), 2 * kMiB), 0);
-  auto mapping = HeapMapping::Map(fd.get(), 64 * kMiB, 2 * kMiB, /*writable=*/true);
-  ASSERT_TRUE(mapping.ok()) << mapping.status();
-  char* base = (*mapping)->base();
-  std::atomic<uint64_t> mapped{2 * kMiB};
+TEST_F(GrowthFaultHandlerTest, TrackedGrowthIsProtectedBeforeAnyStoreReachesIt) {
+  char* base = mapping->base();
   const std::string journal_path = dir.Sub("journal");
   UniqueFd journal(open(journal_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
   ASSERT_TRUE(journal.valid());
@@ -152,7 +151,7 @@ TEST(GrowthFaultHandlerTest, TrackedGrowthIsProtectedBeforeAnyStoreReachesIt) {
   UniqueFd lifeline(pair[0]), heapd_end(pair[1]);
   auto tracker = WriteTracker::Start(base, &mapped, fd.get(), std::move(journal), lifeline.get());
   if (!tracker.ok()) GTEST_SKIP() << tracker.status();
-  GrowingHeap heap{base, 64 * kMiB, fd.get(), /*writable=*/true, /*map_sync=*/false, &mapped};
+  GrowingHeap heap = Heap();
   heap.uffd = (*tracker)->fd();
   heap.fenced = (*tracker)->fencing();
   heap.unprotected = (*tracker)->unprotected_growth();
