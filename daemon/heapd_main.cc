@@ -298,7 +298,7 @@ int Run() {
   };
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
     auto serve_metrics = [&metrics, &heaps, &sessions, address] {
-      const absl::Status served = metrics.Serve(address, heaps->get(), &sessions.table());
+      const absl::Status served = metrics.Serve(address, heaps->get(), &sessions);
       if (served.ok()) {
         spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
                      metrics.port());

@@ -107,7 +107,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_mode(config.mode);
   info->set_created_unix_ns(config.created_unix_ns);
   info->set_reflink(served.reflink);
-  info->set_clients(static_cast<uint32_t>(sessions_->table().CountOn(served.name)));
+  info->set_clients(static_cast<uint32_t>(sessions_->CountOn(served.name)));
   info->set_content_rollback(served.heap->content_rollback());
   info->set_content_rollback_note(served.heap->content_rollback_note());
   if (!with_usage) {
@@ -267,7 +267,7 @@ absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& na
                                                     name, " of uid ", owner,
                                                     " (only its owner or an admin may)"));
   }
-  if (const size_t clients = sessions_->table().CountOn(name); clients != 0) {
+  if (const size_t clients = sessions_->CountOn(name); clients != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
   }

@@ -9,7 +9,7 @@
 #include "allocator/size_class.h"
 #include "daemon/heap_registry.h"
 #include "daemon/limits.h"
-#include "daemon/session_table.h"
+#include "daemon/sessions.h"
 #include "prometheus/collectable.h"
 #include "prometheus/gauge.h"
 #include "prometheus/metric_family.h"
@@ -30,7 +30,7 @@ std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(co
 // Gauges of every heap's state, read when Prometheus scrapes.
 class HeapStateCollector : public prometheus::Collectable {
  public:
-  HeapStateCollector(const HeapRegistry* heaps, const SessionTable* sessions)
+  HeapStateCollector(const HeapRegistry* heaps, const Sessions* sessions)
       : heaps_(heaps), sessions_(sessions) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
@@ -141,7 +141,7 @@ class HeapStateCollector : public prometheus::Collectable {
   }
 
   const HeapRegistry* heaps_;
-  const SessionTable* sessions_;
+  const Sessions* sessions_;
 };
 
 }  // namespace
@@ -268,7 +268,7 @@ std::string MetricsBindAddress(const std::string& address) {
 }
 
 absl::Status Metrics::Serve(const std::string& flag_address, const HeapRegistry* heaps,
-                            const SessionTable* sessions) {
+                            const Sessions* sessions) {
   const std::string address = MetricsBindAddress(flag_address);
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);

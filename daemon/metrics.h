@@ -31,7 +31,7 @@ inline constexpr const char* kReclaimReasons[] = {"connection_closed", "token_ex
                                                   "attach_failed", "detach_failed", "no_data_fd"};
 
 class HeapRegistry;
-class SessionTable;
+class Sessions;
 
 class Metrics {
  public:
@@ -41,7 +41,7 @@ class Metrics {
   // :PORT for the loopback address only; port 0 picks one). UNAVAILABLE if
   // it cannot bind.
   absl::Status Serve(const std::string& address, const HeapRegistry* heaps,
-                     const SessionTable* sessions);
+                     const Sessions* sessions);
   // The port served on (after Serve).
   int port() const;
 

@@ -79,7 +79,22 @@ void Sessions::Reap() {
       to_end_.pop_front();
     }
     End(ending.session, ending.reason, ending.why);
+    absl::MutexLock lock(&reaper_mu_);
+    auto it = ending_on_.find(ending.session->heap->name);
+    if (--it->second == 0) ending_on_.erase(it);
   }
+}
+
+size_t Sessions::CountOn(absl::string_view heap_name) const {
+  absl::MutexLock lock(&reaper_mu_);
+  auto it = ending_on_.find(heap_name);
+  return table_.CountOn(heap_name) + (it == ending_on_.end() ? 0 : it->second);
+}
+
+void Sessions::QueueEndLocked(std::shared_ptr<Session> session, const char* reason,
+                              const char* why) {
+  ++ending_on_[session->heap->name];
+  to_end_.push_back({std::move(session), reason, why});
 }
 
 void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, const char* why) {
@@ -102,19 +117,17 @@ void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, 
 }
 
 void Sessions::ConnectionClosed(ClientId id) {
+  absl::MutexLock lock(&reaper_mu_);
   std::shared_ptr<Session> session = table_.Take(id);
   if (session == nullptr) return;
-  absl::MutexLock lock(&reaper_mu_);
-  to_end_.push_back({std::move(session), "connection_closed",
-                     "its fd-socket connection closed without a detach"});
+  QueueEndLocked(std::move(session), "connection_closed",
+                 "its fd-socket connection closed without a detach");
 }
 
 void Sessions::ExpireTokens() {
-  std::vector<std::shared_ptr<Session>> expired = table_.TakeExpired(absl::Now());
-  if (expired.empty()) return;
   absl::MutexLock lock(&reaper_mu_);
-  for (std::shared_ptr<Session>& session : expired) {
-    to_end_.push_back({std::move(session), "token_expired", "it did not fetch its fd in time"});
+  for (std::shared_ptr<Session>& session : table_.TakeExpired(absl::Now())) {
+    QueueEndLocked(std::move(session), "token_expired", "it did not fetch its fd in time");
   }
 }
 

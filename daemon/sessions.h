@@ -35,7 +35,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/caller.h"
@@ -129,6 +131,11 @@ class Sessions {
   // Every session, for listings and waits.
   std::vector<std::shared_ptr<Session>> List() const { return table_.List(); }
   const SessionTable& table() const { return table_; }
+  // The clients of heap `heap_name`: its sessions in the table and those
+  // whose end is queued or under way. 0 means every session that was on it
+  // has been reclaimed (its leases returned), so a removal or a check of the
+  // heap's leases after a client died sees no session in between.
+  size_t CountOn(absl::string_view heap_name) const;
 
  private:
   // Runs `body` on session `id` of `caller` under the session's lock, and
@@ -138,6 +145,9 @@ class Sessions {
   // Ends `session` (reclaims it); `reason` is one of kReclaimReasons.
   void End(const std::shared_ptr<Session>& session, const char* reason, const char* why);
   void Reap();
+  // Queues the end of `session`, taken out of the table under reaper_mu_.
+  void QueueEndLocked(std::shared_ptr<Session> session, const char* reason, const char* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper_mu_);
 
   SessionTable table_;
   Metrics* const metrics_;
@@ -147,8 +157,13 @@ class Sessions {
     const char* reason;
     const char* why;
   };
-  absl::Mutex reaper_mu_;
+  // Lock order: reaper_mu_, then the session table's lock. A session moves
+  // from the table to to_end_ under reaper_mu_, and leaves `ending_on_` only
+  // after its reclaim, so CountOn never misses it.
+  mutable absl::Mutex reaper_mu_;
   std::deque<Ending> to_end_ ABSL_GUARDED_BY(reaper_mu_);
+  // Heap name -> sessions on it queued for the reaper or being ended by it.
+  absl::flat_hash_map<std::string, size_t> ending_on_ ABSL_GUARDED_BY(reaper_mu_);
   bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;
 };

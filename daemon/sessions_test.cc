@@ -75,7 +75,8 @@ TEST_F(SessionsTest, ASessionLimitPerUser) {
 
 // The fd server's thread reports a closed connection while the session is
 // busy (here: its lock held, as during a long sync): it must not wait. The
-// reaper ends the session once the call is done.
+// reaper ends the session once the call is done, and it counts among the
+// heap's clients until then.
 TEST_F(SessionsTest, AClosedConnectionNeverWaitsForABusySession) {
   auto started = sessions_.Start(heap_, kAlice, false);
   ASSERT_TRUE(started.ok());
@@ -90,11 +91,14 @@ TEST_F(SessionsTest, AClosedConnectionNeverWaitsForABusySession) {
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(heap_->heap->LeaseCount(session->id), 1u);  // not ended behind the call's back
+  // Out of the table but not yet reclaimed: still one of the heap's clients.
+  EXPECT_EQ(sessions_.CountOn("h"), 1u);
   session->mu.Unlock();
-  for (int i = 0; i < 200 && heap_->heap->LeaseCount(session->id) != 0; ++i) {
+  for (int i = 0; i < 200 && sessions_.CountOn("h") != 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(heap_->heap->LeaseCount(session->id), 0u);
+  EXPECT_EQ(sessions_.CountOn("h"), 0u);
+  EXPECT_EQ(heap_->heap->LeaseCount(session->id), 0u);  // no clients means reclaimed
   EXPECT_EQ(sessions_.Sync(session->id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
 }
 
