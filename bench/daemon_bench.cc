@@ -10,7 +10,8 @@
 // --b3_track_contents=both (the default), also against a second heapd
 // started with --track_contents=false, in every rep, alternating which goes
 // first: the ratio of the two is what tracking costs an ingest into fresh
-// memory (issue 11).
+// memory (issue 11). B3's third baseline keeps heapd's pointer type
+// (offset_ptr) over a bump arena in DRAM (bench/offset_arena.h).
 //
 // Multi-process figures use child processes of this binary (--child=...)
 // that start together at an agreed CLOCK_MONOTONIC instant.
@@ -42,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/heapd_process.h"
+#include "bench/offset_arena.h"
 #include "client/allocator.h"
 #include "client/client.h"
 #include "client/examples/graph.h"
@@ -356,6 +358,12 @@ void RunB3Pair(HeapdProcess* tracked, HeapdProcess* untracked, bool untracked_fi
 
   AdjacencyList<std::allocator<char>> dram{std::allocator<char>()};
   const double baseline = Ingest(dram, edges);
+  double offset_baseline;
+  {
+    OffsetArena arena(uint64_t{4} << 30);  // B3 takes about 1 GiB of it
+    AdjacencyList<OffsetArenaAllocator<char>> offsets{OffsetArenaAllocator<char>()};
+    offset_baseline = Ingest(offsets, edges);
+  }
 
   const B3Result& main = tracked != nullptr ? with : without;
   if (tracked != nullptr) {
@@ -369,6 +377,8 @@ void RunB3Pair(HeapdProcess* tracked, HeapdProcess* untracked, bool untracked_fi
   }
   Record("B3 std::allocator (DRAM) Medges/s", edges.size() / baseline / 1e6);
   Record("B3 heapd / DRAM", baseline / main.ingest);
+  Record("B3 offset_ptr bump arena (DRAM) Medges/s", edges.size() / offset_baseline / 1e6);
+  Record("B3 heapd / offset_ptr bump arena", offset_baseline / main.ingest);
   if (tracked != nullptr) Record("B3 pre-images taken during the ingest", with.pre_images);
   if (tracked != nullptr) Record("B3 sync+detach ms", with.close * 1e3);
   if (untracked != nullptr)
