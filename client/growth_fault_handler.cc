@@ -8,12 +8,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <mutex>
 
 #include "absl/base/const_init.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "allocator/size_class.h"
 #include "client/write_tracker.h"
 #include "heap/fault_point.h"
 #include "heap/heap_mapping.h"
@@ -66,7 +68,12 @@ int MapGrowthLocked(const GrowingHeap& heap, uint64_t size) {
   };
   const bool fenced_before = fencing();
   if (fenced_before) {
-    MapPrivately(at, length, heap.fd, mapped);  // as the rest after a fence
+    // As the rest after a fence. If that fails, the range stays reserved
+    // (it must not read as zeros): every access faults.
+    if (!MapPrivately(at, length, heap.fd, mapped)) {
+      mmap(at, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      return ENOMEM;
+    }
   } else {
     // Tracked growth is mapped read-only until it is write-protected: a
     // store of another thread in between faults here, waits for the lock
@@ -89,9 +96,11 @@ int MapGrowthLocked(const GrowingHeap& heap, uint64_t size) {
   while (seen < size &&
          !heap.mapped->compare_exchange_weak(seen, size, std::memory_order_seq_cst)) {
   }
-  // A fence maps privately what `mapped` says after it set its flag; it
-  // may have read `mapped` before the exchange above: then this sees the
-  // flag (both sequentially consistent) and maps privately itself.
+  // The fence holds this lock (WriteTracker::Fence), so the flag changes
+  // here only for a mapper without it (no slot, or a signal on the thread
+  // mapping). A fence maps privately what `mapped` says after it set its
+  // flag; it may have read `mapped` before the exchange above: then this
+  // sees the flag (both sequentially consistent) and maps privately itself.
   if (!fenced_before && fencing()) MapPrivately(at, length, heap.fd, mapped);
   return 0;
 }
@@ -104,10 +113,15 @@ bool MapGrowth(Registered& slot, uint64_t offset) ABSL_NO_THREAD_SAFETY_ANALYSIS
   const GrowingHeap& heap = slot.heap;
   struct stat st;
   if (fstat(heap.fd, &st) != 0) return false;
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (offset >= size || size > heap.max_size) return false;
+  // Whole chunks within the reservation only, whatever size another
+  // writer of the file gave it.
+  const uint64_t size =
+      std::min(static_cast<uint64_t>(st.st_size), heap.max_size) & ~(kChunkSize - 1);
+  if (offset >= size) return false;
   const bool locked = LockMapping(slot);
-  const int error = MapGrowthLocked(heap, size);
+  // Unregistered meanwhile (Unregister waits for this lock): not ours.
+  const int error =
+      slot.base.load(std::memory_order_acquire) == nullptr ? EFAULT : MapGrowthLocked(heap, size);
   if (locked) UnlockMapping(slot);
   return error == 0;  // mapped now (by us or by another thread)
 }
@@ -185,6 +199,10 @@ void UnregisterHeapForGrowthFaults(int slot) {
   if (slot < 0 || slot >= kSlots) return;
   absl::MutexLock lock(&registering);
   slots[slot].base.store(nullptr, std::memory_order_release);
+  // A handler that saw the slot registered and is mapping finishes before
+  // the heap's mapping and fields go away (it checks `base` again under
+  // the lock).
+  if (LockMapping(slots[slot])) UnlockMapping(slots[slot]);
 }
 
 }  // namespace heapd

@@ -105,6 +105,25 @@ TEST_F(GrowthFaultHandlerTest, AFaultWaitsForAnotherThreadMappingButNotForItsOwn
   UnregisterHeapForGrowthFaults(slot);
 }
 
+// Another writer of the data file gives it a size that is not a whole
+// number of chunks: the handler maps whole chunks only, so that later
+// growth (mapped at a chunk's offset) still maps.
+TEST_F(GrowthFaultHandlerTest, AFileSizeOffChunksMapsWholeChunksOnly) {
+  volatile char* base = mapping->base();
+  const int slot = RegisterHeapForGrowthFaults(Heap());
+  ASSERT_GE(slot, 0);
+  const char a = 'a', b = 'b';
+  ASSERT_EQ(ftruncate(fd.get(), static_cast<off_t>(4 * kMiB + 4097)), 0);
+  ASSERT_EQ(pwrite(fd.get(), &a, 1, static_cast<off_t>(3 * kMiB)), 1);
+  EXPECT_EQ(base[3 * kMiB], 'a');
+  EXPECT_EQ(mapped.load(), 4 * kMiB);
+  ASSERT_EQ(ftruncate(fd.get(), static_cast<off_t>(6 * kMiB)), 0);
+  ASSERT_EQ(pwrite(fd.get(), &b, 1, static_cast<off_t>(5 * kMiB)), 1);
+  EXPECT_EQ(base[5 * kMiB], 'b');  // before: mapping at 4 MiB + 4097 failed, a crash
+  EXPECT_EQ(mapped.load(), 6 * kMiB);
+  UnregisterHeapForGrowthFaults(slot);
+}
+
 // Growth mapped after the session's end (heapd gone: the mapping fenced)
 // is mapped privately, whoever maps it: stores stay in this process.
 TEST_F(GrowthFaultHandlerTest, GrowthMappedAfterAFenceIsPrivate) {

@@ -196,6 +196,7 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
     growing_.unprotected = tracker_->unprotected_growth();
   }
   fault_slot_ = RegisterHeapForGrowthFaults(growing_);
+  if (tracker_ != nullptr) tracker_->set_growth_slot(fault_slot_);
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);

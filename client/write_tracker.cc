@@ -15,6 +15,7 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "client/growth_fault_handler.h"
 #include "heap/undo_record.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -236,23 +237,27 @@ void WriteTracker::Capture(uint64_t offset) {
   unprotected_.emplace_back(offset, kUndoPageBytes);
 }
 
-void MapPrivately(char* at, uint64_t length, int fd, uint64_t offset) {
-  if (mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
-           static_cast<off_t>(offset)) == MAP_FAILED &&
-      mprotect(at, length, PROT_READ) != 0) {  // then a store faults instead
+bool MapPrivately(char* at, uint64_t length, int fd, uint64_t offset) {
+  const bool mapped = mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+                           static_cast<off_t>(offset)) != MAP_FAILED;
+  if (!mapped && mprotect(at, length, PROT_READ) != 0) {  // then a store faults instead
     // The failed mmap unmapped the range already (see FileTakesMapSync):
     // reserve it again, every access faults.
     mmap(at, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   }
   KeepFromChildren(at, length);
+  return mapped;
 }
 
 void WriteTracker::Fence() {
   // The same file, privately: reads see the heap, stores stay in this
-  // process (copy-on-write) and never reach the heap again. Growth mapped
-  // meanwhile is mapped privately by the fault handler once fencing_ is
-  // set, or here by the next round.
-  fencing_.store(true, std::memory_order_seq_cst);  // see MapGrowth
+  // process (copy-on-write) and never reach the heap again. Under the
+  // growth mapping lock: growth being mapped now is mapped completely
+  // (and is remapped here), growth mapped later sees fencing_ and is
+  // mapped privately by its mapper; no range is mapped privately twice
+  // (that would drop the stores made into the first private copy).
+  GrowthMappingLock growth(growth_slot_.load(std::memory_order_acquire));
+  fencing_.store(true, std::memory_order_seq_cst);  // see MapGrowthLocked
   uint64_t done = 0;
   for (uint64_t size; (size = mapped_->load(std::memory_order_seq_cst)) > done; done = size) {
     MapPrivately(base_ + done, size - done, data_fd_, done);

@@ -55,9 +55,10 @@ void KeepFromChildren(char* at, uint64_t length);
 // kernel refused. Async-signal-safe.
 bool RegisterForWriteProtection(int uffd, char* at, uint64_t length);
 // Maps [offset, offset + length) of `fd` at `at` privately (MAP_FIXED):
-// reads see the file, stores stay in this process; read-only if that
-// fails. Async-signal-safe.
-void MapPrivately(char* at, uint64_t length, int fd, uint64_t offset);
+// reads see the file, stores stay in this process. False if that failed:
+// then what was mapped there is read-only (or, if the failed map removed
+// it, reserved again so that every access faults). Async-signal-safe.
+bool MapPrivately(char* at, uint64_t length, int fd, uint64_t offset);
 
 class WriteTracker {
  public:
@@ -98,6 +99,10 @@ class WriteTracker {
   // Set when the fence starts: the growth fault handler maps privately
   // from then on.
   const std::atomic<bool>* fencing() const { return &fencing_; }
+  // The heap's slot with the growth fault handler (growth_fault_handler.h):
+  // the fence holds its GrowthMappingLock, so that no growth is half
+  // mapped (shared, and unprotected) while it maps the heap privately.
+  void set_growth_slot(int slot) { growth_slot_.store(slot, std::memory_order_release); }
   // Set by whoever maps the heap's growth when the kernel refuses to
   // write-protect it (growth_fault_handler.h).
   std::atomic<bool>* unprotected_growth() { return &unprotected_growth_; }
@@ -141,6 +146,7 @@ class WriteTracker {
   std::thread thread_;
   std::atomic<bool> fencing_{false};  // set (release) when Fence starts
   std::atomic<bool> fenced_{false};   // set (release) once Fence has run
+  std::atomic<int> growth_slot_{-1};
   std::atomic<bool> unprotected_growth_{false};
 
   mutable absl::Mutex mu_;

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "client/growth_fault_handler.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 #include "heap/undo_record.h"
@@ -130,6 +131,27 @@ TEST_F(WriteTrackerTest, TheSessionsEndFencesTheMapping) {
   char byte = 0;
   ASSERT_EQ(pread(data_.get(), &byte, 1, 0), 1);
   EXPECT_EQ(byte, 1);
+}
+
+// The fence waits for growth being mapped (the growth mapping lock held):
+// otherwise it could miss growth mapped shared, or map privately a range
+// its mapper maps privately again (dropping the stores in between).
+TEST_F(WriteTrackerTest, TheFenceWaitsForGrowthBeingMapped) {
+  const int slot = RegisterHeapForGrowthFaults(
+      GrowingHeap{base_, kBytes, data_.get(), /*writable=*/true, /*map_sync=*/false, &mapped_});
+  ASSERT_GE(slot, 0);
+  tracker_->set_growth_slot(slot);
+  {
+    GrowthMappingLock mapping(slot);  // a mapper at work
+    heapd_end_.reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(tracker_->fenced()) << "the fence did not wait for the mapper";
+  }
+  for (int i = 0; i < 1000 && !tracker_->fenced(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(tracker_->fenced());
+  UnregisterHeapForGrowthFaults(slot);
 }
 
 }  // namespace
