@@ -184,7 +184,15 @@ TEST_F(GrowthFaultHandlerTest, TrackedGrowthIsProtectedBeforeAnyStoreReachesIt) 
   SetFaultHandler(WaitInTheWindow);
   char got = 0;
   std::thread reader([&] { got = static_cast<volatile char*>(base)[3 * kMiB]; });
-  while (!in_window.load()) std::this_thread::yield();
+  for (int i = 0; i < 10000 && !in_window.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!in_window.load()) {
+    reader.join();
+    SetFaultHandler(nullptr);
+    UnregisterHeapForGrowthFaults(slot);
+    FAIL() << "the read's fault never reached the point between mapping and protecting";
+  }
   static_cast<volatile char*>(base)[3 * kMiB] = 'x';
   stored = true;
   reader.join();
