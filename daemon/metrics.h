@@ -28,7 +28,8 @@ inline constexpr char kVersion[] = "0.3.0";
 
 // Why a session ended without a detach (label of heapd_sessions_reclaimed_total).
 inline constexpr const char* kReclaimReasons[] = {"connection_closed", "token_expired",
-                                                  "attach_failed", "detach_failed", "no_data_fd"};
+                                                  "attach_failed",     "detach_failed",
+                                                  "no_data_fd",        "no_undo_journal"};
 
 class HeapRegistry;
 class Sessions;

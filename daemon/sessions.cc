@@ -79,22 +79,27 @@ void Sessions::Reap() {
       to_end_.pop_front();
     }
     End(ending.session, ending.reason, ending.why);
-    absl::MutexLock lock(&reaper_mu_);
-    auto it = ending_on_.find(ending.session->heap->name);
-    if (--it->second == 0) ending_on_.erase(it);
+    Ended(*ending.session);
   }
+}
+
+std::shared_ptr<Session> Sessions::TakeToEnd(ClientId id) {
+  absl::MutexLock lock(&reaper_mu_);
+  std::shared_ptr<Session> session = table_.Take(id);
+  if (session != nullptr) ++ending_on_[session->heap->name];
+  return session;
+}
+
+void Sessions::Ended(const Session& session) {
+  absl::MutexLock lock(&reaper_mu_);
+  auto it = ending_on_.find(session.heap->name);
+  if (it != ending_on_.end() && --it->second == 0) ending_on_.erase(it);
 }
 
 size_t Sessions::CountOn(absl::string_view heap_name) const {
   absl::MutexLock lock(&reaper_mu_);
   auto it = ending_on_.find(heap_name);
   return table_.CountOn(heap_name) + (it == ending_on_.end() ? 0 : it->second);
-}
-
-void Sessions::QueueEndLocked(std::shared_ptr<Session> session, const char* reason,
-                              const char* why) {
-  ++ending_on_[session->heap->name];
-  to_end_.push_back({std::move(session), reason, why});
 }
 
 void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, const char* why) {
@@ -117,17 +122,21 @@ void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, 
 }
 
 void Sessions::ConnectionClosed(ClientId id) {
-  absl::MutexLock lock(&reaper_mu_);
-  std::shared_ptr<Session> session = table_.Take(id);
+  QueueEnd(id, "connection_closed", "its fd-socket connection closed without a detach");
+}
+
+void Sessions::QueueEnd(ClientId id, const char* reason, const char* why) {
+  std::shared_ptr<Session> session = TakeToEnd(id);
   if (session == nullptr) return;
-  QueueEndLocked(std::move(session), "connection_closed",
-                 "its fd-socket connection closed without a detach");
+  absl::MutexLock lock(&reaper_mu_);
+  to_end_.push_back({std::move(session), reason, why});
 }
 
 void Sessions::ExpireTokens() {
   absl::MutexLock lock(&reaper_mu_);
   for (std::shared_ptr<Session>& session : table_.TakeExpired(absl::Now())) {
-    QueueEndLocked(std::move(session), "token_expired", "it did not fetch its fd in time");
+    ++ending_on_[session->heap->name];
+    to_end_.push_back({std::move(session), "token_expired", "it did not fetch its fd in time"});
   }
 }
 
@@ -157,7 +166,10 @@ absl::StatusOr<std::vector<LeaseGrant>> Sessions::LeaseAtStart(
     grants = LeaseAll(*session, wants);
   }
   if (!grants.ok()) {
-    End(table_.Take(session->id), "attach_failed", "its attach failed");
+    if (std::shared_ptr<Session> taken = TakeToEnd(session->id)) {
+      End(taken, "attach_failed", "its attach failed");
+      Ended(*taken);
+    }
     return InHeap(*session, grants.status());
   }
   return grants;
@@ -296,10 +308,11 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
                                           uint64_t generation, const ReserveReport& reserve) {
   absl::StatusOr<std::shared_ptr<Session>> found = table_.Get(id, caller);
   if (!found.ok()) return found.status();
-  std::shared_ptr<Session> session = table_.Take(id);
+  std::shared_ptr<Session> session = TakeToEnd(id);
   if (session == nullptr) {
     return absl::NotFoundError(absl::StrCat("session ", id, " already ended"));
   }
+  absl::Cleanup counted = [&] { Ended(*session); };  // after the lock below
   absl::MutexLock lock(&session->mu);
   if (session->ended) {
     return absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended"));
@@ -345,11 +358,7 @@ absl::StatusOr<Sessions::Redeemed> Sessions::Redeem(const std::string& token,
   if (!session.ok()) return session.status();
   absl::StatusOr<int> fd = (*session)->heap->heap->OpenDataFile(!(*session)->read_only);
   if (!fd.ok()) {
-    std::shared_ptr<Session> failed = table_.Take((*session)->id);
-    if (failed != nullptr) {
-      absl::MutexLock lock(&reaper_mu_);
-      to_end_.push_back({std::move(failed), "no_data_fd", "its data fd could not be opened"});
-    }
+    QueueEnd((*session)->id, "no_data_fd", "its data fd could not be opened");
     return fd.status();
   }
   UniqueFd data(*fd);
@@ -357,12 +366,7 @@ absl::StatusOr<Sessions::Redeemed> Sessions::Redeem(const std::string& token,
   if (!(*session)->read_only) {
     absl::StatusOr<UniqueFd> opened = (*session)->heap->heap->OpenUndoJournal((*session)->id);
     if (!opened.ok()) {
-      std::shared_ptr<Session> failed = table_.Take((*session)->id);
-      if (failed != nullptr) {
-        absl::MutexLock lock(&reaper_mu_);
-        to_end_.push_back(
-            {std::move(failed), "no_undo_journal", "its undo journal could not be made"});
-      }
+      QueueEnd((*session)->id, "no_undo_journal", "its undo journal could not be made");
       return opened.status();
     }
     journal = *std::move(opened);

@@ -145,9 +145,13 @@ class Sessions {
   // Ends `session` (reclaims it); `reason` is one of kReclaimReasons.
   void End(const std::shared_ptr<Session>& session, const char* reason, const char* why);
   void Reap();
-  // Queues the end of `session`, taken out of the table under reaper_mu_.
-  void QueueEndLocked(std::shared_ptr<Session> session, const char* reason, const char* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper_mu_);
+  // Takes session `id` out of the table (null if already taken) to end it:
+  // it counts among its heap's clients (CountOn) until Ended.
+  std::shared_ptr<Session> TakeToEnd(ClientId id) ABSL_LOCKS_EXCLUDED(reaper_mu_);
+  void Ended(const Session& session) ABSL_LOCKS_EXCLUDED(reaper_mu_);
+  // Takes session `id` out of the table (if still there) and queues its
+  // end for the reaper. Never waits for the session.
+  void QueueEnd(ClientId id, const char* reason, const char* why) ABSL_LOCKS_EXCLUDED(reaper_mu_);
 
   SessionTable table_;
   Metrics* const metrics_;
@@ -157,12 +161,13 @@ class Sessions {
     const char* reason;
     const char* why;
   };
-  // Lock order: reaper_mu_, then the session table's lock. A session moves
-  // from the table to to_end_ under reaper_mu_, and leaves `ending_on_` only
-  // after its reclaim, so CountOn never misses it.
+  // Lock order: reaper_mu_, then the session table's lock. A session that
+  // leaves the table enters `ending_on_` under reaper_mu_ (TakeToEnd) and
+  // leaves it only after its end (Ended), so CountOn never misses it.
   mutable absl::Mutex reaper_mu_;
   std::deque<Ending> to_end_ ABSL_GUARDED_BY(reaper_mu_);
-  // Heap name -> sessions on it queued for the reaper or being ended by it.
+  // Heap name -> sessions on it being ended (queued for the reaper, or
+  // ending in a call).
   absl::flat_hash_map<std::string, size_t> ending_on_ ABSL_GUARDED_BY(reaper_mu_);
   bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;

@@ -54,8 +54,11 @@ int CopyRange(int from, int to, uint64_t offset, uint64_t length) {
 // Copies the written extents of `from` in [begin, end) by FIEMAP,
 // skipping holes and extents reserved but never written (they read as
 // zeros; a heap's data file reserves its whole size with fallocate). 0 or
-// the errno; EOPNOTSUPP if the file system has no FIEMAP.
-int CopyWrittenExtents(int from, int to, uint64_t begin, uint64_t end, uint64_t* written) {
+// the errno; EOPNOTSUPP if the file system has no FIEMAP. The first call
+// (`*synced` false) writes the file's dirty pages back first, so that
+// extents written in the page cache only are not taken for unwritten.
+int CopyWrittenExtents(int from, int to, uint64_t begin, uint64_t end, uint64_t* written,
+                       bool* synced) {
   constexpr uint32_t kBatch = 256;
   std::vector<char> buffer(sizeof(fiemap) + kBatch * sizeof(fiemap_extent));
   uint64_t start = begin;
@@ -64,9 +67,10 @@ int CopyWrittenExtents(int from, int to, uint64_t begin, uint64_t end, uint64_t*
     auto* map = reinterpret_cast<fiemap*>(buffer.data());
     map->fm_start = start;
     map->fm_length = end - start;
-    map->fm_flags = FIEMAP_FLAG_SYNC;
+    map->fm_flags = *synced ? 0 : FIEMAP_FLAG_SYNC;  // the whole file, once
     map->fm_extent_count = kBatch;
     if (ioctl(from, FS_IOC_FIEMAP, map) != 0) return errno == ENOTTY ? EOPNOTSUPP : errno;
+    *synced = true;
     if (map->fm_mapped_extents == 0) return 0;
     for (uint32_t i = 0; i < map->fm_mapped_extents; ++i) {
       const fiemap_extent& extent = map->fm_extents[i];
@@ -87,8 +91,9 @@ int CopyWrittenExtents(int from, int to, uint64_t begin, uint64_t end, uint64_t*
 
 // Copies the data regions of `from` in [begin, end); 0 or the errno.
 // EINVAL if the file system cannot tell data from holes.
-int CopySparse(int from, int to, uint64_t begin, uint64_t end, uint64_t* written) {
-  if (const int error = CopyWrittenExtents(from, to, begin, end, written); error != EOPNOTSUPP) {
+int CopySparse(int from, int to, uint64_t begin, uint64_t end, uint64_t* written, bool* synced) {
+  if (const int error = CopyWrittenExtents(from, to, begin, end, written, synced);
+      error != EOPNOTSUPP) {
     return error;
   }
   uint64_t offset = begin;
@@ -143,11 +148,12 @@ absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_f
     if (needed == nullptr) needed = &everything;
     result.method = CopyMethod::kSparse;
     int error = 0;
+    bool synced = false;
     for (const ByteRange& range : *needed) {
       const uint64_t end = std::min(range.end, size);
       if (range.begin >= end) continue;
       if (result.method == CopyMethod::kSparse) {
-        error = CopySparse(from_fd, to_fd, range.begin, end, &result.bytes_written);
+        error = CopySparse(from_fd, to_fd, range.begin, end, &result.bytes_written, &synced);
         if (error == EINVAL || error == EOPNOTSUPP) result.method = CopyMethod::kPlain;
       }
       if (result.method == CopyMethod::kPlain) {
@@ -156,6 +162,15 @@ absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_f
       }
       if (error != 0) return ErrnoStatus(error, absl::StrCat("copy ", what));
     }
+  }
+  // Cut short meanwhile (by a client that can write it), the source's end
+  // read as a hole: the copy is not what it claims to be.
+  struct stat st;
+  if (fstat(from_fd, &st) != 0)
+    return ErrnoStatus(errno, absl::StrCat("stat the source of ", what));
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return absl::AbortedError(absl::StrCat("copy ", what, ": its source was cut from ", size,
+                                           " to ", st.st_size, " bytes while it was copied"));
   }
   if (fsync(to_fd) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", what));
   return result;

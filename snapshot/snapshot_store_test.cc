@@ -166,9 +166,18 @@ TEST_F(SnapshotStoreTest, OnlyTheChunksInUseAreCopied) {
   ASSERT_TRUE((*session)->sync().ok());
   ASSERT_TRUE((*session)->deallocate(freed).ok());
   ASSERT_TRUE((*session)->detach().ok());
+  // On a heap that tracks contents (tmpfs) the free persists with the
+  // next epoch: commit one.
+  auto next = AttachInProcess(heap_.get(), 3);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE((*next)->sync().ok());
+  ASSERT_TRUE((*next)->detach().ok());
 
   absl::StatusOr<v1::SnapshotManifest> manifest = Create(kRoot, {dir_.Sub("target"), "s"});
   ASSERT_TRUE(manifest.ok()) << manifest.status();
+  if (manifest->copy_method() == "reflink") {
+    GTEST_SKIP() << "a reflink shares the whole file, the free chunks too";
+  }
   const std::string copy = ReadAll(dir_.Sub("target/s/data"));
   const std::string data = ReadAll(dir_.Sub("state/heaps/h/data"));
   ASSERT_EQ(copy.size(), data.size());
