@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -272,10 +273,22 @@ void PersistentHeap::RequestGrowAhead() {
   absl::MutexLock lock(&ahead_mu_);
   if (ahead_stop_) return;
   ahead_wanted_ = true;
-  if (!grower_.joinable()) grower_ = std::thread([this] { GrowAheadLoop(); });
+  if (grower_.joinable()) return;
+  try {
+    grower_ = std::thread([this] { GrowAheadLoop(); });
+  } catch (const std::system_error&) {
+    // No thread to spare (a pid or thread limit): leases grow the heap
+    // themselves, as without growth ahead; a later request tries again.
+  }
 }
 
 void PersistentHeap::GrowAheadLoop() {
+  // After a failed growth (a full disk, tmpfs memory), none ahead from the
+  // same capacity for a while: each attempt fills the file system until
+  // fallocate fails, which others on it would see.
+  constexpr absl::Duration kBackOff = absl::Seconds(10);
+  uint32_t failed_at = 0;
+  absl::Time retry_after = absl::InfinitePast();
   for (;;) {
     {
       absl::MutexLock lock(&ahead_mu_);
@@ -290,9 +303,17 @@ void PersistentHeap::GrowAheadLoop() {
       if (!CheckWritableLocked("grow the heap").ok() || !GrowAheadDueLocked()) continue;
       capacity_seen = directory_->capacity_chunks();
     }
-    // Errors (a full disk, tmpfs memory) are left to the growth a lease
-    // needs, which reports them to its caller.
-    (void)Grow(kMinGrowChunks, capacity_seen);
+    if (capacity_seen == failed_at && absl::Now() < retry_after) continue;
+    {
+      absl::MutexLock lock(&ahead_mu_);  // the heap closing: no growth now
+      if (ahead_stop_) return;
+    }
+    // Errors are left to the growth a lease needs, which reports them to
+    // its caller.
+    if (!Grow(kMinGrowChunks, capacity_seen).ok()) {
+      failed_at = capacity_seen;
+      retry_after = absl::Now() + kBackOff;
+    }
   }
 }
 
