@@ -23,8 +23,13 @@ fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
   2>"$DIR/heapd.log" &
 PIDS+=($!)
 S=$DIR/run/heapd.sock
-for _ in $(seq 100); do [ -S "$DIR/run/heapd.fd.sock" ] && break; sleep 0.05; done
-PORT=$(grep -o 'port [0-9]*' "$DIR/heapd.log" | head -1 | cut -d' ' -f2)
+# The sockets and the metrics line come in either order: wait for both.
+PORT=
+for _ in $(seq 200); do
+  PORT=$(grep -o 'port [0-9]*' "$DIR/heapd.log" | head -1 | cut -d' ' -f2)
+  [ -S "$DIR/run/heapd.fd.sock" ] && [ -n "$PORT" ] && break
+  sleep 0.05
+done
 [ -n "$PORT" ] || { echo "no metrics port in the log"; cat "$DIR/heapd.log"; exit 1; }
 
 scrape() {  # the exposition, without HTTP headers
