@@ -204,9 +204,9 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view 
   return absl::NotFoundError(absl::StrCat("no heap named ", name));
 }
 
-absl::StatusOr<std::string> HeapRegistry::Remove(absl::string_view name) {
+absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view name) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
-  std::shared_ptr<ServedHeap> closing;  // closed after the lock is let go
+  Removed removed;
   const std::string dir = absl::StrCat(heaps_dir_, "/", name);
   const std::string doomed = absl::StrCat(heaps_dir_, "/.removing.", name, ".", RandomHex());
   {
@@ -222,22 +222,26 @@ absl::StatusOr<std::string> HeapRegistry::Remove(absl::string_view name) {
       return ErrnoStatus(errno, absl::StrCat("rename ", dir, " to ", doomed));
     }
     if (it != heaps_.end()) {
-      closing = std::move(it->second);
+      removed.closing = std::move(it->second);
       heaps_.erase(it);
     }
     if (broken != broken_.end()) broken_.erase(broken);
   }
-  return doomed;
+  removed.dir = doomed;
+  return removed;
 }
 
-void HeapRegistry::DeleteRemoved(const std::string& dir) {
+void HeapRegistry::DeleteRemoved(Removed removed) {
+  // Closed here, with no lock held, unless a call still using it (a stat, an
+  // attach that will find it removed) holds it: then that call closes it.
+  removed.closing.reset();
   // The rename made durable first: a crash now leaves the heap removed.
   if (absl::Status s = SyncDirectory(heaps_dir_); !s.ok()) {
-    spdlog::warn("removing {}: {}", dir, s.ToString());
+    spdlog::warn("removing {}: {}", removed.dir, s.ToString());
   }
   std::error_code error;
-  std::filesystem::remove_all(dir, error);
-  if (error) spdlog::warn("removing {}: {}", dir, error.message());
+  std::filesystem::remove_all(removed.dir, error);
+  if (error) spdlog::warn("removing {}: {}", removed.dir, error.message());
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::GetMade(absl::string_view name,

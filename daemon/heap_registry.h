@@ -112,13 +112,19 @@ class HeapRegistry {
   absl::StatusOr<std::shared_ptr<ServedHeap>> GetMade(absl::string_view name,
                                                       absl::Duration wait) const;
 
+  // A heap Remove took out of service, for DeleteRemoved.
+  struct Removed {
+    std::string dir;                      // its directory's hidden name
+    std::shared_ptr<ServedHeap> closing;  // null for a heap that failed to open
+  };
   // Takes heap `name` out of service: its directory is renamed to a hidden
-  // name, returned for DeleteRemoved. No I/O but the rename.
+  // name. No I/O but the rename; the heap is not closed yet.
   // REQUIRES: no session uses it (the caller checks).
-  absl::StatusOr<std::string> Remove(absl::string_view name);
-  // Makes the rename of a Remove durable and deletes the directory it
-  // returned (slow for a big heap: call it with no lock held).
-  void DeleteRemoved(const std::string& dir);
+  absl::StatusOr<Removed> Remove(absl::string_view name);
+  // Closes a removed heap (waiting for a growth in progress), makes the
+  // rename durable and deletes the directory. Slow for a big heap: call it
+  // with no lock held.
+  void DeleteRemoved(Removed removed);
 
   std::vector<std::shared_ptr<ServedHeap>> List() const;
 

@@ -45,11 +45,14 @@ TEST(HeapRegistryTest, CreateGetListRemoveAndReopen) {
   EXPECT_EQ(Make(**registry, "../x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*registry)->Get("c").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*registry)->List().size(), 2u);
-  absl::StatusOr<std::string> removed = (*registry)->Remove("b");
+  absl::StatusOr<HeapRegistry::Removed> removed = (*registry)->Remove("b");
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_FALSE(std::filesystem::exists(dir.Sub("heaps/b")));
-  (*registry)->DeleteRemoved(*removed);
-  EXPECT_FALSE(std::filesystem::exists(*removed));
+  ASSERT_NE(removed->closing, nullptr);
+  EXPECT_EQ(removed->closing->name, "b");
+  const std::string removed_dir = removed->dir;
+  (*registry)->DeleteRemoved(*std::move(removed));
+  EXPECT_FALSE(std::filesystem::exists(removed_dir));
   EXPECT_EQ((*registry)->Remove("b").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE((*registry)->SyncAll().ok());
   registry->reset();

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <exception>
 #include <optional>
 #include <vector>
 
@@ -70,7 +71,14 @@ grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* metho
       if (admitted) ++calls;
     }
     if (admitted) {
-      status = body(*caller);
+      // A handler that throws (std::bad_alloc, a filesystem_error) fails its
+      // call, not the daemon, and still gives its slot back.
+      try {
+        status = body(*caller);
+      } catch (const std::exception& e) {
+        status = absl::InternalError(absl::StrCat(method, " failed: ", e.what()));
+        spdlog::error("{} for {}: {}", method, caller->ToString(), status.ToString());
+      }
       if (caller->uid != 0) {
         absl::MutexLock lock(&calls_mu_);
         if (--calls_in_flight_[caller->uid] == 0) calls_in_flight_.erase(caller->uid);
@@ -245,19 +253,19 @@ grpc::Status HeapdService::RemoveHeap(grpc::ServerContext* context,
                                       const v1::RemoveHeapRequest* request,
                                       v1::RemoveHeapResponse*) {
   return Serve(context, "RemoveHeap", *request, [&](const Caller& caller) -> absl::Status {
-    absl::StatusOr<std::string> removed;
+    absl::StatusOr<HeapRegistry::Removed> removed;
     {
       absl::MutexLock lock(&attach_mu_);
       removed = RemoveHeapLocked(request->heap(), caller);
     }
     if (!removed.ok()) return removed.status();
-    heaps_->DeleteRemoved(*removed);
+    heaps_->DeleteRemoved(*std::move(removed));
     return absl::OkStatus();
   });
 }
 
-absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& name,
-                                                           const Caller& caller) {
+absl::StatusOr<HeapRegistry::Removed> HeapdService::RemoveHeapLocked(const std::string& name,
+                                                                     const Caller& caller) {
   const bool admin = IsAdmin(caller);
   if (absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Get(name); !served.ok()) {
     if (!admin) return served.status();  // a heap that failed to open: admins only
@@ -271,7 +279,7 @@ absl::StatusOr<std::string> HeapdService::RemoveHeapLocked(const std::string& na
     return absl::FailedPreconditionError(
         absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
   }
-  absl::StatusOr<std::string> removed = heaps_->Remove(name);
+  absl::StatusOr<HeapRegistry::Removed> removed = heaps_->Remove(name);
   if (removed.ok()) {
     metrics_->ForgetHeap(name);
     spdlog::info("heap {} removed by {}", name, caller.ToString());
@@ -730,7 +738,7 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
     const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
     const HeapConfig& config = (*restored)->config();
     std::optional<HeapRegistry::Reservation> reserved;
-    std::string replaced;
+    std::optional<HeapRegistry::Removed> replaced;
     {
       absl::MutexLock lock(&attach_mu_);
       const bool exists = heaps_->Get(heap).status().code() != absl::StatusCode::kNotFound;
@@ -744,12 +752,12 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
       if (!reservation.ok()) return CountIfLimited(reservation.status());
       reserved.emplace(*std::move(reservation));
       if (exists) {
-        absl::StatusOr<std::string> removed = RemoveHeapLocked(heap, caller);
+        absl::StatusOr<HeapRegistry::Removed> removed = RemoveHeapLocked(heap, caller);
         if (!removed.ok()) return removed.status();
-        replaced = *removed;
+        replaced = *std::move(removed);
       }
     }
-    if (!replaced.empty()) heaps_->DeleteRemoved(replaced);
+    if (replaced) heaps_->DeleteRemoved(*std::move(replaced));
     // Renamed into place, opened and added with no lock held: the name is
     // reserved meanwhile (attaches to it wait for it).
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =

@@ -112,9 +112,10 @@ class HeapdService final : public v1::Heapd::Service {
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,
                                                       uint32_t mode, const Caller& caller);
   // Takes heap `name` out of service for `caller` (owner or admin, no
-  // clients); returns its hidden directory for HeapRegistry::DeleteRemoved,
-  // to be called without the lock.
-  absl::StatusOr<std::string> RemoveHeapLocked(const std::string& name, const Caller& caller)
+  // clients), for HeapRegistry::DeleteRemoved to close and delete with no
+  // lock held (closing waits for a growth in progress).
+  absl::StatusOr<HeapRegistry::Removed> RemoveHeapLocked(const std::string& name,
+                                                         const Caller& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_);
   // Waits until every read-write session on `heap` synced after `since`,
   // up to `deadline`, while the call is not cancelled and heapd not

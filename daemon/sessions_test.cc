@@ -113,5 +113,30 @@ TEST_F(SessionsTest, TokensAreOneTimeAndTheAttachingUsers) {
   EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A session whose descriptors cannot be handed over (its data file cannot be
+// opened) ends at once: it holds no leases and counts as no client, and its
+// token cannot be redeemed again.
+TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
+  auto started = sessions_.Start(heap_, kAlice, /*read_only=*/false);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const uint64_t id = started->session->id;
+  auto grants = sessions_.LeaseAtStart(started->session, {{0, 2}});
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  ASSERT_EQ(heap_->heap->LeaseCount(id), 2u);
+  const std::string data = registry_->heaps_dir() + "/h/data";
+  ASSERT_EQ(rename(data.c_str(), (data + ".away").c_str()), 0);
+  const absl::Status redeemed = sessions_.Redeem(started->token, kAlice).status();
+  ASSERT_EQ(rename((data + ".away").c_str(), data.c_str()), 0);
+  EXPECT_EQ(redeemed.code(), absl::StatusCode::kNotFound) << redeemed;
+  EXPECT_NE(redeemed.message().find("/h/data"), std::string::npos) << redeemed;
+  for (int i = 0; i < 200 && sessions_.CountOn("h") != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(sessions_.CountOn("h"), 0u);
+  EXPECT_EQ(heap_->heap->LeaseCount(id), 0u);
+  EXPECT_EQ(sessions_.Sync(id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace heapd
