@@ -28,7 +28,7 @@ expect_in() {  # expect_in WHAT TEXT: TEXT contains WHAT
 "$HEAPD" --state_dir="$DIR/state" --runtime_dir="$DIR/run" 2>"$DIR/heapd.log" &
 PID=$!
 export HEAPD_SOCKET=$DIR/run/heapd.sock
-for _ in $(seq 100); do [ -S "$DIR/run/heapd.fd.sock" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -S "$DIR/run/heapd.fd.sock" ] && break; sleep 0.05; done
 
 # Journey 1: ingest, then a second program attaches read-only and queries.
 out=$("$INGEST" --heap=graph --scale=12 --edges=20000 2>&1) || fail "graph_ingest: $out"
@@ -80,7 +80,7 @@ expect_in "local" "$("$HEAPCTL" snapshot ls)"
 # A writer that does not sync holds a snapshot up until its deadline.
 "$WORKER" "$HEAPD_SOCKET" graph hold 7 >"$DIR/hold" &
 HOLD=$!
-for _ in $(seq 100); do grep -q synced "$DIR/hold" && break; sleep 0.05; done
+for _ in $(seq 600); do grep -q synced "$DIR/hold" && break; sleep 0.05; done
 out=$("$HEAPCTL" snapshot create graph held --wait_ms=300 2>&1) && fail "a snapshot ignored a writer"
 expect_in "FAILED_PRECONDITION" "$out"
 expect_in "pid $HOLD" "$out"

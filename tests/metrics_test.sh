@@ -25,7 +25,7 @@ PIDS+=($!)
 S=$DIR/run/heapd.sock
 # The sockets and the metrics line come in either order: wait for both.
 PORT=
-for _ in $(seq 200); do
+for _ in $(seq 600); do
   PORT=$(grep -o 'port [0-9]*' "$DIR/heapd.log" | head -1 | cut -d' ' -f2)
   [ -S "$DIR/run/heapd.fd.sock" ] && [ -n "$PORT" ] && break
   sleep 0.05
@@ -63,13 +63,13 @@ W2=$!
 PIDS+=($W2)
 "$WORKER" "$S" h hold 3 >"$DIR/w3" &                                              # attach 4, stays
 PIDS+=($!)
-for _ in $(seq 200); do grep -q synced "$DIR/w2" && grep -q synced "$DIR/w3" && break; sleep 0.05; done
+for _ in $(seq 600); do grep -q synced "$DIR/w2" && grep -q synced "$DIR/w3" && break; sleep 0.05; done
 # A snapshot with writers attached that do not sync again fails at once.
 "$HEAPCTL" --socket="$S" snapshot create h held --wait_ms=0 >/dev/null 2>&1 &&
   fail "a snapshot did not wait for the writers" 
 kill -9 "$W2"
 wait "$W2" 2>/dev/null
-for _ in $(seq 100); do
+for _ in $(seq 400); do
   scrape >"$DIR/metrics.txt"
   [ "$(value 'heapd_heap_clients{heap="h"}')" = "1" ] && break
   sleep 0.05
@@ -89,7 +89,7 @@ expect_value 'heapd_store_snapshots_total{outcome="ok"}' 1
 expect_value 'heapd_store_restores_total{outcome="ok"}' 1
 # A growth ahead of demand that the killed client's last lease asked for
 # may still be under way: take the stat and the scrape once it is done.
-for _ in $(seq 100); do
+for _ in $(seq 400); do
   stat=$("$HEAPCTL" --socket="$S" --json heap stat h)
   want=$(echo "$stat" | grep -m1 '"capacity_bytes"' | tr -dc '0-9')
   [ "$(value 'heapd_heap_reserved_bytes{heap="h"}')" = "$want" ] && break

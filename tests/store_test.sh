@@ -39,7 +39,7 @@ start_node() {  # start_node NAME: started, and answering (a killed one's socket
   "$HEAPD" --node_name="$1" --state_dir="$DIR/$1/state" --runtime_dir="$DIR/$1/run" \
     2>>"$DIR/$1.log" &
   PIDS+=($!)
-  for _ in $(seq 200); do
+  for _ in $(seq 600); do
     HEAPD_SOCKET="$DIR/$1/run/heapd.sock" "$HEAPCTL" heap ls >/dev/null 2>&1 && break
     sleep 0.05
   done
@@ -135,7 +135,7 @@ out=$(on node-a "$HEAPCTL" --json snapshot create counter c1 --store="$STORE") |
 out=$(on node-a "$HEAPCTL" --json snapshot create counter c2 --store="$STORE") || fail "c2: $out"
 expect_in '"data_reused": true' "$out"
 "$WORKER" "$S_A" counter scribble-and-die counter 9 >/dev/null 2>&1
-for _ in $(seq 100); do
+for _ in $(seq 400); do
   grep -q "on heap counter .* ended: " "$DIR/node-a.log" 2>/dev/null && break
   sleep 0.05
 done
