@@ -232,6 +232,9 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
 }
 
 void HeapRegistry::DeleteRemoved(Removed removed) {
+  // Before its directory's name can be taken by another heap (a restore
+  // replacing it): a snapshot of it under way ends first, none starts.
+  if (removed.closing != nullptr) removed.closing->heap->MarkRemoved();
   // Closed here, with no lock held, unless a call still using it (a stat, an
   // attach that will find it removed) holds it: then that call closes it.
   removed.closing.reset();

@@ -50,9 +50,11 @@ TEST(HeapRegistryTest, CreateGetListRemoveAndReopen) {
   EXPECT_FALSE(std::filesystem::exists(dir.Sub("heaps/b")));
   ASSERT_NE(removed->closing, nullptr);
   EXPECT_EQ(removed->closing->name, "b");
+  const std::weak_ptr<ServedHeap> closed = removed->closing;
   const std::string removed_dir = removed->dir;
   (*registry)->DeleteRemoved(*std::move(removed));
   EXPECT_FALSE(std::filesystem::exists(removed_dir));
+  EXPECT_TRUE(closed.expired()) << "the removed heap was not closed";
   EXPECT_EQ((*registry)->Remove("b").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE((*registry)->SyncAll().ok());
   registry->reset();
@@ -61,6 +63,44 @@ TEST(HeapRegistryTest, CreateGetListRemoveAndReopen) {
   ASSERT_TRUE(reopened.ok());
   ASSERT_EQ((*reopened)->List().size(), 1u);
   EXPECT_EQ((*reopened)->List()[0]->name, "a");
+}
+
+// A call still holding a removed heap (a snapshot, a sync) must not reach
+// the files of the heap that takes its name next (a restore replacing it):
+// it gets NOT_FOUND, and the new heap's files are untouched.
+TEST(HeapRegistryTest, ARemovedHeapStillHeldReachesNoFilesOfItsName) {
+  TestDir dir;
+  auto registry = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  auto held = Make(**registry, "h");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto removed = (*registry)->Remove("h");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  (*registry)->DeleteRemoved(*std::move(removed));
+  auto successor = Make(**registry, "h");
+  ASSERT_TRUE(successor.ok()) << successor.status();
+  ASSERT_TRUE((*successor)->heap->Sync(/*client=*/0, {}).ok());
+  const uint64_t epoch = (*successor)->heap->epoch();
+
+  bool copied = false;
+  const absl::Status snapshot = (*held)->heap->WithCommittedState([&](const CommittedState&) {
+    copied = true;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(snapshot.code(), absl::StatusCode::kNotFound) << snapshot;
+  EXPECT_FALSE(copied) << "a snapshot of the removed heap read its successor's files";
+  const absl::Status synced = (*held)->heap->Sync(/*client=*/0, {}).status();
+  EXPECT_EQ(synced.code(), absl::StatusCode::kNotFound) << synced;
+  EXPECT_NE(synced.message().find("was removed"), std::string::npos) << synced;
+  held->reset();
+  successor->reset();
+
+  registry->reset();
+  auto reopened = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto heap = (*reopened)->Get("h");
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->heap->epoch(), epoch);
 }
 
 TEST(HeapRegistryTest, ABrokenHeapIsReportedAndLeftAlone) {

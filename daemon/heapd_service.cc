@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -71,17 +72,24 @@ grpc::Status HeapdService::Serve(grpc::ServerContext* context, const char* metho
       if (admitted) ++calls;
     }
     if (admitted) {
-      // A handler that throws (std::bad_alloc, a filesystem_error) fails its
-      // call, not the daemon, and still gives its slot back.
+      absl::Cleanup slot_back = [&] {
+        if (caller->uid == 0) return;
+        absl::MutexLock lock(&calls_mu_);
+        if (--calls_in_flight_[caller->uid] == 0) calls_in_flight_.erase(caller->uid);
+      };
+      // A handler that throws (std::bad_alloc) fails its call, logged, and
+      // still gives its slot back (gRPC would answer UNKNOWN and keep it).
+      std::optional<std::string> thrown;
       try {
         status = body(*caller);
       } catch (const std::exception& e) {
-        status = absl::InternalError(absl::StrCat(method, " failed: ", e.what()));
-        spdlog::error("{} for {}: {}", method, caller->ToString(), status.ToString());
+        thrown = e.what();
+      } catch (...) {
+        thrown = "an unknown exception";
       }
-      if (caller->uid != 0) {
-        absl::MutexLock lock(&calls_mu_);
-        if (--calls_in_flight_[caller->uid] == 0) calls_in_flight_.erase(caller->uid);
+      if (thrown) {
+        status = absl::InternalError(absl::StrCat(method, " failed: ", *thrown));
+        spdlog::error("{} for {}: {}", method, caller->ToString(), *thrown);
       }
     } else {
       status = CountIfLimited(absl::ResourceExhaustedError(

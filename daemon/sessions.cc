@@ -79,7 +79,12 @@ void Sessions::Reap() {
       to_end_.pop_front();
     }
     End(ending.session, ending.reason, ending.why);
-    Ended(*ending.session);
+    // Let go before the session stops counting: a heap removed once it
+    // has no clients is then closed by its remover, not by this thread
+    // (closing waits for a growth under way; every end queues here).
+    const std::string heap = ending.session->heap->name;
+    ending.session.reset();
+    Ended(heap);
   }
 }
 
@@ -90,9 +95,9 @@ std::shared_ptr<Session> Sessions::TakeToEnd(ClientId id) {
   return session;
 }
 
-void Sessions::Ended(const Session& session) {
+void Sessions::Ended(const std::string& heap_name) {
   absl::MutexLock lock(&reaper_mu_);
-  auto it = ending_on_.find(session.heap->name);
+  auto it = ending_on_.find(heap_name);
   if (it != ending_on_.end() && --it->second == 0) ending_on_.erase(it);
 }
 
@@ -168,7 +173,7 @@ absl::StatusOr<std::vector<LeaseGrant>> Sessions::LeaseAtStart(
   if (!grants.ok()) {
     if (std::shared_ptr<Session> taken = TakeToEnd(session->id)) {
       End(taken, "attach_failed", "its attach failed");
-      Ended(*taken);
+      Ended(taken->heap->name);
     }
     return InHeap(*session, grants.status());
   }
@@ -312,7 +317,7 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
   if (session == nullptr) {
     return absl::NotFoundError(absl::StrCat("session ", id, " already ended"));
   }
-  absl::Cleanup counted = [&] { Ended(*session); };  // after the lock below
+  absl::Cleanup counted = [&] { Ended(session->heap->name); };  // after the lock below
   absl::MutexLock lock(&session->mu);
   if (session->ended) {
     return absl::FailedPreconditionError(absl::StrCat("session ", id, " has ended"));

@@ -148,7 +148,7 @@ class Sessions {
   // Takes session `id` out of the table (null if already taken) to end it:
   // it counts among its heap's clients (CountOn) until Ended.
   std::shared_ptr<Session> TakeToEnd(ClientId id) ABSL_LOCKS_EXCLUDED(reaper_mu_);
-  void Ended(const Session& session) ABSL_LOCKS_EXCLUDED(reaper_mu_);
+  void Ended(const std::string& heap_name) ABSL_LOCKS_EXCLUDED(reaper_mu_);
   // Takes session `id` out of the table (if still there) and queues its
   // end for the reaper. Never waits for the session.
   void QueueEnd(ClientId id, const char* reason, const char* why) ABSL_LOCKS_EXCLUDED(reaper_mu_);

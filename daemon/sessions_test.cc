@@ -129,7 +129,7 @@ TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
   ASSERT_EQ(rename((data + ".away").c_str(), data.c_str()), 0);
   EXPECT_EQ(redeemed.code(), absl::StatusCode::kNotFound) << redeemed;
   EXPECT_NE(redeemed.message().find("/h/data"), std::string::npos) << redeemed;
-  for (int i = 0; i < 200 && sessions_.CountOn("h") != 0; ++i) {
+  for (int i = 0; i < 2000 && sessions_.CountOn("h") != 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(sessions_.CountOn("h"), 0u);

@@ -348,11 +348,19 @@ absl::Status PersistentHeap::broken() const {
   return broken_;
 }
 
+void PersistentHeap::MarkRemoved() {
+  absl::MutexLock persist_lock(&persist_mu_);
+  absl::MutexLock lock(&mu_);
+  removed_ = true;
+}
+
 absl::Status PersistentHeap::CheckWritableLocked(const char* what) const {
   if (read_only()) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot ", what, ": snapshot ", data_->path(), " is read-only"));
   }
+  if (removed_)
+    return absl::NotFoundError(absl::StrCat("cannot ", what, ": heap ", dir_, " was removed"));
   if (!broken_.ok()) {
     return absl::Status(broken_.code(), absl::StrCat("cannot ", what, ": ", broken_.message()));
   }

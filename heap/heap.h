@@ -264,6 +264,12 @@ class PersistentHeap {
 
   // Why the heap is broken (see above); OK if it is not.
   absl::Status broken() const;
+  // Takes the heap out of use once its directory was renamed away (heapd
+  // removing or replacing it): waits for a sync or snapshot under way, and
+  // refuses every later one (NOT_FOUND). They reach the heap's files by
+  // path, and would read or write those of the heap that next takes the
+  // name.
+  void MarkRemoved();
   // Times the data file was put back to its size (a client truncated or
   // extended it); thread-safe.
   uint64_t data_file_repairs() const { return data_file_repairs_.load(std::memory_order_relaxed); }
@@ -367,6 +373,7 @@ class PersistentHeap {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_sync_unix_ns_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool removed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t metadata_log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> data_file_repairs_{0};
   // Frees of tracked heaps waiting for their client's sync (see Free).
