@@ -130,8 +130,11 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);
-  if (reserved_.count(name) != 0 ||
-      (!replacing && (existing != heaps_.end() || broken_.count(name) != 0))) {
+  if (reserved_.count(name) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("heap ", name, " is being made, restored or removed by another call"));
+  }
+  if (!replacing && (existing != heaps_.end() || broken_.count(name) != 0)) {
     return absl::AlreadyExistsError(absl::StrCat("heap ", name, " already exists"));
   }
   if (owner_uid != 0) {
@@ -199,7 +202,8 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view 
                         absl::StrCat("heap ", name, " failed to open: ", it->second.message()));
   }
   if (reserved_.count(name) != 0) {
-    return absl::UnavailableError(absl::StrCat("heap ", name, " is being made; try again"));
+    return absl::UnavailableError(
+        absl::StrCat("heap ", name, " is being made or removed; try again"));
   }
   return absl::NotFoundError(absl::StrCat("no heap named ", name));
 }
@@ -226,17 +230,25 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
       heaps_.erase(it);
     }
     if (broken != broken_.end()) broken_.erase(broken);
+    // Until the heap is marked removed, a call still holding it reaches its
+    // files by path: no other heap may take the name before.
+    if (reserved_.count(name) == 0) {
+      reserved_[std::string(name)] = {0, 0};  // counts against no user
+      removed.name_held.reset(new Reservation(this, std::string(name)));
+    }
   }
   removed.dir = doomed;
   return removed;
 }
 
 void HeapRegistry::DeleteRemoved(Removed removed) {
-  // Before its directory's name can be taken by another heap (a restore
-  // replacing it): a snapshot of it under way ends first, none starts.
+  // Before its name can go to another heap: a snapshot of it under way ends
+  // first, none starts, and its growth ahead stops.
   if (removed.closing != nullptr) removed.closing->heap->MarkRemoved();
-  // Closed here, with no lock held, unless a call still using it (a stat, an
-  // attach that will find it removed) holds it: then that call closes it.
+  removed.name_held.reset();
+  // Closed here, with no lock held, unless a call still using it (a stat, a
+  // lookup on the fd server) holds it: then that call closes it, which no
+  // longer waits for anything.
   removed.closing.reset();
   // The rename made durable first: a crash now leaves the heap removed.
   if (absl::Status s = SyncDirectory(heaps_dir_); !s.ok()) {

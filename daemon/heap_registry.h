@@ -116,14 +116,18 @@ class HeapRegistry {
   struct Removed {
     std::string dir;                      // its directory's hidden name
     std::shared_ptr<ServedHeap> closing;  // null for a heap that failed to open
+    // The name, held until the heap is marked removed (null if the caller
+    // holds it already: a restore replacing the heap).
+    std::unique_ptr<Reservation> name_held;
   };
   // Takes heap `name` out of service: its directory is renamed to a hidden
-  // name. No I/O but the rename; the heap is not closed yet.
+  // name, and the name stays reserved (no heap can be made under it) until
+  // DeleteRemoved. No I/O but the rename; the heap is not closed yet.
   // REQUIRES: no session uses it (the caller checks).
   absl::StatusOr<Removed> Remove(absl::string_view name);
-  // Closes a removed heap (waiting for a growth in progress), makes the
-  // rename durable and deletes the directory. Slow for a big heap: call it
-  // with no lock held.
+  // Marks a removed heap removed (waiting for a snapshot or growth under
+  // way), lets its name go, closes it, makes the rename durable and deletes
+  // the directory. Slow for a big heap: call it with no lock held.
   void DeleteRemoved(Removed removed);
 
   std::vector<std::shared_ptr<ServedHeap>> List() const;

@@ -76,6 +76,9 @@ TEST(HeapRegistryTest, ARemovedHeapStillHeldReachesNoFilesOfItsName) {
   ASSERT_TRUE(held.ok()) << held.status();
   auto removed = (*registry)->Remove("h");
   ASSERT_TRUE(removed.ok()) << removed.status();
+  // The name is taken until the heap is marked removed.
+  ASSERT_NE(removed->name_held, nullptr);
+  EXPECT_EQ(Make(**registry, "h").status().code(), absl::StatusCode::kAlreadyExists);
   (*registry)->DeleteRemoved(*std::move(removed));
   auto successor = Make(**registry, "h");
   ASSERT_TRUE(successor.ok()) << successor.status();

@@ -80,8 +80,8 @@ void Sessions::Reap() {
     }
     End(ending.session, ending.reason, ending.why);
     // Let go before the session stops counting: a heap removed once it
-    // has no clients is then closed by its remover, not by this thread
-    // (closing waits for a growth under way; every end queues here).
+    // has no clients is then closed by its remover, not by this thread,
+    // which the ends of every heap's dead sessions wait for.
     const std::string heap = ending.session->heap->name;
     ending.session.reset();
     Ended(heap);

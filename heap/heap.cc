@@ -253,7 +253,9 @@ absl::Status PersistentHeap::LoadLocked(const std::string& label, const Checkpoi
   return absl::OkStatus();
 }
 
-PersistentHeap::~PersistentHeap() {
+PersistentHeap::~PersistentHeap() { StopGrowingAhead(); }
+
+void PersistentHeap::StopGrowingAhead() {
   std::thread grower;
   {
     absl::MutexLock lock(&ahead_mu_);
@@ -310,7 +312,9 @@ void PersistentHeap::GrowAheadLoop() {
     }
     // Errors are left to the growth a lease needs, which reports them to
     // its caller.
-    if (!Grow(kMinGrowChunks, capacity_seen).ok()) {
+    // One chunk at least: the step is the usual one, but the last few
+    // chunks below the maximum size can be added too.
+    if (!Grow(1, capacity_seen).ok()) {
       failed_at = capacity_seen;
       retry_after = absl::Now() + kBackOff;
     }
@@ -349,9 +353,12 @@ absl::Status PersistentHeap::broken() const {
 }
 
 void PersistentHeap::MarkRemoved() {
-  absl::MutexLock persist_lock(&persist_mu_);
-  absl::MutexLock lock(&mu_);
-  removed_ = true;
+  {
+    absl::MutexLock persist_lock(&persist_mu_);
+    absl::MutexLock lock(&mu_);
+    removed_ = true;
+  }
+  StopGrowingAhead();
 }
 
 absl::Status PersistentHeap::CheckWritableLocked(const char* what) const {

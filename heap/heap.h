@@ -268,7 +268,8 @@ class PersistentHeap {
   // removing or replacing it): waits for a sync or snapshot under way, and
   // refuses every later one (NOT_FOUND). They reach the heap's files by
   // path, and would read or write those of the heap that next takes the
-  // name.
+  // name. Also stops growth ahead (waiting for one under way), so that
+  // whichever thread closes the heap later waits for nothing.
   void MarkRemoved();
   // Times the data file was put back to its size (a client truncated or
   // extended it); thread-safe.
@@ -351,6 +352,8 @@ class PersistentHeap {
   // The grower's loop: one growth per request while one is due, until
   // the heap closes.
   void GrowAheadLoop() ABSL_LOCKS_EXCLUDED(ahead_mu_, mu_);
+  // Stops the grower for good, waiting for a growth under way.
+  void StopGrowingAhead() ABSL_LOCKS_EXCLUDED(ahead_mu_, persist_mu_, grow_mu_, mu_);
 
   const std::string dir_;
   const HeapConfig config_;
