@@ -30,6 +30,14 @@ class SessionsTest : public ::testing::Test {
     heap_ = *heap;
   }
 
+  // Heap h's clients, once the reaper ended what it can (up to 20 s).
+  size_t ClientsOnceEndsAreDone() {
+    for (int i = 0; i < 2000 && sessions_.CountOn("h") != 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return sessions_.CountOn("h");
+  }
+
   TestDir dir_;
   std::unique_ptr<HeapRegistry> registry_;
   std::shared_ptr<ServedHeap> heap_;
@@ -94,10 +102,7 @@ TEST_F(SessionsTest, AClosedConnectionNeverWaitsForABusySession) {
   // Out of the table but not yet reclaimed: still one of the heap's clients.
   EXPECT_EQ(sessions_.CountOn("h"), 1u);
   session->mu.Unlock();
-  for (int i = 0; i < 200 && sessions_.CountOn("h") != 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(sessions_.CountOn("h"), 0u);
+  EXPECT_EQ(ClientsOnceEndsAreDone(), 0u);
   EXPECT_EQ(heap_->heap->LeaseCount(session->id), 0u);  // no clients means reclaimed
   EXPECT_EQ(sessions_.Sync(session->id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
 }
@@ -129,10 +134,7 @@ TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
   ASSERT_EQ(rename((data + ".away").c_str(), data.c_str()), 0);
   EXPECT_EQ(redeemed.code(), absl::StatusCode::kNotFound) << redeemed;
   EXPECT_NE(redeemed.message().find("/h/data"), std::string::npos) << redeemed;
-  for (int i = 0; i < 2000 && sessions_.CountOn("h") != 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(sessions_.CountOn("h"), 0u);
+  EXPECT_EQ(ClientsOnceEndsAreDone(), 0u);
   EXPECT_EQ(heap_->heap->LeaseCount(id), 0u);
   EXPECT_EQ(sessions_.Sync(id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(), absl::StatusCode::kNotFound);

@@ -366,8 +366,9 @@ absl::Status PersistentHeap::CheckWritableLocked(const char* what) const {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot ", what, ": snapshot ", data_->path(), " is read-only"));
   }
-  if (removed_)
+  if (removed_) {
     return absl::NotFoundError(absl::StrCat("cannot ", what, ": heap ", dir_, " was removed"));
+  }
   if (!broken_.ok()) {
     return absl::Status(broken_.code(), absl::StrCat("cannot ", what, ": ", broken_.message()));
   }
