@@ -11,19 +11,38 @@
 // The allocator holds only an offset pointer to the ProcessHeader that sits
 // just before the mapped heap; the header names this process's Heap. An
 // allocator stored in the heap therefore finds, in each process, that
-// process's own Heap. Allocation failure throws std::bad_alloc.
+// process's own Heap. Allocation failure throws heapd::allocation_error, a
+// std::bad_alloc that says which heap and why (RESOURCE_EXHAUSTED: the heap
+// is at its maximum size or its file system is full).
 #ifndef HEAPD_CLIENT_ALLOCATOR_H_
 #define HEAPD_CLIENT_ALLOCATOR_H_
 
 #include <cstddef>
 #include <limits>
 #include <new>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "boost/interprocess/offset_ptr.hpp"
 #include "client/heap.h"
 
 namespace heapd {
+
+// What heapd::allocator throws when the heap gives no memory: a
+// std::bad_alloc, so containers and code that catch that keep working,
+// whose what() and status() name the heap and the reason.
+class allocation_error : public std::bad_alloc {
+ public:
+  explicit allocation_error(absl::Status status)
+      : status_(std::move(status)), what_(status_.ToString()) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+  std::string what_;
+};
 
 template <typename T>
 class allocator {
@@ -54,7 +73,7 @@ class allocator {
   pointer allocate(size_type n) {
     if (n > max_size()) throw std::bad_array_new_length();
     absl::StatusOr<void*> memory = heap().allocate(n * sizeof(T), alignof(T));
-    if (!memory.ok()) throw std::bad_alloc();
+    if (!memory.ok()) throw allocation_error(memory.status());
     return pointer(static_cast<T*>(*memory));
   }
 

@@ -18,7 +18,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/security/credentials.h"
-#include "heap/data_file.h"
+#include "util/errno_status.h"
 #include "util/unique_fd.h"
 
 namespace heapd {

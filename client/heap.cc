@@ -15,12 +15,12 @@
 #include "allocator/slot_bitmap.h"
 #include "client/growth_fault_handler.h"
 #include "client/owner_gate.h"
-#include "heap/data_file.h"
 #include "heap/fault_point.h"
 #include "heap/metadata_format.h"
 #include "heap/undo_record.h"
 #include "protocol/fd_protocol.h"
 #include "protocol/proto_convert.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {

@@ -126,6 +126,15 @@ class Heap {
     return Constructor<T>(this, std::move(name));
   }
 
+  // Binds `name` to `object`, a T in this heap made by allocate() and
+  // placement new: for a structure built first and named last, so that a
+  // failure while building leaves no name bound to half of it.
+  // ALREADY_EXISTS if the name is taken.
+  template <typename T>
+  absl::Status bind(const std::string& name, const T* object) {
+    return Bind(name, object, sizeof(T), TypeName<T>());
+  }
+
   // The T bound to `name`. NOT_FOUND if unbound; FAILED_PRECONDITION if the
   // name binds another type.
   template <typename T>

@@ -1,79 +1,32 @@
-// heapctl: administer the node's heapd.
+// heapctl: administer the node's heapd. Commands and flags are in
+// client/heapctl_args.cc (`heapctl --help`); each command here is one
+// function that makes its call and prints the answer.
 //
-//   heapctl [--socket=PATH] [--json] heap create NAME [--max_size=BYTES] [--mode=0640]
-//   heapctl heap ls [--owner=UID] [--quiet] | heap stat NAME | heap rm NAME
-//   heapctl names ls HEAP [--prefix=P]
-//   heapctl clients ls [--heap=NAME]
-//   heapctl snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]
-//   heapctl snapshot ls [--to=DIR] | snapshot verify NAME [--to=DIR] | snapshot rm NAME [--to=DIR]
-//   heapctl snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]
-//   heapctl snapshot create|ls|verify|rm|restore ... --store=DIR [--from_node=N] [--from_heap=H]
-//   heapctl snapshot gc --store=DIR [--grace_s=N] [--dry_run] | snapshot du --store=DIR
-//
-// Output is a table for people, or the response as JSON (protobuf's JSON
-// mapping of heapd.v1) with --json. On error: one line on stderr naming the
-// reason, exit status 1 (2 for a usage error).
+// Output is a table for people, or the answer as JSON (protobuf's JSON
+// mapping of heapd.v1, every field printed) with --json. On error: one line
+// on stderr naming the reason, exit status 1; a usage error exits 2 with the
+// command's usage.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/heapctl_args.h"
 #include "google/protobuf/util/json_util.h"
-
-ABSL_FLAG(std::string, socket, "", "heapd's socket (default: $HEAPD_SOCKET or heapd's default)");
-ABSL_FLAG(bool, json, false, "print the response as JSON");
-ABSL_FLAG(bool, quiet, false,
-          "heap ls: names only; snapshot ls: 'SNAPSHOT HEAP' pairs (for scripts)");
-ABSL_FLAG(int64_t, owner, -1, "heap ls: only heaps of this uid");
-ABSL_FLAG(uint64_t, max_size, 0, "heap create: maximum size in bytes (0: the daemon's default)");
-ABSL_FLAG(std::string, mode, "0600", "heap create: permission bits, octal");
-ABSL_FLAG(std::string, prefix, "", "names ls: only names starting with this");
-ABSL_FLAG(std::string, heap, "",
-          "clients ls: only clients of this heap; snapshot restore: the heap to make");
-ABSL_FLAG(bool, replace, false, "snapshot restore: replace the heap if it exists (no clients)");
-ABSL_FLAG(bool, keep_owner, false,
-          "snapshot restore (admins): the heap keeps the snapshot's owner, group and mode "
-          "instead of belonging to the caller");
-ABSL_FLAG(std::string, to, "", "snapshot: target directory (default: heapd's own)");
-ABSL_FLAG(std::string, store, "",
-          "snapshot: a snapshot store (incremental, deduplicated versions) instead of --to");
-ABSL_FLAG(std::string, from_node, "",
-          "snapshot verify/rm/restore --store: the part of this node (default: every part; "
-          "restore: the only one, or this node's)");
-ABSL_FLAG(std::string, from_heap, "", "snapshot verify/rm/restore --store: the part of this heap");
-ABSL_FLAG(int64_t, grace_s, -1,
-          "snapshot gc: keep blocks younger than this many seconds (default: heapd's, 600)");
-ABSL_FLAG(bool, dry_run, false, "snapshot gc: count what would be removed, remove nothing");
-ABSL_FLAG(std::vector<std::string>, label, {}, "snapshot create: KEY=VALUE labels");
-ABSL_FLAG(uint32_t, wait_ms, 10000, "snapshot create: how long to wait for writers to sync");
+#include "protocol/version.h"
 
 namespace heapd {
 namespace {
-
-constexpr char kUsage[] =
-    "usage: heapctl [--socket=PATH] [--json] COMMAND\n"
-    "  heap create NAME [--max_size=BYTES] [--mode=0600]\n"
-    "  heap ls [--owner=UID] [--quiet]\n"
-    "  heap stat NAME\n"
-    "  heap rm NAME\n"
-    "  names ls HEAP [--prefix=P]\n"
-    "  clients ls [--heap=NAME]\n"
-    "  snapshot create HEAP NAME [--to=DIR] [--label=KEY=VALUE,...] [--wait_ms=N]\n"
-    "  snapshot ls [--to=DIR] [--quiet]\n"
-    "  snapshot verify NAME [--to=DIR]\n"
-    "  snapshot rm NAME [--to=DIR]\n"
-    "  snapshot restore NAME [--to=DIR] [--heap=NEW] [--replace] [--keep_owner]\n"
-    "  snapshot create|ls|verify|rm|restore ... --store=DIR [--from_node=NODE] [--from_heap=HEAP]\n"
-    "  snapshot gc --store=DIR [--grace_s=N] [--dry_run]\n"
-    "  snapshot du --store=DIR";
 
 const char* BackingName(v1::BackingKind kind) {
   switch (kind) {
@@ -112,21 +65,50 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-int Usage(const std::string& why) {
-  std::fprintf(stderr, "heapctl: %s\n%s\n", why.c_str(), kUsage);
-  return 2;
-}
-
-// Prints `message` as JSON; returns 0.
+// Prints `message` as JSON, every field included (a uid 0 or an empty list
+// is said, not left out); returns 0.
 int PrintJson(const google::protobuf::Message& message) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(message, &json, options);
   std::fputs(json.c_str(), stdout);
   if (json.empty() || json.back() != '\n') std::fputc('\n', stdout);
   return 0;
+}
+
+// What a command works with: its parsed arguments and heapd.
+struct Call {
+  const Invocation& args;
+  v1::Heapd::Stub& stub;
+  bool json;
+  const std::string& operand(size_t i) const { return args.operands[i]; }
+};
+
+// Runs `rpc` (a blocking call). On a terminal, without --json, a line on
+// stderr says what runs and for how long until it returns: snapshots of
+// big heaps take a while.
+absl::Status WithProgress(const Call& call, const std::string& what,
+                          const std::function<grpc::Status()>& rpc) {
+  if (call.json || !isatty(STDERR_FILENO)) return FromGrpc(rpc());
+  std::atomic<bool> done{false};
+  grpc::Status status;
+  std::thread worker([&] {
+    status = rpc();
+    done = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  while (!done) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!done && seconds >= 1) std::fprintf(stderr, "\r%s: %.0f s", what.c_str(), seconds);
+  }
+  worker.join();
+  std::fprintf(stderr, "\r\033[K");
+  return FromGrpc(status);
 }
 
 void PrintHeapRow(const v1::HeapInfo& heap) {
@@ -143,10 +125,10 @@ void PrintHeapHeader() {
 }
 
 void PrintClients(const google::protobuf::RepeatedPtrField<v1::ClientInfo>& clients) {
-  std::printf("%-8s %-24s %6s %6s %8s %-3s %7s %s\n", "SESSION", "HEAP", "UID", "GID", "PID", "RW",
+  std::printf("%-20s %-24s %6s %6s %8s %-3s %7s %s\n", "SESSION", "HEAP", "UID", "GID", "PID", "RW",
               "LEASED", "ATTACHED");
   for (const v1::ClientInfo& c : clients) {
-    std::printf("%-8llu %-24s %6u %6u %8d %-3s %7u %s%s\n",
+    std::printf("%-20llu %-24s %6u %6u %8d %-3s %7u %s%s\n",
                 static_cast<unsigned long long>(c.session()), c.heap().c_str(), c.uid(), c.gid(),
                 c.pid(), c.read_only() ? "ro" : "rw", c.leased_chunks(),
                 Time(c.attached_unix_ns()).c_str(), c.connected() ? "" : " (no fd yet)");
@@ -171,306 +153,394 @@ void PrintStoreParts(const google::protobuf::RepeatedPtrField<v1::SnapshotManife
   }
 }
 
-int Run(const std::vector<std::string>& args) {
-  if (args.size() < 2) return Usage("missing command");
-  const std::string what = args[0] + " " + args[1];
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(absl::GetFlag(FLAGS_socket));
-  if (!client.ok()) return Fail(client.status());
-  v1::Heapd::Stub& stub = (*client)->stub();
+int HeapCreate(const Call& call) {
+  v1::CreateHeapRequest request;
+  request.set_name(call.operand(0));
+  request.set_max_size(call.args.Number("max_size"));
+  request.set_mode(static_cast<uint32_t>(call.args.Number("mode")));
+  v1::HeapInfo info;
   grpc::ClientContext context;
-  const bool json = absl::GetFlag(FLAGS_json);
-  auto need_name = [&](const char* which) { return args.size() == 3 ? "" : which; };
+  if (absl::Status s = FromGrpc(call.stub.CreateHeap(&context, request, &info)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(info);
+  std::printf("created heap %s (maximum %s, mode %04o)\n", info.name().c_str(),
+              Bytes(info.max_size()).c_str(), info.mode());
+  return 0;
+}
 
-  if (what == "heap create") {
-    if (*need_name("heap create needs NAME")) return Usage(need_name("heap create needs NAME"));
-    uint32_t mode;
-    if (!absl::numbers_internal::safe_strtou32_base(absl::GetFlag(FLAGS_mode), &mode, 8) ||
-        mode > 0777) {
-      return Usage("--mode must be octal permission bits, e.g. 0640");
-    }
-    v1::CreateHeapRequest request;
-    request.set_name(args[2]);
-    request.set_max_size(absl::GetFlag(FLAGS_max_size));
-    request.set_mode(mode);
-    v1::HeapInfo info;
-    if (absl::Status s = FromGrpc(stub.CreateHeap(&context, request, &info)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(info);
-    std::printf("created heap %s (maximum %s, mode %04o)\n", info.name().c_str(),
-                Bytes(info.max_size()).c_str(), info.mode());
+int HeapLs(const Call& call) {
+  v1::ListHeapsResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.ListHeaps(&context, {}, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.args.Has("owner")) {
+    const uint64_t owner = call.args.Number("owner");
+    auto* heaps = response.mutable_heaps();
+    heaps->erase(std::remove_if(heaps->begin(), heaps->end(),
+                                [owner](const v1::HeapInfo& h) { return h.owner_uid() != owner; }),
+                 heaps->end());
+  }
+  if (call.json) return PrintJson(response);
+  if (call.args.Bool("quiet")) {
+    for (const v1::HeapInfo& heap : response.heaps()) std::printf("%s\n", heap.name().c_str());
     return 0;
   }
-  if (what == "heap ls") {
-    v1::ListHeapsResponse response;
-    if (absl::Status s = FromGrpc(stub.ListHeaps(&context, {}, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    const int64_t owner = absl::GetFlag(FLAGS_owner);
-    if (owner >= 0) {
-      auto* heaps = response.mutable_heaps();
-      heaps->erase(
-          std::remove_if(heaps->begin(), heaps->end(),
-                         [owner](const v1::HeapInfo& h) { return h.owner_uid() != owner; }),
-          heaps->end());
-    }
-    if (json) return PrintJson(response);
-    if (absl::GetFlag(FLAGS_quiet)) {
-      for (const v1::HeapInfo& heap : response.heaps()) std::printf("%s\n", heap.name().c_str());
-      return 0;
-    }
-    PrintHeapHeader();
-    for (const v1::HeapInfo& heap : response.heaps()) PrintHeapRow(heap);
-    return 0;
+  PrintHeapHeader();
+  for (const v1::HeapInfo& heap : response.heaps()) PrintHeapRow(heap);
+  return 0;
+}
+
+int HeapStat(const Call& call) {
+  v1::StatHeapRequest request;
+  request.set_heap(call.operand(0));
+  v1::HeapStats stats;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.StatHeap(&context, request, &stats)); !s.ok()) {
+    return Fail(s);
   }
-  if (what == "heap stat") {
-    if (*need_name("x")) return Usage("heap stat needs NAME");
-    v1::StatHeapRequest request;
-    request.set_heap(args[2]);
-    v1::HeapStats stats;
-    if (absl::Status s = FromGrpc(stub.StatHeap(&context, request, &stats)); !s.ok()) {
-      return Fail(s);
+  if (call.json) return PrintJson(stats);
+  PrintHeapHeader();
+  PrintHeapRow(stats.info());
+  std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
+  std::printf(
+      "chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects, %u held "
+      "for sessions' large objects; %llu live objects; metadata log %s\n",
+      stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(), stats.leased_chunks(),
+      stats.large_chunks(), static_cast<unsigned long long>(stats.large_objects()),
+      stats.large_reserve_chunks(), static_cast<unsigned long long>(stats.info().live_objects()),
+      Bytes(stats.metadata_log_bytes()).c_str());
+  if (stats.size_classes_size() != 0) {
+    std::printf("\n%-6s %9s %7s %12s %9s\n", "CLASS", "SLOT", "CHUNKS", "LIVE", "OCCUPIED");
+    for (const v1::SizeClassStats& c : stats.size_classes()) {
+      const double slots = static_cast<double>(c.chunks()) * (2 << 20) / c.slot_size();
+      std::printf("%-6u %9llu %7u %12llu %8.1f%%\n", c.size_class(),
+                  static_cast<unsigned long long>(c.slot_size()), c.chunks(),
+                  static_cast<unsigned long long>(c.live_objects()),
+                  100.0 * c.live_objects() / slots);
     }
-    if (json) return PrintJson(stats);
-    PrintHeapHeader();
-    PrintHeapRow(stats.info());
-    std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
+  }
+  if (stats.clients_size() != 0) {
+    std::printf("\n");
+    PrintClients(stats.clients());
+  }
+  return 0;
+}
+
+int HeapRm(const Call& call) {
+  v1::RemoveHeapRequest request;
+  request.set_heap(call.operand(0));
+  v1::RemoveHeapResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.RemoveHeap(&context, request, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(response);
+  std::printf("removed heap %s\n", call.operand(0).c_str());
+  return 0;
+}
+
+int NamesLs(const Call& call) {
+  v1::ListNamesRequest request;
+  request.set_heap(call.operand(0));
+  request.set_prefix(call.args.String("prefix"));
+  v1::ListNamesResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.ListNames(&context, request, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(response);
+  std::printf("%-32s %14s %12s %6s %-19s %s\n", "NAME", "OFFSET", "SIZE", "UID", "CREATED", "TYPE");
+  for (const v1::NameEntry& e : response.names()) {
+    std::printf("%-32s %14llu %12llu %6u %-19s %s\n", e.name().c_str(),
+                static_cast<unsigned long long>(e.offset()),
+                static_cast<unsigned long long>(e.size()), e.owner_uid(),
+                Time(e.created_unix_ns()).c_str(), e.type_name().c_str());
+  }
+  return 0;
+}
+
+int NamesRm(const Call& call) {
+  v1::UnbindRequest request;
+  request.set_heap(call.operand(0));
+  request.set_name(call.operand(1));
+  v1::NameEntry entry;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.Unbind(&context, request, &entry)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(entry);
+  std::printf("unbound '%s' of heap %s (a %s of %s at offset %llu; it stays allocated)\n",
+              entry.name().c_str(), call.operand(0).c_str(),
+              entry.type_name().empty() ? "object" : entry.type_name().c_str(),
+              Bytes(entry.size()).c_str(), static_cast<unsigned long long>(entry.offset()));
+  return 0;
+}
+
+int ClientsLs(const Call& call) {
+  v1::ListClientsRequest request;
+  const std::string heap = call.args.operands.empty() ? "" : call.operand(0);
+  if (!heap.empty() && call.args.Has("heap") && call.args.String("heap") != heap) {
+    std::fprintf(stderr, "heapctl: clients ls: HEAP %s and --heap=%s differ\n%s\n", heap.c_str(),
+                 call.args.String("heap").c_str(), HeapctlUsage(call.args.command).c_str());
+    return 2;
+  }
+  request.set_heap(heap.empty() ? call.args.String("heap") : heap);
+  v1::ListClientsResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.ListClients(&context, request, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(response);
+  PrintClients(response.clients());
+  return 0;
+}
+
+int SnapshotCreate(const Call& call) {
+  v1::CreateSnapshotRequest request;
+  request.set_heap(call.operand(0));
+  request.set_name(call.operand(1));
+  request.set_target_dir(call.args.String("to"));
+  request.set_store_dir(call.args.String("store"));
+  request.set_wait_ms(call.args.Has("wait_ms") ? static_cast<uint32_t>(std::min<uint64_t>(
+                                                     call.args.Number("wait_ms"), UINT32_MAX))
+                                               : 10000);
+  for (const std::string& label : call.args.labels) {
+    const size_t equals = label.find('=');
+    (*request.mutable_labels())[label.substr(0, equals)] = label.substr(equals + 1);
+  }
+  v1::SnapshotManifest manifest;
+  grpc::ClientContext context;
+  if (absl::Status s =
+          WithProgress(call, absl::StrCat("snapshot create ", request.heap(), " ", request.name()),
+                       [&] { return call.stub.CreateSnapshot(&context, request, &manifest); });
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(manifest);
+  if (!request.store_dir().empty()) {
+    const v1::StoreUsage& usage = manifest.store();
     std::printf(
-        "chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects, %u held "
-        "for sessions' large objects; %llu live objects; metadata log %s\n",
-        stats.capacity_chunks(), stats.free_chunks(), stats.small_chunks(), stats.leased_chunks(),
-        stats.large_chunks(), static_cast<unsigned long long>(stats.large_objects()),
-        stats.large_reserve_chunks(), static_cast<unsigned long long>(stats.info().live_objects()),
-        Bytes(stats.metadata_log_bytes()).c_str());
-    if (stats.size_classes_size() != 0) {
-      std::printf("\n%-6s %9s %7s %12s %9s\n", "CLASS", "SLOT", "CHUNKS", "LIVE", "OCCUPIED");
-      for (const v1::SizeClassStats& c : stats.size_classes()) {
-        const double slots = static_cast<double>(c.chunks()) * (2 << 20) / c.slot_size();
-        std::printf("%-6u %9llu %7u %12llu %8.1f%%\n", c.size_class(),
-                    static_cast<unsigned long long>(c.slot_size()), c.chunks(),
-                    static_cast<unsigned long long>(c.live_objects()),
-                    100.0 * c.live_objects() / slots);
-      }
-    }
-    if (stats.clients_size() != 0) {
-      std::printf("\n");
-      PrintClients(stats.clients());
-    }
+        "part %s/%s/%s at epoch %llu: %s logical, %s hashed, %llu of %llu blocks new, %s "
+        "stored, %.3f s\n",
+        manifest.name().c_str(), manifest.node().c_str(), manifest.heap().c_str(),
+        static_cast<unsigned long long>(manifest.epoch()), Bytes(usage.logical_bytes()).c_str(),
+        Bytes(usage.hashed_bytes()).c_str(),
+        static_cast<unsigned long long>(usage.blocks_written()),
+        static_cast<unsigned long long>(usage.blocks()), Bytes(usage.stored_bytes()).c_str(),
+        usage.duration_us() / 1e6);
     return 0;
   }
-  if (what == "heap rm") {
-    if (*need_name("x")) return Usage("heap rm needs NAME");
-    v1::RemoveHeapRequest request;
-    request.set_heap(args[2]);
-    v1::RemoveHeapResponse response;
-    if (absl::Status s = FromGrpc(stub.RemoveHeap(&context, request, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(response);
-    std::printf("removed heap %s\n", args[2].c_str());
-    return 0;
+  std::printf("snapshot %s of heap %s at epoch %llu (%s, %s copied, %.1f ms)\n",
+              manifest.name().c_str(), manifest.heap().c_str(),
+              static_cast<unsigned long long>(manifest.epoch()), manifest.copy_method().c_str(),
+              Bytes(manifest.bytes_written()).c_str(), manifest.duration_us() / 1e3);
+  return 0;
+}
+
+int SnapshotLs(const Call& call) {
+  v1::ListSnapshotsRequest request;
+  request.set_target_dir(call.args.String("to"));
+  request.set_store_dir(call.args.String("store"));
+  v1::ListSnapshotsResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.ListSnapshots(&context, request, &response)); !s.ok()) {
+    return Fail(s);
   }
-  if (what == "names ls") {
-    if (*need_name("x")) return Usage("names ls needs HEAP");
-    v1::ListNamesRequest request;
-    request.set_heap(args[2]);
-    request.set_prefix(absl::GetFlag(FLAGS_prefix));
-    v1::ListNamesResponse response;
-    if (absl::Status s = FromGrpc(stub.ListNames(&context, request, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(response);
-    std::printf("%-32s %14s %12s %6s %-19s %s\n", "NAME", "OFFSET", "SIZE", "UID", "CREATED",
-                "TYPE");
-    for (const v1::NameEntry& e : response.names()) {
-      std::printf("%-32s %14llu %12llu %6u %-19s %s\n", e.name().c_str(),
-                  static_cast<unsigned long long>(e.offset()),
-                  static_cast<unsigned long long>(e.size()), e.owner_uid(),
-                  Time(e.created_unix_ns()).c_str(), e.type_name().c_str());
-    }
-    return 0;
+  if (call.json) return PrintJson(response);
+  for (const std::string& skipped : response.skipped()) {
+    std::fprintf(stderr, "heapctl: not listed: %s\n", skipped.c_str());
   }
-  if (what == "clients ls") {
-    v1::ListClientsRequest request;
-    request.set_heap(absl::GetFlag(FLAGS_heap));
-    v1::ListClientsResponse response;
-    if (absl::Status s = FromGrpc(stub.ListClients(&context, request, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(response);
-    PrintClients(response.clients());
-    return 0;
-  }
-  if (what == "snapshot create") {
-    if (args.size() != 4) return Usage("snapshot create needs HEAP and NAME");
-    v1::CreateSnapshotRequest request;
-    request.set_heap(args[2]);
-    request.set_name(args[3]);
-    request.set_target_dir(absl::GetFlag(FLAGS_to));
-    request.set_store_dir(absl::GetFlag(FLAGS_store));
-    request.set_wait_ms(absl::GetFlag(FLAGS_wait_ms));
-    for (const std::string& label : absl::GetFlag(FLAGS_label)) {
-      const size_t equals = label.find('=');
-      if (equals == std::string::npos) return Usage("--label takes KEY=VALUE");
-      (*request.mutable_labels())[label.substr(0, equals)] = label.substr(equals + 1);
-    }
-    v1::SnapshotManifest manifest;
-    if (absl::Status s = FromGrpc(stub.CreateSnapshot(&context, request, &manifest)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(manifest);
-    if (!request.store_dir().empty()) {
-      const v1::StoreUsage& usage = manifest.store();
-      std::printf(
-          "part %s/%s/%s at epoch %llu: %s logical, %s hashed, %llu of %llu blocks new, %s "
-          "stored, %.3f s\n",
-          manifest.name().c_str(), manifest.node().c_str(), manifest.heap().c_str(),
-          static_cast<unsigned long long>(manifest.epoch()), Bytes(usage.logical_bytes()).c_str(),
-          Bytes(usage.hashed_bytes()).c_str(),
-          static_cast<unsigned long long>(usage.blocks_written()),
-          static_cast<unsigned long long>(usage.blocks()), Bytes(usage.stored_bytes()).c_str(),
-          usage.duration_us() / 1e6);
-      return 0;
-    }
-    std::printf("snapshot %s of heap %s at epoch %llu (%s, %s copied, %.1f ms)\n",
-                manifest.name().c_str(), manifest.heap().c_str(),
-                static_cast<unsigned long long>(manifest.epoch()), manifest.copy_method().c_str(),
-                Bytes(manifest.bytes_written()).c_str(), manifest.duration_us() / 1e3);
-    return 0;
-  }
-  if (what == "snapshot ls") {
-    v1::ListSnapshotsRequest request;
-    request.set_target_dir(absl::GetFlag(FLAGS_to));
-    request.set_store_dir(absl::GetFlag(FLAGS_store));
-    v1::ListSnapshotsResponse response;
-    if (absl::Status s = FromGrpc(stub.ListSnapshots(&context, request, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(response);
-    if (absl::GetFlag(FLAGS_quiet)) {
-      for (const v1::SnapshotManifest& m : response.snapshots()) {
-        if (request.store_dir().empty()) {
-          std::printf("%s %s\n", m.name().c_str(), m.heap().c_str());
-        } else {
-          std::printf("%s %s %s\n", m.name().c_str(), m.node().c_str(), m.heap().c_str());
-        }
-      }
-      return 0;
-    }
-    if (!request.store_dir().empty()) {
-      PrintStoreParts(response.snapshots(), /*with_exclusive=*/false);
-      return 0;
-    }
-    std::printf("%-24s %-24s %8s %10s %-8s %-19s %s\n", "SNAPSHOT", "HEAP", "EPOCH", "SIZE",
-                "METHOD", "CREATED", "LABELS");
+  if (call.args.Bool("quiet")) {
     for (const v1::SnapshotManifest& m : response.snapshots()) {
-      std::string labels;
-      for (const auto& [key, value] : m.labels()) {
-        absl::StrAppend(&labels, labels.empty() ? "" : ",", key, "=", value);
+      if (request.store_dir().empty()) {
+        std::printf("%s %s\n", m.name().c_str(), m.heap().c_str());
+      } else {
+        std::printf("%s %s %s\n", m.name().c_str(), m.node().c_str(), m.heap().c_str());
       }
-      std::printf("%-24s %-24s %8llu %10s %-8s %-19s %s\n", m.name().c_str(), m.heap().c_str(),
-                  static_cast<unsigned long long>(m.epoch()), Bytes(m.data_bytes()).c_str(),
-                  m.copy_method().c_str(), Time(m.created_unix_ns()).c_str(), labels.c_str());
     }
     return 0;
   }
-  if (what == "snapshot restore") {
-    if (args.size() != 3) return Usage("snapshot restore needs NAME");
-    v1::RestoreSnapshotRequest request;
-    request.set_target_dir(absl::GetFlag(FLAGS_to));
-    request.set_name(args[2]);
-    request.set_heap(absl::GetFlag(FLAGS_heap));
-    request.set_replace(absl::GetFlag(FLAGS_replace));
-    request.set_keep_owner(absl::GetFlag(FLAGS_keep_owner));
-    request.set_store_dir(absl::GetFlag(FLAGS_store));
-    request.set_from_node(absl::GetFlag(FLAGS_from_node));
-    request.set_from_heap(absl::GetFlag(FLAGS_from_heap));
-    v1::HeapInfo info;
-    if (absl::Status s = FromGrpc(stub.RestoreSnapshot(&context, request, &info)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(info);
-    std::printf("restored heap %s from snapshot %s at epoch %llu\n", info.name().c_str(),
-                args[2].c_str(), static_cast<unsigned long long>(info.epoch()));
+  if (!request.store_dir().empty()) {
+    PrintStoreParts(response.snapshots(), /*with_exclusive=*/false);
     return 0;
   }
-  if (what == "snapshot verify" || what == "snapshot rm") {
-    if (args.size() != 3) return Usage(what + " needs NAME");
-    v1::SnapshotRef ref;
-    ref.set_target_dir(absl::GetFlag(FLAGS_to));
-    ref.set_name(args[2]);
-    ref.set_store_dir(absl::GetFlag(FLAGS_store));
-    ref.set_node(absl::GetFlag(FLAGS_from_node));
-    ref.set_heap(absl::GetFlag(FLAGS_from_heap));
-    if (what == "snapshot rm") {
-      v1::RemoveSnapshotResponse response;
-      if (absl::Status s = FromGrpc(stub.RemoveSnapshot(&context, ref, &response)); !s.ok()) {
-        return Fail(s);
-      }
-      if (json) return PrintJson(response);
-      std::printf("removed snapshot %s\n", args[2].c_str());
-      return 0;
+  std::printf("%-24s %-24s %8s %10s %-19s %s\n", "SNAPSHOT", "HEAP", "EPOCH", "SIZE", "CREATED",
+              "LABELS");
+  for (const v1::SnapshotManifest& m : response.snapshots()) {
+    std::string labels;
+    for (const auto& [key, value] : m.labels()) {
+      absl::StrAppend(&labels, labels.empty() ? "" : ",", key, "=", value);
     }
-    v1::SnapshotManifest manifest;
-    if (absl::Status s = FromGrpc(stub.VerifySnapshot(&context, ref, &manifest)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(manifest);
-    if (!ref.store_dir().empty()) {
-      std::printf("version %s verified: every block's hash, the metadata and the sizes match\n",
-                  args[2].c_str());
-      return 0;
-    }
-    std::printf("snapshot %s verified: metadata checksums and data size match\n", args[2].c_str());
+    std::printf("%-24s %-24s %8llu %10s %-19s %s\n", m.name().c_str(), m.heap().c_str(),
+                static_cast<unsigned long long>(m.epoch()), Bytes(m.data_bytes()).c_str(),
+                Time(m.created_unix_ns()).c_str(), labels.c_str());
+  }
+  return 0;
+}
+
+int SnapshotRestore(const Call& call) {
+  v1::RestoreSnapshotRequest request;
+  request.set_target_dir(call.args.String("to"));
+  request.set_name(call.operand(0));
+  request.set_heap(call.args.String("heap"));
+  request.set_replace(call.args.Bool("replace"));
+  request.set_keep_owner(call.args.Bool("keep_owner"));
+  request.set_store_dir(call.args.String("store"));
+  request.set_from_node(call.args.String("from_node"));
+  request.set_from_heap(call.args.String("from_heap"));
+  v1::HeapInfo info;
+  grpc::ClientContext context;
+  if (absl::Status s =
+          WithProgress(call, absl::StrCat("snapshot restore ", request.name()),
+                       [&] { return call.stub.RestoreSnapshot(&context, request, &info); });
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(info);
+  std::printf("restored heap %s from snapshot %s at epoch %llu\n", info.name().c_str(),
+              request.name().c_str(), static_cast<unsigned long long>(info.epoch()));
+  return 0;
+}
+
+v1::SnapshotRef RefOf(const Call& call) {
+  v1::SnapshotRef ref;
+  ref.set_target_dir(call.args.String("to"));
+  ref.set_name(call.operand(0));
+  ref.set_store_dir(call.args.String("store"));
+  ref.set_node(call.args.String("from_node"));
+  ref.set_heap(call.args.String("from_heap"));
+  return ref;
+}
+
+int SnapshotVerify(const Call& call) {
+  const v1::SnapshotRef ref = RefOf(call);
+  v1::SnapshotManifest manifest;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.VerifySnapshot(&context, ref, &manifest)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(manifest);
+  if (!ref.store_dir().empty()) {
+    std::printf("version %s verified: every block's hash, the metadata and the sizes match\n",
+                ref.name().c_str());
     return 0;
   }
-  if (what == "snapshot gc") {
-    v1::GcStoreRequest request;
-    request.set_store_dir(absl::GetFlag(FLAGS_store));
-    if (const int64_t grace = absl::GetFlag(FLAGS_grace_s); grace >= 0) {
-      request.set_grace_s(static_cast<uint32_t>(std::min<int64_t>(grace, UINT32_MAX)));
-    }
-    request.set_dry_run(absl::GetFlag(FLAGS_dry_run));
-    v1::GcStoreResponse response;
-    if (absl::Status s = FromGrpc(stub.GcStore(&context, request, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(response);
-    std::printf("%s %llu blocks (%s); kept %llu named by %llu parts and %llu young\n",
-                request.dry_run() ? "would remove" : "removed",
-                static_cast<unsigned long long>(response.blocks_removed()),
-                Bytes(response.bytes_removed()).c_str(),
-                static_cast<unsigned long long>(response.blocks_kept()),
-                static_cast<unsigned long long>(response.versions()),
-                static_cast<unsigned long long>(response.blocks_young()));
+  std::printf("snapshot %s verified: metadata checksums and data size match\n", ref.name().c_str());
+  return 0;
+}
+
+int SnapshotRm(const Call& call) {
+  const v1::SnapshotRef ref = RefOf(call);
+  v1::RemoveSnapshotResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.RemoveSnapshot(&context, ref, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(response);
+  if (ref.store_dir().empty()) {
+    std::printf("removed snapshot %s\n", ref.name().c_str());
     return 0;
   }
-  if (what == "snapshot du") {
-    v1::StoreUsageRequest request;
-    request.set_store_dir(absl::GetFlag(FLAGS_store));
-    v1::StoreUsageResponse response;
-    if (absl::Status s = FromGrpc(stub.StoreUsage(&context, request, &response)); !s.ok()) {
-      return Fail(s);
-    }
-    if (json) return PrintJson(response);
-    PrintStoreParts(response.parts(), /*with_exclusive=*/true);
-    std::printf("total: %s logical in %zu parts, %s stored in %llu blocks (%.1fx)\n",
-                Bytes(response.logical_bytes()).c_str(), static_cast<size_t>(response.parts_size()),
-                Bytes(response.stored_bytes()).c_str(),
-                static_cast<unsigned long long>(response.blocks()),
-                response.stored_bytes() == 0
-                    ? 0.0
-                    : static_cast<double>(response.logical_bytes()) / response.stored_bytes());
+  for (const std::string& part : response.removed_parts()) {
+    std::printf("removed part %s\n", part.c_str());
+  }
+  if (response.remaining_parts() == 0) {
+    std::printf("version %s is gone (no parts left)\n", ref.name().c_str());
+  } else {
+    std::printf("version %s keeps %u part%s\n", ref.name().c_str(), response.remaining_parts(),
+                response.remaining_parts() == 1 ? "" : "s");
+  }
+  return 0;
+}
+
+int SnapshotGc(const Call& call) {
+  v1::GcStoreRequest request;
+  request.set_store_dir(call.args.String("store"));
+  if (call.args.Has("grace_s")) {
+    request.set_grace_s(
+        static_cast<uint32_t>(std::min<uint64_t>(call.args.Number("grace_s"), UINT32_MAX)));
+  }
+  request.set_dry_run(call.args.Bool("dry_run"));
+  v1::GcStoreResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.GcStore(&context, request, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(response);
+  std::printf("%s %llu blocks (%s); kept %llu named by %llu parts and %llu young\n",
+              request.dry_run() ? "would remove" : "removed",
+              static_cast<unsigned long long>(response.blocks_removed()),
+              Bytes(response.bytes_removed()).c_str(),
+              static_cast<unsigned long long>(response.blocks_kept()),
+              static_cast<unsigned long long>(response.versions()),
+              static_cast<unsigned long long>(response.blocks_young()));
+  return 0;
+}
+
+int SnapshotDu(const Call& call) {
+  v1::StoreUsageRequest request;
+  request.set_store_dir(call.args.String("store"));
+  v1::StoreUsageResponse response;
+  grpc::ClientContext context;
+  if (absl::Status s = FromGrpc(call.stub.StoreUsage(&context, request, &response)); !s.ok()) {
+    return Fail(s);
+  }
+  if (call.json) return PrintJson(response);
+  PrintStoreParts(response.parts(), /*with_exclusive=*/true);
+  std::printf("total: %s logical in %zu parts, %s stored in %llu blocks (%.1fx)\n",
+              Bytes(response.logical_bytes()).c_str(), static_cast<size_t>(response.parts_size()),
+              Bytes(response.stored_bytes()).c_str(),
+              static_cast<unsigned long long>(response.blocks()),
+              response.stored_bytes() == 0
+                  ? 0.0
+                  : static_cast<double>(response.logical_bytes()) / response.stored_bytes());
+  return 0;
+}
+
+// Each command of HeapctlCommands() and the function that runs it.
+const std::vector<std::pair<const char*, int (*)(const Call&)>>& Runners() {
+  static const auto* runners = new std::vector<std::pair<const char*, int (*)(const Call&)>>{
+      {"heap create", HeapCreate}, {"heap ls", HeapLs},
+      {"heap stat", HeapStat},     {"heap rm", HeapRm},
+      {"names ls", NamesLs},       {"names rm", NamesRm},
+      {"clients ls", ClientsLs},   {"snapshot create", SnapshotCreate},
+      {"snapshot ls", SnapshotLs}, {"snapshot verify", SnapshotVerify},
+      {"snapshot rm", SnapshotRm}, {"snapshot restore", SnapshotRestore},
+      {"snapshot gc", SnapshotGc}, {"snapshot du", SnapshotDu},
+  };
+  return *runners;
+}
+
+int Run(const std::vector<std::string>& args) {
+  Invocation invocation;
+  UsageError error;
+  if (!ParseHeapctlArgs(args, &invocation, &error)) {
+    std::fprintf(stderr, "heapctl: %s\n%s\n", error.message.c_str(),
+                 HeapctlUsage(error.command).c_str());
+    return 2;
+  }
+  if (invocation.Bool("version")) {
+    std::printf("heapctl %s\n", kHeapdVersion);
     return 0;
   }
-  return Usage("unknown command '" + what + "'");
+  if (invocation.Bool("help")) {
+    std::printf("%s\n", HeapctlUsage(invocation.command).c_str());
+    return 0;
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(invocation.String("socket"));
+  if (!client.ok()) return Fail(client.status());
+  const Call call{invocation, (*client)->stub(), invocation.Bool("json")};
+  for (const auto& [name, run] : Runners()) {
+    if (absl::string_view(name) == invocation.command->name) return run(call);
+  }
+  return Fail(absl::InternalError(absl::StrCat("no runner for ", invocation.command->name)));
 }
 
 }  // namespace
 }  // namespace heapd
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(heapd::kUsage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  return heapd::Run(std::vector<std::string>(positional.begin() + 1, positional.end()));
+  return heapd::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

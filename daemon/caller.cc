@@ -6,7 +6,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
-#include "heap/data_file.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {

@@ -16,6 +16,7 @@
 #include "snapshot/block_store.h"
 #include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {

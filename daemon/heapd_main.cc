@@ -26,7 +26,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/default_paths.h"
 #include "daemon/fd_server.h"
@@ -34,6 +36,7 @@
 #include "daemon/health_service.h"
 #include "daemon/heap_registry.h"
 #include "daemon/heapd_service.h"
+#include "daemon/instance_lock.h"
 #include "daemon/limits.h"
 #include "daemon/metrics.h"
 #include "daemon/sessions.h"
@@ -41,25 +44,29 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
+#include "protocol/version.h"
+#include "snapshot/store_recipe.h"
 #include "snapshot/store_snapshots.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "util/byte_size.h"
+#include "util/program_flags.h"
 
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the heaps (default: /var/lib/heapd for root, else "
           "$XDG_STATE_HOME/heapd or ~/.local/state/heapd)");
 ABSL_FLAG(std::string, runtime_dir, "",
           "directory of heapd.sock and heapd.fd.sock (default: /run/heapd for root, else "
-          "$XDG_RUNTIME_DIR/heapd or /tmp/heapd-UID)");
+          "$XDG_RUNTIME_DIR/heapd; no default without XDG_RUNTIME_DIR)");
 ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT for Prometheus metrics over HTTP, or :PORT for the loopback address only "
           "(empty: no metrics endpoint). Heap names are in the metrics: bind beyond loopback "
           "only on a trusted network");
 ABSL_FLAG(std::string, admin_group, "",
           "group (name or gid) whose members may administer every heap, besides root");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
-ABSL_FLAG(uint64_t, default_max_size, uint64_t{16} << 30,
-          "maximum size in bytes of a heap created without one");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(heapd::ByteSize, default_max_size, heapd::ByteSize{uint64_t{16} << 30},
+          "maximum size of a heap created without one (bytes, or with a unit: 64G = 64GiB)");
 ABSL_FLAG(int, attach_token_seconds, 10,
           "how long a client has to fetch the heap's fd after Attach");
 ABSL_FLAG(bool, track_contents, true,
@@ -70,13 +77,13 @@ ABSL_FLAG(bool, grow_ahead, true,
           "Grow a heap's data file in the background when fewer than a sixteenth of its chunks "
           "are free, so that allocations seldom wait for its space to be reserved (space is "
           "still reserved before it is handed out).");
-ABSL_FLAG(uint64_t, tmpfs_reserve_bytes, uint64_t{1} << 30,
+ABSL_FLAG(heapd::ByteSize, tmpfs_reserve_bytes, heapd::ByteSize{uint64_t{1} << 30},
           "growth of heaps on tmpfs is refused when it would leave less than this much of the "
           "node's available memory (0: never refused)");
 ABSL_FLAG(int, oom_score_adj, -900,
           "heapd's OOM score adjustment (-1000..1000): below the jobs', so the kernel's OOM "
           "killer takes a job process before heapd");
-ABSL_FLAG(uint64_t, max_snapshot_reading_bytes, uint64_t{1} << 30,
+ABSL_FLAG(heapd::ByteSize, max_snapshot_reading_bytes, heapd::ByteSize{uint64_t{1} << 30},
           "memory heapd gives to reading snapshots (manifests, metadata) for all calls at once; "
           "a call that would pass it fails and may be tried again");
 ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
@@ -84,26 +91,27 @@ ABSL_FLAG(int, snapshot_timeout_seconds, 1800,
 ABSL_FLAG(std::string, node_name, "",
           "this node's name in the parts it adds to snapshot store versions (default: the "
           "host name)");
-ABSL_FLAG(uint32_t, store_block_bytes, heapd::kDefaultBlockBytes,
+ABSL_FLAG(heapd::ByteSize, store_block_bytes, heapd::ByteSize{heapd::kDefaultBlockBytes},
           "block size of snapshot store versions this heapd creates: a power of two from 64 KiB "
           "to 2 MiB (docs/performance.md, B9)");
 ABSL_FLAG(int, store_zstd_level, 1,
           "zstd level of the blocks this heapd writes to stores (1: measured in "
           "docs/performance.md, B9: 17% faster creates than 3 for 2.6% more bytes)");
-ABSL_FLAG(uint64_t, store_cache_bytes, uint64_t{1} << 30,
+ABSL_FLAG(heapd::ByteSize, store_cache_bytes, heapd::ByteSize{uint64_t{1} << 30},
           "bytes of blocks heapd keeps in its node-local cache (STATE_DIR/block-cache) so that "
           "restores read from a store only what the node lacks; 0: no cache");
 // Per-user limits (daemon/limits.h); root is not limited.
 ABSL_FLAG(uint32_t, max_heaps_per_user, heapd::UserLimits().heaps, "heaps a user may own");
-ABSL_FLAG(uint64_t, max_heap_bytes_per_user, heapd::UserLimits().heap_bytes,
-          "sum of the maximum sizes of a user's heaps, in bytes");
+ABSL_FLAG(heapd::ByteSize, max_heap_bytes_per_user, heapd::ByteSize{heapd::UserLimits().heap_bytes},
+          "sum of the maximum sizes of a user's heaps");
 ABSL_FLAG(uint64_t, max_names_per_heap, heapd::UserLimits().names_per_heap,
           "names one heap may hold");
 ABSL_FLAG(uint32_t, max_sessions_per_user, heapd::UserLimits().sessions,
           "sessions a user may have attached at once");
 ABSL_FLAG(uint32_t, max_connections_per_user, heapd::UserLimits().connections,
           "connections a user may hold open on each of heapd.sock and heapd.fd.sock");
-ABSL_FLAG(uint64_t, max_snapshot_bytes_per_user, heapd::UserLimits().snapshot_bytes,
+ABSL_FLAG(heapd::ByteSize, max_snapshot_bytes_per_user,
+          heapd::ByteSize{heapd::UserLimits().snapshot_bytes},
           "bytes of snapshots a user may keep in heapd's own snapshot directory");
 ABSL_FLAG(uint32_t, max_snapshot_calls_per_user, heapd::UserLimits().snapshot_calls,
           "snapshot calls a user may run at once");
@@ -141,14 +149,44 @@ void NotifySystemd(const char* state) {
   close(fd);
 }
 
+// --log_level's level; INVALID_ARGUMENT listing the levels for another
+// word (spdlog itself takes an unknown one as "off": heapd would run mute).
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& flag) {
+  static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
+                                            "error", "critical", "off"};
+  const std::string word = absl::AsciiStrToLower(flag);
+  for (const char* level : kLevels) {
+    if (word == level) return spdlog::level::from_str(level);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--log_level=", flag, ": not a level (", absl::StrJoin(kLevels, ", "), ")"));
+}
+
+// Flag values that are wrong whatever the machine: refused at start (exit
+// 2) rather than served in a way the admin did not ask for.
+absl::Status CheckFlags() {
+  if (absl::GetFlag(FLAGS_default_max_size).bytes == 0) {
+    return absl::InvalidArgumentError("--default_max_size=0: a heap needs a maximum size");
+  }
+  const uint64_t block = absl::GetFlag(FLAGS_store_block_bytes).bytes;
+  if (!ValidBlockBytes(block)) {
+    return absl::InvalidArgumentError(absl::StrCat("--store_block_bytes=", FormatByteSize(block),
+                                                   ": a power of two from 64K to 2M"));
+  }
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
+    return CheckMetricsAddress(address);
+  }
+  return absl::OkStatus();
+}
+
 UserLimits LimitsFromFlags() {
   UserLimits limits;
   limits.heaps = absl::GetFlag(FLAGS_max_heaps_per_user);
-  limits.heap_bytes = absl::GetFlag(FLAGS_max_heap_bytes_per_user);
+  limits.heap_bytes = absl::GetFlag(FLAGS_max_heap_bytes_per_user).bytes;
   limits.names_per_heap = absl::GetFlag(FLAGS_max_names_per_heap);
   limits.sessions = absl::GetFlag(FLAGS_max_sessions_per_user);
   limits.connections = absl::GetFlag(FLAGS_max_connections_per_user);
-  limits.snapshot_bytes = absl::GetFlag(FLAGS_max_snapshot_bytes_per_user);
+  limits.snapshot_bytes = absl::GetFlag(FLAGS_max_snapshot_bytes_per_user).bytes;
   limits.snapshot_calls = absl::GetFlag(FLAGS_max_snapshot_calls_per_user);
   limits.calls = absl::GetFlag(FLAGS_max_calls_per_user);
   return limits;
@@ -222,6 +260,20 @@ int Run() {
     spdlog::critical("{}", s.ToString());
     return 1;
   }
+  // Before anything in either directory is touched: its sockets, its heaps.
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
+  if (mkdir(state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    spdlog::critical("create {}: {}", state_dir, std::strerror(errno));
+    return 1;
+  }
+  absl::StatusOr<InstanceLock> runtime_lock = InstanceLock::Take(runtime_dir);
+  absl::StatusOr<InstanceLock> state_lock =
+      runtime_lock.ok() ? InstanceLock::Take(state_dir) : runtime_lock.status();
+  if (!state_lock.ok()) {
+    spdlog::critical("{}", std::string(state_lock.status().message()));
+    return 1;
+  }
 
   // Signals are taken by sigwait below; threads started from here on
   // inherit the mask.
@@ -232,11 +284,9 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
   HeapOptions heap_options;
   heap_options.max_names = limits.names_per_heap;
-  heap_options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes);
+  heap_options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes).bytes;
   heap_options.track_contents = absl::GetFlag(FLAGS_track_contents);
   heap_options.grow_ahead = absl::GetFlag(FLAGS_grow_ahead);
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
@@ -251,7 +301,7 @@ int Run() {
   store_options.timeout = absl::Seconds(absl::GetFlag(FLAGS_snapshot_timeout_seconds));
   store_options.cancel_fd = stop_fd;
   store_options.max_bytes_per_user = limits.snapshot_bytes;
-  store_options.max_reading_bytes = absl::GetFlag(FLAGS_max_snapshot_reading_bytes);
+  store_options.max_reading_bytes = absl::GetFlag(FLAGS_max_snapshot_reading_bytes).bytes;
   absl::StatusOr<std::unique_ptr<SnapshotStore>> snapshots =
       SnapshotStore::Open(state_dir + "/snapshots", state_dir, store_options);
   if (!snapshots.ok()) {
@@ -265,9 +315,10 @@ int Run() {
     (void)gethostname(host, sizeof(host) - 1);
     versions_options.node = host;
   }
-  versions_options.block_bytes = absl::GetFlag(FLAGS_store_block_bytes);
+  versions_options.block_bytes =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_store_block_bytes).bytes);
   versions_options.zstd_level = absl::GetFlag(FLAGS_store_zstd_level);
-  versions_options.cache_bytes = absl::GetFlag(FLAGS_store_cache_bytes);
+  versions_options.cache_bytes = absl::GetFlag(FLAGS_store_cache_bytes).bytes;
   if (versions_options.cache_bytes != 0) versions_options.cache_dir = state_dir + "/block-cache";
   absl::StatusOr<std::unique_ptr<StoreSnapshots>> versions =
       StoreSnapshots::Open(snapshots->get(), versions_options);
@@ -277,12 +328,23 @@ int Run() {
   }
   const std::string grpc_path = runtime_dir + "/" + kGrpcSocketName;
   const std::string fd_path = runtime_dir + "/" + kFdSocketName;
-  absl::StatusOr<int> grpc_fd = ListenUnix(grpc_path);
-  absl::StatusOr<int> fd_fd = grpc_fd.ok() ? ListenUnix(fd_path) : grpc_fd;
-  if (!grpc_fd.ok() || !fd_fd.ok()) {
-    spdlog::critical("{}", (grpc_fd.ok() ? fd_fd : grpc_fd).status().ToString());
+  absl::StatusOr<ListeningSocket> grpc_socket = ListenUnix(grpc_path);
+  if (!grpc_socket.ok()) {
+    spdlog::critical("{}", grpc_socket.status().ToString());
     return 1;
   }
+  absl::StatusOr<ListeningSocket> fd_socket = ListenUnix(fd_path);
+  if (!fd_socket.ok()) {
+    close(grpc_socket->fd);
+    grpc_socket->Remove();
+    spdlog::critical("{}", fd_socket.status().ToString());
+    return 1;
+  }
+  // Only sockets this heapd bound are removed, however it ends from here.
+  absl::Cleanup remove_sockets = [&] {
+    grpc_socket->Remove();
+    fd_socket->Remove();
+  };
   Metrics metrics;
   Sessions sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)), limits.sessions,
                     &metrics);
@@ -318,7 +380,7 @@ int Run() {
   std::unique_ptr<GrpcListener> listener;
   ServiceOptions options;
   options.admin_gid = *admin_gid;
-  options.default_max_size = absl::GetFlag(FLAGS_default_max_size);
+  options.default_max_size = absl::GetFlag(FLAGS_default_max_size).bytes;
   options.limits = limits;
   options.stop_fd = stop_fd;
   HeapdService service(
@@ -343,9 +405,9 @@ int Run() {
     spdlog::critical("the gRPC server did not start");
     return 1;
   }
-  listener = std::make_unique<GrpcListener>(*grpc_fd, server.get(), limits.connections, [&metrics] {
-    metrics.CountLimitRefusal("connections_per_user");
-  });
+  listener = std::make_unique<GrpcListener>(
+      grpc_socket->fd, server.get(), limits.connections,
+      [&metrics] { metrics.CountLimitRefusal("connections_per_user"); });
   // Only now: a call on the first connection reaches `listener` (the
   // handlers' CallerOf), which must be set by then.
   listener->Start();
@@ -363,7 +425,8 @@ int Run() {
     return sessions.AnswerFdRequest(id, request);
   };
   callbacks.refused = [&metrics] { metrics.CountLimitRefusal("connections_per_user"); };
-  auto fd_server = std::make_unique<FdServer>(*fd_fd, limits.connections, std::move(callbacks));
+  auto fd_server =
+      std::make_unique<FdServer>(fd_socket->fd, limits.connections, std::move(callbacks));
 
   spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(), state_dir,
                grpc_path, fd_path);
@@ -379,8 +442,7 @@ int Run() {
   listener->StopAccepting();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   fd_server.reset();
-  unlink(grpc_path.c_str());
-  unlink(fd_path.c_str());
+  std::move(remove_sockets).Invoke();
   std::move(stop_binder).Invoke();
   const absl::Status synced = (*heaps)->SyncAll();
   spdlog::info("heapd stopped{}", synced.ok() ? "; every heap synced" : "; a sync failed");
@@ -391,10 +453,28 @@ int Run() {
 }  // namespace heapd
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("heapd: node-local daemon serving persistent heaps");
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = heapd::ParseProgramFlags(
+      argc, argv,
+      "heapd: node-local daemon serving persistent heaps\n"
+      "usage: heapd [--state_dir=DIR] [--runtime_dir=DIR] [--metrics_address=HOST:PORT] [FLAG...]",
+      heapd::kHeapdVersion);
   spdlog::set_default_logger(spdlog::stderr_color_mt("heapd"));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
-  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  if (positional.size() > 1) {
+    spdlog::critical("heapd takes flags only; '{}' is not a flag (heapd --help lists them)",
+                     positional[1]);
+    return 2;
+  }
+  absl::StatusOr<spdlog::level::level_enum> level =
+      heapd::ParseLogLevel(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) {
+    spdlog::critical("{}", std::string(level.status().message()));
+    return 2;
+  }
+  spdlog::set_level(*level);
+  if (absl::Status s = heapd::CheckFlags(); !s.ok()) {
+    spdlog::critical("{}", std::string(s.message()));
+    return 2;
+  }
   return heapd::Run();
 }

@@ -285,7 +285,8 @@ absl::StatusOr<HeapRegistry::Removed> HeapdService::RemoveHeapLocked(const std::
   }
   if (const size_t clients = sessions_->CountOn(name); clients != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("heap ", name, " has ", clients, " clients attached; detach them first"));
+        absl::StrCat("heap ", name, " has ", clients, clients == 1 ? " client" : " clients",
+                     " attached; detach ", clients == 1 ? "it" : "them", " first"));
   }
   absl::StatusOr<HeapRegistry::Removed> removed = heaps_->Remove(name);
   if (removed.ok()) {
@@ -400,6 +401,9 @@ grpc::Status HeapdService::ListClients(grpc::ServerContext* context,
                                        v1::ListClientsResponse* response) {
   return Serve(context, "ListClients", *request, [&](const Caller& caller) -> absl::Status {
     const bool admin = IsAdmin(caller);
+    if (!request->heap().empty()) {
+      if (absl::Status s = heaps_->Get(request->heap()).status(); !s.ok()) return s;
+    }
     for (const std::shared_ptr<Session>& session : sessions_->List()) {
       if (!request->heap().empty() && session->heap->name != request->heap()) continue;
       if (!admin && session->caller.uid != caller.uid) continue;  // others' are admin-only
@@ -501,11 +505,29 @@ grpc::Status HeapdService::Unbind(grpc::ServerContext* context, const v1::Unbind
                                   v1::NameEntry* response) {
   return Serve(context, "Unbind", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<NameEntry> entry =
-        sessions_->Unbind(request->session(), caller, request->name());
+        request->heap().empty() ? sessions_->Unbind(request->session(), caller, request->name())
+                                : UnbindAndPersist(request->heap(), caller, request->name());
     if (!entry.ok()) return entry.status();
     ToProto(*entry, response);
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<NameEntry> HeapdService::UnbindAndPersist(const std::string& heap,
+                                                         const Caller& caller,
+                                                         const std::string& name) {
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served = HeapFor(heap, caller, Access::kWrite);
+  if (!served.ok()) return served.status();
+  absl::StatusOr<NameEntry> entry = (*served)->heap->Unbind(name);
+  if (!entry.ok()) {
+    return absl::Status(entry.status().code(),
+                        absl::StrCat("heap ", heap, ": ", entry.status().message()));
+  }
+  absl::StatusOr<SyncResult> synced = (*served)->heap->Sync(/*client=*/0, {});
+  if (!synced.ok()) return synced.status();
+  spdlog::info("name {} of heap {} unbound by {} (epoch {})", name, heap, caller.ToString(),
+               synced->epoch);
+  return entry;
 }
 
 grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
@@ -631,14 +653,17 @@ grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
   return Serve(context, "ListSnapshots", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
-    absl::StatusOr<std::vector<v1::SnapshotManifest>> snapshots =
-        request->store_dir().empty()
-            ? snapshots_->List(SnapshotCallerOf(caller, context), request->target_dir())
-            : store_snapshots_->List(SnapshotCallerOf(caller, context), request->store_dir(), "");
-    if (!snapshots.ok()) return snapshots.status();
-    for (v1::SnapshotManifest& manifest : *snapshots) {
-      *response->add_snapshots() = std::move(manifest);
+    if (request->store_dir().empty()) {
+      absl::StatusOr<v1::ListSnapshotsResponse> listed =
+          snapshots_->List(SnapshotCallerOf(caller, context), request->target_dir());
+      if (!listed.ok()) return listed.status();
+      *response = *std::move(listed);
+      return absl::OkStatus();
     }
+    absl::StatusOr<std::vector<v1::SnapshotManifest>> parts =
+        store_snapshots_->List(SnapshotCallerOf(caller, context), request->store_dir(), "");
+    if (!parts.ok()) return parts.status();
+    for (v1::SnapshotManifest& manifest : *parts) *response->add_snapshots() = std::move(manifest);
     return absl::OkStatus();
   });
 }
@@ -680,17 +705,19 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
 
 grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
                                           const v1::SnapshotRef* request,
-                                          v1::RemoveSnapshotResponse*) {
+                                          v1::RemoveSnapshotResponse* response) {
   return Serve(context, "RemoveSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
     if (!request->store_dir().empty()) {
-      absl::StatusOr<size_t> removed = store_snapshots_->Remove(
+      absl::StatusOr<StoreSnapshots::Removed> removed = store_snapshots_->Remove(
           SnapshotCallerOf(caller, context),
           {request->store_dir(), request->name(), request->node(), request->heap()});
       if (!removed.ok()) return removed.status();
-      spdlog::info("{} part(s) of version {} in {} removed by {}", *removed, request->name(),
-                   request->store_dir(), caller.ToString());
+      for (const PartRef& part : removed->parts) response->add_removed_parts(part.ToString());
+      response->set_remaining_parts(static_cast<uint32_t>(removed->remaining));
+      spdlog::info("{} part(s) of version {} in {} removed by {}; {} left", removed->parts.size(),
+                   request->name(), request->store_dir(), caller.ToString(), removed->remaining);
       return absl::OkStatus();
     }
     if (absl::Status s = snapshots_->Remove(SnapshotCallerOf(caller, context),

@@ -107,6 +107,10 @@ class HeapdService final : public v1::Heapd::Service {
   // Heap `name` if `caller` may `access` it.
   absl::StatusOr<std::shared_ptr<ServedHeap>> HeapFor(const std::string& name, const Caller& caller,
                                                       Access access);
+  // Unbinds `name` in heap `heap` for `caller` (write access) without a
+  // session, and persists it.
+  absl::StatusOr<NameEntry> UnbindAndPersist(const std::string& heap, const Caller& caller,
+                                             const std::string& name);
   // Creates heap `name` owned by `caller` (max_size 0: the default; mode 0:
   // 0600). ALREADY_EXISTS if it exists; RESOURCE_EXHAUSTED at a limit.
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,

@@ -1,9 +1,13 @@
 #include "daemon/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <exception>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
@@ -13,6 +17,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/gauge.h"
 #include "prometheus/metric_family.h"
+#include "protocol/version.h"
 
 namespace heapd {
 namespace {
@@ -46,9 +51,11 @@ class HeapStateCollector : public prometheus::Collectable {
                            "Heaps that failed to open (corrupt metadata) or broke while open "
                            "(a failed flush of their data).");
     Add(broken, {}, static_cast<double>(heaps_->Broken().size() + broken_open));
-    auto& max_size = f.Gauge("heapd_heap_capacity_bytes", "Maximum size of the heap.");
-    auto& reserved = f.Gauge("heapd_heap_reserved_bytes",
-                             "Bytes of the data file reserved on disk (fallocate).");
+    auto& max_size = f.Gauge("heapd_heap_max_size_bytes", "Maximum size of the heap (max_size).");
+    auto& reserved =
+        f.Gauge("heapd_heap_reserved_bytes",
+                "Bytes of the data file reserved on disk (fallocate; capacity_bytes in "
+                "heapctl's JSON).");
     auto& allocated =
         f.Gauge("heapd_heap_allocated_bytes", "Bytes in live objects (slot sizes and large runs).");
     auto& live = f.Gauge("heapd_heap_live_objects", "Live objects, small and large.");
@@ -59,8 +66,8 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& names = f.Gauge("heapd_heap_names", "Names bound in the heap.");
     auto& epoch = f.Gauge("heapd_heap_epoch", "Last persisted metadata epoch.");
     auto& last_sync = f.Gauge("heapd_heap_last_sync_timestamp_seconds",
-                              "Unix time of the heap's last successful sync (0: none since "
-                              "the daemon started).");
+                              "Unix time of the heap's last committed epoch (a sync, or its "
+                              "creation; after a restart, its metadata file's modification time).");
     auto& repairs = f.Gauge("heapd_heap_data_file_repairs",
                             "Times heapd put the heap's data file back to its size after a "
                             "client holding it writable truncated or extended it.");
@@ -236,7 +243,7 @@ Metrics::Metrics()
       .Name("heapd_build_info")
       .Help("heapd's version; always 1.")
       .Register(*registry_)
-      .Add({{"version", kVersion}})
+      .Add({{"version", kHeapdVersion}})
       .Set(1);
   prometheus::BuildGauge()
       .Name("heapd_start_time_seconds")
@@ -251,6 +258,15 @@ Metrics::Metrics()
   snapshot_seconds_.Add({}, LatencyBuckets());
   snapshot_bytes_.Add({});
   large_objects_reclaimed_.Add({});
+  for (const char* outcome : {"ok", "failed"}) {
+    store_snapshots_.Add({{"outcome", outcome}});
+    store_restores_.Add({{"outcome", outcome}});
+  }
+  store_snapshot_seconds_.Add({}, LatencyBuckets());
+  store_restore_seconds_.Add({}, LatencyBuckets());
+  for (const char* kind : {"logical", "hashed", "stored"}) store_bytes_.Add({{"kind", kind}});
+  for (const char* kind : {"new", "deduplicated"}) store_blocks_.Add({{"kind", kind}});
+  store_blocks_fetched_.Add({});
   for (const char* reason : kReclaimReasons) sessions_reclaimed_.Add({{"reason", reason}});
   for (const char* limit : kLimitNames) limit_refusals_.Add({{"limit", limit}});
   for (absl::StatusCode code :
@@ -265,6 +281,31 @@ void Metrics::CountLimitRefusal(const char* limit) {
 
 std::string MetricsBindAddress(const std::string& address) {
   return absl::StartsWith(address, ":") ? absl::StrCat("127.0.0.1", address) : address;
+}
+
+absl::Status CheckMetricsAddress(const std::string& address) {
+  const std::string bind = MetricsBindAddress(address);
+  const size_t colon = bind.rfind(':');
+  uint32_t port;
+  if (colon == std::string::npos || !absl::SimpleAtoi(bind.substr(colon + 1), &port) ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_address=", address, ": want HOST:PORT or :PORT (loopback), e.g. :9464"));
+  }
+  std::string host = bind.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int resolved = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (resolved != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics_address=", address, ": host '", host,
+                                                   "' does not resolve: ", gai_strerror(resolved)));
+  }
+  freeaddrinfo(found);
+  return absl::OkStatus();
 }
 
 absl::Status Metrics::Serve(const std::string& flag_address, const HeapRegistry* heaps,

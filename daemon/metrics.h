@@ -24,8 +24,6 @@
 
 namespace heapd {
 
-inline constexpr char kVersion[] = "0.3.0";
-
 // Why a session ended without a detach (label of heapd_sessions_reclaimed_total).
 inline constexpr const char* kReclaimReasons[] = {"connection_closed", "token_expired",
                                                   "attach_failed",     "detach_failed",
@@ -98,6 +96,12 @@ class Metrics {
 // ":PORT" means the loopback address (heap names must not reach the
 // network unless an admin says so).
 std::string MetricsBindAddress(const std::string& address);
+
+// OK if the flag value `address` is HOST:PORT or :PORT with a port number
+// and a host that resolves; INVALID_ARGUMENT saying what is wrong. (A port
+// another process holds is not checked: heapd serves without metrics and
+// tries it again, so no local user can keep heapd down by taking it.)
+absl::Status CheckMetricsAddress(const std::string& address);
 
 }  // namespace heapd
 

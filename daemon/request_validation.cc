@@ -260,7 +260,13 @@ absl::Status ValidateRequest(const v1::LookupRequest& request) {
 }
 
 absl::Status ValidateRequest(const v1::UnbindRequest& request) {
-  if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  if (request.heap().empty()) {
+    if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  } else if (request.session() != 0) {
+    return Invalid("heap", "name a session or a heap, not both");
+  } else if (absl::Status s = CheckHeapName("heap", request.heap()); !s.ok()) {
+    return s;
+  }
   return InField("name", ValidateName(request.name()));
 }
 

@@ -2,17 +2,34 @@
 #ifndef HEAPD_DAEMON_UNIX_LISTENER_H_
 #define HEAPD_DAEMON_UNIX_LISTENER_H_
 
+#include <sys/types.h>
+
 #include <string>
 
 #include "absl/status/statusor.h"
 
 namespace heapd {
 
-// Binds and listens on `path` (replacing a stale socket there), with mode
-// 0666: any local user may connect; each call checks the caller itself.
-// Returns the listening fd (non-blocking, close-on-exec). INVALID_ARGUMENT
-// if the path is longer than a socket address holds (107 bytes).
-absl::StatusOr<int> ListenUnix(const std::string& path);
+// A socket ListenUnix bound. `fd` is handed to whoever accepts on it (it
+// closes it); the path stays named by the socket's inode until Remove.
+struct ListeningSocket {
+  int fd = -1;
+  std::string path;
+  dev_t device = 0;
+  ino_t inode = 0;
+
+  // Unlinks `path` if it still names this socket, and only then: a socket
+  // another process bound there since is left alone.
+  void Remove() const;
+};
+
+// Binds and listens on `path` with mode 0666: any local user may connect;
+// each call checks the caller itself. A socket left at `path` by a process
+// that is gone (nothing answers a connect) is replaced; FAILED_PRECONDITION
+// if a process answers there or the path is not a socket, which are left
+// untouched. The fd is non-blocking and close-on-exec. INVALID_ARGUMENT if
+// the path is longer than a socket address holds (107 bytes).
+absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path);
 
 // Accepts one connection (non-blocking, close-on-exec); -1 with errno set
 // if none is pending.

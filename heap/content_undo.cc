@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "allocator/size_class.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {

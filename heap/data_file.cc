@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "util/errno_status.h"
 
 #ifndef STATX_ATTR_DAX
 #define STATX_ATTR_DAX 0x00200000
@@ -29,27 +30,6 @@ const char* BackingKindName(BackingKind kind) {
       return "file";
   }
   return "file";
-}
-
-absl::Status ErrnoStatus(int err, const std::string& what) {
-  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-    case ENOMEM:
-      return absl::ResourceExhaustedError(message);
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EEXIST:
-      return absl::AlreadyExistsError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    default:
-      return absl::InternalError(message);
-  }
 }
 
 BackingKind DetectBacking(int fd) {

@@ -78,9 +78,6 @@ BackingKind DetectBacking(int fd);
 // Probes with two small temporary files it removes.
 bool ReflinkSupported(const std::string& dir);
 
-// Returns an error status for a failed system call: `what` and strerror(err).
-absl::Status ErrnoStatus(int err, const std::string& what);
-
 }  // namespace heapd
 
 #endif  // HEAPD_HEAP_DATA_FILE_H_

@@ -20,6 +20,7 @@
 #include "allocator/size_class.h"
 #include "allocator/slot_bitmap.h"
 #include "heap/fault_point.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {
@@ -166,6 +167,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
       DataFile::Open(absl::StrCat(dir, "/", kDataFile));
   if (!data.ok()) return data.status();
   const uint64_t log_bytes = (*store)->log_bytes();
+  const int64_t committed_unix_ns = (*store)->recovered_commit_unix_ns();
   std::unique_ptr<PersistentHeap> heap(new PersistentHeap(dir, recovered.state.config, options));
   heap->lock_fd_ = std::move(lock_fd);  // closing it releases the lock
   heap->data_ = *std::move(data);
@@ -175,6 +177,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
     return s;
   }
   heap->metadata_log_bytes_ = log_bytes;
+  heap->last_sync_unix_ns_ = committed_unix_ns;
   // Journals left by a heapd that tracked contents are recovered even when
   // this one does not (--track_contents turned off across a crash).
   const bool track = ContentRollbackNote(heap->data_->backing(), options.track_contents).empty();

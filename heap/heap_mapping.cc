@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "heap/data_file.h"
+#include "util/errno_status.h"
 
 #ifndef MAP_SHARED_VALIDATE
 #define MAP_SHARED_VALIDATE 0x03

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "heap/data_file.h"
 #include "heap/fault_point.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {
@@ -222,6 +223,10 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::st
   if (!state.ok()) return state.status();
   *recovered = *std::move(state);
   const size_t pos = log_bytes.size() - recovered->torn_bytes;
+  struct stat st;
+  if (stat(pos > 0 ? log_path.c_str() : checkpoint_path.c_str(), &st) == 0) {
+    store->recovered_commit_unix_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  }
 
   if (absl::Status s = store->OpenLog(/*create=*/false); !s.ok()) return s;
   if (recovered->torn_bytes > 0) {

@@ -88,6 +88,10 @@ class MetadataStore {
   bool CheckpointDue() const;
 
   uint64_t log_bytes() const { return log_bytes_; }
+  // When the epoch Open recovered was committed: the modification time of
+  // the file that holds it (the log if it has records, else the
+  // checkpoint), in Unix nanoseconds.
+  int64_t recovered_commit_unix_ns() const { return recovered_commit_unix_ns_; }
 
   // The bytes of the files of the last committed epoch, by file name
   // ("checkpoint", "log.G"): what a snapshot copies.
@@ -105,6 +109,7 @@ class MetadataStore {
   uint64_t log_bytes_ = 0;
   uint64_t checkpoint_bytes_ = 0;
   uint64_t checkpoint_log_bytes_ = kDefaultCheckpointLogBytes;
+  int64_t recovered_commit_unix_ns_ = 0;
 };
 
 // Writes `bytes` to `dir`/`name` via a temporary file, fsyncs it, renames it

@@ -19,8 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "heap/data_file.h"
 #include "snapshot/dir_files.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "heap/data_file.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {

@@ -23,6 +23,7 @@
 #include "snapshot/block_store.h"
 #include "snapshot/dir_files.h"
 #include "snapshot/file_copy.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 namespace {
@@ -33,6 +34,7 @@ constexpr char kManifestMessage = 'm';  // manifest.json's bytes
 constexpr char kMetadataMessage = 'f';  // file name, '\0', its bytes
 constexpr char kDataMessage = 'd';      // data size u64 [, copy method u8, bytes copied u64]
 constexpr char kListedMessage = 'l';    // snapshot name, '\0', its manifest.json
+constexpr char kSkippedMessage = 's';   // "NAME: why", an entry not listed
 constexpr char kCreatedMessage = 'c';   // copy method u8, bytes copied u64
 // A snapshot directory holds a handful of files; more is not a snapshot.
 constexpr size_t kMaxFilesInSnapshot = 64;
@@ -462,8 +464,8 @@ absl::StatusOr<SnapshotStore::Read> SnapshotStore::ReadSnapshot(const SnapshotCa
   return read;
 }
 
-absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
-    const SnapshotCaller& caller, const std::string& target_dir) {
+absl::StatusOr<v1::ListSnapshotsResponse> SnapshotStore::List(const SnapshotCaller& caller,
+                                                              const std::string& target_dir) {
   absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
       caller, target_dir, {},
       absl::StrCat("list snapshots in ", target_dir.empty() ? "heapd's directory" : target_dir),
@@ -473,10 +475,17 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
         for (const std::string& name : *names) {
           if (!ValidateHeapName(name, "snapshot").ok()) continue;
           absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, name);
-          if (!dir.ok()) continue;
           absl::StatusOr<std::string> json =
-              ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
-          if (!json.ok()) continue;
+              dir.ok() ? ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes) : dir.status();
+          if (!json.ok()) {
+            // Not a snapshot directory (no manifest) says nothing; one the
+            // caller cannot read is reported, not silently left out.
+            if (json.status().code() == absl::StatusCode::kNotFound) continue;
+            const std::string why =
+                absl::StrCat(std::string(1, kSkippedMessage), name, ": ", json.status().message());
+            if (absl::Status s = out.Send(why); !s.ok()) return s;
+            continue;
+          }
           std::string message = absl::StrCat(std::string(1, kListedMessage), name);
           message.push_back('\0');
           message += *json;
@@ -485,8 +494,15 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
         return absl::OkStatus();
       });
   if (!messages.ok()) return messages.status();
+  v1::ListSnapshotsResponse listing;
   std::vector<v1::SnapshotManifest> snapshots;
   for (const ChildMessage& message : *messages) {
+    if (!message.bytes.empty() && message.bytes[0] == kSkippedMessage) {
+      // Heapd's own directory holds other users' snapshots: not theirs to
+      // hear of.
+      if (!target_dir.empty()) listing.add_skipped(message.bytes.substr(1));
+      continue;
+    }
     std::string name;
     absl::string_view json;
     if (message.bytes.empty() || message.bytes[0] != kListedMessage ||
@@ -494,7 +510,16 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
       return Malformed("list snapshots");
     }
     absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(json, Where({target_dir, name}));
-    if (!manifest.ok() || manifest->name() != name) continue;  // damaged, or not a snapshot
+    if (manifest.ok() && manifest->name() != name) {
+      manifest =
+          absl::DataLossError(absl::StrCat("its manifest names snapshot ", manifest->name()));
+    }
+    if (!manifest.ok()) {
+      if (!target_dir.empty()) {
+        listing.add_skipped(absl::StrCat(name, ": ", manifest.status().message()));
+      }
+      continue;
+    }
     if (target_dir.empty() && !CheckOwnAccess(caller, *manifest, false).ok()) continue;
     snapshots.push_back(*std::move(manifest));
   }
@@ -502,7 +527,8 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> SnapshotStore::List(
             [](const v1::SnapshotManifest& a, const v1::SnapshotManifest& b) {
               return a.name() < b.name();
             });
-  return snapshots;
+  for (v1::SnapshotManifest& manifest : snapshots) *listing.add_snapshots() = std::move(manifest);
+  return listing;
 }
 
 absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Verify(const SnapshotCaller& caller,

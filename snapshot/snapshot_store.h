@@ -134,9 +134,12 @@ class SnapshotStore {
                                               const std::map<std::string, std::string>& labels);
 
   // The snapshots in `target_dir` the caller may see, by name. Entries
-  // that are not snapshots (or are damaged) are left out.
-  absl::StatusOr<std::vector<v1::SnapshotManifest>> List(const SnapshotCaller& caller,
-                                                         const std::string& target_dir);
+  // with no manifest are not snapshots and left out; in a caller's
+  // directory, those the caller cannot read or that are damaged are named
+  // in `skipped` (in heapd's own, other users' snapshots are not theirs to
+  // see).
+  absl::StatusOr<v1::ListSnapshotsResponse> List(const SnapshotCaller& caller,
+                                                 const std::string& target_dir);
 
   // Reads and checks every file of the snapshot, whose data may have at
   // most `max_bytes`. DATA_LOSS naming what is wrong; NOT_FOUND;

@@ -146,8 +146,9 @@ TEST_F(SnapshotStoreTest, ASnapshotOpensInPlaceAndRestoresAsTheHeapAtItsEpoch) {
 
     auto listed = store_->List(kRoot, target);
     ASSERT_TRUE(listed.ok()) << listed.status();
-    ASSERT_EQ(listed->size(), 1u);
-    EXPECT_EQ((*listed)[0].name(), "s1");
+    ASSERT_EQ(listed->snapshots_size(), 1) << listed->DebugString();
+    EXPECT_EQ(listed->snapshots(0).name(), "s1");
+    EXPECT_TRUE(listed->skipped().empty()) << listed->DebugString();
     ASSERT_TRUE(store_->Remove(kRoot, {target, "s1"}).ok());
     EXPECT_EQ(store_->Remove(kRoot, {target, "s1"}).code(), absl::StatusCode::kNotFound);
     EXPECT_EQ(Entries(target.empty() ? dir_.Sub("state/snapshots") : target), 0u);
@@ -253,10 +254,11 @@ TEST_F(SnapshotStoreTest, ACallersDirectoryIsWorkedInWithTheCallersRights) {
   EXPECT_EQ(store_->Verify(other, {"", "mine"}, kMaxHeapBytes).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store_->Remove(other, {"", "mine"}).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(store_->List(other, "")->empty());
+  EXPECT_TRUE(store_->List(other, "")->snapshots().empty());
+  EXPECT_TRUE(store_->List(other, "")->skipped().empty());  // not even named
   const SnapshotCaller owner{{4242, 4242, {}}, false, {}};  // the source heap's owner
   EXPECT_TRUE(store_->Verify(owner, {"", "mine"}, kMaxHeapBytes).ok());
-  EXPECT_EQ(store_->List(owner, "")->size(), 1u);
+  EXPECT_EQ(store_->List(owner, "")->snapshots_size(), 1);
   EXPECT_TRUE(store_->Remove(owner, {"", "mine"}).ok());
 }
 
@@ -301,7 +303,7 @@ TEST_F(SnapshotStoreTest, AKilledSnapshotLeavesNoSnapshot) {
           store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).ok());  // it had finished: whole
       std::filesystem::remove_all(target + "/s");
     }
-    EXPECT_TRUE(store_->List(kRoot, target)->empty());
+    EXPECT_TRUE(store_->List(kRoot, target)->snapshots().empty());
   }
   EXPECT_EQ(ReadAll(dir_.Sub("state/heaps/h/data")), before);
   ASSERT_TRUE(Create(kRoot, {target, "s"}).ok());

@@ -24,6 +24,7 @@
 #include "snapshot/dir_files.h"
 #include "snapshot/snapshot_format.h"
 #include "snapshot/version_store.h"
+#include "util/errno_status.h"
 #include "util/run_workers.h"
 
 namespace heapd {
@@ -123,7 +124,8 @@ absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std:
   for (const PartRef& part : matching) names.push_back(absl::StrCat(part.node, "/", part.heap));
   return absl::FailedPreconditionError(absl::StrCat(Describe(which), " has ", matching.size(),
                                                     " parts (", absl::StrJoin(names, ", "),
-                                                    "); name one by its node and heap"));
+                                                    "); name one with --from_node=NODE and "
+                                                    "--from_heap=HEAP (from_node, from_heap)"));
 }
 
 }  // namespace
@@ -643,12 +645,14 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
   return verified;
 }
 
-absl::StatusOr<size_t> StoreSnapshots::Remove(const SnapshotCaller& caller,
-                                              const PartSelector& which) {
+absl::StatusOr<StoreSnapshots::Removed> StoreSnapshots::Remove(const SnapshotCaller& caller,
+                                                               const PartSelector& which) {
   absl::StatusOr<std::vector<PartRef>> removed =
       ForEachPart(caller, which, absl::StrCat("remove ", Describe(which)), RemovePart);
   if (!removed.ok()) return removed.status();
-  return removed->size();
+  absl::StatusOr<std::vector<PartRef>> left = Parts(caller, {which.store_dir, which.name, "", ""});
+  if (!left.ok() && left.status().code() != absl::StatusCode::kNotFound) return left.status();
+  return Removed{*std::move(removed), left.ok() ? left->size() : 0};
 }
 
 absl::StatusOr<std::unique_ptr<RestoredHeapDir>> StoreSnapshots::Restore(

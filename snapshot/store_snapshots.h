@@ -93,9 +93,14 @@ class StoreSnapshots {
   absl::StatusOr<std::vector<v1::SnapshotManifest>> Verify(const SnapshotCaller& caller,
                                                            const PartSelector& which);
 
-  // Removes the selected parts (their blocks stay until gc). NOT_FOUND if
-  // none matched.
-  absl::StatusOr<size_t> Remove(const SnapshotCaller& caller, const PartSelector& which);
+  // Removes the selected parts (their blocks stay until gc) and returns
+  // them, with the parts of the version that stay. NOT_FOUND if none
+  // matched.
+  struct Removed {
+    std::vector<PartRef> parts;
+    size_t remaining = 0;
+  };
+  absl::StatusOr<Removed> Remove(const SnapshotCaller& caller, const PartSelector& which);
 
   // A heap directory built from one part, as SnapshotStore::Restore. The
   // part: `which` names it, or the version has one, or one of this node.

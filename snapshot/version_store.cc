@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "allocator/size_class.h"
-#include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "snapshot/dir_files.h"
+#include "util/errno_status.h"
 #include "util/run_workers.h"
 
 namespace heapd {
@@ -181,8 +181,11 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     return absl::InvalidArgumentError(absl::StrCat("a block size of ", source.block_bytes));
   }
   const std::string recipe_name = part.heap + kRecipeSuffix;
-  if (ReadRecipeFile(root, part, /*header_only=*/true).status().code() !=
-      absl::StatusCode::kNotFound) {
+  // A recipe there, even one that does not read back, is a part that
+  // exists; a store the caller may not read is said as such.
+  if (absl::Status existing = ReadRecipeFile(root, part, /*header_only=*/true).status();
+      existing.code() != absl::StatusCode::kNotFound) {
+    if (existing.code() == absl::StatusCode::kPermissionDenied) return existing;
     return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
   }
   // A recipe readers would refuse is refused now, before any work.

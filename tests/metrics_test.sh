@@ -47,6 +47,15 @@ expect_value() {  # expect_value METRIC EXPECTED
   [ "$got" = "$2" ] || fail "$1 is '$got', expected $2"
 }
 
+# Before any call: the store series exist at 0 (alerts and dashboards read
+# them), and no name means two things (capacity was the maximum here and
+# the reserved bytes in heapctl's JSON).
+scrape >"$DIR/metrics.txt"
+expect_value 'heapd_store_snapshots_total{outcome="ok"}' 0
+expect_value 'heapd_store_restores_total{outcome="failed"}' 0
+expect_value 'heapd_store_snapshot_bytes_total{kind="stored"}' 0
+grep -q 'heapd_heap_capacity_bytes' "$DIR/metrics.txt" && fail "heapd_heap_capacity_bytes is exposed"
+
 # What the test does, to be seen in the metrics:
 "$WORKER" "$S" h alloc 1 3000 >/dev/null || fail "alloc worker"                 # attach 1
 "$WORKER" "$S" h free-half 1 | grep -q "double free: INVALID_ARGUMENT" ||        # attach 2
@@ -82,7 +91,9 @@ expect_value 'heapd_rpc_calls_total{code="INVALID_ARGUMENT",method="Free"}' 1
 expect_value 'heapd_frees_rejected_total{code="INVALID_ARGUMENT"}' 1
 expect_value 'heapd_sessions_reclaimed_total{reason="connection_closed"}' 1
 expect_value 'heapd_heap_names{heap="h"}' 3   # worker-1, pre-2, pre-3
-expect_value 'heapd_build_info{version="0.3.0"}' 1
+version=$("$HEAPCTL" --version | awk '{print $2}')
+[ "$("$HEAPD" --version)" = "heapd $version" ] || fail "heapd and heapctl differ in version"
+expect_value "heapd_build_info{version=\"$version\"}" 1
 expect_value 'heapd_snapshots_total{outcome="ok"}' 1
 expect_value 'heapd_snapshots_total{outcome="failed"}' 1
 expect_value 'heapd_store_snapshots_total{outcome="ok"}' 1
@@ -97,7 +108,7 @@ for _ in $(seq 400); do
   scrape >"$DIR/metrics.txt"
 done
 for pair in live_objects:heapd_heap_live_objects allocated_bytes:heapd_heap_allocated_bytes \
-            capacity_bytes:heapd_heap_reserved_bytes max_size:heapd_heap_capacity_bytes; do
+            capacity_bytes:heapd_heap_reserved_bytes max_size:heapd_heap_max_size_bytes; do
   field=${pair%%:*}
   want=$(echo "$stat" | grep -m1 "\"$field\"" | tr -dc '0-9')
   expect_value "${pair#*:}{heap=\"h\"}" "$want"

@@ -229,7 +229,7 @@ TEST_F(RpcValidationTest, AllocationCallsRejectBadInputAndChangeNothing) {
   v1::RemoveHeapRequest remove;
   remove.set_heap("h");
   ExpectError(Call(&v1::Heapd::Stub::RemoveHeap, remove), StatusCode::kFailedPrecondition,
-              "clients attached");
+              "has 1 client attached; detach it first");
 }
 
 // A sync's earlier parts are checked and held: they change nothing until

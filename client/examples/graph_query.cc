@@ -9,10 +9,11 @@
 #include <unordered_set>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "client/client.h"
 #include "client/examples/graph.h"
 #include "client/heap.h"
+#include "protocol/version.h"
+#include "util/program_flags.h"
 
 ABSL_FLAG(std::string, socket, "", "heapd's socket (default: $HEAPD_SOCKET or heapd's default)");
 ABSL_FLAG(std::string, heap, "graph", "heap to attach");
@@ -22,7 +23,22 @@ ABSL_FLAG(std::string, snapshot, "", "query this snapshot in place instead of th
 ABSL_FLAG(std::string, snapshot_dir, "", "where --snapshot is (default: heapd's directory)");
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = heapd::ParseProgramFlags(
+      argc, argv,
+      "graph_query: finds the graph graph_ingest built and queries it, read-only\n"
+      "usage: graph_query [--socket=PATH] [--heap=graph] [--name=graph] [--vertex=0]\n"
+      "                   [--snapshot=NAME [--snapshot_dir=DIR]]",
+      heapd::kHeapdVersion);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "graph_query: takes flags only, not '%s' (see --help)\n", positional[1]);
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_snapshot_dir).empty() && absl::GetFlag(FLAGS_snapshot).empty()) {
+    std::fprintf(stderr,
+                 "graph_query: --snapshot_dir says where --snapshot is; name the "
+                 "snapshot with --snapshot=NAME\n");
+    return 2;
+  }
   const auto start = std::chrono::steady_clock::now();
   auto client = heapd::Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!client.ok()) {
@@ -74,5 +90,13 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(g.edges), static_cast<unsigned long long>(max_degree),
       static_cast<unsigned long long>(max_vertex), static_cast<unsigned long long>(root),
       two_hop.size());
-  return edges == g.edges ? 0 : 1;
+  if (edges != g.edges) {
+    std::fprintf(stderr,
+                 "graph_query: graph '%s' holds %llu edges but records %llu: its ingest did not "
+                 "finish\n",
+                 absl::GetFlag(FLAGS_name).c_str(), static_cast<unsigned long long>(edges),
+                 static_cast<unsigned long long>(g.edges));
+    return 1;
+  }
+  return 0;
 }
