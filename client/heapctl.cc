@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
@@ -100,14 +101,18 @@ absl::Status WithProgress(const Call& call, const std::string& what,
     done = true;
   });
   const auto start = std::chrono::steady_clock::now();
+  bool shown = false;
   while (!done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!done && seconds >= 1) std::fprintf(stderr, "\r%s: %.0f s", what.c_str(), seconds);
+    if (!done && seconds >= 1) {
+      std::fprintf(stderr, "\r%s: %.0f s", what.c_str(), seconds);
+      shown = true;
+    }
   }
   worker.join();
-  std::fprintf(stderr, "\r\033[K");
+  if (shown) std::fprintf(stderr, "\r\033[K");  // the line goes; the answer follows
   return FromGrpc(status);
 }
 
@@ -280,13 +285,7 @@ int NamesRm(const Call& call) {
 
 int ClientsLs(const Call& call) {
   v1::ListClientsRequest request;
-  const std::string heap = call.args.operands.empty() ? "" : call.operand(0);
-  if (!heap.empty() && call.args.Has("heap") && call.args.String("heap") != heap) {
-    std::fprintf(stderr, "heapctl: clients ls: HEAP %s and --heap=%s differ\n%s\n", heap.c_str(),
-                 call.args.String("heap").c_str(), HeapctlUsage(call.args.command).c_str());
-    return 2;
-  }
-  request.set_heap(heap.empty() ? call.args.String("heap") : heap);
+  if (!call.args.operands.empty()) request.set_heap(call.operand(0));
   v1::ListClientsResponse response;
   grpc::ClientContext context;
   if (absl::Status s = FromGrpc(call.stub.ListClients(&context, request, &response)); !s.ok()) {
@@ -350,7 +349,8 @@ int SnapshotLs(const Call& call) {
   }
   if (call.json) return PrintJson(response);
   for (const std::string& skipped : response.skipped()) {
-    std::fprintf(stderr, "heapctl: not listed: %s\n", skipped.c_str());
+    // Quotes what a manifest says: shown escaped, never as terminal codes.
+    std::fprintf(stderr, "heapctl: not listed: %s\n", absl::CHexEscape(skipped).c_str());
   }
   if (call.args.Bool("quiet")) {
     for (const v1::SnapshotManifest& m : response.snapshots()) {
@@ -499,18 +499,38 @@ int SnapshotDu(const Call& call) {
   return 0;
 }
 
-// Each command of HeapctlCommands() and the function that runs it.
-const std::vector<std::pair<const char*, int (*)(const Call&)>>& Runners() {
-  static const auto* runners = new std::vector<std::pair<const char*, int (*)(const Call&)>>{
-      {"heap create", HeapCreate}, {"heap ls", HeapLs},
-      {"heap stat", HeapStat},     {"heap rm", HeapRm},
-      {"names ls", NamesLs},       {"names rm", NamesRm},
-      {"clients ls", ClientsLs},   {"snapshot create", SnapshotCreate},
-      {"snapshot ls", SnapshotLs}, {"snapshot verify", SnapshotVerify},
-      {"snapshot rm", SnapshotRm}, {"snapshot restore", SnapshotRestore},
-      {"snapshot gc", SnapshotGc}, {"snapshot du", SnapshotDu},
-  };
-  return *runners;
+int RunCommand(const Call& call) {
+  switch (call.args.command->id) {
+    case Command::kHeapCreate:
+      return HeapCreate(call);
+    case Command::kHeapLs:
+      return HeapLs(call);
+    case Command::kHeapStat:
+      return HeapStat(call);
+    case Command::kHeapRm:
+      return HeapRm(call);
+    case Command::kNamesLs:
+      return NamesLs(call);
+    case Command::kNamesRm:
+      return NamesRm(call);
+    case Command::kClientsLs:
+      return ClientsLs(call);
+    case Command::kSnapshotCreate:
+      return SnapshotCreate(call);
+    case Command::kSnapshotLs:
+      return SnapshotLs(call);
+    case Command::kSnapshotVerify:
+      return SnapshotVerify(call);
+    case Command::kSnapshotRm:
+      return SnapshotRm(call);
+    case Command::kSnapshotRestore:
+      return SnapshotRestore(call);
+    case Command::kSnapshotGc:
+      return SnapshotGc(call);
+    case Command::kSnapshotDu:
+      return SnapshotDu(call);
+  }
+  return Fail(absl::InternalError("no such command"));
 }
 
 int Run(const std::vector<std::string>& args) {
@@ -531,11 +551,7 @@ int Run(const std::vector<std::string>& args) {
   }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(invocation.String("socket"));
   if (!client.ok()) return Fail(client.status());
-  const Call call{invocation, (*client)->stub(), invocation.Bool("json")};
-  for (const auto& [name, run] : Runners()) {
-    if (absl::string_view(name) == invocation.command->name) return run(call);
-  }
-  return Fail(absl::InternalError(absl::StrCat("no runner for ", invocation.command->name)));
+  return RunCommand(Call{invocation, (*client)->stub(), invocation.Bool("json")});
 }
 
 }  // namespace

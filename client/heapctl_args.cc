@@ -29,6 +29,16 @@ bool Takes(const CommandSpec& command, absl::string_view flag) {
                      [flag](const char* f) { return flag == f; });
 }
 
+// The octal number `digits` spells; more than 0777 for anything else.
+uint64_t ParseOctal(absl::string_view digits) {
+  uint64_t value = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '7' || value > 0777) return 01000;
+    value = value * 8 + static_cast<uint64_t>(c - '0');
+  }
+  return value;
+}
+
 // The value of `flag` checked for its kind; empty if it is fine.
 std::string CheckValue(const FlagSpec& flag, const std::string& value) {
   const std::string given = absl::StrCat("--", flag.name, "=", value);
@@ -47,10 +57,8 @@ std::string CheckValue(const FlagSpec& flag, const std::string& value) {
       return "";
     }
     case FlagKind::kMode: {
-      uint32_t mode = 0;
-      if (value.empty() || value.size() > 4 ||
-          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '7'; }) ||
-          !absl::numbers_internal::safe_strtou32_base(value, &mode, 8) || mode > 0777) {
+      const uint64_t mode = ParseOctal(value);
+      if (value.empty() || value.size() > 4 || mode > 0777) {
         return given + ": octal permission bits up to 0777, e.g. 0640";
       }
       if (mode == 0) {
@@ -113,56 +121,112 @@ const std::vector<const char*>& GlobalFlags() {
 
 const std::vector<CommandSpec>& HeapctlCommands() {
   static const auto* commands = new std::vector<CommandSpec>{
-      {"heap create", "NAME", 1, 1, {"max_size", "mode"}, {}, "create a heap"},
-      {"heap ls", "", 0, 0, {"owner", "quiet"}, {}, "list the heaps"},
-      {"heap stat", "NAME", 1, 1, {}, {}, "a heap's usage, chunks, size classes and clients"},
-      {"heap rm", "NAME", 1, 1, {}, {}, "remove a heap (it must have no clients)"},
-      {"names ls", "HEAP", 1, 1, {"prefix"}, {}, "the names bound in a heap, with type and size"},
-      {"names rm",
+      {Command::kHeapCreate,
+       "heap create",
+       "NAME",
+       1,
+       1,
+       {"max_size", "mode"},
+       {},
+       "create a heap"},
+      {Command::kHeapLs, "heap ls", "", 0, 0, {"owner", "quiet"}, {}, "list the heaps"},
+      {Command::kHeapStat,
+       "heap stat",
+       "NAME",
+       1,
+       1,
+       {},
+       {},
+       "a heap's usage, chunks, size classes and clients"},
+      {Command::kHeapRm,
+       "heap rm",
+       "NAME",
+       1,
+       1,
+       {},
+       {},
+       "remove a heap (it must have no clients)"},
+      {Command::kNamesLs,
+       "names ls",
+       "HEAP",
+       1,
+       1,
+       {"prefix"},
+       {},
+       "the names bound in a heap, with type and size"},
+      {Command::kNamesRm,
+       "names rm",
        "HEAP NAME",
        2,
        2,
        {},
        {},
        "unbind a name (the object stays allocated), persisted at once"},
-      {"clients ls", "[HEAP]", 0, 1, {"heap"}, {}, "the sessions attached (to one heap)"},
-      {"snapshot create",
+      {Command::kClientsLs,
+       "clients ls",
+       "[HEAP]",
+       0,
+       1,
+       {"heap"},
+       {},
+       "the sessions attached (to one heap)",
+       "heap"},
+      {Command::kSnapshotCreate,
+       "snapshot create",
        "HEAP NAME",
        2,
        2,
        {"to", "store", "label", "wait_ms"},
        {},
        "snapshot a heap at its last sync: a directory snapshot, or a store version's part"},
-      {"snapshot ls", "", 0, 0, {"to", "store", "quiet"}, {}, "list snapshots or store versions"},
-      {"snapshot verify",
+      {Command::kSnapshotLs,
+       "snapshot ls",
+       "",
+       0,
+       0,
+       {"to", "store", "quiet"},
+       {},
+       "list snapshots or store versions"},
+      {Command::kSnapshotVerify,
+       "snapshot verify",
        "NAME",
        1,
        1,
        {"to", "store", "from_node", "from_heap"},
        {},
        "check a snapshot or store version whole"},
-      {"snapshot rm",
+      {Command::kSnapshotRm,
+       "snapshot rm",
        "NAME",
        1,
        1,
        {"to", "store", "from_node", "from_heap"},
        {},
        "remove a snapshot, or parts of a store version"},
-      {"snapshot restore",
+      {Command::kSnapshotRestore,
+       "snapshot restore",
        "NAME",
        1,
        1,
        {"to", "store", "from_node", "from_heap", "heap", "replace", "keep_owner"},
        {},
        "make a heap from a snapshot or a store version's part"},
-      {"snapshot gc",
+      {Command::kSnapshotGc,
+       "snapshot gc",
        "",
        0,
        0,
        {"store", "grace_s", "dry_run"},
        {"store"},
        "remove a store's blocks no version names"},
-      {"snapshot du", "", 0, 0, {"store"}, {"store"}, "what each part of a store takes"},
+      {Command::kSnapshotDu,
+       "snapshot du",
+       "",
+       0,
+       0,
+       {"store"},
+       {"store"},
+       "what each part of a store takes"},
   };
   return *commands;
 }
@@ -183,8 +247,7 @@ uint64_t Invocation::Number(const std::string& flag) const {
     case FlagKind::kSize:
       return ParseByteSize(value).value_or(0);
     case FlagKind::kMode:
-      (void)absl::numbers_internal::safe_strtou64_base(value, &number, 8);
-      return number;
+      return ParseOctal(value);
     default:
       (void)absl::SimpleAtoi(value, &number);
       return number;
@@ -200,7 +263,7 @@ bool ParseHeapctlArgs(absl::Span<const std::string> args, Invocation* invocation
   };
   std::vector<std::string> words;
   bool flags_ended = false;
-  // A flag's wrong value is reported once the command is known, with its
+  // A wrong flag or value is reported once the command is known, with its
   // usage.
   std::string wrong_value;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -218,7 +281,11 @@ bool ParseHeapctlArgs(absl::Span<const std::string> args, Invocation* invocation
     std::string name = body.substr(0, equals);
     if (name == "h") name = "help";
     const FlagSpec* flag = FindFlag(name);
-    if (flag == nullptr) return fail(absl::StrCat("unknown flag ", arg.substr(0, arg.find('='))));
+    if (flag == nullptr) {
+      if (wrong_value.empty())
+        wrong_value = absl::StrCat("unknown flag ", arg.substr(0, arg.find('=')));
+      continue;
+    }
     std::string value;
     if (equals != std::string::npos) {
       value = body.substr(equals + 1);
@@ -227,7 +294,10 @@ bool ParseHeapctlArgs(absl::Span<const std::string> args, Invocation* invocation
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
-      return fail(absl::StrCat("--", name, " needs a value (--", name, "=", flag->value, ")"));
+      if (wrong_value.empty()) {
+        wrong_value = absl::StrCat("--", name, " needs a value (--", name, "=", flag->value, ")");
+      }
+      continue;
     }
     if (std::string wrong = CheckValue(*flag, value); !wrong.empty() && wrong_value.empty()) {
       wrong_value = wrong;
@@ -273,6 +343,14 @@ bool ParseHeapctlArgs(absl::Span<const std::string> args, Invocation* invocation
     if (!IsGlobal(flag) && !Takes(*command, flag)) {
       return fail(absl::StrCat("--", flag, " does not apply to '", command->name, "'"), command);
     }
+  }
+  if (command->operand_flag != nullptr && invocation->Has(command->operand_flag)) {
+    if (!invocation->operands.empty()) {
+      return fail(
+          absl::StrCat("give ", command->operands, " or --", command->operand_flag, ", not both"),
+          command);
+    }
+    invocation->operands.push_back(invocation->String(command->operand_flag));
   }
   for (const char* flag : command->required_flags) {
     if (!invocation->Has(flag)) {

@@ -34,7 +34,27 @@ struct FlagSpec {
   const char* help;
 };
 
+// Every command; heapctl.cc switches over them (-Werror=switch: a command
+// without a function does not build).
+enum class Command {
+  kHeapCreate,
+  kHeapLs,
+  kHeapStat,
+  kHeapRm,
+  kNamesLs,
+  kNamesRm,
+  kClientsLs,
+  kSnapshotCreate,
+  kSnapshotLs,
+  kSnapshotVerify,
+  kSnapshotRm,
+  kSnapshotRestore,
+  kSnapshotGc,
+  kSnapshotDu,
+};
+
 struct CommandSpec {
+  Command id;
   const char* name;      // "heap create"
   const char* operands;  // as shown in usage: "NAME", "HEAP NAME", "[HEAP]"
   size_t min_operands;
@@ -42,6 +62,9 @@ struct CommandSpec {
   std::vector<const char*> flags;           // the flags it takes, besides the global ones
   std::vector<const char*> required_flags;  // of those, the ones it cannot do without
   const char* summary;
+  // A flag that may give the optional operand instead (clients ls --heap);
+  // giving both is a usage error. Null: none.
+  const char* operand_flag = nullptr;
 };
 
 // Every flag heapctl knows; the global ones apply to every command.

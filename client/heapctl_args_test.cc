@@ -1,5 +1,6 @@
 #include "client/heapctl_args.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -109,12 +110,31 @@ TEST(HeapctlArgsTest, HelpAndVersionNeedNoCommand) {
 
 TEST(HeapctlArgsTest, EveryCommandsFlagsAreKnown) {
   for (const CommandSpec& command : HeapctlCommands()) {
-    std::string usage = HeapctlUsage(&command);
     for (const char* flag : command.flags) {
-      EXPECT_NE(usage.find(std::string("--") + flag), std::string::npos) << command.name;
+      const bool known =
+          std::any_of(HeapctlFlags().begin(), HeapctlFlags().end(),
+                      [flag](const FlagSpec& f) { return std::string(f.name) == flag; });
+      ASSERT_TRUE(known) << command.name << " takes an unknown flag --" << flag;
+      EXPECT_NE(HeapctlUsage(&command).find(std::string("--") + flag), std::string::npos)
+          << command.name;
     }
     EXPECT_LE(command.min_operands, command.max_operands) << command.name;
   }
+}
+
+TEST(HeapctlArgsTest, AFlagMayGiveTheOperandButNotBoth) {
+  Invocation in;
+  ASSERT_EQ(Parse({"clients", "ls", "--heap=g"}, &in), "");
+  EXPECT_EQ(in.operands, std::vector<std::string>{"g"});
+  EXPECT_EQ(ErrorOf({"clients", "ls", "g", "--heap=h"}), "give [HEAP] or --heap, not both");
+}
+
+TEST(HeapctlArgsTest, AWrongFlagComesWithItsCommandsUsage) {
+  std::string command;
+  EXPECT_EQ(ErrorOf({"heap", "ls", "--frob"}, &command), "unknown flag --frob");
+  EXPECT_EQ(command, "heap ls");
+  EXPECT_EQ(ErrorOf({"--frob"}, &command), "unknown flag --frob");
+  EXPECT_EQ(command, "");
 }
 
 }  // namespace

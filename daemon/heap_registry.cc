@@ -17,26 +17,13 @@
 #include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
 #include "util/errno_status.h"
+#include "util/own_directory.h"
 
 namespace heapd {
 namespace {
 
 // Creates `dir` (mode 0700) if missing; refuses a directory another user
 // owns or may write, where someone else could plant or swap heaps.
-absl::Status EnsurePrivateDirectory(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return ErrnoStatus(errno, absl::StrCat("create ", dir));
-  }
-  struct stat st;
-  if (lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", dir));
-  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, " must be a directory of uid ", geteuid(), " that no one else may write (it is uid ",
-        st.st_uid, ", mode 0", absl::StrFormat("%o", st.st_mode & 07777), ")"));
-  }
-  return absl::OkStatus();
-}
-
 std::string RandomHex() {
   uint64_t random = 0;
   while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
@@ -67,9 +54,13 @@ HeapRegistry::Reservation::Reservation(Reservation&& other) noexcept
 absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir,
                                                                  HeapOptions options,
                                                                  UserLimits limits) {
-  if (absl::Status s = EnsurePrivateDirectory(state_dir); !s.ok()) return s;
+  if (absl::Status s = MakeOwnDirectory(state_dir, 0700, "state directory").status(); !s.ok()) {
+    return s;
+  }
   const std::string heaps_dir = absl::StrCat(state_dir, "/heaps");
-  if (absl::Status s = EnsurePrivateDirectory(heaps_dir); !s.ok()) return s;
+  if (absl::Status s = MakeOwnDirectory(heaps_dir, 0700, "heaps directory").status(); !s.ok()) {
+    return s;
+  }
   std::unique_ptr<HeapRegistry> registry(new HeapRegistry(heaps_dir, options, limits));
   absl::MutexLock lock(&registry->mu_);
   std::error_code error;

@@ -50,6 +50,8 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "util/byte_size.h"
+#include "util/errno_status.h"
+#include "util/own_directory.h"
 #include "util/program_flags.h"
 
 ABSL_FLAG(std::string, state_dir, "",
@@ -199,16 +201,9 @@ absl::Status PrepareRuntimeDir(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) return absl::InternalError(absl::StrCat("create ", dir, ": ", error.message()));
-  struct stat st;
-  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
-      (st.st_mode & 022) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("runtime directory ", dir,
-                                                      " must be a directory of uid ", geteuid(),
-                                                      " that no one else may write"));
-  }
-  if (chmod(dir.c_str(), 0755) != 0) {
-    return absl::InternalError(absl::StrCat("chmod ", dir, ": ", std::strerror(errno)));
-  }
+  absl::StatusOr<UniqueFd> fd = OpenOwnDirectory(dir, "--runtime_dir");
+  if (!fd.ok()) return fd.status();
+  if (fchmod(fd->get(), 0755) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", dir));
   return absl::OkStatus();
 }
 
@@ -249,7 +244,6 @@ int Run() {
   }
   const UserLimits limits = LimitsFromFlags();
   RaiseDescriptorLimit();
-  SetOomScore(absl::GetFlag(FLAGS_oom_score_adj));
   absl::StatusOr<std::optional<uint32_t>> admin_gid =
       ResolveGroup(absl::GetFlag(FLAGS_admin_group));
   if (!admin_gid.ok()) {
@@ -263,17 +257,43 @@ int Run() {
   // Before anything in either directory is touched: its sockets, its heaps.
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
-  if (mkdir(state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    spdlog::critical("create {}: {}", state_dir, std::strerror(errno));
+  if (absl::Status s = MakeOwnDirectory(state_dir, 0700, "--state_dir").status(); !s.ok()) {
+    spdlog::critical("{}", s.ToString());
     return 1;
   }
-  absl::StatusOr<InstanceLock> runtime_lock = InstanceLock::Take(runtime_dir);
+  absl::StatusOr<InstanceLock> runtime_lock = InstanceLock::Take(runtime_dir, "--runtime_dir");
   absl::StatusOr<InstanceLock> state_lock =
-      runtime_lock.ok() ? InstanceLock::Take(state_dir) : runtime_lock.status();
+      runtime_lock.ok() ? InstanceLock::Take(state_dir, "--state_dir") : runtime_lock.status();
   if (!state_lock.ok()) {
     spdlog::critical("{}", std::string(state_lock.status().message()));
     return 1;
   }
+  for (const InstanceLock* lock : {&*runtime_lock, &*state_lock}) {
+    if (!lock->warning().empty()) spdlog::warn("{}", lock->warning());
+  }
+  SetOomScore(absl::GetFlag(FLAGS_oom_score_adj));
+  // The sockets next, before any heap opens: one that a process (a heapd
+  // from before these locks) answers on stops this heapd before it touches
+  // a heap. Connections made from here wait until the service starts.
+  const std::string grpc_path = runtime_dir + "/" + kGrpcSocketName;
+  const std::string fd_path = runtime_dir + "/" + kFdSocketName;
+  absl::StatusOr<ListeningSocket> grpc_socket = ListenUnix(grpc_path);
+  if (!grpc_socket.ok()) {
+    spdlog::critical("{}", grpc_socket.status().ToString());
+    return 1;
+  }
+  absl::StatusOr<ListeningSocket> fd_socket = ListenUnix(fd_path);
+  if (!fd_socket.ok()) {
+    close(grpc_socket->fd);
+    grpc_socket->Remove();
+    spdlog::critical("{}", fd_socket.status().ToString());
+    return 1;
+  }
+  // Only sockets this heapd bound are removed, however it ends from here.
+  absl::Cleanup remove_sockets = [&] {
+    grpc_socket->Remove();
+    fd_socket->Remove();
+  };
 
   // Signals are taken by sigwait below; threads started from here on
   // inherit the mask.
@@ -326,25 +346,6 @@ int Run() {
     spdlog::critical("{} (--node_name, --store_block_bytes)", versions.status().ToString());
     return 1;
   }
-  const std::string grpc_path = runtime_dir + "/" + kGrpcSocketName;
-  const std::string fd_path = runtime_dir + "/" + kFdSocketName;
-  absl::StatusOr<ListeningSocket> grpc_socket = ListenUnix(grpc_path);
-  if (!grpc_socket.ok()) {
-    spdlog::critical("{}", grpc_socket.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<ListeningSocket> fd_socket = ListenUnix(fd_path);
-  if (!fd_socket.ok()) {
-    close(grpc_socket->fd);
-    grpc_socket->Remove();
-    spdlog::critical("{}", fd_socket.status().ToString());
-    return 1;
-  }
-  // Only sockets this heapd bound are removed, however it ends from here.
-  absl::Cleanup remove_sockets = [&] {
-    grpc_socket->Remove();
-    fd_socket->Remove();
-  };
   Metrics metrics;
   Sessions sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)), limits.sessions,
                     &metrics);

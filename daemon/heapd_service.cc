@@ -516,7 +516,9 @@ grpc::Status HeapdService::Unbind(grpc::ServerContext* context, const v1::Unbind
 absl::StatusOr<NameEntry> HeapdService::UnbindAndPersist(const std::string& heap,
                                                          const Caller& caller,
                                                          const std::string& name) {
-  absl::StatusOr<std::shared_ptr<ServedHeap>> served = HeapFor(heap, caller, Access::kWrite);
+  // An admin's repair, or a writer's: as RemoveHeap, admins may.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> served =
+      IsAdmin(caller) ? heaps_->Get(heap) : HeapFor(heap, caller, Access::kWrite);
   if (!served.ok()) return served.status();
   absl::StatusOr<NameEntry> entry = (*served)->heap->Unbind(name);
   if (!entry.ok()) {
@@ -524,7 +526,13 @@ absl::StatusOr<NameEntry> HeapdService::UnbindAndPersist(const std::string& heap
                         absl::StrCat("heap ", heap, ": ", entry.status().message()));
   }
   absl::StatusOr<SyncResult> synced = (*served)->heap->Sync(/*client=*/0, {});
-  if (!synced.ok()) return synced.status();
+  if (!synced.ok()) {
+    return absl::Status(synced.status().code(),
+                        absl::StrCat("name '", name, "' of heap ", heap,
+                                     " is unbound but not persisted (the next sync of the heap "
+                                     "persists it): ",
+                                     synced.status().message()));
+  }
   spdlog::info("name {} of heap {} unbound by {} (epoch {})", name, heap, caller.ToString(),
                synced->epoch);
   return entry;

@@ -299,12 +299,14 @@ absl::Status CheckMetricsAddress(const std::string& address) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
+  // Only a name the resolver knows is wrong; a resolver that cannot answer
+  // now (no network yet at boot) is left to the retries.
   const int resolved = getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (resolved != 0) {
+  if (resolved == 0) freeaddrinfo(found);
+  if (resolved == EAI_NONAME) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics_address=", address, ": host '", host,
                                                    "' does not resolve: ", gai_strerror(resolved)));
   }
-  freeaddrinfo(found);
   return absl::OkStatus();
 }
 

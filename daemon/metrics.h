@@ -98,9 +98,10 @@ class Metrics {
 std::string MetricsBindAddress(const std::string& address);
 
 // OK if the flag value `address` is HOST:PORT or :PORT with a port number
-// and a host that resolves; INVALID_ARGUMENT saying what is wrong. (A port
-// another process holds is not checked: heapd serves without metrics and
-// tries it again, so no local user can keep heapd down by taking it.)
+// and a host the resolver does not refuse outright; INVALID_ARGUMENT saying
+// what is wrong. (A port another process holds, or a resolver that cannot
+// answer yet, is not an error: heapd serves without metrics and tries again,
+// so no local user and no late network keeps heapd down.)
 absl::Status CheckMetricsAddress(const std::string& address);
 
 }  // namespace heapd

@@ -140,7 +140,10 @@ bool Model(const v1::BindRequest& r) {
   return r.session() != 0 && NameOk(r.name()) && NameOk(r.type_name()) && r.size() != 0;
 }
 bool Model(const v1::LookupRequest& r) { return HeapNameOk(r.heap()) && NameOk(r.name()); }
-bool Model(const v1::UnbindRequest& r) { return r.session() != 0 && NameOk(r.name()); }
+bool Model(const v1::UnbindRequest& r) {
+  return (r.heap().empty() ? r.session() != 0 : r.session() == 0 && HeapNameOk(r.heap())) &&
+         NameOk(r.name());
+}
 bool Model(const v1::ListNamesRequest& r) { return HeapNameOk(r.heap()); }
 // A store, if named: absolute, and no snapshot directory beside it.
 bool StoreOk(const std::string& store, const std::string& target) {
@@ -350,6 +353,12 @@ Seeds MakeSeeds() {
   restore.set_replace(true);
   v1::StatHeapRequest stat;
   stat.set_heap("graph");
+  v1::UnbindRequest unbind;
+  unbind.set_session(7);
+  unbind.set_name("root");
+  v1::UnbindRequest unbind_in_heap;  // heapctl names rm: no session
+  unbind_in_heap.set_heap("graph");
+  unbind_in_heap.set_name("root");
   v1::ListNamesRequest names;
   names.set_heap("graph");
   names.set_prefix("r");
@@ -370,6 +379,8 @@ Seeds MakeSeeds() {
           Seed("restore_snapshot", restore),
           Seed("stat_heap", stat),
           Seed("list_names", names),
+          Seed("unbind", unbind),
+          Seed("unbind_in_heap", unbind_in_heap),
           {"empty", ""}};
 }
 

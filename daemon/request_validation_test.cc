@@ -222,6 +222,15 @@ TEST(RequestValidationTest, Names) {
   EXPECT_TRUE(ValidateRequest(unbind).ok());
   unbind.set_name("");
   ExpectInvalid(ValidateRequest(unbind), "name", "empty");
+  unbind.set_name("root");
+  unbind.set_heap("graph");  // both a session and a heap
+  ExpectInvalid(ValidateRequest(unbind), "heap", "not both");
+  unbind.set_session(0);  // heapctl names rm: a heap, no session
+  EXPECT_TRUE(ValidateRequest(unbind).ok());
+  unbind.set_heap("a/b");
+  ExpectInvalid(ValidateRequest(unbind), "heap", "a/b");
+  unbind.set_heap("");  // neither
+  EXPECT_EQ(ValidateRequest(unbind).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RequestValidationTest, Snapshots) {

@@ -1,5 +1,6 @@
 #include "daemon/unix_listener.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -66,9 +67,14 @@ absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path) {
     return ErrnoStatus(errno, absl::StrCat("bind ", path));
   }
   ListeningSocket bound;
-  struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
   bound.path = path;
+  bound.inode_ref.reset(open(path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st;
+  if (!bound.inode_ref.valid() || fstat(bound.inode_ref.get(), &st) != 0) {
+    const int error = errno;
+    unlink(path.c_str());  // just bound: nobody else's yet
+    return ErrnoStatus(error, absl::StrCat("open ", path, " O_PATH"));
+  }
   bound.device = st.st_dev;
   bound.inode = st.st_ino;
   if (chmod(path.c_str(), 0666) != 0 || listen(fd.get(), 128) != 0) {

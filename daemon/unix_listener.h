@@ -7,16 +7,20 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
 // A socket ListenUnix bound. `fd` is handed to whoever accepts on it (it
-// closes it); the path stays named by the socket's inode until Remove.
+// closes it). `inode_ref` (O_PATH) holds the socket's inode, so that its
+// number names no other file while this lives: a path that still names
+// (device, inode) names this socket.
 struct ListeningSocket {
   int fd = -1;
   std::string path;
   dev_t device = 0;
   ino_t inode = 0;
+  UniqueFd inode_ref;
 
   // Unlinks `path` if it still names this socket, and only then: a socket
   // another process bound there since is left alone.

@@ -18,11 +18,13 @@ bool IsNameChar(char c) {
 absl::Status ValidateHeapName(absl::string_view name, absl::string_view what) {
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " name is empty"));
   if (name.size() > kMaxHeapNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " name '", name.substr(0, 16), "...' is longer than ", kMaxHeapNameLength, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " name '", absl::CHexEscape(name.substr(0, 16)), "...' is longer than ",
+                     kMaxHeapNameLength, " bytes"));
   }
   if (name[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat(what, " name '", name, "' starts with '.'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " name '", absl::CHexEscape(name), "' starts with '.'"));
   }
   for (char c : name) {
     if (!IsNameChar(c)) {

@@ -1,5 +1,6 @@
 #include "heap/name_table.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -8,9 +9,9 @@ namespace heapd {
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (name.size() > kMaxNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " '", name.substr(0, 32), "...' has ",
-                                                   name.size(), " bytes; at most ", kMaxNameLength,
-                                                   " are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(name.substr(0, 32)),
+                                                   "...' has ", name.size(), " bytes; at most ",
+                                                   kMaxNameLength, " are allowed"));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(name[i]);

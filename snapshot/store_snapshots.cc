@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -38,6 +39,7 @@ constexpr char kRecipeMessage = 'r';  // name\0node\0heap\0 whole recipe file
 constexpr char kBlockMessage = 'b';   // raw id, bytes (FetchBlocks)
 constexpr char kTotalsMessage = 't';  // stored bytes u64, blocks u64
 constexpr char kGcMessage = 'g';      // v1::GcStoreResponse
+constexpr char kOthersMessage = 'o';  // parts of the version not selected, decimal
 // What a listing or du may send back (a few KiB per part): heapd holds it
 // while it builds the answer, outside the reading budget.
 constexpr uint64_t kMaxListingBytes = uint64_t{64} << 20;
@@ -590,25 +592,37 @@ void StoreSnapshots::TrimCache() {
 
 absl::StatusOr<std::vector<PartRef>> StoreSnapshots::ForEachPart(
     const SnapshotCaller& caller, const PartSelector& which, const std::string& what,
-    const std::function<absl::Status(int root, const PartRef& part)>& each) {
+    const std::function<absl::Status(int root, const PartRef& part)>& each, size_t* others) {
   if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
       caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
         absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
         if (!parts.ok()) return parts.status();
+        size_t unselected = 0;
         for (const PartRef& part : *parts) {
-          if (!Matches(part, which)) continue;
+          if (!Matches(part, which)) {
+            ++unselected;
+            continue;
+          }
           if (absl::Status s = each(root, part); !s.ok()) return s;
           if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
         }
-        return absl::OkStatus();
+        return out.Send(absl::StrCat(std::string(1, kOthersMessage), unselected));
       });
   if (!messages.ok()) return messages.status();
   std::vector<PartRef> parts;
   for (const ChildMessage& message : *messages) {
     PartRef part;
     absl::string_view rest;
+    if (!message.bytes.empty() && message.bytes[0] == kOthersMessage) {
+      size_t count;
+      if (!absl::SimpleAtoi(absl::string_view(message.bytes).substr(1), &count)) {
+        return Malformed(what);
+      }
+      if (others != nullptr) *others = count;
+      continue;
+    }
     if (message.bytes.empty() || message.bytes[0] != kPartMessage ||
         !ParseTagged(message.bytes, &part, &rest) || !rest.empty() || !Matches(part, which)) {
       return Malformed(what);
@@ -647,12 +661,11 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
 
 absl::StatusOr<StoreSnapshots::Removed> StoreSnapshots::Remove(const SnapshotCaller& caller,
                                                                const PartSelector& which) {
+  size_t others = 0;
   absl::StatusOr<std::vector<PartRef>> removed =
-      ForEachPart(caller, which, absl::StrCat("remove ", Describe(which)), RemovePart);
+      ForEachPart(caller, which, absl::StrCat("remove ", Describe(which)), RemovePart, &others);
   if (!removed.ok()) return removed.status();
-  absl::StatusOr<std::vector<PartRef>> left = Parts(caller, {which.store_dir, which.name, "", ""});
-  if (!left.ok() && left.status().code() != absl::StatusCode::kNotFound) return left.status();
-  return Removed{*std::move(removed), left.ok() ? left->size() : 0};
+  return Removed{*std::move(removed), others};
 }
 
 absl::StatusOr<std::unique_ptr<RestoredHeapDir>> StoreSnapshots::Restore(

@@ -123,10 +123,13 @@ class StoreSnapshots {
       : snapshots_(snapshots), options_(std::move(options)), cache_(std::move(cache)) {}
 
   // Runs each(root, part) in a child as the caller for every part `which`
-  // selects; returns them (NOT_FOUND if none). `what` names it in errors.
+  // selects; returns them (NOT_FOUND if none), and in `others` (if given)
+  // how many parts of the version it did not select. `what` names it in
+  // errors.
   absl::StatusOr<std::vector<PartRef>> ForEachPart(
       const SnapshotCaller& caller, const PartSelector& which, const std::string& what,
-      const std::function<absl::Status(int root, const PartRef& part)>& each);
+      const std::function<absl::Status(int root, const PartRef& part)>& each,
+      size_t* others = nullptr);
   // The parts `which` selects (NOT_FOUND if none).
   absl::StatusOr<std::vector<PartRef>> Parts(const SnapshotCaller& caller,
                                              const PartSelector& which);

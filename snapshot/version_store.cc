@@ -181,12 +181,15 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     return absl::InvalidArgumentError(absl::StrCat("a block size of ", source.block_bytes));
   }
   const std::string recipe_name = part.heap + kRecipeSuffix;
-  // A recipe there, even one that does not read back, is a part that
-  // exists; a store the caller may not read is said as such.
+  // A recipe opened there, even one that does not read back (DATA_LOSS),
+  // is a part that exists; any other failure (a store the caller may not
+  // read) is said as it is.
   if (absl::Status existing = ReadRecipeFile(root, part, /*header_only=*/true).status();
       existing.code() != absl::StatusCode::kNotFound) {
-    if (existing.code() == absl::StatusCode::kPermissionDenied) return existing;
-    return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
+    if (existing.ok() || existing.code() == absl::StatusCode::kDataLoss) {
+      return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
+    }
+    return existing;
   }
   // A recipe readers would refuse is refused now, before any work.
   const uint64_t data_blocks = (source.data_bytes + source.block_bytes - 1) / source.block_bytes;

@@ -35,7 +35,8 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
     if (unit == name || unit == name + "IB") shift = 10 * (i + 1);
   }
   if (shift == 0) {
-    if (unit.size() == 2 && unit[1] == 'B') {
+    if (unit.size() == 2 && unit[1] == 'B' &&
+        absl::string_view(kUnits).find(unit[0]) != absl::string_view::npos) {
       return refuse(absl::StrCat("write ", text.substr(0, digits), unit.substr(0, 1),
                                  "iB: sizes are powers of two"));
     }

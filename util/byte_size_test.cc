@@ -33,6 +33,8 @@ TEST(ByteSizeTest, RefusesWhatItWouldHaveToGuess) {
         << bytes.status();
   }
   EXPECT_NE(ParseByteSize("1GB").status().message().find("1GiB"), std::string::npos);
+  EXPECT_EQ(ParseByteSize("1ZB").status().message().find("1ZiB"),
+            std::string::npos);  // no such unit
 }
 
 TEST(ByteSizeTest, FormatsInTheLargestExactUnitAndParsesBack) {

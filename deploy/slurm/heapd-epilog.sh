@@ -151,12 +151,13 @@ main() {
   [ ${#made[@]} -gt 0 ] || return
 
   # Older epilog snapshots of the heaps just snapshotted, as the user.
-  out=$(heapd_ctl_user snapshot ls --to="$dir" --quiet 2>&1)
+  heapd_list_snapshots "$dir"
   status=$?
   if [ $status -ne 0 ]; then
-    log "older snapshots kept: cannot list $dir ($(heapd_failure $status)): $out"; return
+    log "older snapshots kept: cannot list $dir ($(heapd_failure $status)): $LIST_NOTES"; return
   fi
-  heapd_read_pairs "$out"
+  [ -z "$LIST_NOTES" ] || log "listing $dir: $LIST_NOTES"
+  heapd_read_pairs "$LISTED"
   local i name of
   for i in "${!PAIR_NAMES[@]}"; do
     name=${PAIR_NAMES[i]} of=${PAIR_HEAPS[i]}

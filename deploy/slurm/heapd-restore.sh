@@ -73,12 +73,13 @@ main() {
   heapd_user_dir_ok "$dir" || { log "not restoring from $dir: $HEAPD_WHY"; STATUS=1; return; }
 
   local out status
-  out=$(heapd_ctl_user snapshot ls --to="$dir" --quiet 2>&1)
+  heapd_list_snapshots "$dir"
   status=$?
   if [ $status -ne 0 ]; then
-    log "cannot list $dir ($(heapd_failure $status)): $out"; STATUS=1; return
+    log "cannot list $dir ($(heapd_failure $status)): $LIST_NOTES"; STATUS=1; return
   fi
-  heapd_read_pairs "$out"
+  [ -z "$LIST_NOTES" ] || log "listing $dir: $LIST_NOTES"
+  heapd_read_pairs "$LISTED"
 
   # The newest epilog snapshot (HEAP-JOBID, highest JOBID) of each heap.
   local -A newest=() newest_job=()

@@ -216,6 +216,22 @@ heapd_snapshot_base() {
   fi
 }
 
+# heapd_list_snapshots DIR: `heapctl snapshot ls --to=DIR --quiet` as the
+# job's user. Its standard output (SNAPSHOT HEAP pairs) goes to LISTED and
+# what it says on stderr (failures; snapshots it could not list, which may
+# quote a name from a manifest) to LIST_NOTES, kept apart so that no note
+# can read as a pair. Returns heapctl's status.
+heapd_list_snapshots() {
+  local notes status
+  LISTED='' LIST_NOTES=''
+  notes=$(mktemp) || { LIST_NOTES="cannot make a temporary file"; return 1; }
+  LISTED=$(heapd_ctl_user snapshot ls --to="$1" --quiet 2>"$notes")
+  status=$?
+  LIST_NOTES=$(head -c 4096 "$notes")
+  rm -f "$notes"
+  return $status
+}
+
 # heapd_read_pairs TEXT: TEXT is `heapctl snapshot ls --quiet` output, one
 # "SNAPSHOT HEAP" a line. Sets PAIR_NAMES and PAIR_HEAPS to the valid
 # pairs; reports each other line through heapd_skip (defined by the caller)
