@@ -44,12 +44,13 @@
 #include "absl/strings/str_split.h"
 #include "bench/heapd_process.h"
 #include "bench/offset_arena.h"
-#include "client/allocator.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "client/examples/graph.h"
 #include "client/examples/rmat.h"
-#include "client/heap.h"
 #include "heap/undo_record.h"
+#include "heapd/allocator.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(int, reps, 5, "runs of each figure; medians are printed");
@@ -289,7 +290,7 @@ void RemoveHeap(Client& client, const std::string& name) {
   request.set_heap(name);
   v1::RemoveHeapResponse response;
   grpc::ClientContext context;
-  (void)client.stub().RemoveHeap(&context, request, &response);
+  (void)StubOf(client).RemoveHeap(&context, request, &response);
 }
 
 struct B3Result {
@@ -482,7 +483,7 @@ int B5Child() {
     } else {
       v1::NameEntry entry;
       grpc::ClientContext context;
-      if (absl::Status s = FromGrpc(client->stub().Lookup(&context, request, &entry)); !s.ok()) {
+      if (absl::Status s = FromGrpc(StubOf(*client).Lookup(&context, request, &entry)); !s.ok()) {
         Die("lookup", s);
       }
     }
@@ -541,7 +542,7 @@ LargeTimes LargeByCalls(Client& client, Heap& heap, int count, uint64_t size) {
         request.set_size(size);
         v1::AllocateLargeResponse response;
         grpc::ClientContext context;
-        if (!client.stub().AllocateLarge(&context, request, &response).ok()) {
+        if (!StubOf(client).AllocateLarge(&context, request, &response).ok()) {
           Die("AllocateLarge", absl::InternalError("call failed"));
         }
         return heap.at(response.offset());
@@ -554,7 +555,7 @@ LargeTimes LargeByCalls(Client& client, Heap& heap, int count, uint64_t size) {
         object->set_size(size);
         v1::FreeResponse response;
         grpc::ClientContext context;
-        if (!client.stub().Free(&context, request, &response).ok()) {
+        if (!StubOf(client).Free(&context, request, &response).ok()) {
           Die("Free", absl::InternalError("call failed"));
         }
       });

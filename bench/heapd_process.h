@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/client.h"
+#include "heapd/client.h"
 
 namespace heapd {
 

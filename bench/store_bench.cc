@@ -38,9 +38,10 @@
 #include "bench/heapd_process.h"
 #include "boost/container/map.hpp"
 #include "boost/container/vector.hpp"
-#include "client/allocator.h"
+#include "client/client_channel.h"
 #include "client/examples/graph.h"
 #include "client/examples/rmat.h"
+#include "heapd/allocator.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(std::string, dir, "/tmp", "where stores and full copies go");
@@ -114,7 +115,7 @@ struct Snapshots {
       v1::SnapshotManifest manifest;
       grpc::ClientContext context;
       const Clock::time_point t0 = Clock::now();
-      const grpc::Status status = client.stub().CreateSnapshot(&context, request, &manifest);
+      const grpc::Status status = StubOf(client).CreateSnapshot(&context, request, &manifest);
       const double took = Seconds(Clock::now() - t0);
       if (!status.ok()) Die("snapshot " + name, absl::InternalError(status.error_message()));
       if (to_store) {
@@ -219,7 +220,7 @@ void RunB9b(HeapdProcess& daemon, const std::string& base, bool sequential) {
   remove.set_heap(name);
   v1::RemoveHeapResponse removed;
   grpc::ClientContext context;
-  (void)client.stub().RemoveHeap(&context, remove, &removed);
+  (void)StubOf(client).RemoveHeap(&context, remove, &removed);
 }
 
 // Restores version `name` of `snapshots` (store, or the full copy) as
@@ -234,7 +235,7 @@ double Restore(HeapdProcess& daemon, const Snapshots& snapshots, const std::stri
   v1::HeapInfo info;
   grpc::ClientContext context;
   const Clock::time_point t0 = Clock::now();
-  const grpc::Status status = daemon.client().stub().RestoreSnapshot(&context, request, &info);
+  const grpc::Status status = StubOf(daemon.client()).RestoreSnapshot(&context, request, &info);
   if (!status.ok()) Die("restore " + name, absl::InternalError(status.error_message()));
   const double took = Seconds(Clock::now() - t0);
   // The graph is there, whole.

@@ -48,9 +48,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/heapd_process.h"
-#include "client/client.h"
-#include "client/heap.h"
+#include "client/client_channel.h"
 #include "heap/undo_record.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(int, reps, 3, "runs of each configuration (a new heapd and heap each)");
@@ -206,7 +207,7 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
       std::fflush(stdout);
     }
   }
-  v1::HeapStats stats = Check(daemon->client().Stat("b8"), "stat");
+  v1::HeapStats stats = Check(StatHeap(daemon->client(), "b8"), "stat");
   if (stats.undo_bad_journals() != 0) {
     Die("b8", absl::DataLossError(absl::StrCat(stats.undo_bad_journals(),
                                                " undo journals stopped being read (heapd's log)")));

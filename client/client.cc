@@ -1,4 +1,4 @@
-#include "client/client.h"
+#include "heapd/client.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -12,8 +12,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
+#include "client/client_channel.h"
 #include "client/grpc_session_calls.h"
-#include "client/heap.h"
+#include "client/heap_impl.h"
 #include "daemon/default_paths.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/create_channel_posix.h"
@@ -124,16 +125,17 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-Client::Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel,
-               const ClientOptions& options)
-    : socket_path_(std::move(socket_path)),
-      options_(options),
-      channel_(std::move(channel)),
-      stub_(v1::Heapd::NewStub(channel_)) {}
-
-void Client::Prepare(grpc::ClientContext* context) const {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+void ClientChannel::Prepare(grpc::ClientContext* context) const {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options.call_timeout));
 }
+
+ClientChannel& ChannelOf(Client& client) { return *client.channel_; }
+
+Client::Client(std::unique_ptr<ClientChannel> channel) : channel_(std::move(channel)) {}
+
+Client::~Client() = default;
+
+const std::string& Client::socket_path() const { return channel_->socket_path; }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
                                                         int call_timeout_ms) {
@@ -156,20 +158,53 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   // Connected already: a channel made from a descriptor has no
   // connectivity state to wait for. A daemon that accepted but does not
   // answer shows at the first call, at its deadline.
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomInsecureChannelFromFd("heapd", fd->release(), arguments);
-  return std::unique_ptr<Client>(new Client(path, std::move(channel), options));
+  auto channel = std::make_unique<ClientChannel>();
+  channel->socket_path = path;
+  channel->options = options;
+  channel->channel = grpc::CreateCustomInsecureChannelFromFd("heapd", fd->release(), arguments);
+  channel->stub = v1::Heapd::NewStub(channel->channel);
+  return std::unique_ptr<Client>(new Client(std::move(channel)));
 }
 
-absl::StatusOr<v1::HeapStats> Client::Stat(const std::string& name) {
+absl::StatusOr<v1::HeapStats> StatHeap(Client& client, const std::string& name) {
+  const ClientChannel& channel = ChannelOf(client);
   v1::StatHeapRequest request;
   request.set_heap(name);
   v1::HeapStats stats;
   grpc::ClientContext context;
-  Prepare(&context);
-  if (absl::Status s = FromGrpc(stub_->StatHeap(&context, request, &stats)); !s.ok()) return s;
+  channel.Prepare(&context);
+  if (absl::Status s = FromGrpc(channel.stub->StatHeap(&context, request, &stats)); !s.ok()) {
+    return s;
+  }
   return stats;
 }
+
+namespace {
+
+// One attach: the call, the fds, the mapping.
+absl::StatusOr<std::unique_ptr<Heap>> AttachOnce(const ClientChannel& channel,
+                                                 const v1::AttachRequest& request,
+                                                 const std::string& name,
+                                                 const AttachOptions& options) {
+  v1::AttachResponse response;
+  grpc::ClientContext context;
+  channel.Prepare(&context);
+  if (absl::Status s = FromGrpc(channel.stub->Attach(&context, request, &response)); !s.ok()) {
+    return s;
+  }
+  // Without the fds, the daemon ends the session when the token expires;
+  // with them, when the connection closes (the Heap's calls own it).
+  int connection = -1, data_fd = -1, journal_fd = -1;
+  if (absl::Status s = FetchDataFd(FdSocketBeside(channel.socket_path), response.fd_token(),
+                                   &connection, &data_fd, &journal_fd);
+      !s.ok()) {
+    return s;
+  }
+  return HeapImpl::Start(std::make_unique<GrpcSessionCalls>(&channel, name, connection), name,
+                         options, response, data_fd, UniqueFd(journal_fd));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
                                                      const AttachOptions& options) {
@@ -184,33 +219,15 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
   request.set_snapshot_dir(options.snapshot_dir);
   absl::StatusOr<std::unique_ptr<Heap>> heap;
   for (int attempt = 1;; ++attempt) {
-    heap = AttachOnce(request, name, options);
+    heap = AttachOnce(*channel_, request, name, options);
     // A refused token: its session is gone (expired while this process was
     // not scheduled, say). A new attach gets a new one.
-    if (heap.ok() || !IsRefusedToken(heap.status()) || attempt >= options_.attach_attempts) {
+    if (heap.ok() || !IsRefusedToken(heap.status()) ||
+        attempt >= channel_->options.attach_attempts) {
       return heap;
     }
     request.set_create_if_missing(false);  // made by the first attempt if it was missing
   }
-}
-
-absl::StatusOr<std::unique_ptr<Heap>> Client::AttachOnce(const v1::AttachRequest& request,
-                                                         const std::string& name,
-                                                         const AttachOptions& options) {
-  v1::AttachResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
-  if (absl::Status s = FromGrpc(stub_->Attach(&context, request, &response)); !s.ok()) return s;
-  // Without the fds, the daemon ends the session when the token expires;
-  // with them, when the connection closes (the Heap's calls own it).
-  int connection = -1, data_fd = -1, journal_fd = -1;
-  if (absl::Status s = FetchDataFd(FdSocketBeside(socket_path_), response.fd_token(), &connection,
-                                   &data_fd, &journal_fd);
-      !s.ok()) {
-    return s;
-  }
-  return Heap::Start(std::make_unique<GrpcSessionCalls>(this, name, connection), name, options,
-                     response, data_fd, UniqueFd(journal_fd));
 }
 
 }  // namespace heapd

@@ -16,13 +16,13 @@ namespace {
 
 // One unary call with the client's deadline.
 template <typename Request, typename Response>
-absl::Status Call(Client* client,
+absl::Status Call(const ClientChannel* client,
                   grpc::Status (v1::Heapd::Stub::*method)(grpc::ClientContext*, const Request&,
                                                           Response*),
                   const Request& request, Response* response) {
   grpc::ClientContext context;
   client->Prepare(&context);
-  return FromGrpc((client->stub().*method)(&context, request, response));
+  return FromGrpc(((*client->stub).*method)(&context, request, response));
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "client/session_calls.h"
 
 namespace heapd {
@@ -18,7 +18,7 @@ class GrpcSessionCalls : public SessionCalls {
  public:
   // `client` outlives this; `fd_connection`: the session's heapd.fd.sock
   // connection, owned from now on.
-  GrpcSessionCalls(Client* client, std::string heap, int fd_connection)
+  GrpcSessionCalls(const ClientChannel* client, std::string heap, int fd_connection)
       : client_(client), heap_(std::move(heap)), fd_connection_(fd_connection) {}
   ~GrpcSessionCalls() override { Close(); }
 
@@ -38,7 +38,7 @@ class GrpcSessionCalls : public SessionCalls {
  private:
   absl::StatusOr<NameEntry> LookupWithGrpc(const std::string& name);
 
-  Client* const client_;
+  const ClientChannel* const client_;
   const std::string heap_;
   absl::Mutex fd_mu_;  // one request at a time on fd_connection_
   int fd_connection_ ABSL_GUARDED_BY(fd_mu_) = -1;

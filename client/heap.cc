@@ -1,5 +1,3 @@
-#include "client/heap.h"
-
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +12,7 @@
 #include "allocator/size_class.h"
 #include "allocator/slot_bitmap.h"
 #include "client/growth_fault_handler.h"
+#include "client/heap_impl.h"
 #include "client/owner_gate.h"
 #include "heap/fault_point.h"
 #include "heap/metadata_format.h"
@@ -82,15 +81,15 @@ absl::Status CheckObject(const std::string& heap, uint64_t offset, uint64_t size
 // visit it (VisitorScope). Other threads never touch `pool`: their frees of
 // its objects wait in `remote_frees` until the owner or a visitor applies
 // them.
-struct Heap::ThreadCache final : LeaseSource {
-  ThreadCache(Heap* heap, uint64_t max_chunks, uint32_t lease_batch)
+struct HeapImpl::ThreadCache final : LeaseSource {
+  ThreadCache(HeapImpl* heap, uint64_t max_chunks, uint32_t lease_batch)
       : heap(heap), pool(this, max_chunks, lease_batch) {}
   absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
                                                       uint32_t count) override {
     return heap->Lease(this, size_class, count);
   }
 
-  Heap* const heap;
+  HeapImpl* const heap;
   OwnerGate gate;
   LeasePool pool ABSL_GUARDED_BY(gate);
 
@@ -99,7 +98,7 @@ struct Heap::ThreadCache final : LeaseSource {
   std::atomic<bool> has_remote_frees{false};
 };
 
-void Heap::ApplyRemoteFrees(ThreadCache* cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache->gate) {
+void HeapImpl::ApplyRemoteFrees(ThreadCache* cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache->gate) {
   std::vector<uint64_t> frees;
   cache->remote_lock.lock();
   frees.swap(cache->remote_frees);
@@ -117,8 +116,8 @@ void Heap::ApplyRemoteFrees(ThreadCache* cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ca
   }
 }
 
-Heap::Heap(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOptions& options,
-           uint64_t session, int data_fd)
+HeapImpl::HeapImpl(std::unique_ptr<SessionCalls> calls, std::string name,
+                   const AttachOptions& options, uint64_t session, int data_fd)
     : calls_(std::move(calls)),
       name_(std::move(name)),
       read_only_(options.read_only),
@@ -129,20 +128,21 @@ Heap::Heap(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOp
       data_fd_(data_fd),
       next_reserve_chunks_(kFirstReserveChunks) {}
 
-absl::StatusOr<std::unique_ptr<Heap>> Heap::Start(std::unique_ptr<SessionCalls> calls,
-                                                  std::string name, const AttachOptions& options,
-                                                  const v1::AttachResponse& attached, int data_fd,
-                                                  UniqueFd journal) {
-  std::unique_ptr<Heap> heap(
-      new Heap(std::move(calls), std::move(name), options, attached.session(), data_fd));
+absl::StatusOr<std::unique_ptr<Heap>> HeapImpl::Start(std::unique_ptr<SessionCalls> calls,
+                                                      std::string name,
+                                                      const AttachOptions& options,
+                                                      const v1::AttachResponse& attached,
+                                                      int data_fd, UniqueFd journal) {
+  std::unique_ptr<HeapImpl> heap(
+      new HeapImpl(std::move(calls), std::move(name), options, attached.session(), data_fd));
   if (absl::Status s = heap->Start(attached, std::move(journal)); !s.ok()) {
     heap->detached_ = true;  // the serving side ends the session when its connection closes
     return s;
   }
-  return heap;
+  return std::unique_ptr<Heap>(std::move(heap));
 }
 
-bool Heap::leases(const void* p) const {
+bool HeapImpl::leases(const void* p) const {
   const uint64_t offset = offset_of(p);
   if (offset >= max_size_) return false;
   if (chunk_owner_[offset / kChunkSize].load(std::memory_order_acquire) != nullptr) return true;
@@ -150,7 +150,7 @@ bool Heap::leases(const void* p) const {
   return large_.Holds(static_cast<uint32_t>(offset >> kChunkShift));
 }
 
-absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
+absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journal) {
   const uint64_t max_size = attached.heap().max_size();
   if (max_size == 0 || max_size > kMaxHeapBytes || max_size % kChunkSize != 0 ||
       attached.session() == 0) {
@@ -204,7 +204,7 @@ absl::Status Heap::Start(const v1::AttachResponse& attached, UniqueFd journal) {
   return absl::OkStatus();
 }
 
-Heap::~Heap() {
+HeapImpl::~HeapImpl() {
   if (!detached_) {
     if (absl::Status s = detach(); !s.ok()) {
       std::fprintf(stderr, "heapd: detaching heap %s failed: %s\n", name_.c_str(),
@@ -216,7 +216,7 @@ Heap::~Heap() {
   if (data_fd_ >= 0) close(data_fd_);
 }
 
-Heap::ThreadCache* Heap::CacheOfThisThread() {
+HeapImpl::ThreadCache* HeapImpl::CacheOfThisThread() {
   struct LastUsed {
     uint64_t serial = 0;
     ThreadCache* cache = nullptr;
@@ -226,7 +226,7 @@ Heap::ThreadCache* Heap::CacheOfThisThread() {
   return last.cache;
 }
 
-Heap::ThreadCache* Heap::NewCacheForThisThread() {
+HeapImpl::ThreadCache* HeapImpl::NewCacheForThisThread() {
   absl::MutexLock lock(&caches_mu_);
   std::unique_ptr<ThreadCache>& cache = caches_[std::this_thread::get_id()];
   if (cache == nullptr) {
@@ -235,7 +235,7 @@ Heap::ThreadCache* Heap::NewCacheForThisThread() {
   return cache.get();
 }
 
-absl::Status Heap::MapUpTo(uint64_t capacity) {
+absl::Status HeapImpl::MapUpTo(uint64_t capacity) {
   if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
   if (capacity > max_size_) {
     return Unexpected(
@@ -249,7 +249,7 @@ absl::Status Heap::MapUpTo(uint64_t capacity) {
   return absl::OkStatus();
 }
 
-absl::Status Heap::FlushMapping() {
+absl::Status HeapImpl::FlushMapping() {
   {
     absl::MutexLock lock(&mapping_mu_);
     mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
@@ -257,8 +257,8 @@ absl::Status Heap::FlushMapping() {
   return mapping_->Flush();
 }
 
-absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t size_class,
-                                                    uint32_t count) {
+absl::StatusOr<std::vector<LeaseGrant>> HeapImpl::Lease(ThreadCache* cache, uint32_t size_class,
+                                                        uint32_t count) {
   v1::LeaseChunksRequest request;
   request.set_session(session_);
   v1::LeaseWant* want = request.add_wants();
@@ -294,13 +294,13 @@ absl::StatusOr<std::vector<LeaseGrant>> Heap::Lease(ThreadCache* cache, uint32_t
   return grants;
 }
 
-void Heap::AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants) {
+void HeapImpl::AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants) {
   for (const LeaseGrant& grant : grants) {
     chunk_owner_[grant.chunk].store(cache, std::memory_order_release);
   }
 }
 
-absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
+absl::StatusOr<void*> HeapImpl::allocate(uint64_t size, uint64_t align) {
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
@@ -330,7 +330,7 @@ absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
   return base() + *offset;
 }
 
-absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
+absl::StatusOr<uint64_t> HeapImpl::AllocateLarge(uint64_t size) {
   const uint64_t chunks = (size + kChunkSize - 1) / kChunkSize;
   if (chunks > kMaxCarvedChunks) {
     absl::StatusOr<LargePlacement> run;
@@ -378,7 +378,8 @@ absl::StatusOr<uint64_t> Heap::AllocateLarge(uint64_t size) {
   return uint64_t{*first} << kChunkShift;
 }
 
-absl::StatusOr<LargePlacement> Heap::TakeFromHeapd(uint64_t size, bool reserve, uint64_t min_size) {
+absl::StatusOr<LargePlacement> HeapImpl::TakeFromHeapd(uint64_t size, bool reserve,
+                                                       uint64_t min_size) {
   v1::AllocateLargeRequest request;
   request.set_session(session_);
   request.set_size(size);
@@ -414,7 +415,7 @@ absl::StatusOr<LargePlacement> Heap::TakeFromHeapd(uint64_t size, bool reserve, 
                         static_cast<uint32_t>(taken >> kChunkShift)};
 }
 
-absl::StatusOr<bool> Heap::FreeUntold(uint64_t offset, uint64_t size_hint) {
+absl::StatusOr<bool> HeapImpl::FreeUntold(uint64_t offset, uint64_t size_hint) {
   const uint32_t chunk = static_cast<uint32_t>(offset >> kChunkShift);
   absl::MutexLock lock(&large_mu_);
   if (!large_.Holds(chunk)) return false;
@@ -435,13 +436,13 @@ absl::StatusOr<bool> Heap::FreeUntold(uint64_t offset, uint64_t size_hint) {
   return true;
 }
 
-absl::Status Heap::WithReserveBack(const std::function<absl::Status()>& call) {
+absl::Status HeapImpl::WithReserveBack(const std::function<absl::Status()>& call) {
   absl::Status status = call();
   if (status.code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) status = call();
   return status;
 }
 
-bool Heap::ReturnReserve() {
+bool HeapImpl::ReturnReserve() {
   std::vector<LargePlacement> released;
   {
     absl::MutexLock lock(&large_mu_);
@@ -451,8 +452,8 @@ bool Heap::ReturnReserve() {
   return !released.empty() && TellReserve({}, released).ok();
 }
 
-absl::Status Heap::TellReserve(absl::Span<const LargePlacement> placed,
-                               absl::Span<const LargePlacement> released) {
+absl::Status HeapImpl::TellReserve(absl::Span<const LargePlacement> placed,
+                                   absl::Span<const LargePlacement> released) {
   v1::SyncRequest request;
   request.set_session(session_);
   request.set_more(true);  // taken at once; committed by the next sync
@@ -462,7 +463,7 @@ absl::Status Heap::TellReserve(absl::Span<const LargePlacement> placed,
   return calls_->Sync(request, &response);
 }
 
-absl::Status Heap::PlaceUntold() {
+absl::Status HeapImpl::PlaceUntold() {
   absl::MutexLock sync_lock(&sync_mu_);
   std::vector<LargePlacement> placed;
   {
@@ -482,7 +483,7 @@ absl::Status Heap::PlaceUntold() {
   return status;
 }
 
-absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
+absl::Status HeapImpl::deallocate(void* p, uint64_t size_hint) {
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
@@ -530,7 +531,7 @@ absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
   return FreeRemotely(std::move(batch));  // outside the lock: other threads queue on
 }
 
-absl::Status Heap::FreeRemotely(std::vector<v1::ObjectRef> objects) {
+absl::Status HeapImpl::FreeRemotely(std::vector<v1::ObjectRef> objects) {
   if (objects.empty()) return absl::OkStatus();
   auto send = [this](auto begin, auto end) {
     v1::FreeRequest request;
@@ -551,7 +552,7 @@ absl::Status Heap::FreeRemotely(std::vector<v1::ObjectRef> objects) {
   return first;
 }
 
-absl::Status Heap::FlushFrees() {
+absl::Status HeapImpl::FlushFrees() {
   std::vector<v1::ObjectRef> batch;
   {
     absl::MutexLock lock(&frees_mu_);
@@ -560,9 +561,9 @@ absl::Status Heap::FlushFrees() {
   return FreeRemotely(std::move(batch));
 }
 
-absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent,
-                                    const std::vector<LargePlacement>& placed,
-                                    size_t* placed_sent) {
+absl::Status HeapImpl::SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent,
+                                        const std::vector<LargePlacement>& placed,
+                                        size_t* placed_sent) {
   while (reports.size() - *sent > kReportsPerSync ||
          placed.size() - *placed_sent > kPlacementsPerPart) {
     v1::SyncRequest request;
@@ -583,10 +584,10 @@ absl::Status Heap::SendEarlierParts(const std::vector<LeaseReport>& reports, siz
   return absl::OkStatus();
 }
 
-absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports,
-                            const std::vector<LargePlacement>& placed,
-                            const std::vector<LargePlacement>& released, uint64_t generation,
-                            v1::SyncResponse* response) {
+absl::Status HeapImpl::SendSync(const std::vector<LeaseReport>& reports,
+                                const std::vector<LargePlacement>& placed,
+                                const std::vector<LargePlacement>& released, uint64_t generation,
+                                v1::SyncResponse* response) {
   // heapd holds the earlier parts and commits them with the last, with the
   // contents: one sync, one epoch.
   size_t sent = 0;
@@ -604,9 +605,9 @@ absl::Status Heap::SendSync(const std::vector<LeaseReport>& reports,
   return calls_->Sync(request, response);
 }
 
-bool Heap::StoresUnseen() const { return tracker_ != nullptr && !tracker_->error().ok(); }
+bool HeapImpl::StoresUnseen() const { return tracker_ != nullptr && !tracker_->error().ok(); }
 
-absl::StatusOr<uint64_t> Heap::sync() {
+absl::StatusOr<uint64_t> HeapImpl::sync() {
   absl::MutexLock sync_lock(&sync_mu_);
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
@@ -688,7 +689,7 @@ absl::StatusOr<uint64_t> Heap::sync() {
   return response.epoch();
 }
 
-absl::Status Heap::detach() {
+absl::Status HeapImpl::detach() {
   if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
   detached_ = true;
   absl::Status status;
@@ -737,7 +738,7 @@ absl::Status Heap::detach() {
   return status;
 }
 
-void Heap::prepare_write(void* p, uint64_t size) {
+void HeapImpl::prepare_write(void* p, uint64_t size) {
   if (tracker_ == nullptr || size == 0) return;
   const uintptr_t page = ~uintptr_t{kUndoPageBytes - 1};
   auto* first = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(p) & page);
@@ -749,8 +750,8 @@ void Heap::prepare_write(void* p, uint64_t size) {
   }
 }
 
-absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t size,
-                        const std::string& type_name) {
+absl::Status HeapImpl::Bind(const std::string& name, const void* object, uint64_t size,
+                            const std::string& type_name) {
   if (const uint64_t offset = offset_of(object); offset % kChunkSize == 0 && !read_only_) {
     bool untold;
     {
@@ -772,7 +773,7 @@ absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t si
   return calls_->Bind(request);
 }
 
-absl::Status Heap::Unbind(const std::string& name) {
+absl::Status HeapImpl::Unbind(const std::string& name) {
   {
     absl::MutexLock lock(&prefetched_mu_);
     prefetched_.erase(name);
@@ -783,8 +784,31 @@ absl::Status Heap::Unbind(const std::string& name) {
   return calls_->Unbind(request);
 }
 
-absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,
-                                 uint64_t size) {
+absl::StatusOr<Heap::Named> HeapImpl::Lookup(const std::string& name) {
+  absl::StatusOr<NameEntry> entry = EntryOf(name);
+  if (!entry.ok()) return entry.status();
+  absl::StatusOr<void*> object = MapObject(*entry);
+  if (!object.ok()) return object.status();
+  return Named{*object, entry->size, entry->type_name};
+}
+
+absl::StatusOr<void*> HeapImpl::Find(const std::string& name, const std::string& type_name,
+                                     uint64_t size) {
+  absl::StatusOr<NameEntry> entry = EntryOf(name);
+  if (!entry.ok()) return entry.status();
+  if (entry->type_name != type_name) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name '", name, "' in heap ", name_, " binds a ", entry->type_name, ", not a ", type_name));
+  }
+  if (entry->size < size) {
+    return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
+                                                      " binds ", entry->size, " bytes; a ",
+                                                      type_name, " needs ", size));
+  }
+  return MapObject(*entry);
+}
+
+absl::StatusOr<NameEntry> HeapImpl::EntryOf(const std::string& name) {
   if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
   NameEntry entry;
   bool prefetched = false;
@@ -802,23 +826,18 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
     entry = *std::move(found);
   }
   if (absl::Status s = CheckObject(name_, entry.offset, entry.size, max_size_); !s.ok()) return s;
-  if (entry.type_name != type_name) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "name '", name, "' in heap ", name_, " binds a ", entry.type_name, ", not a ", type_name));
-  }
-  if (entry.size < size) {
-    return absl::FailedPreconditionError(absl::StrCat("name '", name, "' in heap ", name_,
-                                                      " binds ", entry.size, " bytes; a ",
-                                                      type_name, " needs ", size));
-  }
+  return entry;
+}
+
+absl::StatusOr<void*> HeapImpl::MapObject(const NameEntry& entry) {
   // An object beyond what this process mapped: map what other clients
   // grew the heap by (what it links to is mapped on first touch).
   if (entry.offset + entry.size > mapped_bytes_.load(std::memory_order_acquire)) {
     struct stat st;
     if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
     if (entry.offset + entry.size > static_cast<uint64_t>(st.st_size)) {
-      return absl::DataLossError(
-          absl::StrCat("name '", name, "' in heap ", name_, " binds bytes beyond the data file"));
+      return absl::DataLossError(absl::StrCat("name '", entry.name, "' in heap ", name_,
+                                              " binds bytes beyond the data file"));
     }
     if (absl::Status s = MapUpTo(std::min<uint64_t>(
             static_cast<uint64_t>(st.st_size) / kChunkSize * kChunkSize, max_size_));
@@ -827,6 +846,40 @@ absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& typ
     }
   }
   return base() + entry.offset;
+}
+
+// heapd::Heap's calls are HeapImpl's (heapd/heap.h): defined here, beside
+// them, so that the compiler takes the fast path in without a second call.
+Heap::~Heap() = default;
+absl::StatusOr<void*> Heap::allocate(uint64_t size, uint64_t align) {
+  return HeapImpl::Of(*this).allocate(size, align);
+}
+absl::Status Heap::deallocate(void* p, uint64_t size_hint) {
+  return HeapImpl::Of(*this).deallocate(p, size_hint);
+}
+absl::StatusOr<uint64_t> Heap::sync() { return HeapImpl::Of(*this).sync(); }
+absl::Status Heap::detach() { return HeapImpl::Of(*this).detach(); }
+const std::string& Heap::name() const { return HeapImpl::Of(*this).name(); }
+bool Heap::read_only() const { return HeapImpl::Of(*this).read_only(); }
+bool Heap::content_rollback() const { return HeapImpl::Of(*this).content_rollback(); }
+const std::string& Heap::content_rollback_note() const {
+  return HeapImpl::Of(*this).content_rollback_note();
+}
+bool Heap::fenced() const { return HeapImpl::Of(*this).fenced(); }
+void Heap::prepare_write(void* p, uint64_t size) { HeapImpl::Of(*this).prepare_write(p, size); }
+uint64_t Heap::session() const { return HeapImpl::Of(*this).session(); }
+uint64_t Heap::max_size() const { return HeapImpl::Of(*this).max_size(); }
+absl::StatusOr<Heap::Named> Heap::Lookup(const std::string& name) {
+  return HeapImpl::Of(*this).Lookup(name);
+}
+absl::Status Heap::Unbind(const std::string& name) { return HeapImpl::Of(*this).Unbind(name); }
+absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t size,
+                        const std::string& type_name) {
+  return HeapImpl::Of(*this).Bind(name, object, size, type_name);
+}
+absl::StatusOr<void*> Heap::Find(const std::string& name, const std::string& type_name,
+                                 uint64_t size) {
+  return HeapImpl::Of(*this).Find(name, type_name, size);
 }
 
 }  // namespace heapd

@@ -1,15 +1,16 @@
 // heapd::Heap and heapd::allocator against a real heapd.
-#include "client/heap.h"
+#include "heapd/heap.h"
 
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/allocator.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "client/examples/graph.h"
 #include "gtest/gtest.h"
+#include "heapd/allocator.h"
+#include "heapd/client.h"
 #include "tests/test_daemon.h"
 
 namespace heapd {
@@ -35,7 +36,7 @@ class HeapTest : public ::testing::Test {
   }
 
   v1::HeapStats Stat() {
-    absl::StatusOr<v1::HeapStats> stats = client_->Stat("h");
+    absl::StatusOr<v1::HeapStats> stats = StatHeap(*client_, "h");
     EXPECT_TRUE(stats.ok()) << stats.status();
     return stats.ok() ? *stats : v1::HeapStats();
   }

@@ -21,9 +21,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "client/heapctl_args.h"
 #include "google/protobuf/util/json_util.h"
+#include "heapd/client.h"
 #include "protocol/version.h"
 
 namespace heapd {
@@ -551,7 +552,7 @@ int Run(const std::vector<std::string>& args) {
   }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(invocation.String("socket"));
   if (!client.ok()) return Fail(client.status());
-  return RunCommand(Call{invocation, (*client)->stub(), invocation.Bool("json")});
+  return RunCommand(Call{invocation, StubOf(**client), invocation.Bool("json")});
 }
 
 }  // namespace

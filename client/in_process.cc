@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/heap_impl.h"
 #include "protocol/proto_convert.h"
 
 namespace heapd {
@@ -176,8 +177,8 @@ absl::StatusOr<std::unique_ptr<Heap>> AttachInProcess(PersistentHeap* heap, Clie
   auto in_process = std::make_unique<InProcessSessionCalls>(heap, session, options.read_only);
   std::unique_ptr<SessionCalls> calls =
       wrap != nullptr ? wrap(std::move(in_process)) : std::move(in_process);
-  return Heap::Start(std::move(calls), heap->dir(), options, attached, data.release(),
-                     std::move(journal));
+  return HeapImpl::Start(std::move(calls), heap->dir(), options, attached, data.release(),
+                         std::move(journal));
 }
 
 }  // namespace heapd

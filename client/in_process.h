@@ -16,10 +16,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/client.h"
-#include "client/heap.h"
 #include "client/session_calls.h"
 #include "heap/heap.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "util/unique_fd.h"
 
 namespace heapd {

@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "gtest/gtest.h"
+#include "heapd/client.h"
 #include "tests/test_daemon.h"
 
 namespace heapd {
@@ -44,7 +45,7 @@ class AccessTest : public ::testing::Test {
     request.set_mode(mode);
     v1::HeapInfo info;
     grpc::ClientContext context;
-    ASSERT_TRUE(FromGrpc(client_->stub().CreateHeap(&context, request, &info)).ok());
+    ASSERT_TRUE(FromGrpc(StubOf(*client_).CreateHeap(&context, request, &info)).ok());
   }
 
   std::vector<std::string> AsNobody(std::vector<std::string> argv) const {

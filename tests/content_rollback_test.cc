@@ -10,8 +10,9 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "gtest/gtest.h"
+#include "heapd/client.h"
 #include "tests/test_daemon.h"
 
 namespace heapd {
@@ -35,7 +36,7 @@ std::string Value(const TestDaemon& daemon, const std::string& name) {
 v1::HeapStats Stats(const TestDaemon& daemon) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon.socket());
   EXPECT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<v1::HeapStats> stats = (*client)->Stat("h");
+  absl::StatusOr<v1::HeapStats> stats = StatHeap(**client, "h");
   EXPECT_TRUE(stats.ok()) << stats.status();
   return stats.ok() ? *stats : v1::HeapStats();
 }

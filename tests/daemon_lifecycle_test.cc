@@ -11,8 +11,8 @@
 #include <fstream>
 #include <string>
 
-#include "client/client.h"
 #include "gtest/gtest.h"
+#include "heapd/client.h"
 #include "tests/test_daemon.h"
 
 namespace heapd {

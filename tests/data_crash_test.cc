@@ -55,9 +55,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
+#include "heapd/client.h"
 #include "tests/test_daemon.h"
 
 ABSL_FLAG(int, client_kill_rounds, 100, "rounds of ClientKilled");
@@ -225,7 +226,7 @@ class DataCrashTest : public ::testing::Test {
   void WaitForNoClients(const std::string& heap) {
     absl::StatusOr<v1::HeapStats> stats;
     for (int i = 0; i < 2000; ++i) {
-      stats = client_->Stat(heap);
+      stats = StatHeap(*client_, heap);
       if (!stats.ok() && stats.status().code() == absl::StatusCode::kNotFound) return;
       if (stats.ok() && stats->info().clients() == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -250,7 +251,7 @@ class DataCrashTest : public ::testing::Test {
     request.set_heap(heap);
     v1::RemoveHeapResponse response;
     grpc::ClientContext context;
-    const absl::Status s = FromGrpc(client_->stub().RemoveHeap(&context, request, &response));
+    const absl::Status s = FromGrpc(StubOf(*client_).RemoveHeap(&context, request, &response));
     EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
   }
 

@@ -71,9 +71,10 @@
 #include "boost/functional/hash.hpp"
 #include "boost/interprocess/offset_ptr.hpp"
 #include "boost/unordered_map.hpp"
-#include "client/allocator.h"
-#include "client/client.h"
-#include "client/heap.h"
+#include "client/client_channel.h"
+#include "heapd/allocator.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 
 ABSL_FLAG(std::string, socket, "", "heapd's socket");
 ABSL_FLAG(std::string, heap, "", "the heap");
@@ -744,7 +745,7 @@ class Churn {
   explicit Churn(Heap& heap) : heap_(heap) {}
 
   absl::Status Fill(Client& client) {
-    absl::StatusOr<v1::HeapStats> stats = client.Stat(heap_.name());
+    absl::StatusOr<v1::HeapStats> stats = StatHeap(client, heap_.name());
     if (!stats.ok()) return stats.status();
     std::vector<uint64_t> count(kNumSizeClasses);
     for (uint32_t c = 0; c < kNumSizeClasses; ++c) count[c] = SlotsPerChunk(c);
@@ -757,7 +758,7 @@ class Churn {
         if (absl::Status s = Allocate(ClassSize(c)); !s.ok()) return s;
       }
     }
-    stats = client.Stat(heap_.name());
+    stats = StatHeap(client, heap_.name());
     if (!stats.ok()) return stats.status();
     for (uint32_t i = 0; i < stats->free_chunks(); ++i) {
       if (absl::Status s = Allocate(kChunkSize - 64); !s.ok()) return s;
@@ -838,7 +839,7 @@ int Check() {
   heap_base = heap->base();
   Churn churn(*heap);
   if (absl::Status s = churn.Fill(*client); !s.ok()) Die("churn: " + s.ToString());
-  absl::StatusOr<v1::HeapStats> stats = client->Stat(absl::GetFlag(FLAGS_heap));
+  absl::StatusOr<v1::HeapStats> stats = StatHeap(*client, absl::GetFlag(FLAGS_heap));
   if (!stats.ok()) Die("stat: " + stats.status().ToString());
   const uint64_t capacity = stats->info().capacity_bytes();
   Print(absl::StrCat("churned ", churn.objects(), " objects, ", churn.bytes() >> 20, " MiB"));

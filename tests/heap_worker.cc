@@ -76,10 +76,11 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "boost/interprocess/offset_ptr.hpp"
-#include "client/client.h"
-#include "client/heap.h"
+#include "client/client_channel.h"
 #include "daemon/default_paths.h"
 #include "heap/fault_point.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "tests/power_loss_model.h"
 
 namespace heapd {
@@ -432,7 +433,7 @@ int RawAttach(Client& client, const std::string& heap_name) {
   request.set_heap(heap_name);
   v1::AttachResponse response;
   grpc::ClientContext context;
-  if (absl::Status s = FromGrpc(client.stub().Attach(&context, request, &response)); !s.ok()) {
+  if (absl::Status s = FromGrpc(StubOf(client).Attach(&context, request, &response)); !s.ok()) {
     return Fail(s);
   }
   std::printf("token %s session %llu\n", response.fd_token().c_str(),

@@ -33,11 +33,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel_posix.h"
 #include "gtest/gtest.h"
 #include "heap/metadata_format.h"
+#include "heapd/client.h"
 #include "proto/heapd.grpc.pb.h"
 #include "tests/test_daemon.h"
 #include "zlib.h"
@@ -308,7 +309,7 @@ TEST_F(HostileUserTest, SwappingTheTargetMidOperationRedirectsNothing) {
       request.set_target_dir(race + "/t");
       v1::SnapshotManifest manifest;
       grpc::ClientContext context;
-      made += (*client)->stub().CreateSnapshot(&context, request, &manifest).ok();
+      made += StubOf(**client).CreateSnapshot(&context, request, &manifest).ok();
     }
     (void)!write(report[1], &made, sizeof(made));
     return 0;

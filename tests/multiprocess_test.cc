@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "gtest/gtest.h"
+#include "heapd/client.h"
 #include "tests/test_daemon.h"
 
 namespace heapd {
@@ -35,7 +36,7 @@ class MultiProcessTest : public ::testing::Test {
   v1::HeapStats Stat() {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_.socket());
     EXPECT_TRUE(client.ok()) << client.status();
-    absl::StatusOr<v1::HeapStats> stats = (*client)->Stat(kHeap);
+    absl::StatusOr<v1::HeapStats> stats = StatHeap(**client, kHeap);
     EXPECT_TRUE(stats.ok()) << stats.status();
     return stats.ok() ? *stats : v1::HeapStats();
   }
@@ -185,7 +186,7 @@ TEST_F(MultiProcessTest, FreesOfAnotherProcesssUnsyncedObjectsAreExact) {
       request.set_max_size(uint64_t{4} << 30);
       v1::HeapInfo info;
       grpc::ClientContext context;
-      ASSERT_TRUE(FromGrpc((*client)->stub().CreateHeap(&context, request, &info)).ok());
+      ASSERT_TRUE(FromGrpc(StubOf(**client).CreateHeap(&context, request, &info)).ok());
     }
     Child producer(Worker({"produce", "3000"}));
     ASSERT_TRUE(producer.WaitForOutput("produced")) << producer.output() << daemon_.Log();
@@ -217,7 +218,7 @@ TEST_F(MultiProcessTest, FreesOfAnotherProcesssUnsyncedObjectsAreExact) {
     remove.set_heap(kHeap);
     v1::RemoveHeapResponse removed;
     grpc::ClientContext context;
-    ASSERT_TRUE(FromGrpc((*client)->stub().RemoveHeap(&context, remove, &removed)).ok());
+    ASSERT_TRUE(FromGrpc(StubOf(**client).RemoveHeap(&context, remove, &removed)).ok());
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/heap_impl.h"
 #include "client/in_process.h"
 
 namespace heapd {
@@ -50,7 +51,7 @@ void RandomWorkload::Crash() {
 }
 
 bool RandomWorkload::LeasedBy(int s, uint64_t offset) const {
-  return sessions_[s]->leases(At(s, offset));
+  return HeapImpl::Of(*sessions_[s]).leases(At(s, offset));
 }
 
 std::map<uint64_t, RandomWorkload::Object>::iterator RandomWorkload::RandomObject() {

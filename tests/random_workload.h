@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/heap.h"
 #include "client/in_process.h"
 #include "heap/heap.h"
+#include "heapd/heap.h"
 
 namespace heapd {
 

@@ -8,9 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "client/client.h"
-#include "client/heap.h"
+#include "client/client_channel.h"
 #include "gtest/gtest.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "tests/test_daemon.h"
 
 namespace heapd {
@@ -37,7 +38,7 @@ class RpcValidationTest : public ::testing::Test {
                                                             Response*),
                     const Request& request, Response* response) {
     grpc::ClientContext context;
-    return FromGrpc((client_->stub().*method)(&context, request, response));
+    return FromGrpc((StubOf(*client_).*method)(&context, request, response));
   }
 
   template <typename Request, typename Response>
@@ -49,7 +50,7 @@ class RpcValidationTest : public ::testing::Test {
   }
 
   v1::HeapStats Stat() {
-    absl::StatusOr<v1::HeapStats> got = client_->Stat("h");
+    absl::StatusOr<v1::HeapStats> got = StatHeap(*client_, "h");
     EXPECT_TRUE(got.ok()) << got.status();
     v1::HeapStats stats = got.ok() ? *got : v1::HeapStats();
     stats.mutable_info()->clear_last_sync_unix_ns();

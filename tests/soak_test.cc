@@ -122,8 +122,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/client.h"
+#include "client/client_channel.h"
 #include "gtest/gtest.h"
+#include "heapd/client.h"
 #include "tests/soak_control.h"
 #include "tests/test_daemon.h"
 
@@ -369,7 +370,7 @@ TEST(SoakTest, WorkersKilledAndHeapdRestartedLeaveNothingBehind) {
 
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon.socket());
   ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<v1::HeapStats> stats = (*client)->Stat(kHeap);
+  absl::StatusOr<v1::HeapStats> stats = StatHeap(**client, kHeap);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->info().live_objects(), 0u);
   EXPECT_EQ(stats->info().allocated_bytes(), 0u);

@@ -46,9 +46,10 @@
 #include "boost/container/map.hpp"
 #include "boost/container/vector.hpp"
 #include "boost/interprocess/offset_ptr.hpp"
-#include "client/allocator.h"
-#include "client/client.h"
-#include "client/heap.h"
+#include "client/client_channel.h"
+#include "heapd/allocator.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "tests/soak_control.h"
 
 namespace heapd {
@@ -474,7 +475,7 @@ void Worker::DropSession() {
 absl::Status Worker::WaitForSessionGone(uint64_t session) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   for (;;) {
-    absl::StatusOr<v1::HeapStats> stats = client_->Stat(heap_name_);
+    absl::StatusOr<v1::HeapStats> stats = StatHeap(*client_, heap_name_);
     SOAK_RETURN_IF_ERROR(Check(stats.status(), "stat while waiting for the predecessor's session"));
     bool present = false;
     for (const v1::ClientInfo& c : stats->clients()) present |= c.session() == session;
@@ -1035,7 +1036,7 @@ class Finisher {
 };
 
 void Finisher::HuntLeaks() {
-  absl::StatusOr<v1::HeapStats> stats = client_.Stat(heap_.name());
+  absl::StatusOr<v1::HeapStats> stats = StatHeap(client_, heap_.name());
   if (!stats.ok()) {
     Error("stat: " + stats.status().ToString());
     return;
@@ -1077,7 +1078,7 @@ void Finisher::HuntLeaks() {
       request.add_objects()->set_offset((i - back) * 8);
       v1::FreeResponse response;
       grpc::ClientContext context;
-      if (FromGrpc(client_.stub().Free(&context, request, &response)).ok()) {
+      if (FromGrpc(StubOf(client_).Free(&context, request, &response)).ok()) {
         ++found;
         Error(absl::StrCat("leaked: container memory of worker ", (words[i] >> 48) & 0x3f,
                            " incarnation ", (words[i] >> 32) & 0xffff, " transaction number ",
@@ -1102,7 +1103,7 @@ absl::StatusOr<Finisher::Liveness> Finisher::ProbeAndFree(const Obj& object) {
   ref->set_size(object.size);
   v1::FreeResponse response;
   grpc::ClientContext context;
-  const absl::Status freed = FromGrpc(client_.stub().Free(&context, request, &response));
+  const absl::Status freed = FromGrpc(StubOf(client_).Free(&context, request, &response));
   if (freed.ok()) return Liveness::kLive;
   // Nothing is leased and nothing else runs: heapd's answer is exact. Any
   // INVALID_ARGUMENT (not live, not an object start, another size class)

@@ -11,7 +11,7 @@
 #include "boost/container/vector.hpp"
 #include "boost/functional/hash.hpp"
 #include "boost/unordered_map.hpp"
-#include "client/allocator.h"
+#include "heapd/allocator.h"
 
 namespace heapd {
 

@@ -11,11 +11,11 @@
 #include <new>
 
 #include "absl/flags/flag.h"
-#include "client/allocator.h"
-#include "client/client.h"
 #include "client/examples/graph.h"
 #include "client/examples/rmat.h"
-#include "client/heap.h"
+#include "heapd/allocator.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "protocol/version.h"
 #include "util/program_flags.h"
 

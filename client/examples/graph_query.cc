@@ -9,9 +9,9 @@
 #include <unordered_set>
 
 #include "absl/flags/flag.h"
-#include "client/client.h"
 #include "client/examples/graph.h"
-#include "client/heap.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "protocol/version.h"
 #include "util/program_flags.h"
 

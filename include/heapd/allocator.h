@@ -14,8 +14,8 @@
 // process's own Heap. Allocation failure throws heapd::allocation_error, a
 // std::bad_alloc that says which heap and why (RESOURCE_EXHAUSTED: the heap
 // is at its maximum size or its file system is full).
-#ifndef HEAPD_CLIENT_ALLOCATOR_H_
-#define HEAPD_CLIENT_ALLOCATOR_H_
+#ifndef HEAPD_HEAPD_ALLOCATOR_H_
+#define HEAPD_HEAPD_ALLOCATOR_H_
 
 #include <cstddef>
 #include <limits>
@@ -25,7 +25,7 @@
 #include <utility>
 
 #include "boost/interprocess/offset_ptr.hpp"
-#include "client/heap.h"
+#include "heapd/heap.h"
 
 namespace heapd {
 
@@ -103,4 +103,4 @@ class allocator {
 
 }  // namespace heapd
 
-#endif  // HEAPD_CLIENT_ALLOCATOR_H_
+#endif  // HEAPD_HEAPD_ALLOCATOR_H_

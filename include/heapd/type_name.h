@@ -8,8 +8,8 @@
 // must agree with code built by another compiler names its types itself:
 //   HEAPD_TYPE_NAME(my::Graph, "my::Graph/v1");
 // at global scope, before the type is used with a Heap.
-#ifndef HEAPD_CLIENT_TYPE_NAME_H_
-#define HEAPD_CLIENT_TYPE_NAME_H_
+#ifndef HEAPD_HEAPD_TYPE_NAME_H_
+#define HEAPD_HEAPD_TYPE_NAME_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -56,4 +56,4 @@ std::string TypeName() {
     static std::string Get() { return Name; } \
   }
 
-#endif  // HEAPD_CLIENT_TYPE_NAME_H_
+#endif  // HEAPD_HEAPD_TYPE_NAME_H_

@@ -5,8 +5,8 @@
 //
 // Thread-safe. Heaps attached through a Client must be detached (or
 // destroyed) before it.
-#ifndef HEAPD_CLIENT_CLIENT_H_
-#define HEAPD_CLIENT_CLIENT_H_
+#ifndef HEAPD_HEAPD_CLIENT_H_
+#define HEAPD_HEAPD_CLIENT_H_
 
 #include <cstdint>
 #include <memory>
@@ -16,12 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/channel.h"
-#include "proto/heapd.grpc.pb.h"
+#include "heapd/heap.h"
 
 namespace heapd {
-
-class Heap;
 
 struct AttachOptions {
   bool read_only = false;
@@ -43,9 +40,6 @@ struct AttachOptions {
   std::string snapshot_dir;
 };
 
-// gRPC's status as an absl::Status (the codes are the same).
-absl::Status FromGrpc(const grpc::Status& status);
-
 struct ClientOptions {
   // Deadline of each call to heapd: generous, since a sync of a big heap on
   // a busy node, or an attach behind many others, may take a while.
@@ -55,44 +49,36 @@ struct ClientOptions {
   int attach_attempts = 3;
 };
 
+struct ClientChannel;  // heapd's side of the connection, inside the library
+
 class Client {
  public:
   // Connects to heapd at `socket_path` (empty: $HEAPD_SOCKET, else the
-  // default path, see daemon/default_paths.h), after checking it is served
-  // by root or this user. UNAVAILABLE if nothing listens there.
+  // user's own heapd's socket if it exists, else the system heapd's,
+  // /run/heapd/heapd.sock), after checking it is served by root or this
+  // user. UNAVAILABLE if nothing listens there.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path = "",
                                                          const ClientOptions& options = {});
   // As above, with calls bounded by `call_timeout_ms`.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path,
                                                          int call_timeout_ms);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
 
   // Attaches heap `name` (or options.snapshot) and maps it.
   absl::StatusOr<std::unique_ptr<Heap>> Attach(const std::string& name,
                                                const AttachOptions& options = {});
 
-  // StatHeap: usage, chunks, size classes and clients of heap `name`.
-  absl::StatusOr<v1::HeapStats> Stat(const std::string& name);
-
-  // The generated stub, for calls the typed API does not wrap (admin calls).
-  v1::Heapd::Stub& stub() { return *stub_; }
-  const std::string& socket_path() const { return socket_path_; }
-  // Sets the call deadline of `context` (options.call_timeout from now).
-  void Prepare(grpc::ClientContext* context) const;
+  const std::string& socket_path() const;
 
  private:
-  Client(std::string socket_path, std::shared_ptr<grpc::Channel> channel,
-         const ClientOptions& options);
-  // One attach: the call, the fd, the mapping.
-  absl::StatusOr<std::unique_ptr<Heap>> AttachOnce(const v1::AttachRequest& request,
-                                                   const std::string& name,
-                                                   const AttachOptions& options);
+  friend ClientChannel& ChannelOf(Client& client);
+  explicit Client(std::unique_ptr<ClientChannel> channel);
 
-  const std::string socket_path_;
-  const ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Heapd::Stub> stub_;
+  std::unique_ptr<ClientChannel> channel_;
 };
 
 }  // namespace heapd
 
-#endif  // HEAPD_CLIENT_CLIENT_H_
+#endif  // HEAPD_HEAPD_CLIENT_H_

@@ -1,5 +1,8 @@
-// heapd::Heap: one attached heap in this process — mapped at a reserved
-// address range, growing in place, with allocation, named objects and sync.
+// HeapImpl: what a heapd::Heap (heapd/heap.h) is inside the client
+// library: the mapping and its growth, per-thread lease caches, frees of
+// other threads and processes, the large-object reserve, multi-part syncs,
+// names looked up at attach, and write tracking. Heap's methods are this
+// class's, reached by a static downcast (a Heap is always a HeapImpl).
 //
 // Allocation: each thread carves small objects (up to 1 MiB) out of chunks
 // it leases from the daemon in batches; allocate and deallocate of those
@@ -10,25 +13,10 @@
 // commit. Larger ones are one RPC each. Freeing an object of another thread
 // queues it for that thread's cache; freeing one in a chunk this process
 // does not lease (another process allocated it) is batched to the daemon,
-// which validates it.
-//
-// Consistency: allocations, frees and names become persistent at sync(),
-// detach() or (for a bound object) construct(); after a crash the heap
-// opens at the last sync. Object contents are written in place; on a heap
-// with content_rollback() they too go back to this process's last sync if
-// it dies (write_tracker.h: the first store to a page since the last sync
-// costs one fault), elsewhere they stay as they were last written.
-//
-// Thread-safe, except that nothing may run concurrently with detach() or
-// the destructor. A read-only heap is mapped PROT_READ: allocation fails and
-// a stray store faults.
-//
-// Every process maps the heap at its own address: link objects with offset
-// pointers (boost::interprocess::offset_ptr, as heapd::allocator does).
-// Objects that other processes allocate after this one mapped the heap are
-// mapped on first touch (growth_fault_handler.h).
-#ifndef HEAPD_CLIENT_HEAP_H_
-#define HEAPD_CLIENT_HEAP_H_
+// which validates it. Objects that other processes allocate after this one
+// mapped the heap are mapped on first touch (growth_fault_handler.h).
+#ifndef HEAPD_CLIENT_HEAP_IMPL_H_
+#define HEAPD_CLIENT_HEAP_IMPL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -41,163 +29,48 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
-#include "client/client.h"
 #include "client/growth_fault_handler.h"
 #include "client/session_calls.h"
 #include "client/spin_lock.h"
-#include "client/type_name.h"
 #include "client/write_tracker.h"
 #include "heap/heap_mapping.h"
 #include "heap/name_table.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "util/unique_fd.h"
 
 namespace heapd {
 
-// Lives in private memory just before the mapped heap, at the same distance
-// from every object in every process: a heapd::allocator stored in the heap
-// reaches its process's Heap through it with an offset pointer.
-struct ProcessHeader {
-  static constexpr uint64_t kMagic = 0x6865617064504831;  // "heapdPH1"
-  uint64_t magic;
-  class Heap* heap;
-};
-inline constexpr uint64_t kProcessHeaderBytes = 4096;
-
-class Heap {
+class HeapImpl final : public Heap {
  public:
-  ~Heap();  // detaches if detach() was not called; errors go to stderr
-  Heap(const Heap&) = delete;
-  Heap& operator=(const Heap&) = delete;
+  ~HeapImpl() override;  // detaches if detach() was not called; errors go to stderr
 
-  // Allocates `size` bytes aligned to `align` (a power of two up to 4096).
-  // RESOURCE_EXHAUSTED when the heap or its file system is full,
-  // FAILED_PRECONDITION on a read-only heap.
-  absl::StatusOr<void*> allocate(uint64_t size, uint64_t align = 8);
-
-  // Frees the object at `p`. INVALID_ARGUMENT if `p` is not in the heap or
-  // (for objects of this thread) not a live object. Frees of other threads'
-  // objects are applied by that thread or the next sync(), and frees of
-  // other processes' objects are validated by the daemon when their batch
-  // is sent: their errors are returned by that call or by sync().
-  // `size_hint` (0: unknown) lets objects above 1 MiB go to the daemon at
-  // once.
-  absl::Status deallocate(void* p, uint64_t size_hint = 0);
-
-  // construct<T>(name)(args...): allocates a T, constructs it and binds
-  // `name` to it. ALREADY_EXISTS if the name is taken (nothing is left
-  // allocated).
-  template <typename T>
-  class Constructor {
-   public:
-    template <typename... Args>
-    absl::StatusOr<T*> operator()(Args&&... args) {
-      absl::StatusOr<void*> memory = heap_->allocate(sizeof(T), alignof(T));
-      if (!memory.ok()) return memory.status();
-      T* object;
-      try {
-        object = new (*memory) T(std::forward<Args>(args)...);
-      } catch (...) {
-        (void)heap_->deallocate(*memory, sizeof(T));
-        throw;
-      }
-      absl::Status bound = heap_->Bind(name_, object, sizeof(T), TypeName<T>());
-      if (!bound.ok()) {
-        object->~T();
-        (void)heap_->deallocate(object, sizeof(T));
-        return bound;
-      }
-      return object;
-    }
-
-   private:
-    friend class Heap;
-    Constructor(Heap* heap, std::string name) : heap_(heap), name_(std::move(name)) {}
-    Heap* heap_;
-    std::string name_;
-  };
-  template <typename T>
-  Constructor<T> construct(std::string name) {
-    return Constructor<T>(this, std::move(name));
-  }
-
-  // Binds `name` to `object`, a T in this heap made by allocate() and
-  // placement new: for a structure built first and named last, so that a
-  // failure while building leaves no name bound to half of it.
-  // ALREADY_EXISTS if the name is taken.
-  template <typename T>
-  absl::Status bind(const std::string& name, const T* object) {
-    return Bind(name, object, sizeof(T), TypeName<T>());
-  }
-
-  // The T bound to `name`. NOT_FOUND if unbound; FAILED_PRECONDITION if the
-  // name binds another type.
-  template <typename T>
-  absl::StatusOr<T*> find(const std::string& name) {
-    absl::StatusOr<void*> object = Find(name, TypeName<T>(), sizeof(T));
-    if (!object.ok()) return object.status();
-    return static_cast<T*>(*object);
-  }
-
-  // Unbinds `name`, destroys the T it bound and frees it.
-  template <typename T>
-  absl::Status destroy(const std::string& name) {
-    absl::StatusOr<T*> object = find<T>(name);
-    if (!object.ok()) return object.status();
-    if (absl::Status s = Unbind(name); !s.ok()) return s;
-    (*object)->~T();
-    return deallocate(*object, sizeof(T));
-  }
-
-  // Makes this process's allocations, frees and object contents persistent;
-  // returns the heap's new epoch. Concurrent calls run one after the other.
+  // Heap's calls (heapd/heap.h says what each does). The fast two are
+  // inlined into Heap's (client/heap.cc, where both are defined; no other
+  // file calls them): a Heap call costs one call, as before the split.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<void*> allocate(uint64_t size, uint64_t align);
+  ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status deallocate(void* p, uint64_t size_hint);
   absl::StatusOr<uint64_t> sync() ABSL_LOCKS_EXCLUDED(sync_mu_);
-
-  // Syncs, returns every leased chunk and ends the session. The heap's
-  // memory is unmapped: no pointer into it may be used afterwards.
   absl::Status detach();
-
-  // Offsets and addresses in this process's mapping.
-  char* base() const { return base_; }
-  uint64_t offset_of(const void* p) const {
-    return static_cast<uint64_t>(static_cast<const char*>(p) - base());
-  }
-  template <typename T = void>
-  T* at(uint64_t offset) const {
-    return reinterpret_cast<T*>(base() + offset);
-  }
-
   const std::string& name() const { return name_; }
   bool read_only() const { return read_only_; }
-  // Object contents go back to the last sync after a crash; when false,
-  // content_rollback_note() says why not (heapd decides, per heap).
   bool content_rollback() const { return tracker_ != nullptr; }
   const std::string& content_rollback_note() const { return content_rollback_note_; }
-  // With content_rollback(): true once heapd ended this session (it died or
-  // reclaimed it) and the mapping was fenced; later stores stay in this
-  // process and never reach the heap.
   bool fenced() const { return tracker_ != nullptr && tracker_->fenced(); }
-  // Takes the pre-images of the pages of [p, p + size) now: needed before a
-  // system call writes there (read(2) into a heap buffer) when the kernel
-  // lets this process track user-mode stores only (write_tracker.h).
   void prepare_write(void* p, uint64_t size);
   uint64_t session() const { return session_; }
   uint64_t max_size() const { return max_size_; }
-  ProcessHeader* process_header() const {
-    return reinterpret_cast<ProcessHeader*>(base() - kProcessHeaderBytes);
-  }
-
-  // Unbinds `name`; NOT_FOUND if unbound.
+  absl::StatusOr<Named> Lookup(const std::string& name);
   absl::Status Unbind(const std::string& name);
-  // Binds `name` to the `size`-byte object at `object` of type `type_name`.
   absl::Status Bind(const std::string& name, const void* object, uint64_t size,
                     const std::string& type_name);
-  // The object bound to `name`, checked to be a `type_name` of `size` bytes.
   absl::StatusOr<void*> Find(const std::string& name, const std::string& type_name, uint64_t size);
 
   // For transports (Client::Attach, AttachInProcess): a Heap over `calls`,
@@ -209,6 +82,10 @@ class Heap {
                                                      const v1::AttachResponse& attached,
                                                      int data_fd, UniqueFd journal);
 
+  // The HeapImpl every Heap is.
+  static HeapImpl& Of(Heap& heap) { return static_cast<HeapImpl&>(heap); }
+  static const HeapImpl& Of(const Heap& heap) { return static_cast<const HeapImpl&>(heap); }
+
   // Whether this process leases the chunk holding `p` (a thread cache's
   // small-object chunk, or one reserved for its large objects): then a free
   // there is judged here, and a double free of an object another process
@@ -218,8 +95,8 @@ class Heap {
  private:
   struct ThreadCache;
 
-  Heap(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOptions& options,
-       uint64_t session, int data_fd);
+  HeapImpl(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOptions& options,
+           uint64_t session, int data_fd);
   // Maps the heap and takes what Attach returned.
   absl::Status Start(const v1::AttachResponse& attached, UniqueFd journal);
 
@@ -263,6 +140,11 @@ class Heap {
   absl::StatusOr<bool> FreeUntold(uint64_t offset, uint64_t size_hint);
   absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
   absl::Status FlushFrees();
+  // The entry `name` binds (prefetched at attach, else looked up), checked
+  // to lie within the heap.
+  absl::StatusOr<NameEntry> EntryOf(const std::string& name);
+  // The address of `entry`'s object, mapping the heap's growth up to it.
+  absl::StatusOr<void*> MapObject(const NameEntry& entry);
   // Whether the write tracker let a store through without its pre-image
   // (told to heapd with each sync and the detach).
   bool StoresUnseen() const;
@@ -298,7 +180,6 @@ class Heap {
   GrowingHeap growing_;  // set by Start; see growth_fault_handler.h
   int fault_slot_ = -1;  // growing_'s slot with the handler
   std::unique_ptr<HeapMapping> mapping_;
-  char* base_ = nullptr;  // mapping_->base(), kept here for the fast path
   uint64_t max_size_ = 0;
   std::atomic<uint64_t> mapped_bytes_{0};
 
@@ -334,4 +215,4 @@ class Heap {
 
 }  // namespace heapd
 
-#endif  // HEAPD_CLIENT_HEAP_H_
+#endif  // HEAPD_CLIENT_HEAP_IMPL_H_
