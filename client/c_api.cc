@@ -1,0 +1,288 @@
+// heapd's C API (heapd/heapd.h) over the C++ client: a heapd_heap is a
+// Client and the Heap attached through it.
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/array_record.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
+#include "heapd/heapd.h"
+#include "protocol/version.h"
+
+struct heapd_heap {
+  std::unique_ptr<heapd::Client> client;
+  std::unique_ptr<heapd::Heap> heap;  // detached before the client goes
+};
+
+namespace heapd {
+namespace {
+
+// The type name of objects named through the C API (no C++ type).
+constexpr char kBytesTypeName[] = "heapd::bytes/v1";
+constexpr uint64_t kMallocAlign = 16;
+constexpr uint64_t kArrayAlign = 64;
+
+thread_local std::string last_error;
+
+int ErrnoOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return EINVAL;
+    case absl::StatusCode::kNotFound:
+      return ENOENT;
+    case absl::StatusCode::kAlreadyExists:
+      return EEXIST;
+    case absl::StatusCode::kResourceExhausted:
+      return ENOMEM;
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return EACCES;
+    case absl::StatusCode::kFailedPrecondition:
+      return EPERM;
+    case absl::StatusCode::kUnavailable:
+      return ECONNREFUSED;
+    case absl::StatusCode::kDeadlineExceeded:
+      return ETIMEDOUT;
+    default:
+      return EIO;
+  }
+}
+
+// Records `status` as this thread's last error and sets errno.
+void Record(const absl::Status& status) {
+  last_error = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+  errno = ErrnoOf(status.code());
+}
+
+template <typename T>
+T Fail(const absl::Status& status, T value) {
+  Record(status);
+  return value;
+}
+
+bool MissingHeap(const heapd_heap* heap) {
+  if (heap != nullptr && heap->heap != nullptr) return false;
+  Record(absl::InvalidArgumentError("no heap (NULL, or detached)"));
+  return true;
+}
+
+bool MissingName(const char* name) {
+  if (name != nullptr) return false;
+  Record(absl::InvalidArgumentError("no name (NULL)"));
+  return true;
+}
+
+// `size` bytes aligned to `align`, never at offset 0 (the C API's null
+// link): an object that lands there is kept aside for the heap's life and
+// another one taken.
+absl::StatusOr<void*> AllocateAwayFromZero(Heap& heap, uint64_t size, uint64_t align) {
+  absl::StatusOr<void*> memory = heap.allocate(size == 0 ? 1 : size, align);
+  if (memory.ok() && heap.offset_of(*memory) == 0) {
+    memory = heap.allocate(size == 0 ? 1 : size, align);
+  }
+  return memory;
+}
+
+}  // namespace
+}  // namespace heapd
+
+using heapd::Fail;
+using heapd::MissingHeap;
+using heapd::MissingName;
+
+extern "C" {
+
+const char* heapd_version(void) { return heapd::kHeapdVersion; }
+
+void heapd_attach_options_init(heapd_attach_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+}
+
+heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) {
+  if (MissingName(name)) return nullptr;
+  heapd_attach_options given;
+  heapd_attach_options_init(&given);
+  if (options != nullptr) {
+    // A caller built against an older, shorter struct: read what it has.
+    if (options->struct_size < offsetof(heapd_attach_options, socket) + sizeof(const char*)) {
+      return Fail(absl::InvalidArgumentError(
+                      "heapd_attach_options not filled by heapd_attach_options_init"),
+                  static_cast<heapd_heap*>(nullptr));
+    }
+    std::memcpy(&given, options, std::min(options->struct_size, sizeof(given)));
+    given.struct_size = sizeof(given);
+  }
+  absl::StatusOr<std::unique_ptr<heapd::Client>> client =
+      heapd::Client::Connect(given.socket == nullptr ? "" : given.socket);
+  if (!client.ok()) return Fail(client.status(), static_cast<heapd_heap*>(nullptr));
+  heapd::AttachOptions attach;
+  attach.create_if_missing = given.create_if_missing != 0;
+  attach.read_only = given.read_only != 0;
+  attach.max_size = given.max_size;
+  attach.mode = given.mode;
+  absl::StatusOr<std::unique_ptr<heapd::Heap>> heap = (*client)->Attach(name, attach);
+  if (!heap.ok()) return Fail(heap.status(), static_cast<heapd_heap*>(nullptr));
+  return new heapd_heap{*std::move(client), *std::move(heap)};
+}
+
+int heapd_detach(heapd_heap* heap) {
+  if (MissingHeap(heap)) return -1;
+  const absl::Status detached = heap->heap->detach();
+  heap->heap.reset();
+  delete heap;
+  return detached.ok() ? 0 : Fail(detached, -1);
+}
+
+void* heapd_malloc(heapd_heap* heap, size_t size) {
+  if (MissingHeap(heap)) return nullptr;
+  absl::StatusOr<void*> memory =
+      heapd::AllocateAwayFromZero(*heap->heap, size, heapd::kMallocAlign);
+  return memory.ok() ? *memory : Fail(memory.status(), static_cast<void*>(nullptr));
+}
+
+int heapd_free(heapd_heap* heap, void* p) {
+  if (MissingHeap(heap)) return -1;
+  if (p == nullptr) return 0;
+  const absl::Status freed = heap->heap->deallocate(p);
+  return freed.ok() ? 0 : Fail(freed, -1);
+}
+
+void* heapd_named_malloc(heapd_heap* heap, const char* name, size_t size) {
+  if (MissingHeap(heap) || MissingName(name)) return nullptr;
+  absl::StatusOr<void*> memory =
+      heapd::AllocateAwayFromZero(*heap->heap, size, heapd::kMallocAlign);
+  if (!memory.ok()) return Fail(memory.status(), static_cast<void*>(nullptr));
+  if (absl::Status bound = heap->heap->Bind(name, *memory, size, heapd::kBytesTypeName);
+      !bound.ok()) {
+    (void)heap->heap->deallocate(*memory);
+    return Fail(bound, static_cast<void*>(nullptr));
+  }
+  return *memory;
+}
+
+void* heapd_find(heapd_heap* heap, const char* name, size_t* size) {
+  if (MissingHeap(heap) || MissingName(name)) return nullptr;
+  absl::StatusOr<heapd::Heap::Named> named = heap->heap->Lookup(name);
+  if (!named.ok()) return Fail(named.status(), static_cast<void*>(nullptr));
+  if (size != nullptr) *size = named->size;
+  return named->object;
+}
+
+int heapd_named_free(heapd_heap* heap, const char* name) {
+  if (MissingHeap(heap) || MissingName(name)) return -1;
+  absl::StatusOr<heapd::Heap::Named> named = heap->heap->Lookup(name);
+  if (!named.ok()) return Fail(named.status(), -1);
+  if (absl::Status s = heap->heap->Unbind(name); !s.ok()) return Fail(s, -1);
+  const absl::Status freed = heap->heap->deallocate(named->object, named->size);
+  return freed.ok() ? 0 : Fail(freed, -1);
+}
+
+int heapd_sync(heapd_heap* heap) {
+  if (MissingHeap(heap)) return -1;
+  absl::StatusOr<uint64_t> epoch = heap->heap->sync();
+  return epoch.ok() ? 0 : Fail(epoch.status(), -1);
+}
+
+uint64_t heapd_offset(heapd_heap* heap, const void* p) {
+  if (MissingHeap(heap)) return UINT64_MAX;
+  if (p == nullptr) return 0;
+  const char* at = static_cast<const char*>(p);
+  if (at < heap->heap->base() || at >= heap->heap->base() + heap->heap->max_size()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("address 0x",
+                                                        absl::Hex(reinterpret_cast<uintptr_t>(p)),
+                                                        " is not in heap ", heap->heap->name())),
+                UINT64_MAX);
+  }
+  return heap->heap->offset_of(p);
+}
+
+void* heapd_pointer(heapd_heap* heap, uint64_t offset) {
+  if (MissingHeap(heap) || offset == 0) return nullptr;
+  if (offset >= heap->heap->max_size()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is beyond heap ",
+                                                        heap->heap->name(), "'s maximum size")),
+                static_cast<void*>(nullptr));
+  }
+  return heap->heap->at(offset);
+}
+
+const char* heapd_last_error(void) { return heapd::last_error.c_str(); }
+
+size_t heapd_dtype_size(heapd_dtype dtype) {
+  heapd_array_info one{};
+  one.dtype = dtype;
+  one.rank = 1;
+  one.shape[0] = 1;
+  return heapd::CheckArrayInfo(one).ok() ? heapd::ArrayBytes(one) : 0;
+}
+
+void* heapd_find_array(heapd_heap* heap, const char* name, heapd_array_info* info) {
+  if (MissingHeap(heap) || MissingName(name)) return nullptr;
+  absl::StatusOr<heapd::Heap::Named> named = heap->heap->Lookup(name);
+  if (!named.ok()) return Fail(named.status(), static_cast<void*>(nullptr));
+  absl::StatusOr<heapd_array_info> record = heapd::ParseArrayTypeName(named->type_name);
+  if (!record.ok()) {
+    return Fail(absl::Status(record.status().code(),
+                             absl::StrCat("name '", name, "' in heap ", heap->heap->name(), ": ",
+                                          record.status().message())),
+                static_cast<void*>(nullptr));
+  }
+  if (named->size < heapd::ArrayBytes(*record)) {
+    return Fail(absl::DataLossError(absl::StrCat("array '", name, "' in heap ", heap->heap->name(),
+                                                 " holds ", named->size,
+                                                 " bytes, less than its record says")),
+                static_cast<void*>(nullptr));
+  }
+  if (info != nullptr) *info = *record;
+  return named->object;
+}
+
+void* heapd_array(heapd_heap* heap, const char* name, const heapd_array_info* info, int create) {
+  if (MissingHeap(heap) || MissingName(name)) return nullptr;
+  if (info == nullptr) {
+    return Fail(absl::InvalidArgumentError("no array record (NULL)"), static_cast<void*>(nullptr));
+  }
+  if (absl::Status s = heapd::CheckArrayInfo(*info); !s.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("array '", name, "': ", s.message())),
+                static_cast<void*>(nullptr));
+  }
+  // Find, else create; a creation that loses the race to another process's
+  // finds that one.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    heapd_array_info found{};
+    void* existing = heapd_find_array(heap, name, &found);
+    if (existing != nullptr) {
+      if (heapd::ArrayTypeName(found) == heapd::ArrayTypeName(*info)) return existing;
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+                      "array '", name, "' in heap ", heap->heap->name(), " is ",
+                      heapd::DescribeArray(found), ", not ", heapd::DescribeArray(*info))),
+                  static_cast<void*>(nullptr));
+    }
+    if (errno != ENOENT || !create) return nullptr;  // heapd_find_array said why
+    const uint64_t bytes = heapd::ArrayBytes(*info);
+    absl::StatusOr<void*> memory =
+        heapd::AllocateAwayFromZero(*heap->heap, bytes, heapd::kArrayAlign);
+    if (!memory.ok()) return Fail(memory.status(), static_cast<void*>(nullptr));
+    std::memset(*memory, 0, bytes);
+    const absl::Status bound = heap->heap->Bind(name, *memory, bytes, heapd::ArrayTypeName(*info));
+    if (bound.ok()) return *memory;
+    (void)heap->heap->deallocate(*memory);
+    if (bound.code() != absl::StatusCode::kAlreadyExists) {
+      return Fail(bound, static_cast<void*>(nullptr));
+    }
+  }
+  return Fail(absl::UnavailableError(absl::StrCat("array '", name, "' in heap ", heap->heap->name(),
+                                                  " was made and removed while this call ran")),
+              static_cast<void*>(nullptr));
+}
+
+}  // extern "C"

@@ -1,0 +1,166 @@
+// The C API (include/heapd/heapd.h) against a real heapd: objects, names,
+// links by offset, arrays, errors with errno and heapd_last_error, and what
+// a second process sees.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "heapd/heapd.h"
+#include "tests/test_daemon.h"
+
+namespace heapd {
+namespace {
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_.Start();
+    heapd_attach_options_init(&options_);
+    socket_ = daemon_.socket();
+    options_.socket = socket_.c_str();
+    options_.create_if_missing = 1;
+    options_.max_size = 64 << 20;
+    heap_ = heapd_attach("c", &options_);
+    ASSERT_NE(heap_, nullptr) << heapd_last_error();
+  }
+  void TearDown() override {
+    if (heap_ != nullptr) EXPECT_EQ(heapd_detach(heap_), 0) << heapd_last_error();
+  }
+
+  TestDaemon daemon_;
+  std::string socket_;
+  heapd_attach_options options_;
+  heapd_heap* heap_ = nullptr;
+};
+
+TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
+  struct Node {
+    uint64_t next;  // offset of the next node; 0: none
+    int64_t value;
+  };
+  Node* first = static_cast<Node*>(heapd_named_malloc(heap_, "list", sizeof(Node)));
+  ASSERT_NE(first, nullptr) << heapd_last_error();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 16, 0u);
+  Node* second = static_cast<Node*>(heapd_malloc(heap_, sizeof(Node)));
+  ASSERT_NE(second, nullptr);
+  *second = Node{0, 2};
+  *first = Node{heapd_offset(heap_, second), 1};
+  EXPECT_NE(first->next, 0u);  // no object lives at the null link
+  EXPECT_EQ(heapd_pointer(heap_, first->next), second);
+  EXPECT_EQ(heapd_offset(heap_, nullptr), 0u);
+  EXPECT_EQ(heapd_pointer(heap_, 0), nullptr);
+  ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
+  ASSERT_EQ(heapd_detach(heap_), 0);
+  heap_ = nullptr;
+
+  // Another process attaches and walks the list.
+  const pid_t child = fork();
+  if (child == 0) {
+    heapd_attach_options options;
+    heapd_attach_options_init(&options);
+    options.socket = socket_.c_str();
+    heapd_heap* heap = heapd_attach("c", &options);
+    if (heap == nullptr) _exit(10);
+    size_t size = 0;
+    const Node* node = static_cast<const Node*>(heapd_find(heap, "list", &size));
+    if (node == nullptr || size != sizeof(Node) || node->value != 1) _exit(11);
+    node = static_cast<const Node*>(heapd_pointer(heap, node->next));
+    if (node == nullptr || node->value != 2 || node->next != 0) _exit(12);
+    _exit(heapd_detach(heap) == 0 ? 0 : 13);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  heap_ = heapd_attach("c", &options_);
+  ASSERT_NE(heap_, nullptr);
+  EXPECT_EQ(heapd_named_free(heap_, "list"), 0) << heapd_last_error();
+  EXPECT_EQ(heapd_find(heap_, "list", nullptr), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+}
+
+TEST_F(CApiTest, FailuresSetErrnoAndSayWhat) {
+  ASSERT_NE(heapd_named_malloc(heap_, "x", 8), nullptr);
+  EXPECT_EQ(heapd_named_malloc(heap_, "x", 8), nullptr);
+  EXPECT_EQ(errno, EEXIST);
+  EXPECT_NE(std::string(heapd_last_error()).find("ALREADY_EXISTS"), std::string::npos)
+      << heapd_last_error();
+  int outside = 0;
+  EXPECT_EQ(heapd_free(heap_, &outside), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(heapd_offset(heap_, &outside), UINT64_MAX);
+  EXPECT_EQ(heapd_free(heap_, nullptr), 0);
+  // Beyond the heap's maximum size: EINVAL; more than is left: ENOMEM.
+  EXPECT_EQ(heapd_malloc(heap_, size_t{1} << 30), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_NE(heapd_malloc(heap_, size_t{40} << 20), nullptr) << heapd_last_error();
+  EXPECT_EQ(heapd_malloc(heap_, size_t{40} << 20), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  EXPECT_NE(std::string(heapd_last_error()).find("RESOURCE_EXHAUSTED"), std::string::npos)
+      << heapd_last_error();
+  EXPECT_EQ(heapd_attach("nosuch", nullptr), nullptr);  // the default socket: none here
+  EXPECT_TRUE(errno == ECONNREFUSED || errno == ENOENT) << errno;
+  heapd_attach_options options = options_;
+  options.create_if_missing = 0;
+  EXPECT_EQ(heapd_attach("nosuch", &options), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_NE(std::string(heapd_last_error()).find("nosuch"), std::string::npos);
+  heapd_attach_options unset;
+  std::memset(&unset, 0, sizeof(unset));  // not filled by heapd_attach_options_init
+  EXPECT_EQ(heapd_attach("c", &unset), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  // Read-only: no allocation.
+  options.read_only = 1;
+  heapd_heap* reader = heapd_attach("c", &options);
+  ASSERT_NE(reader, nullptr) << heapd_last_error();
+  EXPECT_EQ(heapd_malloc(reader, 8), nullptr);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(heapd_detach(reader), 0);
+}
+
+TEST_F(CApiTest, ArraysCarryTheirRecord) {
+  heapd_array_info info{};
+  info.dtype = HEAPD_FLOAT64;
+  info.rank = 2;
+  info.fortran_order = 1;
+  info.shape[0] = 30;
+  info.shape[1] = 20;
+  EXPECT_EQ(heapd_array(heap_, "u", &info, /*create=*/0), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  auto* u = static_cast<double*>(heapd_array(heap_, "u", &info, /*create=*/1));
+  ASSERT_NE(u, nullptr) << heapd_last_error();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(u) % 64, 0u);
+  for (int i = 0; i < 600; ++i) ASSERT_EQ(u[i], 0.0);  // new arrays are zero-filled
+  u[599] = 6.5;
+  EXPECT_EQ(heapd_array(heap_, "u", &info, 1), u);  // found, not made again
+  heapd_array_info found{};
+  EXPECT_EQ(heapd_find_array(heap_, "u", &found), u);
+  EXPECT_EQ(found.dtype, HEAPD_FLOAT64);
+  EXPECT_EQ(found.rank, 2);
+  EXPECT_EQ(found.fortran_order, 1);
+  EXPECT_EQ(found.shape[1], 20u);
+  heapd_array_info other = info;
+  other.shape[1] = 21;
+  EXPECT_EQ(heapd_array(heap_, "u", &other, 1), nullptr);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(std::string(heapd_last_error())
+                .find("float64[30,20] (Fortran order), not "
+                      "float64[30,21]"),
+            std::string::npos)
+      << heapd_last_error();
+  ASSERT_NE(heapd_named_malloc(heap_, "bytes", 16), nullptr);
+  EXPECT_EQ(heapd_find_array(heap_, "bytes", &found), nullptr);
+  EXPECT_EQ(errno, EPERM);
+  other.rank = 0;
+  EXPECT_EQ(heapd_array(heap_, "v", &other, 1), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(heapd_dtype_size(HEAPD_COMPLEX128), 16u);
+  EXPECT_EQ(heapd_dtype_size(static_cast<heapd_dtype>(0)), 0u);
+}
+
+}  // namespace
+}  // namespace heapd
