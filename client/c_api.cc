@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/array_record.h"
+#include "client/client_channel.h"
+#include "client/heap_impl.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
 #include "heapd/heapd.h"
@@ -18,6 +20,9 @@
 struct heapd_heap {
   std::unique_ptr<heapd::Client> client;
   std::unique_ptr<heapd::Heap> heap;  // detached before the client goes
+  // In a forked child (heapd_forked_child): the parent's session and gRPC
+  // channel, never used or destroyed here.
+  bool forked = false;
 };
 
 namespace heapd {
@@ -68,6 +73,13 @@ T Fail(const absl::Status& status, T value) {
 }
 
 bool MissingHeap(const heapd_heap* heap) {
+  if (heap != nullptr && heap->forked) {
+    Record(absl::FailedPreconditionError(
+        absl::StrCat("heap ", heap->heap->name(),
+                     " was attached by the parent of this forked process: attach "
+                     "it again here to use it")));
+    return true;
+  }
   if (heap != nullptr && heap->heap != nullptr) return false;
   Record(absl::InvalidArgumentError("no heap (NULL, or detached)"));
   return true;
@@ -134,7 +146,22 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
   return new heapd_heap{*std::move(client), *std::move(heap)};
 }
 
+int heapd_forked_child(heapd_heap* heap) {
+  if (MissingHeap(heap)) return -1;
+  heap->forked = true;
+  const absl::Status kept = heapd::HeapImpl::Of(*heap->heap).KeepPrivatelyAfterFork();
+  return kept.ok() ? 0 : Fail(kept, -1);
+}
+
 int heapd_detach(heapd_heap* heap) {
+  if (heap != nullptr && heap->forked) {
+    // The parent's objects: released, never destroyed here (the gRPC
+    // channel and session are the parent's).
+    (void)heap->client.release();
+    (void)heap->heap.release();
+    delete heap;
+    return 0;
+  }
   if (MissingHeap(heap)) return -1;
   const absl::Status detached = heap->heap->detach();
   heap->heap.reset();
@@ -213,6 +240,48 @@ void* heapd_pointer(heapd_heap* heap, uint64_t offset) {
                 static_cast<void*>(nullptr));
   }
   return heap->heap->at(offset);
+}
+
+int64_t heapd_list_names(heapd_heap* heap, const char* prefix, heapd_name_visitor each, void* arg) {
+  if (MissingHeap(heap)) return -1;
+  heapd::ClientChannel& channel = heapd::ChannelOf(*heap->client);
+  heapd::v1::ListNamesRequest request;
+  request.set_heap(heap->heap->name());
+  if (prefix != nullptr) request.set_prefix(prefix);
+  heapd::v1::ListNamesResponse response;
+  grpc::ClientContext context;
+  channel.Prepare(&context);
+  if (absl::Status s = heapd::FromGrpc(channel.stub->ListNames(&context, request, &response));
+      !s.ok()) {
+    return Fail(s, int64_t{-1});
+  }
+  if (each != nullptr) {
+    for (const heapd::v1::NameEntry& entry : response.names()) {
+      each(entry.name().c_str(), entry.size(), entry.type_name().c_str(), arg);
+    }
+  }
+  return response.names_size();
+}
+
+int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats) {
+  if (MissingHeap(heap)) return -1;
+  if (stats == nullptr || stats->struct_size < offsetof(heapd_heap_stats, content_rollback)) {
+    return Fail(absl::InvalidArgumentError("heapd_heap_stats without its struct_size"), -1);
+  }
+  absl::StatusOr<heapd::v1::HeapStats> got = heapd::StatHeap(*heap->client, heap->heap->name());
+  if (!got.ok()) return Fail(got.status(), -1);
+  heapd_heap_stats filled{};
+  filled.struct_size = std::min(stats->struct_size, sizeof(filled));  // what is filled
+  filled.max_size = got->info().max_size();
+  filled.reserved_bytes = got->info().capacity_bytes();
+  filled.allocated_bytes = got->info().allocated_bytes();
+  filled.live_objects = got->info().live_objects();
+  filled.names = got->info().names();
+  filled.epoch = got->info().epoch();
+  filled.clients = got->info().clients();
+  filled.content_rollback = got->info().content_rollback() ? 1 : 0;
+  std::memcpy(stats, &filled, std::min(stats->struct_size, sizeof(filled)));
+  return 0;
 }
 
 const char* heapd_last_error(void) { return heapd::last_error.c_str(); }

@@ -1,3 +1,4 @@
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -736,6 +737,17 @@ absl::Status HeapImpl::detach() {
   mapping_.reset();
   calls_->Close();
   return status;
+}
+
+absl::Status HeapImpl::KeepPrivatelyAfterFork() {
+  detached_ = true;  // no detach: the session is the parent's
+  const uint64_t mapped = mapped_bytes_.load(std::memory_order_acquire);
+  const int prot = read_only_ ? PROT_READ : PROT_READ | PROT_WRITE;
+  if (mapped != 0 &&
+      mmap(base_, mapped, prot, MAP_PRIVATE | MAP_FIXED, data_fd_, 0) == MAP_FAILED) {
+    return ErrnoStatus(errno, absl::StrCat("map heap ", name_, " privately in a forked child"));
+  }
+  return absl::OkStatus();
 }
 
 void HeapImpl::prepare_write(void* p, uint64_t size) {

@@ -65,6 +65,12 @@ class HeapImpl final : public Heap {
   const std::string& content_rollback_note() const { return content_rollback_note_; }
   bool fenced() const { return tracker_ != nullptr && tracker_->fenced(); }
   void prepare_write(void* p, uint64_t size);
+  // In a child after fork(): the session is the parent's, so this process
+  // keeps what it mapped as its own copy-on-write view (reads see the heap
+  // as the file holds it, writes stay here) and never calls heapd for it;
+  // the Heap is left as detached. (On a heap with content rollback the
+  // child inherited no mapping at all: MADV_DONTFORK.)
+  absl::Status KeepPrivatelyAfterFork();
   uint64_t session() const { return session_; }
   uint64_t max_size() const { return max_size_; }
   absl::StatusOr<Named> Lookup(const std::string& name);

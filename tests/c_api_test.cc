@@ -158,6 +158,26 @@ TEST_F(CApiTest, ArraysCarryTheirRecord) {
   other.rank = 0;
   EXPECT_EQ(heapd_array(heap_, "v", &other, 1), nullptr);
   EXPECT_EQ(errno, EINVAL);
+  // Names, with their records, and the heap's usage.
+  std::string listed;
+  EXPECT_EQ(heapd_list_names(
+                heap_, nullptr,
+                [](const char* name, uint64_t size, const char* type_name, void* arg) {
+                  *static_cast<std::string*>(arg) +=
+                      std::string(name) + "=" + std::to_string(size) + ":" + type_name + ";";
+                },
+                &listed),
+            2);
+  EXPECT_EQ(listed, "bytes=16:heapd::bytes/v1;u=4800:heapd::array/v1 f8 F 30,20;");
+  EXPECT_EQ(heapd_list_names(heap_, "u", nullptr, nullptr), 1);
+  heapd_heap_stats stats{};
+  stats.struct_size = sizeof(stats);
+  ASSERT_EQ(heapd_stats(heap_, &stats), 0) << heapd_last_error();
+  EXPECT_EQ(stats.max_size, uint64_t{64} << 20);
+  EXPECT_EQ(stats.names, 2u);
+  EXPECT_EQ(stats.clients, 1u);
+  stats.struct_size = 0;
+  EXPECT_EQ(heapd_stats(heap_, &stats), -1);
   EXPECT_EQ(heapd_dtype_size(HEAPD_COMPLEX128), 16u);
   EXPECT_EQ(heapd_dtype_size(static_cast<heapd_dtype>(0)), 0u);
 }

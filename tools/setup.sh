@@ -13,6 +13,10 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libboost1.81-dev
   zlib1g-dev libzstd-dev libssl-dev util-linux xfsprogs e2fsprogs prometheus python3 slurm-wlm munge
   clang-14 libclang-rt-14-dev llvm-14 clang-format-14
+  # Programs outside the Bazel tree (tools/install.sh, tests/consumers):
+  # C, CMake, pkg-config, Fortran, Python with numpy, Open MPI.
+  cmake pkg-config gfortran python3-dev python3-venv python3-numpy python3-pytest
+  python3-setuptools python3-pip openmpi-bin libopenmpi-dev
 )
 
 missing=()

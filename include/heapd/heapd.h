@@ -73,6 +73,13 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options);
  * pointer into the heap is invalid afterwards. */
 int heapd_detach(heapd_heap* heap);
 
+/* Call in a child process after fork() for each heap it inherited: the
+ * session belongs to the parent, so the child keeps the heap as its own
+ * copy-on-write view (what it reads is the heap, what it writes stays in the
+ * child) and every other call on `heap` fails with EPERM; heapd_detach
+ * then only forgets it. To share writes, attach the heap in the child. */
+int heapd_forked_child(heapd_heap* heap);
+
 /* `size` bytes aligned to 16 (as malloc's), uninitialized; NULL when the
  * heap is full (ENOMEM) or read-only (EPERM). size 0 gives a unique object. */
 void* heapd_malloc(heapd_heap* heap, size_t size);
@@ -105,6 +112,30 @@ uint64_t heapd_offset(heapd_heap* heap, const void* p);
 /* The address of `offset` in this process; NULL for 0 (the null link) and,
  * with EINVAL, for an offset beyond the heap's maximum size. */
 void* heapd_pointer(heapd_heap* heap, uint64_t offset);
+
+/* Calls each(name, size, type_name, arg) for every name bound in the heap
+ * that starts with `prefix` (NULL: every name), in name order; returns how
+ * many, or -1. type_name is the C++ type's, "heapd::bytes/v1" for objects
+ * of heapd_named_malloc, or an array's record. */
+typedef void (*heapd_name_visitor)(const char* name, uint64_t size, const char* type_name,
+                                   void* arg);
+int64_t heapd_list_names(heapd_heap* heap, const char* prefix, heapd_name_visitor each, void* arg);
+
+/* The heap's usage, as heapd sees it now (heapctl heap stat). Set
+ * struct_size to sizeof(heapd_heap_stats) first: later releases add fields
+ * after these. */
+typedef struct heapd_heap_stats {
+  size_t struct_size;
+  uint64_t max_size;        /* the most it may grow to */
+  uint64_t reserved_bytes;  /* of its data file, reserved on disk */
+  uint64_t allocated_bytes; /* in live objects */
+  uint64_t live_objects;
+  uint64_t names;
+  uint64_t epoch;       /* its last persisted sync point */
+  uint32_t clients;     /* sessions attached */
+  int content_rollback; /* 1: contents go back to the last sync after a crash */
+} heapd_heap_stats;
+int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats);
 
 /* What the last failed call of this thread said: "CODE: message" (e.g.
  * "RESOURCE_EXHAUSTED: heap h: ..."), or "" if none failed. Valid until

@@ -1,0 +1,361 @@
+/* heapd._heapd: the C extension under the heapd package, over libheapd's C
+ * API (heapd/heapd.h). Two types:
+ *   Handle   an attached heap (heapd_heap*), with the calls heapd/__init__.py
+ *            builds the Python API from;
+ *   Mapping  the bytes of one array, as a buffer (read-only when the heap
+ *            is attached read-only: no numpy flag can make it writable). It
+ *            holds its Handle, and a Handle closed while Mappings live
+ *            stays attached until the last one goes: no view outlives its
+ *            mapping.
+ * Errors are heapd.HeapdError (an OSError: errno by heapd/heapd.h's table,
+ * `code` the status code's name). Calls that may wait for heapd release the
+ * GIL. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <string.h>
+
+#include "heapd/heapd.h"
+
+static PyObject* HeapdError;
+
+/* Raises HeapdError from this thread's heapd_last_error() and errno. */
+static PyObject* RaiseLast(void) {
+  const int error_number = errno != 0 ? errno : EIO;
+  const char* said = heapd_last_error();
+  const char* colon = strstr(said, ": ");
+  PyObject* code = colon != NULL ? PyUnicode_FromStringAndSize(said, colon - said)
+                                 : PyUnicode_FromString("UNKNOWN");
+  PyObject* error = PyObject_CallFunction(HeapdError, "is", error_number, said);
+  if (error != NULL && code != NULL) {
+    PyObject_SetAttrString(error, "code", code);
+    PyErr_SetObject(HeapdError, error);
+  }
+  Py_XDECREF(code);
+  Py_XDECREF(error);
+  return NULL;
+}
+
+typedef struct {
+  PyObject_HEAD
+  heapd_heap* heap;   /* NULL once detached */
+  int read_only;
+  int closed;         /* close() was called: no new calls */
+  Py_ssize_t mappings; /* Mappings alive that point into the heap */
+} Handle;
+
+typedef struct {
+  PyObject_HEAD
+  Handle* owner; /* a reference: keeps the heap attached */
+  void* memory;
+  Py_ssize_t bytes;
+} Mapping;
+
+static PyTypeObject HandleType;
+static PyTypeObject MappingType;
+
+/* Detaches once closed and no Mapping points into the heap. */
+static int DetachIfDone(Handle* self) {
+  if (self->heap == NULL || !self->closed || self->mappings != 0) return 0;
+  heapd_heap* heap = self->heap;
+  self->heap = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = heapd_detach(heap);
+  Py_END_ALLOW_THREADS
+  return rc;
+}
+
+static int Usable(Handle* self) {
+  if (self->heap != NULL && !self->closed) return 1;
+  PyErr_SetString(PyExc_ValueError, "the heap is closed");
+  return 0;
+}
+
+/* ---- Mapping ---------------------------------------------------------- */
+
+static int MappingGetBuffer(Mapping* self, Py_buffer* view, int flags) {
+  return PyBuffer_FillInfo(view, (PyObject*)self, self->memory, self->bytes,
+                           self->owner->read_only, flags);
+}
+
+static void MappingDealloc(Mapping* self) {
+  Handle* owner = self->owner;
+  owner->mappings--;
+  if (DetachIfDone(owner) != 0) {
+    /* Nothing to raise to: say it where Python says unraisable errors. */
+    RaiseLast();
+    PyErr_WriteUnraisable((PyObject*)self);
+  }
+  Py_DECREF(owner);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyBufferProcs MappingBuffer = {(getbufferproc)MappingGetBuffer, NULL};
+
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "heapd._heapd.Mapping",
+    .tp_basicsize = sizeof(Mapping),
+    .tp_dealloc = (destructor)MappingDealloc,
+    .tp_as_buffer = &MappingBuffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The bytes of one array in a heap, as a buffer.",
+};
+
+static PyObject* NewMapping(Handle* owner, void* memory, uint64_t bytes) {
+  Mapping* mapping = PyObject_New(Mapping, &MappingType);
+  if (mapping == NULL) return NULL;
+  Py_INCREF(owner);
+  owner->mappings++;
+  mapping->owner = owner;
+  mapping->memory = memory;
+  mapping->bytes = (Py_ssize_t)bytes;
+  return (PyObject*)mapping;
+}
+
+/* ---- Handle ----------------------------------------------------------- */
+
+static void HandleDealloc(Handle* self) {
+  self->closed = 1;
+  if (DetachIfDone(self) != 0) {
+    RaiseLast();
+    PyErr_WriteUnraisable((PyObject*)self);
+  }
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* (Mapping, dtype, fortran_order, shape) of an array found or made. */
+static PyObject* ArrayResult(Handle* self, void* memory, const heapd_array_info* info) {
+  uint64_t bytes = heapd_dtype_size(info->dtype);
+  PyObject* shape = PyTuple_New(info->rank);
+  if (shape == NULL) return NULL;
+  for (int i = 0; i < info->rank; ++i) {
+    bytes *= info->shape[i];
+    PyTuple_SET_ITEM(shape, i, PyLong_FromUnsignedLongLong(info->shape[i]));
+  }
+  PyObject* mapping = NewMapping(self, memory, bytes);
+  if (mapping == NULL) {
+    Py_DECREF(shape);
+    return NULL;
+  }
+  return Py_BuildValue("(NiiN)", mapping, (int)info->dtype, info->fortran_order, shape);
+}
+
+static PyObject* HandleArray(Handle* self, PyObject* args) {
+  const char* name;
+  int dtype, fortran_order, create;
+  PyObject* shape;
+  if (!PyArg_ParseTuple(args, "siO!pp", &name, &dtype, &PyTuple_Type, &shape, &fortran_order,
+                        &create) ||
+      !Usable(self)) {
+    return NULL;
+  }
+  heapd_array_info info;
+  memset(&info, 0, sizeof(info));
+  info.dtype = (heapd_dtype)dtype;
+  info.fortran_order = fortran_order;
+  info.rank = (int)PyTuple_GET_SIZE(shape);
+  if (info.rank < 1 || info.rank > HEAPD_MAX_RANK) {
+    return PyErr_Format(PyExc_ValueError, "an array has 1 to %d dimensions, not %d",
+                        HEAPD_MAX_RANK, info.rank);
+  }
+  for (int i = 0; i < info.rank; ++i) {
+    info.shape[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, i));
+    if (PyErr_Occurred()) return NULL;
+  }
+  void* memory;
+  Py_BEGIN_ALLOW_THREADS
+  memory = heapd_array(self->heap, name, &info, create);
+  Py_END_ALLOW_THREADS
+  if (memory == NULL) return RaiseLast();
+  return ArrayResult(self, memory, &info);
+}
+
+static PyObject* HandleFindArray(Handle* self, PyObject* args) {
+  const char* name;
+  if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
+  heapd_array_info info;
+  void* memory;
+  Py_BEGIN_ALLOW_THREADS
+  memory = heapd_find_array(self->heap, name, &info);
+  Py_END_ALLOW_THREADS
+  if (memory == NULL) return RaiseLast();
+  return ArrayResult(self, memory, &info);
+}
+
+static PyObject* HandleNamedFree(Handle* self, PyObject* args) {
+  const char* name;
+  if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = heapd_named_free(self->heap, name);
+  Py_END_ALLOW_THREADS
+  if (rc != 0) return RaiseLast();
+  Py_RETURN_NONE;
+}
+
+static void AddName(const char* name, uint64_t size, const char* type_name, void* arg) {
+  PyObject* entry = Py_BuildValue("(sKs)", name, (unsigned long long)size, type_name);
+  if (entry != NULL) {
+    PyList_Append((PyObject*)arg, entry);
+    Py_DECREF(entry);
+  }
+}
+
+static PyObject* HandleNames(Handle* self, PyObject* args) {
+  const char* prefix = NULL;
+  if (!PyArg_ParseTuple(args, "|z", &prefix) || !Usable(self)) return NULL;
+  PyObject* names = PyList_New(0);
+  if (names == NULL) return NULL;
+  /* The list grows under the GIL: no release here (a listing is short). */
+  if (heapd_list_names(self->heap, prefix, AddName, names) < 0) {
+    Py_DECREF(names);
+    return RaiseLast();
+  }
+  if (PyErr_Occurred()) {
+    Py_DECREF(names);
+    return NULL;
+  }
+  return names;
+}
+
+static PyObject* HandleSync(Handle* self, PyObject* unused) {
+  if (!Usable(self)) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = heapd_sync(self->heap);
+  Py_END_ALLOW_THREADS
+  if (rc != 0) return RaiseLast();
+  Py_RETURN_NONE;
+}
+
+static PyObject* HandleStats(Handle* self, PyObject* unused) {
+  if (!Usable(self)) return NULL;
+  heapd_heap_stats stats;
+  memset(&stats, 0, sizeof(stats));
+  stats.struct_size = sizeof(stats);
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = heapd_stats(self->heap, &stats);
+  Py_END_ALLOW_THREADS
+  if (rc != 0) return RaiseLast();
+  return Py_BuildValue("{sKsKsKsKsKsKsIsO}", "max_size", (unsigned long long)stats.max_size,
+                       "reserved_bytes", (unsigned long long)stats.reserved_bytes,
+                       "allocated_bytes", (unsigned long long)stats.allocated_bytes,
+                       "live_objects", (unsigned long long)stats.live_objects, "names",
+                       (unsigned long long)stats.names, "epoch", (unsigned long long)stats.epoch,
+                       "clients", (unsigned int)stats.clients, "content_rollback",
+                       stats.content_rollback ? Py_True : Py_False);
+}
+
+/* Syncs (unless read-only) and closes; the detach waits for the Mappings. */
+static PyObject* HandleClose(Handle* self, PyObject* unused) {
+  if (self->heap == NULL || self->closed) Py_RETURN_NONE;
+  if (!self->read_only) {
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = heapd_sync(self->heap);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return RaiseLast();
+  }
+  self->closed = 1;
+  if (DetachIfDone(self) != 0) return RaiseLast();
+  Py_RETURN_NONE;
+}
+
+/* In a forked child: see heapd_forked_child. */
+static PyObject* HandleForkedChild(Handle* self, PyObject* unused) {
+  if (self->heap != NULL && heapd_forked_child(self->heap) != 0) return RaiseLast();
+  self->closed = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject* HandleClosed(Handle* self, void* unused) {
+  return PyBool_FromLong(self->heap == NULL || self->closed);
+}
+
+static PyMethodDef HandleMethods[] = {
+    {"array", (PyCFunction)HandleArray, METH_VARARGS,
+     "array(name, dtype, shape, fortran_order, create) -> (mapping, dtype, fortran, shape)"},
+    {"find_array", (PyCFunction)HandleFindArray, METH_VARARGS,
+     "find_array(name) -> (mapping, dtype, fortran, shape)"},
+    {"named_free", (PyCFunction)HandleNamedFree, METH_VARARGS, "unbinds name and frees it"},
+    {"names", (PyCFunction)HandleNames, METH_VARARGS, "[(name, size, type_name)]"},
+    {"sync", (PyCFunction)HandleSync, METH_NOARGS, "makes the heap's state persistent"},
+    {"stats", (PyCFunction)HandleStats, METH_NOARGS, "the heap's usage"},
+    {"close", (PyCFunction)HandleClose, METH_NOARGS, "syncs and detaches (once arrays are gone)"},
+    {"forked_child", (PyCFunction)HandleForkedChild, METH_NOARGS,
+     "in a forked child: keep the mapping privately, use heapd no more"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef HandleGetSet[] = {{"closed", (getter)HandleClosed, NULL, NULL, NULL},
+                                     {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject HandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "heapd._heapd.Handle",
+    .tp_basicsize = sizeof(Handle),
+    .tp_dealloc = (destructor)HandleDealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An attached heap.",
+    .tp_methods = HandleMethods,
+    .tp_getset = HandleGetSet,
+};
+
+/* attach(name, create, max_size, read_only, socket, mode) -> Handle */
+static PyObject* Attach(PyObject* module, PyObject* args) {
+  const char* name;
+  int create, read_only;
+  unsigned long long max_size;
+  const char* socket = NULL;
+  unsigned int mode;
+  if (!PyArg_ParseTuple(args, "spKpzI", &name, &create, &max_size, &read_only, &socket, &mode)) {
+    return NULL;
+  }
+  heapd_attach_options options;
+  heapd_attach_options_init(&options);
+  options.create_if_missing = create;
+  options.read_only = read_only;
+  options.max_size = max_size;
+  options.mode = mode;
+  options.socket = socket;
+  heapd_heap* heap;
+  Py_BEGIN_ALLOW_THREADS
+  heap = heapd_attach(name, &options);
+  Py_END_ALLOW_THREADS
+  if (heap == NULL) return RaiseLast();
+  Handle* handle = PyObject_New(Handle, &HandleType);
+  if (handle == NULL) {
+    heapd_detach(heap);
+    return NULL;
+  }
+  handle->heap = heap;
+  handle->read_only = read_only;
+  handle->closed = 0;
+  handle->mappings = 0;
+  return (PyObject*)handle;
+}
+
+static PyMethodDef ModuleMethods[] = {
+    {"attach", Attach, METH_VARARGS, "attach(name, create, max_size, read_only, socket, mode)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef Module = {PyModuleDef_HEAD_INIT, "heapd._heapd",
+                                    "heapd's C API for the heapd package.", -1, ModuleMethods};
+
+PyMODINIT_FUNC PyInit__heapd(void) {
+  if (PyType_Ready(&HandleType) < 0 || PyType_Ready(&MappingType) < 0) return NULL;
+  PyObject* module = PyModule_Create(&Module);
+  if (module == NULL) return NULL;
+  HeapdError = PyErr_NewExceptionWithDoc(
+      "heapd.HeapdError",
+      "An error heapd reported: an OSError whose errno follows heapd/heapd.h's table and whose "
+      "`code` is the status code's name (NOT_FOUND, RESOURCE_EXHAUSTED, ...).",
+      PyExc_OSError, NULL);
+  if (HeapdError == NULL || PyModule_AddObject(module, "HeapdError", HeapdError) < 0 ||
+      PyModule_AddStringConstant(module, "version", heapd_version()) < 0) {
+    Py_DECREF(module);
+    return NULL;
+  }
+  Py_INCREF(HeapdError);
+  return module;
+}
