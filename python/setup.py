@@ -1,6 +1,8 @@
 # Builds heapd._heapd, a small C extension over libheapd's C API
 # (heapd/heapd.h). It finds heapd's headers and library, in this order:
 #   $HEAPD_PREFIX (the prefix tools/install.sh installed into);
+#   heapd_prefix.txt (in the sdist tools/install.sh makes:
+#     PREFIX/share/heapd/python/heapd-VERSION.tar.gz);
 #   the prefix this source was installed under (PREFIX/share/heapd/python);
 #   pkg-config heapd.
 import os
@@ -14,6 +16,10 @@ def heapd_prefix():
     if os.environ.get("HEAPD_PREFIX"):
         return os.environ["HEAPD_PREFIX"]
     here = os.path.dirname(os.path.abspath(__file__))
+    recorded = os.path.join(here, "heapd_prefix.txt")
+    if os.path.exists(recorded):
+        with open(recorded) as f:
+            return f.read().strip()
     installed = os.path.abspath(os.path.join(here, "..", "..", ".."))
     if os.path.exists(os.path.join(installed, "include", "heapd", "heapd.h")):
         return installed

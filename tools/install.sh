@@ -103,9 +103,20 @@ else
   echo "install.sh: no gfortran: the Fortran module is installed as source only" >&2
 fi
 
-while IFS= read -r file; do
+# The Python package: its source to read and test, and as an sdist that pip
+# installs from anywhere (pip builds in a directory of its own; the prefix
+# may not be writable), knowing this prefix (heapd_prefix.txt).
+python_files=$(find python -type f ! -path '*/build/*' ! -path '*.egg-info*' ! -path '*__pycache__*' \
+  ! -name '*.so' | sort)
+sdist=$(mktemp -d)
+for file in $python_files; do
   put 0644 "$file" "$prefix/share/heapd/$file"
-done < <(git ls-files python)
+  install -D -m 0644 -- "$file" "$sdist/heapd-$version/${file#python/}"
+done
+echo "$prefix" >"$sdist/heapd-$version/heapd_prefix.txt"
+tar -C "$sdist" -czf "$sdist/heapd-$version.tar.gz" "heapd-$version"
+put 0644 "$sdist/heapd-$version.tar.gz" "$prefix/share/heapd/python/heapd-$version.tar.gz"
+rm -rf "$sdist"
 
 fill deploy/systemd/heapd.service "$prefix/lib/systemd/system/heapd.service"
 for script in heapd-epilog.sh heapd-restore.sh; do

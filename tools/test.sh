@@ -10,6 +10,9 @@
 #   tsan    bazel test --config=tsan //tools/tsan:tsan_tests
 #           (ThreadSanitizer over the client and daemon tests)
 #   fuzz    tools/fuzz.sh (libFuzzer, FUZZ_SECONDS per fuzzer)
+#   consumers  tests/consumers_test.sh (tools/install.sh into a temporary
+#           prefix; C, CMake, Fortran, Python and MPI programs built
+#           outside the Bazel tree against it)
 #
 #   bash tools/test.sh               # all of them
 #   bash tools/test.sh asan tsan     # only these parts
@@ -22,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_parts=(format gcc asan tsan fuzz)
+all_parts=(format gcc asan tsan fuzz consumers)
 parts=()
 bazel_args=()
 while (($#)); do
@@ -30,7 +33,7 @@ while (($#)); do
     --) shift; bazel_args=("$@"); break ;;
     --config=asan) parts+=(asan) ;;  # the older spelling
     --config=tsan) parts+=(tsan) ;;
-    format | gcc | asan | tsan | fuzz) parts+=("$1") ;;
+    format | gcc | asan | tsan | fuzz | consumers) parts+=("$1") ;;
     *) echo "test.sh: unknown part '$1' (parts: ${all_parts[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -81,6 +84,11 @@ run_part() {
         "${bazel_args[@]}" 2>&1 | tee "$log"
       part_rc=${PIPESTATUS[0]}
       count_bazel
+      ;;
+    consumers)
+      bash tests/consumers_test.sh 2>&1 | tee "$log"
+      part_rc=${PIPESTATUS[0]}
+      if ((part_rc == 0)); then passed=1; else failed=1; fi
       ;;
     fuzz)
       bash tools/fuzz.sh 2>&1 | tee "$log"
