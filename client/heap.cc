@@ -20,6 +20,7 @@
 #include "heap/undo_record.h"
 #include "protocol/fd_protocol.h"
 #include "protocol/proto_convert.h"
+#include "protocol/version.h"
 #include "util/errno_status.h"
 
 namespace heapd {
@@ -152,6 +153,11 @@ bool HeapImpl::leases(const void* p) const {
 }
 
 absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journal) {
+  if (attached.protocol_revision() < kMinProtocolRevision) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heapd speaks revision ", attached.protocol_revision(), " of heapd.v1; this library (",
+        kHeapdVersion, ") needs ", kMinProtocolRevision, " or later: upgrade heapd"));
+  }
   const uint64_t max_size = attached.heap().max_size();
   if (max_size == 0 || max_size > kMaxHeapBytes || max_size % kChunkSize != 0 ||
       attached.session() == 0) {

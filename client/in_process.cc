@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "client/heap_impl.h"
 #include "protocol/proto_convert.h"
+#include "protocol/version.h"
 
 namespace heapd {
 
@@ -164,6 +165,7 @@ absl::StatusOr<std::unique_ptr<Heap>> AttachInProcess(PersistentHeap* heap, Clie
   }
   v1::AttachResponse attached;
   attached.set_session(session);
+  attached.set_protocol_revision(kProtocolRevision);
   v1::HeapInfo* info = attached.mutable_heap();
   info->set_max_size(heap->config().max_size);
   info->set_capacity_bytes(heap->capacity_bytes());

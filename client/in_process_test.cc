@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "client/heap_impl.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 
@@ -370,6 +371,30 @@ TEST_F(CarvingTest, ReservesDoNotBalloonTheHeap) {
   EXPECT_EQ(stats.large_objects, 40u);
   // 40 chunks used; growth steps of 16 chunks or an eighth of the heap.
   EXPECT_LE(stats.capacity_chunks, 64u) << stats.capacity_chunks;
+}
+
+}  // namespace
+}  // namespace heapd
+
+namespace heapd {
+namespace {
+
+// A heapd older than the library needs (it answers no protocol revision)
+// is refused at attach, saying what to do.
+TEST_F(InProcessTest, AHeapdBelowTheNeededRevisionIsRefused) {
+  v1::AttachResponse attached;
+  attached.set_session(7);
+  attached.mutable_heap()->set_max_size(heap_->config().max_size);
+  absl::StatusOr<int> data = heap_->OpenDataFile(/*writable=*/false);
+  ASSERT_TRUE(data.ok());
+  AttachOptions options;
+  options.read_only = true;
+  absl::StatusOr<std::unique_ptr<Heap>> heap =
+      HeapImpl::Start(std::make_unique<InProcessSessionCalls>(heap_.get(), 7, true), "h", options,
+                      attached, *data, UniqueFd());
+  ASSERT_FALSE(heap.ok());
+  EXPECT_EQ(heap.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(heap.status().message().find("upgrade heapd"), std::string::npos) << heap.status();
 }
 
 }  // namespace

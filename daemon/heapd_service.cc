@@ -14,6 +14,7 @@
 #include "allocator/size_class.h"
 #include "protocol/fd_protocol.h"
 #include "protocol/proto_convert.h"
+#include "protocol/version.h"
 #include "spdlog/spdlog.h"
 
 namespace heapd {
@@ -375,6 +376,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     }
     response->set_session(started->session->id);
     response->set_fd_token(started->token);
+    response->set_protocol_revision(kProtocolRevision);
     response->set_created(created);
     FillInfo(**served, /*with_usage=*/false, response->mutable_heap());
     return absl::OkStatus();

@@ -4,9 +4,19 @@
 #ifndef HEAPD_PROTOCOL_VERSION_H_
 #define HEAPD_PROTOCOL_VERSION_H_
 
+#include <cstdint>
+
 namespace heapd {
 
 inline constexpr char kHeapdVersion[] = "0.4.0";
+
+// The revision of the heapd.v1 wire protocol heapd speaks: a heapd answers
+// it at attach, and a client library refuses a heapd below the revision it
+// needs. Raised when heapd.v1 gains a message or field a client relies on;
+// heapd.v2 would be a new package. 1: 0.4.0 (Unbind by heap, removed store
+// parts, skipped snapshots; arrays).
+inline constexpr uint32_t kProtocolRevision = 1;
+inline constexpr uint32_t kMinProtocolRevision = 1;
 
 }  // namespace heapd
 
