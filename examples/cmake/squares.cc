@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   }
   for (uint64_t i = 0; i < (*squares)->size(); ++i) {
     if ((**squares)[i] != i * i) {
-      std::fprintf(stderr, "cxx_squares: square %llu is wrong\n", static_cast<unsigned long long>(i));
+      std::fprintf(stderr, "cxx_squares: square %llu is wrong\n",
+                   static_cast<unsigned long long>(i));
       return 1;
     }
   }

@@ -13,9 +13,9 @@
 #include <string.h>
 
 struct slices_index {
-  int64_t ranks;          /* how many ranks wrote */
-  int64_t per_rank;       /* elements per rank */
-  uint64_t array_offset;  /* the array, by offset: a link any process follows */
+  int64_t ranks;         /* how many ranks wrote */
+  int64_t per_rank;      /* elements per rank */
+  uint64_t array_offset; /* the array, by offset: a link any process follows */
 };
 
 static int fail(int rank, const char* what) {

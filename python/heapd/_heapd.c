@@ -37,16 +37,14 @@ static PyObject* RaiseLast(void) {
 }
 
 typedef struct {
-  PyObject_HEAD
-  heapd_heap* heap;   /* NULL once detached */
+  PyObject_HEAD heapd_heap* heap; /* NULL once detached */
   int read_only;
-  int closed;         /* close() was called: no new calls */
+  int closed;          /* close() was called: no new calls */
   Py_ssize_t mappings; /* Mappings alive that point into the heap */
 } Handle;
 
 typedef struct {
-  PyObject_HEAD
-  Handle* owner; /* a reference: keeps the heap attached */
+  PyObject_HEAD Handle* owner; /* a reference: keeps the heap attached */
   void* memory;
   Py_ssize_t bytes;
 } Mapping;
@@ -60,10 +58,8 @@ static int DetachIfDone(Handle* self) {
   heapd_heap* heap = self->heap;
   self->heap = NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = heapd_detach(heap);
-  Py_END_ALLOW_THREADS
-  return rc;
+  Py_BEGIN_ALLOW_THREADS rc = heapd_detach(heap);
+  Py_END_ALLOW_THREADS return rc;
 }
 
 static int Usable(Handle* self) {
@@ -75,8 +71,8 @@ static int Usable(Handle* self) {
 /* ---- Mapping ---------------------------------------------------------- */
 
 static int MappingGetBuffer(Mapping* self, Py_buffer* view, int flags) {
-  return PyBuffer_FillInfo(view, (PyObject*)self, self->memory, self->bytes,
-                           self->owner->read_only, flags);
+  return PyBuffer_FillInfo(view, (PyObject*)self, self->memory, self->bytes, self->owner->read_only,
+                           flags);
 }
 
 static void MappingDealloc(Mapping* self) {
@@ -156,18 +152,16 @@ static PyObject* HandleArray(Handle* self, PyObject* args) {
   info.fortran_order = fortran_order;
   info.rank = (int)PyTuple_GET_SIZE(shape);
   if (info.rank < 1 || info.rank > HEAPD_MAX_RANK) {
-    return PyErr_Format(PyExc_ValueError, "an array has 1 to %d dimensions, not %d",
-                        HEAPD_MAX_RANK, info.rank);
+    return PyErr_Format(PyExc_ValueError, "an array has 1 to %d dimensions, not %d", HEAPD_MAX_RANK,
+                        info.rank);
   }
   for (int i = 0; i < info.rank; ++i) {
     info.shape[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, i));
     if (PyErr_Occurred()) return NULL;
   }
   void* memory;
-  Py_BEGIN_ALLOW_THREADS
-  memory = heapd_array(self->heap, name, &info, create);
-  Py_END_ALLOW_THREADS
-  if (memory == NULL) return RaiseLast();
+  Py_BEGIN_ALLOW_THREADS memory = heapd_array(self->heap, name, &info, create);
+  Py_END_ALLOW_THREADS if (memory == NULL) return RaiseLast();
   return ArrayResult(self, memory, &info);
 }
 
@@ -176,10 +170,8 @@ static PyObject* HandleFindArray(Handle* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
   heapd_array_info info;
   void* memory;
-  Py_BEGIN_ALLOW_THREADS
-  memory = heapd_find_array(self->heap, name, &info);
-  Py_END_ALLOW_THREADS
-  if (memory == NULL) return RaiseLast();
+  Py_BEGIN_ALLOW_THREADS memory = heapd_find_array(self->heap, name, &info);
+  Py_END_ALLOW_THREADS if (memory == NULL) return RaiseLast();
   return ArrayResult(self, memory, &info);
 }
 
@@ -187,10 +179,8 @@ static PyObject* HandleNamedFree(Handle* self, PyObject* args) {
   const char* name;
   if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = heapd_named_free(self->heap, name);
-  Py_END_ALLOW_THREADS
-  if (rc != 0) return RaiseLast();
+  Py_BEGIN_ALLOW_THREADS rc = heapd_named_free(self->heap, name);
+  Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
   Py_RETURN_NONE;
 }
 
@@ -222,10 +212,8 @@ static PyObject* HandleNames(Handle* self, PyObject* args) {
 static PyObject* HandleSync(Handle* self, PyObject* unused) {
   if (!Usable(self)) return NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = heapd_sync(self->heap);
-  Py_END_ALLOW_THREADS
-  if (rc != 0) return RaiseLast();
+  Py_BEGIN_ALLOW_THREADS rc = heapd_sync(self->heap);
+  Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
   Py_RETURN_NONE;
 }
 
@@ -235,14 +223,12 @@ static PyObject* HandleStats(Handle* self, PyObject* unused) {
   memset(&stats, 0, sizeof(stats));
   stats.struct_size = sizeof(stats);
   int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = heapd_stats(self->heap, &stats);
-  Py_END_ALLOW_THREADS
-  if (rc != 0) return RaiseLast();
+  Py_BEGIN_ALLOW_THREADS rc = heapd_stats(self->heap, &stats);
+  Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
   return Py_BuildValue("{sKsKsKsKsKsKsIsO}", "max_size", (unsigned long long)stats.max_size,
                        "reserved_bytes", (unsigned long long)stats.reserved_bytes,
-                       "allocated_bytes", (unsigned long long)stats.allocated_bytes,
-                       "live_objects", (unsigned long long)stats.live_objects, "names",
+                       "allocated_bytes", (unsigned long long)stats.allocated_bytes, "live_objects",
+                       (unsigned long long)stats.live_objects, "names",
                        (unsigned long long)stats.names, "epoch", (unsigned long long)stats.epoch,
                        "clients", (unsigned int)stats.clients, "content_rollback",
                        stats.content_rollback ? Py_True : Py_False);
@@ -253,10 +239,8 @@ static PyObject* HandleClose(Handle* self, PyObject* unused) {
   if (self->heap == NULL || self->closed) Py_RETURN_NONE;
   if (!self->read_only) {
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = heapd_sync(self->heap);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) return RaiseLast();
+    Py_BEGIN_ALLOW_THREADS rc = heapd_sync(self->heap);
+    Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
   }
   self->closed = 1;
   if (DetachIfDone(self) != 0) return RaiseLast();
@@ -319,10 +303,8 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   options.mode = mode;
   options.socket = socket;
   heapd_heap* heap;
-  Py_BEGIN_ALLOW_THREADS
-  heap = heapd_attach(name, &options);
-  Py_END_ALLOW_THREADS
-  if (heap == NULL) return RaiseLast();
+  Py_BEGIN_ALLOW_THREADS heap = heapd_attach(name, &options);
+  Py_END_ALLOW_THREADS if (heap == NULL) return RaiseLast();
   Handle* handle = PyObject_New(Handle, &HandleType);
   if (handle == NULL) {
     heapd_detach(heap);
