@@ -58,8 +58,10 @@ static int DetachIfDone(Handle* self) {
   heapd_heap* heap = self->heap;
   self->heap = NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = heapd_detach(heap);
-  Py_END_ALLOW_THREADS return rc;
+  PyThreadState* unlocked = PyEval_SaveThread();
+  rc = heapd_detach(heap);
+  PyEval_RestoreThread(unlocked);
+  return rc;
 }
 
 static int Usable(Handle* self) {
@@ -160,8 +162,10 @@ static PyObject* HandleArray(Handle* self, PyObject* args) {
     if (PyErr_Occurred()) return NULL;
   }
   void* memory;
-  Py_BEGIN_ALLOW_THREADS memory = heapd_array(self->heap, name, &info, create);
-  Py_END_ALLOW_THREADS if (memory == NULL) return RaiseLast();
+  PyThreadState* unlocked = PyEval_SaveThread();
+  memory = heapd_array(self->heap, name, &info, create);
+  PyEval_RestoreThread(unlocked);
+  if (memory == NULL) return RaiseLast();
   return ArrayResult(self, memory, &info);
 }
 
@@ -170,8 +174,10 @@ static PyObject* HandleFindArray(Handle* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
   heapd_array_info info;
   void* memory;
-  Py_BEGIN_ALLOW_THREADS memory = heapd_find_array(self->heap, name, &info);
-  Py_END_ALLOW_THREADS if (memory == NULL) return RaiseLast();
+  PyThreadState* unlocked = PyEval_SaveThread();
+  memory = heapd_find_array(self->heap, name, &info);
+  PyEval_RestoreThread(unlocked);
+  if (memory == NULL) return RaiseLast();
   return ArrayResult(self, memory, &info);
 }
 
@@ -179,8 +185,10 @@ static PyObject* HandleNamedFree(Handle* self, PyObject* args) {
   const char* name;
   if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = heapd_named_free(self->heap, name);
-  Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
+  PyThreadState* unlocked = PyEval_SaveThread();
+  rc = heapd_named_free(self->heap, name);
+  PyEval_RestoreThread(unlocked);
+  if (rc != 0) return RaiseLast();
   Py_RETURN_NONE;
 }
 
@@ -212,8 +220,10 @@ static PyObject* HandleNames(Handle* self, PyObject* args) {
 static PyObject* HandleSync(Handle* self, PyObject* unused) {
   if (!Usable(self)) return NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = heapd_sync(self->heap);
-  Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
+  PyThreadState* unlocked = PyEval_SaveThread();
+  rc = heapd_sync(self->heap);
+  PyEval_RestoreThread(unlocked);
+  if (rc != 0) return RaiseLast();
   Py_RETURN_NONE;
 }
 
@@ -223,8 +233,10 @@ static PyObject* HandleStats(Handle* self, PyObject* unused) {
   memset(&stats, 0, sizeof(stats));
   stats.struct_size = sizeof(stats);
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = heapd_stats(self->heap, &stats);
-  Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
+  PyThreadState* unlocked = PyEval_SaveThread();
+  rc = heapd_stats(self->heap, &stats);
+  PyEval_RestoreThread(unlocked);
+  if (rc != 0) return RaiseLast();
   return Py_BuildValue("{sKsKsKsKsKsKsIsO}", "max_size", (unsigned long long)stats.max_size,
                        "reserved_bytes", (unsigned long long)stats.reserved_bytes,
                        "allocated_bytes", (unsigned long long)stats.allocated_bytes, "live_objects",
@@ -239,8 +251,10 @@ static PyObject* HandleClose(Handle* self, PyObject* unused) {
   if (self->heap == NULL || self->closed) Py_RETURN_NONE;
   if (!self->read_only) {
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = heapd_sync(self->heap);
-    Py_END_ALLOW_THREADS if (rc != 0) return RaiseLast();
+    PyThreadState* unlocked = PyEval_SaveThread();
+    rc = heapd_sync(self->heap);
+    PyEval_RestoreThread(unlocked);
+    if (rc != 0) return RaiseLast();
   }
   self->closed = 1;
   if (DetachIfDone(self) != 0) return RaiseLast();
@@ -303,8 +317,10 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   options.mode = mode;
   options.socket = socket;
   heapd_heap* heap;
-  Py_BEGIN_ALLOW_THREADS heap = heapd_attach(name, &options);
-  Py_END_ALLOW_THREADS if (heap == NULL) return RaiseLast();
+  PyThreadState* unlocked = PyEval_SaveThread();
+  heap = heapd_attach(name, &options);
+  PyEval_RestoreThread(unlocked);
+  if (heap == NULL) return RaiseLast();
   Handle* handle = PyObject_New(Handle, &HandleType);
   if (handle == NULL) {
     heapd_detach(heap);
