@@ -74,11 +74,12 @@ int Run() {
     cxx_alloc.push_back(cxx_allocate_ns);
     cxx_free.push_back(cxx_free_ns);
   }
-  std::printf("B1 (%llu x 64 B, grown heap, medians of %d): C API %.1f ns allocate / %.1f free; "
-              "C++ %.1f / %.1f; C/C++ %.2fx / %.2fx\n",
-              static_cast<unsigned long long>(n), absl::GetFlag(FLAGS_reps), Median(c_alloc),
-              Median(c_free), Median(cxx_alloc), Median(cxx_free),
-              Median(c_alloc) / Median(cxx_alloc), Median(c_free) / Median(cxx_free));
+  std::printf(
+      "B1 (%llu x 64 B, grown heap, medians of %d): C API %.1f ns allocate / %.1f free; "
+      "C++ %.1f / %.1f; C/C++ %.2fx / %.2fx\n",
+      static_cast<unsigned long long>(n), absl::GetFlag(FLAGS_reps), Median(c_alloc),
+      Median(c_free), Median(cxx_alloc), Median(cxx_free), Median(c_alloc) / Median(cxx_alloc),
+      Median(c_free) / Median(cxx_free));
   (void)(*cxx_heap)->detach();
   return heapd_detach(c_heap) == 0 ? 0 : 1;
 }

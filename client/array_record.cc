@@ -69,8 +69,10 @@ uint64_t ArrayBytes(const heapd_array_info& info) {
 
 std::string ArrayTypeName(const heapd_array_info& info) {
   std::vector<uint64_t> shape(info.shape, info.shape + info.rank);
-  return absl::StrCat(kArrayTypePrefix, Find(info.dtype)->code, " ", info.fortran_order ? "F" : "C",
-                      " ", absl::StrJoin(shape, ","));
+  // One dimension has no order: spelled C whoever makes it.
+  const bool fortran = info.fortran_order && info.rank > 1;
+  return absl::StrCat(kArrayTypePrefix, Find(info.dtype)->code, " ", fortran ? "F" : "C", " ",
+                      absl::StrJoin(shape, ","));
 }
 
 absl::StatusOr<heapd_array_info> ParseArrayTypeName(absl::string_view type_name) {

@@ -3,7 +3,8 @@
 // language finds an array with what it needs to read it:
 //   "heapd::array/v1 f8 F 100,200"   float64, column-major, 100 x 200
 // Element types are numpy's codes (i1 i2 i4 i8 u1 u2 u4 u8 f4 f8 c8 c16),
-// little-endian as the node's memory; C (row-major) or F (column-major).
+// little-endian as the node's memory; C (row-major) or F (column-major),
+// always C for one dimension (which has no order).
 #ifndef HEAPD_CLIENT_ARRAY_RECORD_H_
 #define HEAPD_CLIENT_ARRAY_RECORD_H_
 

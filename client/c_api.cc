@@ -1,9 +1,12 @@
 // heapd's C API (heapd/heapd.h) over the C++ client: a heapd_heap is a
 // Client and the Heap attached through it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -20,8 +23,10 @@
 struct heapd_heap {
   std::unique_ptr<heapd::Client> client;
   std::unique_ptr<heapd::Heap> heap;  // detached before the client goes
-  // In a forked child (heapd_forked_child): the parent's session and gRPC
-  // channel, never used or destroyed here.
+  pid_t attached_by = 0;              // the process whose session this is
+  // In a forked child (heapd_forked_child, or any call from a process that
+  // did not attach it): the parent's session and gRPC channel, never used
+  // or destroyed here.
   bool forked = false;
 };
 
@@ -72,8 +77,18 @@ T Fail(const absl::Status& status, T value) {
   return value;
 }
 
-bool MissingHeap(const heapd_heap* heap) {
-  if (heap != nullptr && heap->forked) {
+absl::Status NoHeap() { return absl::InvalidArgumentError("no heap (NULL, or detached)"); }
+
+// A heap this process inherited with fork(): see heapd_forked_child.
+bool Inherited(heapd_heap* heap) {
+  if (heap != nullptr && !heap->forked && heap->heap != nullptr && heap->attached_by != getpid()) {
+    heap->forked = true;  // a child that did not call heapd_forked_child
+  }
+  return heap != nullptr && heap->forked;
+}
+
+bool MissingHeap(heapd_heap* heap) {
+  if (Inherited(heap)) {
     Record(absl::FailedPreconditionError(
         absl::StrCat("heap ", heap->heap->name(),
                      " was attached by the parent of this forked process: attach "
@@ -81,7 +96,7 @@ bool MissingHeap(const heapd_heap* heap) {
     return true;
   }
   if (heap != nullptr && heap->heap != nullptr) return false;
-  Record(absl::InvalidArgumentError("no heap (NULL, or detached)"));
+  Record(NoHeap());
   return true;
 }
 
@@ -91,23 +106,18 @@ bool MissingName(const char* name) {
   return true;
 }
 
-// `size` bytes aligned to `align`, never at offset 0 (the C API's null
-// link): an object that lands there is kept aside for the heap's life and
-// another one taken.
-absl::StatusOr<void*> AllocateAwayFromZero(Heap& heap, uint64_t size, uint64_t align) {
-  absl::StatusOr<void*> memory = heap.allocate(size == 0 ? 1 : size, align);
-  if (memory.ok() && heap.offset_of(*memory) == 0) {
-    memory = heap.allocate(size == 0 ? 1 : size, align);
-  }
-  return memory;
-}
+// C links are heap offsets plus one, so that 0 is no object's (an object
+// may start at the heap's first byte).
+constexpr uint64_t kLinkBias = 1;
 
 }  // namespace
 }  // namespace heapd
 
 using heapd::Fail;
+using heapd::Inherited;
 using heapd::MissingHeap;
 using heapd::MissingName;
+using heapd::NoHeap;
 
 extern "C" {
 
@@ -119,7 +129,7 @@ void heapd_attach_options_init(heapd_attach_options* options) {
   options->struct_size = sizeof(*options);
 }
 
-heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) {
+heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) try {
   if (MissingName(name)) return nullptr;
   heapd_attach_options given;
   heapd_attach_options_init(&given);
@@ -143,18 +153,22 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
   attach.mode = given.mode;
   absl::StatusOr<std::unique_ptr<heapd::Heap>> heap = (*client)->Attach(name, attach);
   if (!heap.ok()) return Fail(heap.status(), static_cast<heapd_heap*>(nullptr));
-  return new heapd_heap{*std::move(client), *std::move(heap)};
+  return new heapd_heap{*std::move(client), *std::move(heap), getpid()};
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
+                     static_cast<heapd_heap*>(nullptr));
 }
 
 int heapd_forked_child(heapd_heap* heap) {
-  if (MissingHeap(heap)) return -1;
+  if (heap == nullptr || heap->heap == nullptr) return Fail(NoHeap(), -1);
+  if (heap->forked && heap->attached_by == getpid()) return 0;  // called twice
   heap->forked = true;
   const absl::Status kept = heapd::HeapImpl::Of(*heap->heap).KeepPrivatelyAfterFork();
   return kept.ok() ? 0 : Fail(kept, -1);
 }
 
-int heapd_detach(heapd_heap* heap) {
-  if (heap != nullptr && heap->forked) {
+int heapd_detach(heapd_heap* heap) try {
+  if (Inherited(heap)) {
     // The parent's objects: released, never destroyed here (the gRPC
     // channel and session are the parent's).
     (void)heap->client.release();
@@ -167,26 +181,31 @@ int heapd_detach(heapd_heap* heap) {
   heap->heap.reset();
   delete heap;
   return detached.ok() ? 0 : Fail(detached, -1);
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())), -1);
 }
 
-void* heapd_malloc(heapd_heap* heap, size_t size) {
+void* heapd_malloc(heapd_heap* heap, size_t size) try {
   if (MissingHeap(heap)) return nullptr;
-  absl::StatusOr<void*> memory =
-      heapd::AllocateAwayFromZero(*heap->heap, size, heapd::kMallocAlign);
+  absl::StatusOr<void*> memory = heap->heap->allocate(size == 0 ? 1 : size, heapd::kMallocAlign);
   return memory.ok() ? *memory : Fail(memory.status(), static_cast<void*>(nullptr));
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
+                     static_cast<void*>(nullptr));
 }
 
-int heapd_free(heapd_heap* heap, void* p) {
+int heapd_free(heapd_heap* heap, void* p) try {
   if (MissingHeap(heap)) return -1;
   if (p == nullptr) return 0;
   const absl::Status freed = heap->heap->deallocate(p);
   return freed.ok() ? 0 : Fail(freed, -1);
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())), -1);
 }
 
-void* heapd_named_malloc(heapd_heap* heap, const char* name, size_t size) {
+void* heapd_named_malloc(heapd_heap* heap, const char* name, size_t size) try {
   if (MissingHeap(heap) || MissingName(name)) return nullptr;
-  absl::StatusOr<void*> memory =
-      heapd::AllocateAwayFromZero(*heap->heap, size, heapd::kMallocAlign);
+  absl::StatusOr<void*> memory = heap->heap->allocate(size == 0 ? 1 : size, heapd::kMallocAlign);
   if (!memory.ok()) return Fail(memory.status(), static_cast<void*>(nullptr));
   if (absl::Status bound = heap->heap->Bind(name, *memory, size, heapd::kBytesTypeName);
       !bound.ok()) {
@@ -194,33 +213,44 @@ void* heapd_named_malloc(heapd_heap* heap, const char* name, size_t size) {
     return Fail(bound, static_cast<void*>(nullptr));
   }
   return *memory;
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
+                     static_cast<void*>(nullptr));
 }
 
-void* heapd_find(heapd_heap* heap, const char* name, size_t* size) {
+void* heapd_find(heapd_heap* heap, const char* name, size_t* size) try {
   if (MissingHeap(heap) || MissingName(name)) return nullptr;
   absl::StatusOr<heapd::Heap::Named> named = heap->heap->Lookup(name);
   if (!named.ok()) return Fail(named.status(), static_cast<void*>(nullptr));
   if (size != nullptr) *size = named->size;
   return named->object;
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
+                     static_cast<void*>(nullptr));
 }
 
-int heapd_named_free(heapd_heap* heap, const char* name) {
+int heapd_named_free(heapd_heap* heap, const char* name) try {
   if (MissingHeap(heap) || MissingName(name)) return -1;
-  absl::StatusOr<heapd::Heap::Named> named = heap->heap->Lookup(name);
-  if (!named.ok()) return Fail(named.status(), -1);
-  if (absl::Status s = heap->heap->Unbind(name); !s.ok()) return Fail(s, -1);
-  const absl::Status freed = heap->heap->deallocate(named->object, named->size);
+  // The object the unbind took: another process may rebind the name.
+  absl::StatusOr<heapd::Heap::Named> removed = heap->heap->Remove(name);
+  if (!removed.ok()) return Fail(removed.status(), -1);
+  const absl::Status freed = heap->heap->deallocate(removed->object, removed->size);
   return freed.ok() ? 0 : Fail(freed, -1);
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())), -1);
 }
 
-int heapd_sync(heapd_heap* heap) {
+int heapd_sync(heapd_heap* heap) try {
   if (MissingHeap(heap)) return -1;
   absl::StatusOr<uint64_t> epoch = heap->heap->sync();
   return epoch.ok() ? 0 : Fail(epoch.status(), -1);
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())), -1);
 }
 
+// Offsets are arithmetic on the mapping: they work in a forked child too.
 uint64_t heapd_offset(heapd_heap* heap, const void* p) {
-  if (MissingHeap(heap)) return UINT64_MAX;
+  if (heap == nullptr || heap->heap == nullptr) return Fail(NoHeap(), UINT64_MAX);
   if (p == nullptr) return 0;
   const char* at = static_cast<const char*>(p);
   if (at < heap->heap->base() || at >= heap->heap->base() + heap->heap->max_size()) {
@@ -229,20 +259,23 @@ uint64_t heapd_offset(heapd_heap* heap, const void* p) {
                                                         " is not in heap ", heap->heap->name())),
                 UINT64_MAX);
   }
-  return heap->heap->offset_of(p);
+  return heap->heap->offset_of(p) + heapd::kLinkBias;
 }
 
-void* heapd_pointer(heapd_heap* heap, uint64_t offset) {
-  if (MissingHeap(heap) || offset == 0) return nullptr;
+void* heapd_pointer(heapd_heap* heap, uint64_t link) {
+  if (heap == nullptr || heap->heap == nullptr) return Fail(NoHeap(), static_cast<void*>(nullptr));
+  if (link == 0) return nullptr;
+  const uint64_t offset = link - heapd::kLinkBias;
   if (offset >= heap->heap->max_size()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is beyond heap ",
+    return Fail(absl::InvalidArgumentError(absl::StrCat("link ", link, " is beyond heap ",
                                                         heap->heap->name(), "'s maximum size")),
                 static_cast<void*>(nullptr));
   }
   return heap->heap->at(offset);
 }
 
-int64_t heapd_list_names(heapd_heap* heap, const char* prefix, heapd_name_visitor each, void* arg) {
+int64_t heapd_list_names(heapd_heap* heap, const char* prefix, heapd_name_visitor each,
+                         void* arg) try {
   if (MissingHeap(heap)) return -1;
   heapd::ClientChannel& channel = heapd::ChannelOf(*heap->client);
   heapd::v1::ListNamesRequest request;
@@ -261,9 +294,11 @@ int64_t heapd_list_names(heapd_heap* heap, const char* prefix, heapd_name_visito
     }
   }
   return response.names_size();
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())), int64_t{-1});
 }
 
-int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats) {
+int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats) try {
   if (MissingHeap(heap)) return -1;
   if (stats == nullptr || stats->struct_size < offsetof(heapd_heap_stats, content_rollback)) {
     return Fail(absl::InvalidArgumentError("heapd_heap_stats without its struct_size"), -1);
@@ -282,6 +317,8 @@ int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats) {
   filled.content_rollback = got->info().content_rollback() ? 1 : 0;
   std::memcpy(stats, &filled, std::min(stats->struct_size, sizeof(filled)));
   return 0;
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())), -1);
 }
 
 const char* heapd_last_error(void) { return heapd::last_error.c_str(); }
@@ -294,7 +331,7 @@ size_t heapd_dtype_size(heapd_dtype dtype) {
   return heapd::CheckArrayInfo(one).ok() ? heapd::ArrayBytes(one) : 0;
 }
 
-void* heapd_find_array(heapd_heap* heap, const char* name, heapd_array_info* info) {
+void* heapd_find_array(heapd_heap* heap, const char* name, heapd_array_info* info) try {
   if (MissingHeap(heap) || MissingName(name)) return nullptr;
   absl::StatusOr<heapd::Heap::Named> named = heap->heap->Lookup(name);
   if (!named.ok()) return Fail(named.status(), static_cast<void*>(nullptr));
@@ -313,9 +350,13 @@ void* heapd_find_array(heapd_heap* heap, const char* name, heapd_array_info* inf
   }
   if (info != nullptr) *info = *record;
   return named->object;
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
+                     static_cast<void*>(nullptr));
 }
 
-void* heapd_array(heapd_heap* heap, const char* name, const heapd_array_info* info, int create) {
+void* heapd_array(heapd_heap* heap, const char* name, const heapd_array_info* info,
+                  int create) try {
   if (MissingHeap(heap) || MissingName(name)) return nullptr;
   if (info == nullptr) {
     return Fail(absl::InvalidArgumentError("no array record (NULL)"), static_cast<void*>(nullptr));
@@ -338,8 +379,7 @@ void* heapd_array(heapd_heap* heap, const char* name, const heapd_array_info* in
     }
     if (errno != ENOENT || !create) return nullptr;  // heapd_find_array said why
     const uint64_t bytes = heapd::ArrayBytes(*info);
-    absl::StatusOr<void*> memory =
-        heapd::AllocateAwayFromZero(*heap->heap, bytes, heapd::kArrayAlign);
+    absl::StatusOr<void*> memory = heap->heap->allocate(bytes, heapd::kArrayAlign);
     if (!memory.ok()) return Fail(memory.status(), static_cast<void*>(nullptr));
     std::memset(*memory, 0, bytes);
     const absl::Status bound = heap->heap->Bind(name, *memory, bytes, heapd::ArrayTypeName(*info));
@@ -352,6 +392,9 @@ void* heapd_array(heapd_heap* heap, const char* name, const heapd_array_info* in
   return Fail(absl::UnavailableError(absl::StrCat("array '", name, "' in heap ", heap->heap->name(),
                                                   " was made and removed while this call ran")),
               static_cast<void*>(nullptr));
+} catch (const std::exception& e) {
+  return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
+                     static_cast<void*>(nullptr));
 }
 
 }  // extern "C"

@@ -56,9 +56,12 @@ absl::Status GrpcSessionCalls::Bind(const v1::BindRequest& request) {
   return Call(client_, &v1::Heapd::Stub::Bind, request, &response);
 }
 
-absl::Status GrpcSessionCalls::Unbind(const v1::UnbindRequest& request) {
+absl::StatusOr<NameEntry> GrpcSessionCalls::Unbind(const v1::UnbindRequest& request) {
   v1::NameEntry response;
-  return Call(client_, &v1::Heapd::Stub::Unbind, request, &response);
+  if (absl::Status s = Call(client_, &v1::Heapd::Stub::Unbind, request, &response); !s.ok()) {
+    return s;
+  }
+  return FromProto(response);
 }
 
 absl::StatusOr<NameEntry> GrpcSessionCalls::LookupWithGrpc(const std::string& name) {

@@ -30,7 +30,7 @@ class GrpcSessionCalls : public SessionCalls {
   absl::Status Sync(const v1::SyncRequest& request, v1::SyncResponse* response) override;
   absl::Status Detach(const v1::DetachRequest& request) override;
   absl::Status Bind(const v1::BindRequest& request) override;
-  absl::Status Unbind(const v1::UnbindRequest& request) override;
+  absl::StatusOr<NameEntry> Unbind(const v1::UnbindRequest& request) override;
   absl::StatusOr<NameEntry> Lookup(const std::string& name) override;
   int lifeline() override;
   void Close() override;

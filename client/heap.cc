@@ -204,6 +204,7 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
   }
   fault_slot_ = RegisterHeapForGrowthFaults(growing_);
   if (tracker_ != nullptr) tracker_->set_growth_slot(fault_slot_);
+  lifeline_fd_ = calls_->lifeline();
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
   absl::MutexLock lock(&prefetched_mu_);
@@ -312,6 +313,10 @@ absl::StatusOr<void*> HeapImpl::allocate(uint64_t size, uint64_t align) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
   if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  if (size > max_size_) {  // before any arithmetic on it (a size near 2^64 would wrap)
+    return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", size, " bytes in heap ",
+                                                   name_, " of at most ", max_size_));
+  }
   if (align == 0 || (align & (align - 1)) != 0 || align > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("alignment ", align, " is not a power of two up to 4096"));
@@ -445,7 +450,15 @@ absl::StatusOr<bool> HeapImpl::FreeUntold(uint64_t offset, uint64_t size_hint) {
 
 absl::Status HeapImpl::WithReserveBack(const std::function<absl::Status()>& call) {
   absl::Status status = call();
-  if (status.code() == absl::StatusCode::kResourceExhausted && ReturnReserve()) status = call();
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  // What this process freed and has not told heapd of yet, and the reserve
+  // it holds unused, may be what the call needs.
+  bool pending;
+  {
+    absl::MutexLock lock(&frees_mu_);
+    pending = !pending_frees_.empty();
+  }
+  if ((pending && FlushFrees().ok()) | ReturnReserve()) status = call();
   return status;
 }
 
@@ -747,6 +760,9 @@ absl::Status HeapImpl::detach() {
 
 absl::Status HeapImpl::KeepPrivatelyAfterFork() {
   detached_ = true;  // no detach: the session is the parent's
+  // The parent's lifeline: heapd must see the parent's end when it comes,
+  // not when this child exits.
+  if (lifeline_fd_ >= 0) close(lifeline_fd_);
   const uint64_t mapped = mapped_bytes_.load(std::memory_order_acquire);
   const int prot = read_only_ ? PROT_READ : PROT_READ | PROT_WRITE;
   if (mapped != 0 &&
@@ -791,7 +807,7 @@ absl::Status HeapImpl::Bind(const std::string& name, const void* object, uint64_
   return calls_->Bind(request);
 }
 
-absl::Status HeapImpl::Unbind(const std::string& name) {
+absl::StatusOr<Heap::Named> HeapImpl::Remove(const std::string& name) {
   {
     absl::MutexLock lock(&prefetched_mu_);
     prefetched_.erase(name);
@@ -799,7 +815,12 @@ absl::Status HeapImpl::Unbind(const std::string& name) {
   v1::UnbindRequest request;
   request.set_session(session_);
   request.set_name(name);
-  return calls_->Unbind(request);
+  absl::StatusOr<NameEntry> entry = calls_->Unbind(request);
+  if (!entry.ok()) return entry.status();
+  if (absl::Status s = CheckObject(name_, entry->offset, entry->size, max_size_); !s.ok()) {
+    return s;
+  }
+  return Named{base() + entry->offset, entry->size, entry->type_name};
 }
 
 absl::StatusOr<Heap::Named> HeapImpl::Lookup(const std::string& name) {
@@ -891,6 +912,9 @@ absl::StatusOr<Heap::Named> Heap::Lookup(const std::string& name) {
   return HeapImpl::Of(*this).Lookup(name);
 }
 absl::Status Heap::Unbind(const std::string& name) { return HeapImpl::Of(*this).Unbind(name); }
+absl::StatusOr<Heap::Named> Heap::Remove(const std::string& name) {
+  return HeapImpl::Of(*this).Remove(name);
+}
 absl::Status Heap::Bind(const std::string& name, const void* object, uint64_t size,
                         const std::string& type_name) {
   return HeapImpl::Of(*this).Bind(name, object, size, type_name);

@@ -74,7 +74,8 @@ class HeapImpl final : public Heap {
   uint64_t session() const { return session_; }
   uint64_t max_size() const { return max_size_; }
   absl::StatusOr<Named> Lookup(const std::string& name);
-  absl::Status Unbind(const std::string& name);
+  absl::Status Unbind(const std::string& name) { return Remove(name).status(); }
+  absl::StatusOr<Named> Remove(const std::string& name);
   absl::Status Bind(const std::string& name, const void* object, uint64_t size,
                     const std::string& type_name);
   absl::StatusOr<void*> Find(const std::string& name, const std::string& type_name, uint64_t size);
@@ -132,7 +133,7 @@ class HeapImpl final : public Heap {
   // `call()`, and once more if the heap was full and ReturnReserve gave
   // heapd something back.
   absl::Status WithReserveBack(const std::function<absl::Status()>& call)
-      ABSL_LOCKS_EXCLUDED(large_mu_);
+      ABSL_LOCKS_EXCLUDED(large_mu_, frees_mu_);
   // One part of a sync (more=true) that tells heapd of carved objects and
   // released runs, taken at once (ChunkDirectory::TellReserve).
   absl::Status TellReserve(absl::Span<const LargePlacement> placed,
@@ -175,6 +176,9 @@ class HeapImpl final : public Heap {
   const size_t free_batch_;
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
   const int data_fd_;
+  // The session's lifeline (its heapd.fd.sock connection), as Start saw it:
+  // closed in a forked child without a lock another thread may have held.
+  int lifeline_fd_ = -1;
   bool detached_ = false;
 
   // mapping_ is set by Start and reset by detach (nothing runs concurrently

@@ -122,10 +122,10 @@ absl::Status InProcessSessionCalls::Bind(const v1::BindRequest& request) {
                           getuid(), absl::ToUnixNanos(absl::Now())});
 }
 
-absl::Status InProcessSessionCalls::Unbind(const v1::UnbindRequest& request) {
+absl::StatusOr<NameEntry> InProcessSessionCalls::Unbind(const v1::UnbindRequest& request) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
-  return heap_->Unbind(request.name()).status();
+  return heap_->Unbind(request.name());
 }
 
 absl::StatusOr<NameEntry> InProcessSessionCalls::Lookup(const std::string& name) {

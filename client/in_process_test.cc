@@ -106,7 +106,9 @@ class Tap : public SessionCalls {
     return calls_->Detach(r);
   }
   absl::Status Bind(const v1::BindRequest& r) override { return calls_->Bind(r); }
-  absl::Status Unbind(const v1::UnbindRequest& r) override { return calls_->Unbind(r); }
+  absl::StatusOr<NameEntry> Unbind(const v1::UnbindRequest& r) override {
+    return calls_->Unbind(r);
+  }
   absl::StatusOr<NameEntry> Lookup(const std::string& name) override {
     return calls_->Lookup(name);
   }

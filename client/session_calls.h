@@ -30,7 +30,8 @@ class SessionCalls {
   virtual absl::Status Sync(const v1::SyncRequest& request, v1::SyncResponse* response) = 0;
   virtual absl::Status Detach(const v1::DetachRequest& request) = 0;
   virtual absl::Status Bind(const v1::BindRequest& request) = 0;
-  virtual absl::Status Unbind(const v1::UnbindRequest& request) = 0;
+  // Returns what the name bound.
+  virtual absl::StatusOr<NameEntry> Unbind(const v1::UnbindRequest& request) = 0;
   // The name's entry in the session's heap.
   virtual absl::StatusOr<NameEntry> Lookup(const std::string& name) = 0;
 

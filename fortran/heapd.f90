@@ -147,13 +147,16 @@ contains
     end do
   end function heapd_error
 
-  ! Attaches heap `name` (create: make it if missing; max_size in bytes,
-  ! when creating; socket: heapd's, else $HEAPD_SOCKET or the default).
-  subroutine heapd_attach(heap, name, create, read_only, max_size, socket, stat)
+  ! Attaches heap `name` (create: make it if missing; max_size in bytes and
+  ! mode (permission bits, e.g. int(o'640')), when creating; socket:
+  ! heapd's, else $HEAPD_SOCKET or the default). Names and paths are
+  ! trimmed of trailing blanks.
+  subroutine heapd_attach(heap, name, create, read_only, max_size, mode, socket, stat)
     type(heapd_heap), intent(out) :: heap
     character(*), intent(in) :: name
     logical, intent(in), optional :: create, read_only
     integer(int64), intent(in), optional :: max_size
+    integer, intent(in), optional :: mode
     character(*), intent(in), optional :: socket
     integer, intent(out), optional :: stat
     type(attach_options) :: options
@@ -166,11 +169,12 @@ contains
       if (read_only) options%read_only = 1
     end if
     if (present(max_size)) options%max_size = max_size
+    if (present(mode)) options%mode = int(mode, c_int32_t)
     if (present(socket)) then
-      socket_c = socket // c_null_char
+      socket_c = trim(socket) // c_null_char
       options%socket = c_loc(socket_c)
     end if
-    heap%handle = c_attach(name // c_null_char, options)
+    heap%handle = c_attach(trim(name) // c_null_char, options)
     call check(c_associated(heap%handle), "heapd_attach", stat)
   end subroutine heapd_attach
 
@@ -224,7 +228,7 @@ contains
     type(array_info) :: info
     integer :: i
     logical :: same
-    memory = c_find_array(heap%handle, name // c_null_char, info)
+    memory = c_find_array(heap%handle, trim(name) // c_null_char, info)
     if (c_associated(memory)) then
       do i = 1, rank
         if (info%fortran_order /= 0) then
@@ -249,7 +253,7 @@ contains
     info%shape = 0
     info%shape(1:rank) = int(shape(1:rank), c_int64_t)
     extents = info%shape(1:rank)
-    memory = c_array(heap%handle, name // c_null_char, info, 1_c_int)
+    memory = c_array(heap%handle, trim(name) // c_null_char, info, 1_c_int)
     call check(c_associated(memory), "heapd_array " // name, stat)
   end subroutine array_memory
 

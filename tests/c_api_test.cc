@@ -50,7 +50,8 @@ TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
   ASSERT_NE(second, nullptr);
   *second = Node{0, 2};
   *first = Node{heapd_offset(heap_, second), 1};
-  EXPECT_NE(first->next, 0u);  // no object lives at the null link
+  EXPECT_NE(heapd_offset(heap_, first), 0u);  // 0 is the null link, whatever the offset
+  EXPECT_EQ(heapd_pointer(heap_, heapd_offset(heap_, first)), first);
   EXPECT_EQ(heapd_pointer(heap_, first->next), second);
   EXPECT_EQ(heapd_offset(heap_, nullptr), 0u);
   EXPECT_EQ(heapd_pointer(heap_, 0), nullptr);
@@ -83,6 +84,51 @@ TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
   EXPECT_EQ(errno, ENOENT);
 }
 
+// The first object of a new heap may start at its first byte: its link is
+// still not the null link.
+TEST_F(CApiTest, TheFirstObjectOfANewHeapHasALink) {
+  heapd_attach_options options = options_;
+  heapd_heap* fresh = heapd_attach("fresh", &options);
+  ASSERT_NE(fresh, nullptr) << heapd_last_error();
+  for (size_t size : {size_t{64}, size_t{3} << 20}) {
+    void* p = heapd_malloc(fresh, size);
+    ASSERT_NE(p, nullptr) << heapd_last_error();
+    const uint64_t link = heapd_offset(fresh, p);
+    EXPECT_NE(link, 0u);
+    EXPECT_EQ(heapd_pointer(fresh, link), p);
+  }
+  EXPECT_EQ(heapd_detach(fresh), 0);
+}
+
+// A child made by fork() inherits the heap but not the session: its calls
+// fail (EPERM), links still resolve, its detach forgets the heap, and the
+// parent's session goes on.
+TEST_F(CApiTest, AForkedChildUsesNotTheParentsSession) {
+  auto* value = static_cast<int64_t*>(heapd_named_malloc(heap_, "v", sizeof(int64_t)));
+  ASSERT_NE(value, nullptr);
+  *value = 41;
+  ASSERT_EQ(heapd_sync(heap_), 0);
+  for (bool told : {false, true}) {
+    const pid_t child = fork();
+    if (child == 0) {
+      if (told && heapd_forked_child(heap_) != 0) _exit(10);
+      if (heapd_sync(heap_) != -1 || errno != EPERM) _exit(11);
+      if (heapd_malloc(heap_, 8) != nullptr || errno != EPERM) _exit(12);
+      const uint64_t link = heapd_offset(heap_, value);
+      if (link == UINT64_MAX || heapd_pointer(heap_, link) != value) _exit(13);
+      if (told && *value != 41) _exit(14);  // the private view reads the heap
+      if (told) *value = 7;                 // ... and keeps this write to itself
+      _exit(heapd_detach(heap_) == 0 ? 0 : 15);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "told " << told << ": " << status;
+  }
+  EXPECT_EQ(*value, 41);
+  EXPECT_EQ(heapd_sync(heap_), 0) << heapd_last_error();  // the session is the parent's still
+  ASSERT_NE(heapd_malloc(heap_, 8), nullptr) << heapd_last_error();
+}
+
 TEST_F(CApiTest, FailuresSetErrnoAndSayWhat) {
   ASSERT_NE(heapd_named_malloc(heap_, "x", 8), nullptr);
   EXPECT_EQ(heapd_named_malloc(heap_, "x", 8), nullptr);
@@ -94,8 +140,13 @@ TEST_F(CApiTest, FailuresSetErrnoAndSayWhat) {
   EXPECT_EQ(errno, EINVAL);
   EXPECT_EQ(heapd_offset(heap_, &outside), UINT64_MAX);
   EXPECT_EQ(heapd_free(heap_, nullptr), 0);
-  // Beyond the heap's maximum size: EINVAL; more than is left: ENOMEM.
+  // Beyond the heap's maximum size: EINVAL (sizes near 2^64 too, which
+  // must not wrap around); more than is left: ENOMEM.
   EXPECT_EQ(heapd_malloc(heap_, size_t{1} << 30), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(heapd_malloc(heap_, SIZE_MAX), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(heapd_malloc(heap_, SIZE_MAX - (size_t{1} << 20)), nullptr);
   EXPECT_EQ(errno, EINVAL);
   ASSERT_NE(heapd_malloc(heap_, size_t{40} << 20), nullptr) << heapd_last_error();
   EXPECT_EQ(heapd_malloc(heap_, size_t{40} << 20), nullptr);
@@ -178,6 +229,16 @@ TEST_F(CApiTest, ArraysCarryTheirRecord) {
   EXPECT_EQ(stats.clients, 1u);
   stats.struct_size = 0;
   EXPECT_EQ(heapd_stats(heap_, &stats), -1);
+  // One dimension has no order: made in Fortran's, found in C's.
+  heapd_array_info line{};
+  line.dtype = HEAPD_INT32;
+  line.rank = 1;
+  line.fortran_order = 1;
+  line.shape[0] = 10;
+  void* made = heapd_array(heap_, "line", &line, 1);
+  ASSERT_NE(made, nullptr) << heapd_last_error();
+  line.fortran_order = 0;
+  EXPECT_EQ(heapd_array(heap_, "line", &line, 1), made) << heapd_last_error();
   EXPECT_EQ(heapd_dtype_size(HEAPD_COMPLEX128), 16u);
   EXPECT_EQ(heapd_dtype_size(static_cast<heapd_dtype>(0)), 0u);
 }

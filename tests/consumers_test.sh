@@ -88,7 +88,10 @@ out=$(mpirun "${mpi[@]}" --oversubscribe -np 2 ./mpi_slices check 2>&1) || fail 
 expect_in "200000 elements of 4 ranks checked, 0 wrong" "$out"
 
 step "A process that loads its own gRPC, abseil and protobuf beside libheapd"
-if venv/bin/pip install -q grpcio >grpcio.log 2>&1; then
+# grpcio's wheel from PyPI (Debian's python3-grpcio, which would share
+# Debian's libraries, is not installed): the one download of this suite.
+if venv/bin/pip install -q grpcio >grpcio.log 2>&1 &&
+  venv/bin/python -c "import grpc, os; assert 'dist-packages' not in grpc.__file__" 2>/dev/null; then
   out=$(venv/bin/python - <<'PY' 2>&1
 import grpc, numpy as np, heapd   # grpcio's wheel carries its own gRPC and abseil
 channel = grpc.insecure_channel("localhost:1")
@@ -105,10 +108,20 @@ else
   echo "SKIPPED the second-copies check: grpcio could not be installed from PyPI ($(tail -1 grpcio.log))"
 fi
 
-step "uninstall"
+step "uninstall (a manifest naming files outside the prefix removes none of them)"
+echo keep >"$WORK/outside"
+printf '%s\n' "$PREFIX/../outside" "$WORK/outside" >>"$PREFIX/share/heapd/install_manifest.txt"
 bash "$SRC/tools/install.sh" --uninstall --prefix="$PREFIX" >/dev/null || fail "uninstall"
 left=$(find "$PREFIX" -type f 2>/dev/null)
 [ -z "$left" ] || fail "uninstall left: $left"
+[ -f "$WORK/outside" ] || fail "uninstall removed a file outside the prefix"
+if [ "$(id -u)" -eq 0 ] && getent passwd nobody >/dev/null; then
+  # As root, never into a directory another user could change.
+  mkdir -p "$WORK/users" && chown nobody "$WORK/users"
+  out=$(bash "$SRC/tools/install.sh" --prefix="$WORK/users/prefix" 2>&1) &&
+    fail "root installed into a prefix under a directory of nobody's"
+  expect_in "as root, install only where root alone writes" "$out"
+fi
 
 kill -TERM "$PID"; wait "$PID"; PID=
 if [ $FAILURES -ne 0 ]; then

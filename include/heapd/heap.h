@@ -123,14 +123,21 @@ class Heap {
     return static_cast<T*>(*object);
   }
 
-  // Unbinds `name`, destroys the T it bound and frees it.
+  // Unbinds `name`, destroys the T it bound and frees it. FAILED_PRECONDITION
+  // (and nothing unbound) if the name binds another type.
   template <typename T>
   absl::Status destroy(const std::string& name) {
-    absl::StatusOr<T*> object = find<T>(name);
-    if (!object.ok()) return object.status();
-    if (absl::Status s = Unbind(name); !s.ok()) return s;
-    (*object)->~T();
-    return deallocate(*object, sizeof(T));
+    if (absl::Status s = find<T>(name).status(); !s.ok()) return s;
+    // What the unbind took, not what find saw: another process may have
+    // rebound the name in between.
+    absl::StatusOr<Named> removed = Remove(name);
+    if (!removed.ok()) return removed.status();
+    if (removed->type_name != TypeName<T>()) {
+      return absl::FailedPreconditionError("name '" + name + "' was rebound to a " +
+                                           removed->type_name + " meanwhile; unbound, not freed");
+    }
+    static_cast<T*>(removed->object)->~T();
+    return deallocate(removed->object, removed->size);
   }
 
   // Makes this process's allocations, frees and object contents persistent;
@@ -181,6 +188,9 @@ class Heap {
   absl::StatusOr<Named> Lookup(const std::string& name);
   // Unbinds `name`; NOT_FOUND if unbound.
   absl::Status Unbind(const std::string& name);
+  // Unbinds `name` and returns what it bound (the object stays allocated,
+  // for the caller to free: the very object the name bound at the unbind).
+  absl::StatusOr<Named> Remove(const std::string& name);
   // Binds `name` to the `size`-byte object at `object` of type `type_name`.
   absl::Status Bind(const std::string& name, const void* object, uint64_t size,
                     const std::string& type_name);

@@ -28,8 +28,8 @@
  * heapd_free take no lock and make no call to heapd on their fast path.
  *
  * Pointers are this process's: each process maps a heap at its own
- * address. Link objects with offsets (heapd_offset / heapd_pointer); offset
- * 0 is the null link (no object of this API lives there).
+ * address. Link objects with links (heapd_offset / heapd_pointer): the same
+ * number in every process, 0 for NULL.
  */
 #ifndef HEAPD_HEAPD_HEAPD_H_
 #define HEAPD_HEAPD_HEAPD_H_
@@ -76,12 +76,18 @@ int heapd_detach(heapd_heap* heap);
 /* Call in a child process after fork() for each heap it inherited: the
  * session belongs to the parent, so the child keeps the heap as its own
  * copy-on-write view (what it reads is the heap, what it writes stays in the
- * child) and every other call on `heap` fails with EPERM; heapd_detach
- * then only forgets it. To share writes, attach the heap in the child. */
+ * child) and lets go of the parent's session (heapd sees the parent's end
+ * when it comes). Every call on `heap` but heapd_offset, heapd_pointer and
+ * heapd_detach (which then only forgets it) fails with EPERM afterwards —
+ * as it does in a child that did not call this, whose inherited mapping is
+ * then left as it is (on a heap with content rollback: absent). To share
+ * writes, attach the heap in the child. */
 int heapd_forked_child(heapd_heap* heap);
 
 /* `size` bytes aligned to 16 (as malloc's), uninitialized; NULL when the
- * heap is full (ENOMEM) or read-only (EPERM). size 0 gives a unique object. */
+ * heap is full (ENOMEM), read-only (EPERM), or `size` is above its maximum
+ * size (EINVAL). size 0 gives a unique object (but heapd_named_malloc of 0
+ * bytes is EINVAL: a name binds at least a byte). */
 void* heapd_malloc(heapd_heap* heap, size_t size);
 
 /* Frees what heapd_malloc gave. NULL is a no-op. A pointer outside the heap
@@ -106,12 +112,14 @@ int heapd_named_free(heapd_heap* heap, const char* name);
  * persistent: after a crash the heap reads as at the last sync. */
 int heapd_sync(heapd_heap* heap);
 
-/* The offset of `p` in the heap (the same in every process); 0 for NULL;
- * UINT64_MAX with EINVAL if `p` is outside the heap. */
+/* The link of `p`: its offset in the heap plus one, the same in every
+ * process; 0 for NULL; UINT64_MAX with EINVAL if `p` is outside the heap. */
 uint64_t heapd_offset(heapd_heap* heap, const void* p);
-/* The address of `offset` in this process; NULL for 0 (the null link) and,
- * with EINVAL, for an offset beyond the heap's maximum size. */
-void* heapd_pointer(heapd_heap* heap, uint64_t offset);
+/* The address of `link` in this process; NULL for 0 (the null link) and,
+ * with EINVAL, for a link beyond the heap's maximum size. Links come from
+ * heapd_offset; one another process wrote is trusted as far as that bound:
+ * check what it points to before following it further. */
+void* heapd_pointer(heapd_heap* heap, uint64_t link);
 
 /* Calls each(name, size, type_name, arg) for every name bound in the heap
  * that starts with `prefix` (NULL: every name), in name order; returns how

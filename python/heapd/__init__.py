@@ -33,7 +33,6 @@ missing name is a KeyError.
 """
 
 import os
-import weakref
 
 import numpy as np
 
@@ -60,17 +59,11 @@ _DTYPE_CODES = {
 }
 _DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
-# Every open heap of this process, for a forked child to let go of.
-_open_heaps = weakref.WeakSet()
-
-
-def _after_fork_in_child():
-    for heap in list(_open_heaps):
-        heap._handle.forked_child()
-
-
+# A forked child keeps every heap its parent had (arrays included, whether
+# or not their Heap object lives) as its own copy, and lets go of the
+# parent's sessions (heapd/heapd.h, heapd_forked_child).
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=_heapd.forked_child_all)
 
 
 def _parse_size(max_size):
@@ -112,7 +105,6 @@ class Heap:
         self._handle = handle
         self._name = name
         self._read_only = read_only
-        _open_heaps.add(self)
 
     @property
     def name(self):

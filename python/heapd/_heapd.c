@@ -19,6 +19,12 @@
 
 static PyObject* HeapdError;
 
+/* Text from heapd, which may quote names other processes chose (any
+ * bytes): decoded without failing. */
+static PyObject* Text(const char* text) {
+  return PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "surrogateescape");
+}
+
 /* Raises HeapdError from this thread's heapd_last_error() and errno. */
 static PyObject* RaiseLast(void) {
   const int error_number = errno != 0 ? errno : EIO;
@@ -26,7 +32,10 @@ static PyObject* RaiseLast(void) {
   const char* colon = strstr(said, ": ");
   PyObject* code = colon != NULL ? PyUnicode_FromStringAndSize(said, colon - said)
                                  : PyUnicode_FromString("UNKNOWN");
-  PyObject* error = PyObject_CallFunction(HeapdError, "is", error_number, said);
+  PyObject* message = PyUnicode_DecodeUTF8(said, (Py_ssize_t)strlen(said), "replace");
+  PyObject* error =
+      message == NULL ? NULL : PyObject_CallFunction(HeapdError, "iO", error_number, message);
+  Py_XDECREF(message);
   if (error != NULL && code != NULL) {
     PyObject_SetAttrString(error, "code", code);
     PyErr_SetObject(HeapdError, error);
@@ -36,12 +45,18 @@ static PyObject* RaiseLast(void) {
   return NULL;
 }
 
-typedef struct {
+typedef struct Handle {
   PyObject_HEAD heapd_heap* heap; /* NULL once detached */
   int read_only;
   int closed;          /* close() was called: no new calls */
   Py_ssize_t mappings; /* Mappings alive that point into the heap */
+  Py_ssize_t busy;     /* calls under way without the GIL */
+  /* Every Handle of this process, for a forked child (ForkedChildAll). */
+  struct Handle* previous;
+  struct Handle* next;
 } Handle;
+
+static Handle* handles; /* the list's head; changed under the GIL */
 
 typedef struct {
   PyObject_HEAD Handle* owner; /* a reference: keeps the heap attached */
@@ -52,9 +67,10 @@ typedef struct {
 static PyTypeObject HandleType;
 static PyTypeObject MappingType;
 
-/* Detaches once closed and no Mapping points into the heap. */
+/* Detaches once closed, no Mapping points into the heap and no call is
+ * under way. */
 static int DetachIfDone(Handle* self) {
-  if (self->heap == NULL || !self->closed || self->mappings != 0) return 0;
+  if (self->heap == NULL || !self->closed || self->mappings != 0 || self->busy != 0) return 0;
   heapd_heap* heap = self->heap;
   self->heap = NULL;
   int rc;
@@ -70,6 +86,31 @@ static int Usable(Handle* self) {
   return 0;
 }
 
+/* Detaches as DetachIfDone, where no exception can go: a failure is
+ * reported as unraisable, and an exception already set is kept. */
+static void DetachQuietly(Handle* self, PyObject* context) {
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  if (DetachIfDone(self) != 0) {
+    RaiseLast();
+    PyErr_WriteUnraisable(context);
+  }
+  PyErr_Restore(type, value, traceback);
+}
+
+/* A call that lets go of the GIL: Enter (the heap, or NULL with an
+ * exception set), the call, Leave. A close() meanwhile waits for Leave. */
+static heapd_heap* Enter(Handle* self) {
+  if (!Usable(self)) return NULL;
+  self->busy++;
+  return self->heap;
+}
+
+static void Leave(Handle* self) {
+  self->busy--;
+  DetachQuietly(self, (PyObject*)self);
+}
+
 /* ---- Mapping ---------------------------------------------------------- */
 
 static int MappingGetBuffer(Mapping* self, Py_buffer* view, int flags) {
@@ -80,11 +121,7 @@ static int MappingGetBuffer(Mapping* self, Py_buffer* view, int flags) {
 static void MappingDealloc(Mapping* self) {
   Handle* owner = self->owner;
   owner->mappings--;
-  if (DetachIfDone(owner) != 0) {
-    /* Nothing to raise to: say it where Python says unraisable errors. */
-    RaiseLast();
-    PyErr_WriteUnraisable((PyObject*)self);
-  }
+  DetachQuietly(owner, (PyObject*)self);
   Py_DECREF(owner);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
@@ -115,10 +152,10 @@ static PyObject* NewMapping(Handle* owner, void* memory, uint64_t bytes) {
 
 static void HandleDealloc(Handle* self) {
   self->closed = 1;
-  if (DetachIfDone(self) != 0) {
-    RaiseLast();
-    PyErr_WriteUnraisable((PyObject*)self);
-  }
+  DetachQuietly(self, (PyObject*)self);
+  if (self->previous != NULL) self->previous->next = self->next;
+  if (self->next != NULL) self->next->previous = self->previous;
+  if (handles == self) handles = self->next;
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -144,8 +181,7 @@ static PyObject* HandleArray(Handle* self, PyObject* args) {
   int dtype, fortran_order, create;
   PyObject* shape;
   if (!PyArg_ParseTuple(args, "siO!pp", &name, &dtype, &PyTuple_Type, &shape, &fortran_order,
-                        &create) ||
-      !Usable(self)) {
+                        &create)) {
     return NULL;
   }
   heapd_array_info info;
@@ -161,39 +197,58 @@ static PyObject* HandleArray(Handle* self, PyObject* args) {
     info.shape[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, i));
     if (PyErr_Occurred()) return NULL;
   }
-  void* memory;
+  heapd_heap* heap = Enter(self);
+  if (heap == NULL) return NULL;
   PyThreadState* unlocked = PyEval_SaveThread();
-  memory = heapd_array(self->heap, name, &info, create);
+  void* memory = heapd_array(heap, name, &info, create);
   PyEval_RestoreThread(unlocked);
-  if (memory == NULL) return RaiseLast();
-  return ArrayResult(self, memory, &info);
+  PyObject* result = memory == NULL ? RaiseLast() : ArrayResult(self, memory, &info);
+  Leave(self);
+  return result;
 }
 
 static PyObject* HandleFindArray(Handle* self, PyObject* args) {
   const char* name;
-  if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
+  if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+  heapd_heap* heap = Enter(self);
+  if (heap == NULL) return NULL;
   heapd_array_info info;
-  void* memory;
   PyThreadState* unlocked = PyEval_SaveThread();
-  memory = heapd_find_array(self->heap, name, &info);
+  void* memory = heapd_find_array(heap, name, &info);
   PyEval_RestoreThread(unlocked);
-  if (memory == NULL) return RaiseLast();
-  return ArrayResult(self, memory, &info);
+  PyObject* result = memory == NULL ? RaiseLast() : ArrayResult(self, memory, &info);
+  Leave(self);
+  return result;
+}
+
+/* Runs `call(heap)` without the GIL; None, or the error it reports. */
+static PyObject* Call(Handle* self, int (*call)(heapd_heap*)) {
+  heapd_heap* heap = Enter(self);
+  if (heap == NULL) return NULL;
+  PyThreadState* unlocked = PyEval_SaveThread();
+  const int rc = call(heap);
+  PyEval_RestoreThread(unlocked);
+  PyObject* result = rc != 0 ? RaiseLast() : Py_NewRef(Py_None);
+  Leave(self);
+  return result;
 }
 
 static PyObject* HandleNamedFree(Handle* self, PyObject* args) {
   const char* name;
-  if (!PyArg_ParseTuple(args, "s", &name) || !Usable(self)) return NULL;
-  int rc;
+  if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+  heapd_heap* heap = Enter(self);
+  if (heap == NULL) return NULL;
   PyThreadState* unlocked = PyEval_SaveThread();
-  rc = heapd_named_free(self->heap, name);
+  const int rc = heapd_named_free(heap, name);
   PyEval_RestoreThread(unlocked);
-  if (rc != 0) return RaiseLast();
-  Py_RETURN_NONE;
+  PyObject* result = rc != 0 ? RaiseLast() : Py_NewRef(Py_None);
+  Leave(self);
+  return result;
 }
 
 static void AddName(const char* name, uint64_t size, const char* type_name, void* arg) {
-  PyObject* entry = Py_BuildValue("(sKs)", name, (unsigned long long)size, type_name);
+  if (PyErr_Occurred()) return; /* an earlier entry failed: the call fails */
+  PyObject* entry = Py_BuildValue("(NKN)", Text(name), (unsigned long long)size, Text(type_name));
   if (entry != NULL) {
     PyList_Append((PyObject*)arg, entry);
     Py_DECREF(entry);
@@ -205,7 +260,8 @@ static PyObject* HandleNames(Handle* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "|z", &prefix) || !Usable(self)) return NULL;
   PyObject* names = PyList_New(0);
   if (names == NULL) return NULL;
-  /* The list grows under the GIL: no release here (a listing is short). */
+  /* The list grows under the GIL: kept through the call (a listing is
+   * short), so no close() can run meanwhile. */
   if (heapd_list_names(self->heap, prefix, AddName, names) < 0) {
     Py_DECREF(names);
     return RaiseLast();
@@ -217,25 +273,18 @@ static PyObject* HandleNames(Handle* self, PyObject* args) {
   return names;
 }
 
-static PyObject* HandleSync(Handle* self, PyObject* unused) {
-  if (!Usable(self)) return NULL;
-  int rc;
-  PyThreadState* unlocked = PyEval_SaveThread();
-  rc = heapd_sync(self->heap);
-  PyEval_RestoreThread(unlocked);
-  if (rc != 0) return RaiseLast();
-  Py_RETURN_NONE;
-}
+static PyObject* HandleSync(Handle* self, PyObject* unused) { return Call(self, heapd_sync); }
 
 static PyObject* HandleStats(Handle* self, PyObject* unused) {
-  if (!Usable(self)) return NULL;
+  heapd_heap* heap = Enter(self);
+  if (heap == NULL) return NULL;
   heapd_heap_stats stats;
   memset(&stats, 0, sizeof(stats));
   stats.struct_size = sizeof(stats);
-  int rc;
   PyThreadState* unlocked = PyEval_SaveThread();
-  rc = heapd_stats(self->heap, &stats);
+  const int rc = heapd_stats(heap, &stats);
   PyEval_RestoreThread(unlocked);
+  Leave(self);
   if (rc != 0) return RaiseLast();
   return Py_BuildValue("{sKsKsKsKsKsKsIsO}", "max_size", (unsigned long long)stats.max_size,
                        "reserved_bytes", (unsigned long long)stats.reserved_bytes,
@@ -250,21 +299,24 @@ static PyObject* HandleStats(Handle* self, PyObject* unused) {
 static PyObject* HandleClose(Handle* self, PyObject* unused) {
   if (self->heap == NULL || self->closed) Py_RETURN_NONE;
   if (!self->read_only) {
-    int rc;
-    PyThreadState* unlocked = PyEval_SaveThread();
-    rc = heapd_sync(self->heap);
-    PyEval_RestoreThread(unlocked);
-    if (rc != 0) return RaiseLast();
+    PyObject* synced = Call(self, heapd_sync);
+    if (synced == NULL) return NULL;
+    Py_DECREF(synced);
   }
   self->closed = 1;
   if (DetachIfDone(self) != 0) return RaiseLast();
   Py_RETURN_NONE;
 }
 
-/* In a forked child: see heapd_forked_child. */
-static PyObject* HandleForkedChild(Handle* self, PyObject* unused) {
-  if (self->heap != NULL && heapd_forked_child(self->heap) != 0) return RaiseLast();
-  self->closed = 1;
+/* In a forked child, for every Handle the parent had (os.register_at_fork
+ * calls it): each keeps its mapping as the child's own copy and lets go of
+ * the parent's session (heapd_forked_child). */
+static PyObject* ForkedChildAll(PyObject* module, PyObject* unused) {
+  for (Handle* handle = handles; handle != NULL; handle = handle->next) {
+    if (handle->heap != NULL) (void)heapd_forked_child(handle->heap);
+    handle->closed = 1;
+    handle->busy = 0; /* the parent's threads' calls are not this process's */
+  }
   Py_RETURN_NONE;
 }
 
@@ -282,8 +334,6 @@ static PyMethodDef HandleMethods[] = {
     {"sync", (PyCFunction)HandleSync, METH_NOARGS, "makes the heap's state persistent"},
     {"stats", (PyCFunction)HandleStats, METH_NOARGS, "the heap's usage"},
     {"close", (PyCFunction)HandleClose, METH_NOARGS, "syncs and detaches (once arrays are gone)"},
-    {"forked_child", (PyCFunction)HandleForkedChild, METH_NOARGS,
-     "in a forked child: keep the mapping privately, use heapd no more"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef HandleGetSet[] = {{"closed", (getter)HandleClosed, NULL, NULL, NULL},
@@ -330,11 +380,18 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   handle->read_only = read_only;
   handle->closed = 0;
   handle->mappings = 0;
+  handle->busy = 0;
+  handle->previous = NULL;
+  handle->next = handles;
+  if (handles != NULL) handles->previous = handle;
+  handles = handle;
   return (PyObject*)handle;
 }
 
 static PyMethodDef ModuleMethods[] = {
     {"attach", Attach, METH_VARARGS, "attach(name, create, max_size, read_only, socket, mode)"},
+    {"forked_child_all", ForkedChildAll, METH_NOARGS,
+     "in a forked child: every heap kept as the child's own copy, the parent's sessions let go"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef Module = {PyModuleDef_HEAD_INIT, "heapd._heapd",

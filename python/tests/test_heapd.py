@@ -148,6 +148,33 @@ def test_a_forked_child_reads_its_inherited_arrays_and_writes_privately(heap):
     assert a.sum() == 40  # the child's writes did not reach the heap
 
 
+def test_a_forked_child_of_arrays_whose_heap_object_is_gone():
+    # Only the array holds its heap attached here: the Heap object is gone.
+    a = heapd.attach(HEAP, create=True, max_size="256M").array("orphan", 4, np.int64)
+    a[:] = 3
+    context = multiprocessing.get_context("fork")
+    result = context.Queue()
+
+    def child():
+        result.put(int(a.sum()))
+        a[:] = 8
+        result.put(int(a.sum()))
+
+    p = context.Process(target=child)
+    p.start()
+    assert result.get(timeout=30) == 12
+    assert result.get(timeout=30) == 32
+    p.join(30)
+    assert p.exitcode == 0
+    assert a.sum() == 12  # the child's writes stayed in the child
+
+
+def test_one_dimension_has_no_order(heap):
+    a = heap.array("line", 5, np.int32, order="F")
+    b = heap.array("line", 5, np.int32, order="C")
+    assert np.shares_memory(a, b)
+
+
 def test_dlpack_shares_memory(heap):
     a = heap.array("dl", 6, np.float64)
     b = np.from_dlpack(a)  # (numpy's import is read-only; torch's is not)
