@@ -13,7 +13,7 @@ namespace heapd {
 namespace {
 
 struct TypeCode {
-  heapd_dtype dtype;
+  int dtype;         // a heapd_dtype
   const char* code;  // numpy's
   const char* name;
   uint64_t bytes;
@@ -28,7 +28,7 @@ constexpr TypeCode kTypes[] = {
     {HEAPD_COMPLEX64, "c8", "complex64", 8}, {HEAPD_COMPLEX128, "c16", "complex128", 16},
 };
 
-const TypeCode* Find(heapd_dtype dtype) {
+const TypeCode* Find(int dtype) {
   for (const TypeCode& type : kTypes) {
     if (type.dtype == dtype) return &type;
   }

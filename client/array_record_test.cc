@@ -5,7 +5,7 @@
 namespace heapd {
 namespace {
 
-heapd_array_info Array(heapd_dtype dtype, bool fortran, std::initializer_list<uint64_t> shape) {
+heapd_array_info Array(int dtype, bool fortran, std::initializer_list<uint64_t> shape) {
   heapd_array_info info{};
   info.dtype = dtype;
   info.fortran_order = fortran;
@@ -22,7 +22,7 @@ TEST(ArrayRecordTest, SpellsAndParsesEveryType) {
   EXPECT_EQ(ArrayBytes(u), 8u * 100 * 200);
   EXPECT_EQ(DescribeArray(u), "float64[100,200] (Fortran order)");
   for (int dtype = HEAPD_INT8; dtype <= HEAPD_COMPLEX128; ++dtype) {
-    const heapd_array_info info = Array(static_cast<heapd_dtype>(dtype), dtype % 2, {3, 1, 7});
+    const heapd_array_info info = Array(dtype, dtype % 2, {3, 1, 7});
     absl::StatusOr<heapd_array_info> parsed = ParseArrayTypeName(ArrayTypeName(info));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(ArrayTypeName(*parsed), ArrayTypeName(info));
@@ -32,8 +32,7 @@ TEST(ArrayRecordTest, SpellsAndParsesEveryType) {
 }
 
 TEST(ArrayRecordTest, RefusesWhatIsNoArray) {
-  EXPECT_EQ(CheckArrayInfo(Array(static_cast<heapd_dtype>(99), false, {1})).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckArrayInfo(Array(99, false, {1})).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckArrayInfo(Array(HEAPD_INT32, false, {})).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckArrayInfo(Array(HEAPD_INT32, false, {4, 0})).code(),

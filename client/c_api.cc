@@ -323,7 +323,7 @@ int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats) try {
 
 const char* heapd_last_error(void) { return heapd::last_error.c_str(); }
 
-size_t heapd_dtype_size(heapd_dtype dtype) {
+size_t heapd_dtype_size(int dtype) {
   heapd_array_info one{};
   one.dtype = dtype;
   one.rank = 1;

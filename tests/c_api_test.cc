@@ -240,7 +240,7 @@ TEST_F(CApiTest, ArraysCarryTheirRecord) {
   line.fortran_order = 0;
   EXPECT_EQ(heapd_array(heap_, "line", &line, 1), made) << heapd_last_error();
   EXPECT_EQ(heapd_dtype_size(HEAPD_COMPLEX128), 16u);
-  EXPECT_EQ(heapd_dtype_size(static_cast<heapd_dtype>(0)), 0u);
+  EXPECT_EQ(heapd_dtype_size(0), 0u);
 }
 
 }  // namespace

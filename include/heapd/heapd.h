@@ -172,14 +172,14 @@ typedef enum heapd_dtype {
 #define HEAPD_MAX_RANK 8
 
 typedef struct heapd_array_info {
-  heapd_dtype dtype;
+  int dtype;         /* a heapd_dtype (an int: a wrong value is an error, not undefined) */
   int rank;          /* 1 .. HEAPD_MAX_RANK */
   int fortran_order; /* 1: column-major (Fortran's), 0: row-major (C's) */
   uint64_t shape[HEAPD_MAX_RANK];
 } heapd_array_info;
 
 /* The bytes of one element of `dtype`; 0 for no such type. */
-size_t heapd_dtype_size(heapd_dtype dtype);
+size_t heapd_dtype_size(int dtype);
 
 /* The array `name` binds if its record equals *info; else, with `create`,
  * a new zero-filled array of that record (64-byte aligned), bound to

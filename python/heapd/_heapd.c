@@ -186,7 +186,7 @@ static PyObject* HandleArray(Handle* self, PyObject* args) {
   }
   heapd_array_info info;
   memset(&info, 0, sizeof(info));
-  info.dtype = (heapd_dtype)dtype;
+  info.dtype = dtype;
   info.fortran_order = fortran_order;
   info.rank = (int)PyTuple_GET_SIZE(shape);
   if (info.rank < 1 || info.rank > HEAPD_MAX_RANK) {
