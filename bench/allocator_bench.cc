@@ -1,5 +1,5 @@
 // B1 and B2 of the design brief on the client fast path (the real client,
-// heapd::Heap, over a heap on tmpfs in this process: client/in_process.h),
+// heapd::Heap, over a heap on tmpfs in this process: testing/in_process.h),
 // each next to the same loop on std::allocator in DRAM, in the same run.
 // Run with bench/run.sh.
 #include <unistd.h>
@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
 

@@ -1,14 +1,14 @@
 // B7 of the design brief: the cost of a sync after one allocation in a heap
 // with 10 million live objects against one with 10 thousand. The cost of a
 // sync must follow what changed, not the heap's size. Through the real
-// client over a heap in this process (client/in_process.h): the client's
+// client over a heap in this process (testing/in_process.h): the client's
 // part of a sync and heapd's, without the RPC. Run with bench/run.sh.
 #include <unistd.h>
 
 #include <memory>
 
 #include "benchmark/benchmark.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
 

@@ -15,7 +15,8 @@
 #include "client/client_channel.h"
 #include "client/grpc_session_calls.h"
 #include "client/heap_impl.h"
-#include "daemon/default_paths.h"
+#include "protocol/default_paths.h"
+#include "protocol/limits.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/security/credentials.h"
@@ -25,7 +26,6 @@
 namespace heapd {
 namespace {
 
-constexpr int kMaxMessageBytes = 64 << 20;
 constexpr char kRefusedToken[] = "heapd refused the fd token: ";
 
 bool IsRefusedToken(const absl::Status& status) {

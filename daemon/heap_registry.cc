@@ -17,6 +17,7 @@
 #include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
 #include "util/errno_status.h"
+#include "util/random_name.h"
 #include "util/own_directory.h"
 
 namespace heapd {
@@ -24,13 +25,6 @@ namespace {
 
 // Creates `dir` (mode 0700) if missing; refuses a directory another user
 // owns or may write, where someone else could plant or swap heaps.
-std::string RandomHex() {
-  uint64_t random = 0;
-  while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
-  }
-  return absl::StrCat(absl::Hex(random, absl::kZeroPad16));
-}
-
 }  // namespace
 
 std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
@@ -204,7 +198,7 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   Removed removed;
   const std::string dir = absl::StrCat(heaps_dir_, "/", name);
-  const std::string doomed = absl::StrCat(heaps_dir_, "/.removing.", name, ".", RandomHex());
+  const std::string doomed = absl::StrCat(heaps_dir_, "/.removing.", name, ".", RandomName());
   {
     absl::MutexLock lock(&mu_);
     auto it = heaps_.find(name);

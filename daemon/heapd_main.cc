@@ -30,7 +30,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "daemon/default_paths.h"
+#include "protocol/default_paths.h"
+#include "protocol/limits.h"
 #include "daemon/fd_server.h"
 #include "daemon/grpc_listener.h"
 #include "daemon/health_service.h"
@@ -392,8 +393,8 @@ int Run() {
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   builder.RegisterService(&health);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Bounded threads, and streams per connection: with the per-user limits
   // of calls and connections, no user can make heapd spawn threads until
   // the node's pid space runs out.

@@ -21,6 +21,7 @@
 #include "allocator/slot_bitmap.h"
 #include "heap/fault_point.h"
 #include "util/errno_status.h"
+#include "util/random_name.h"
 
 namespace heapd {
 namespace {
@@ -43,13 +44,6 @@ std::string ParentOf(const std::string& path) {
 std::string BaseName(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-std::string RandomHex() {
-  uint64_t random = 0;
-  while (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
-  }
-  return absl::StrCat(absl::Hex(random, absl::kZeroPad16));
 }
 
 }  // namespace
@@ -112,7 +106,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   // Build the heap under a hidden name (never a valid heap name, so a crash
   // leaves nothing that could be served), then rename it into place.
   const std::string building =
-      absl::StrCat(ParentOf(dir), "/.creating.", BaseName(dir), ".", RandomHex());
+      absl::StrCat(ParentOf(dir), "/.creating.", BaseName(dir), ".", RandomName());
   std::error_code ignored;
   if (mkdir(building.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, absl::StrCat("create heap directory ", building));

@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "absl/time/clock.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
 #include "heap/test_dir.h"

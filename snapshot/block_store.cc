@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "snapshot/dir_files.h"
 #include "util/errno_status.h"
+#include "util/random_name.h"
 
 namespace heapd {
 namespace {
@@ -71,14 +72,6 @@ bool MarkIfWhole(int dir, const std::string& name, uint64_t* size) {
 
 int64_t ModifiedNs(const struct stat& st) {
   return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-std::string RandomName() {
-  uint64_t random[2];
-  while (getrandom(random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
-  }
-  return absl::StrCat(absl::Hex(random[0], absl::kZeroPad16),
-                      absl::Hex(random[1], absl::kZeroPad16));
 }
 
 BlockId BlockId::Of(absl::string_view bytes) {

@@ -65,9 +65,6 @@ struct BlockId {
 // A file's modification time in nanoseconds since the epoch.
 int64_t ModifiedNs(const struct stat& st);
 
-// 128 random bits in hex: temporary names unique across the nodes that
-// share a store (pids are not).
-std::string RandomName();
 
 struct BlockStoreOptions {
   int zstd_level = 1;

@@ -24,6 +24,7 @@
 #include "snapshot/dir_files.h"
 #include "snapshot/file_copy.h"
 #include "util/errno_status.h"
+#include "util/random_name.h"
 
 namespace heapd {
 namespace {

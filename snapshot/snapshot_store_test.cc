@@ -17,7 +17,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "allocator/size_class.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 #include "snapshot/store_recipe.h"

@@ -22,6 +22,7 @@
 #include "heap/heap_name.h"
 #include "snapshot/dir_files.h"
 #include "util/errno_status.h"
+#include "util/random_name.h"
 #include "util/run_workers.h"
 
 namespace heapd {

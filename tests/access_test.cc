@@ -11,7 +11,7 @@
 #include "client/client_channel.h"
 #include "gtest/gtest.h"
 #include "heapd/client.h"
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 
 namespace heapd {
 namespace {

@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
 #include "heap/heap.h"

@@ -59,7 +59,7 @@
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 #include "heapd/client.h"
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 
 ABSL_FLAG(int, client_kill_rounds, 100, "rounds of ClientKilled");
 ABSL_FLAG(int, daemon_kill_rounds, 12, "rounds of DaemonKilled");

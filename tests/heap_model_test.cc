@@ -1,5 +1,5 @@
 // A million random operations from two sessions of the real client on one
-// heap (in process: client/in_process.h), every result checked against a
+// heap (in process: testing/in_process.h), every result checked against a
 // reference model, every invariant checked at intervals.
 #include <unistd.h>
 

@@ -77,7 +77,7 @@
 #include "allocator/size_class.h"
 #include "boost/interprocess/offset_ptr.hpp"
 #include "client/client_channel.h"
-#include "daemon/default_paths.h"
+#include "protocol/default_paths.h"
 #include "heap/fault_point.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"

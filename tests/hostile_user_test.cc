@@ -40,7 +40,7 @@
 #include "heap/metadata_format.h"
 #include "heapd/client.h"
 #include "proto/heapd.grpc.pb.h"
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 #include "zlib.h"
 
 namespace heapd {

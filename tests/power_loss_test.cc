@@ -34,7 +34,7 @@
 #include "heap/heap.h"
 #include "heap/test_dir.h"
 #include "tests/power_loss_model.h"
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 #include "util/unique_fd.h"
 
 namespace heapd {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/heap_impl.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 namespace {

@@ -1,6 +1,6 @@
 // RandomWorkload: a deterministic stream of random heap operations from one
 // or more sessions of the real client (heapd::Heap) attached in process
-// (client/in_process.h), each checked against a simple reference model
+// (testing/in_process.h), each checked against a simple reference model
 // (live objects, who allocated them and whether that is committed, names).
 // The same seed always produces the same operations and, on a fresh heap,
 // the same heap, which is what the crash test replays. Tests only.
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/in_process.h"
+#include "testing/in_process.h"
 #include "heap/heap.h"
 #include "heapd/heap.h"
 

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 
 namespace heapd {
 namespace {

@@ -126,7 +126,7 @@
 #include "gtest/gtest.h"
 #include "heapd/client.h"
 #include "tests/soak_control.h"
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 
 ABSL_FLAG(int, duration_s, 60, "seconds of work before the workers drain");
 ABSL_FLAG(int, workers, 16, "worker processes (2..64; the soak needs at least 16)");

@@ -3,6 +3,7 @@
 # (tools/setup.sh), then runs every check, one part after the other:
 #
 #   format  tools/format.sh --check (clang-format)
+#   layers  tools/layers.py (no #include runs from a package to one above it)
 #   gcc     bazel test //...                          (the default build)
 #   asan    bazel test //... --config=asan --config=thread_safety
 #           (clang: ASan + UBSan over the whole suite, and -Wthread-safety
@@ -25,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_parts=(format gcc asan tsan fuzz consumers)
+all_parts=(format layers gcc asan tsan fuzz consumers)
 parts=()
 bazel_args=()
 while (($#)); do
@@ -33,7 +34,7 @@ while (($#)); do
     --) shift; bazel_args=("$@"); break ;;
     --config=asan) parts+=(asan) ;;  # the older spelling
     --config=tsan) parts+=(tsan) ;;
-    format | gcc | asan | tsan | fuzz | consumers) parts+=("$1") ;;
+    format | layers | gcc | asan | tsan | fuzz | consumers) parts+=("$1") ;;
     *) echo "test.sh: unknown part '$1' (parts: ${all_parts[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -65,6 +66,11 @@ run_part() {
   case $part in
     format)
       tools/format.sh --check 2>&1 | tee "$log"
+      part_rc=${PIPESTATUS[0]}
+      if ((part_rc == 0)); then passed=1; else failed=1; fi
+      ;;
+    layers)
+      python3 tools/layers.py 2>&1 | tee "$log"
       part_rc=${PIPESTATUS[0]}
       if ((part_rc == 0)); then passed=1; else failed=1; fi
       ;;

@@ -1,4 +1,4 @@
-#include "daemon/default_paths.h"
+#include "protocol/default_paths.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -2,8 +2,8 @@
 // short directory under /tmp (socket paths must fit 107 bytes), and child
 // programs whose output is captured. Everything started is stopped by PID
 // when the helper goes away.
-#ifndef HEAPD_TESTS_TEST_DAEMON_H_
-#define HEAPD_TESTS_TEST_DAEMON_H_
+#ifndef HEAPD_TESTING_TEST_DAEMON_H_
+#define HEAPD_TESTING_TEST_DAEMON_H_
 
 #include <sys/types.h>
 
@@ -92,4 +92,4 @@ class TestDaemon {
 
 }  // namespace heapd
 
-#endif  // HEAPD_TESTS_TEST_DAEMON_H_
+#endif  // HEAPD_TESTING_TEST_DAEMON_H_

@@ -1,4 +1,4 @@
-#include "tests/test_daemon.h"
+#include "testing/test_daemon.h"
 
 #include <fcntl.h>
 #include <limits.h>

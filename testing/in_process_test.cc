@@ -1,6 +1,6 @@
-// The real client over a heap in this process (client/in_process.h), with
+// The real client over a heap in this process (testing/in_process.h), with
 // content rollback on tmpfs: the same guarantees as through heapd.
-#include "client/in_process.h"
+#include "testing/in_process.h"
 
 #include <sys/statvfs.h>
 #include <unistd.h>

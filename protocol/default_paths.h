@@ -5,8 +5,8 @@
 //            $XDG_RUNTIME_DIR/heapd.
 // Never a world-writable place such as /tmp: another user could create the
 // directory first and serve a fake heapd there.
-#ifndef HEAPD_DAEMON_DEFAULT_PATHS_H_
-#define HEAPD_DAEMON_DEFAULT_PATHS_H_
+#ifndef HEAPD_PROTOCOL_DEFAULT_PATHS_H_
+#define HEAPD_PROTOCOL_DEFAULT_PATHS_H_
 
 #include <string>
 
@@ -32,4 +32,4 @@ std::string FdSocketBeside(const std::string& grpc_socket);
 
 }  // namespace heapd
 
-#endif  // HEAPD_DAEMON_DEFAULT_PATHS_H_
+#endif  // HEAPD_PROTOCOL_DEFAULT_PATHS_H_

@@ -6,8 +6,8 @@
 // What heapd's Sessions layer does around a call is done here too: a
 // failed detach reclaims the session; names are bound as this process's
 // user. Access checks do not apply (whoever opens the directory owns it).
-#ifndef HEAPD_CLIENT_IN_PROCESS_H_
-#define HEAPD_CLIENT_IN_PROCESS_H_
+#ifndef HEAPD_TESTING_IN_PROCESS_H_
+#define HEAPD_TESTING_IN_PROCESS_H_
 
 #include <functional>
 #include <memory>
@@ -81,4 +81,4 @@ absl::StatusOr<std::unique_ptr<Heap>> AttachInProcess(PersistentHeap* heap, Clie
 
 }  // namespace heapd
 
-#endif  // HEAPD_CLIENT_IN_PROCESS_H_
+#endif  // HEAPD_TESTING_IN_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "client/in_process.h"
+#include "testing/in_process.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
