@@ -17,9 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "testing/in_process.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 namespace {

@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "benchmark/benchmark.h"
-#include "testing/in_process.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 namespace {

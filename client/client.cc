@@ -15,11 +15,11 @@
 #include "client/client_channel.h"
 #include "client/grpc_session_calls.h"
 #include "client/heap_impl.h"
-#include "protocol/default_paths.h"
-#include "protocol/limits.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/security/credentials.h"
+#include "protocol/default_paths.h"
+#include "protocol/limits.h"
 #include "util/errno_status.h"
 #include "util/unique_fd.h"
 

@@ -17,8 +17,8 @@
 #include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
 #include "util/errno_status.h"
-#include "util/random_name.h"
 #include "util/own_directory.h"
+#include "util/random_name.h"
 
 namespace heapd {
 namespace {

@@ -8,11 +8,11 @@
 #include <filesystem>
 
 #include "absl/time/clock.h"
-#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
 #include "heap/test_dir.h"
 #include "heap/undo_record.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 namespace {

@@ -65,7 +65,6 @@ struct BlockId {
 // A file's modification time in nanoseconds since the epoch.
 int64_t ModifiedNs(const struct stat& st);
 
-
 struct BlockStoreOptions {
   int zstd_level = 1;
   // Blocks larger than this are refused (Put) and not read (Get).

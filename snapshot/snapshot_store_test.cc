@@ -17,10 +17,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 namespace {

@@ -15,10 +15,10 @@
 #include <thread>
 
 #include "allocator/size_class.h"
-#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 #include "snapshot/store_recipe.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 namespace {

@@ -13,11 +13,11 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "testing/in_process.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
+#include "testing/in_process.h"
 #include "tests/random_workload.h"
 
 namespace heapd {

@@ -77,10 +77,10 @@
 #include "allocator/size_class.h"
 #include "boost/interprocess/offset_ptr.hpp"
 #include "client/client_channel.h"
-#include "protocol/default_paths.h"
 #include "heap/fault_point.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
+#include "protocol/default_paths.h"
 #include "tests/power_loss_model.h"
 
 namespace heapd {

@@ -33,8 +33,8 @@
 #include "gtest/gtest.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
-#include "tests/power_loss_model.h"
 #include "testing/test_daemon.h"
+#include "tests/power_loss_model.h"
 #include "util/unique_fd.h"
 
 namespace heapd {

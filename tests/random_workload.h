@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "testing/in_process.h"
 #include "heap/heap.h"
 #include "heapd/heap.h"
+#include "testing/in_process.h"
 
 namespace heapd {
 

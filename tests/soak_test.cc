@@ -125,8 +125,8 @@
 #include "client/client_channel.h"
 #include "gtest/gtest.h"
 #include "heapd/client.h"
-#include "tests/soak_control.h"
 #include "testing/test_daemon.h"
+#include "tests/soak_control.h"
 
 ABSL_FLAG(int, duration_s, 60, "seconds of work before the workers drain");
 ABSL_FLAG(int, workers, 16, "worker processes (2..64; the soak needs at least 16)");
