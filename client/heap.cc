@@ -458,7 +458,10 @@ absl::Status HeapImpl::WithReserveBack(const std::function<absl::Status()>& call
     absl::MutexLock lock(&frees_mu_);
     pending = !pending_frees_.empty();
   }
-  if ((pending && FlushFrees().ok()) | ReturnReserve()) status = call();
+  // Both are tried: each may free what the other cannot.
+  const bool flushed = pending && FlushFrees().ok();
+  const bool returned = ReturnReserve();
+  if (flushed || returned) status = call();
   return status;
 }
 
