@@ -38,6 +38,40 @@ std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
   return served;
 }
 
+void ServedHeap::WriterStarts() {
+  ++writers_;
+  ++content_generation_;
+}
+
+void ServedHeap::WriterDidNotStart() { --writers_; }
+
+void ServedHeap::WriterEnded() {
+  ++content_generation_;
+  --writers_;
+}
+
+std::string ServedHeap::UnchangedToken() const {
+  const uint64_t generation = content_generation_.load();
+  if (writers_.load() != 0) return "";
+  return absl::StrCat(incarnation, "/", generation);
+}
+
+void ServedHeap::Progressed() {
+  absl::MutexLock lock(&progress_mu_);
+  ++progress_;
+}
+
+uint64_t ServedHeap::progress() const {
+  absl::MutexLock lock(&progress_mu_);
+  return progress_;
+}
+
+void ServedHeap::AwaitProgress(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock lock(&progress_mu_);
+  auto moved = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(progress_mu_) { return progress_ != seen; };
+  progress_mu_.AwaitWithDeadline(absl::Condition(&moved), deadline);
+}
+
 HeapRegistry::Reservation::~Reservation() {
   if (registry_ != nullptr) registry_->Release(name_);
 }

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/limits.h"
 #include "heap/heap.h"
 #include "heap/heap_name.h"
@@ -35,23 +36,44 @@ namespace heapd {
 class RestoredHeapDir;
 
 // A heap the daemon serves. Shared by the registry and the sessions on it.
-struct ServedHeap {
+class ServedHeap {
+ public:
   std::string name;
   std::unique_ptr<PersistentHeap> heap;
   bool reflink = false;  // its file system can clone files (cheap snapshots)
   // Which heap this is in this heapd's life (random: a heap removed and
   // made again, or heapd restarted, is another).
   std::string incarnation;
-  // Bumped when a read-write session starts (before it can write) and once
-  // it has ended (after heapd put its pages back): with no read-write
-  // session attached, the same value means heapd knows of no write to the
-  // data file since (snapshot stores reuse a part then; a process that
-  // keeps a writable descriptor after it detached is not seen).
-  std::atomic<uint64_t> content_generation{0};
-  // Read-write sessions started and not yet done ending (counted before the
-  // bump at their start, uncounted after the bump at their end): while
-  // non-zero, heapd does not know the data unchanged.
-  std::atomic<int> writers{0};
+
+  // The writers' protocol, by which heapd knows the data file unchanged
+  // (snapshot stores reuse a part then). A read-write session calls
+  // WriterStarts before it can write (then WriterDidNotStart if it did not
+  // start after all) and WriterEnded once it has ended and heapd put its
+  // pages back. A process that keeps a writable descriptor after it
+  // detached is not seen.
+  void WriterStarts();
+  void WriterDidNotStart();
+  void WriterEnded();
+  // "incarnation/generation", the same while no write can have happened;
+  // empty while a writer is attached (or not done ending).
+  std::string UnchangedToken() const;
+
+  // A session on this heap synced or was taken out of service: wakes
+  // AwaitProgress. progress() counts these.
+  void Progressed() ABSL_LOCKS_EXCLUDED(progress_mu_);
+  uint64_t progress() const ABSL_LOCKS_EXCLUDED(progress_mu_);
+  // Returns once progress() is past `seen`, or at `deadline`.
+  void AwaitProgress(uint64_t seen, absl::Time deadline) const ABSL_LOCKS_EXCLUDED(progress_mu_);
+
+ private:
+  // Bumped by WriterStarts and WriterEnded. Read before writers_, so that
+  // a writer starting after the read makes the token stale.
+  std::atomic<uint64_t> content_generation_{0};
+  // Writers started and not yet ended (counted before the bump at their
+  // start, uncounted after the bump at their end).
+  std::atomic<int> writers_{0};
+  mutable absl::Mutex progress_mu_;
+  uint64_t progress_ ABSL_GUARDED_BY(progress_mu_) = 0;
 };
 
 // `heap` served as `name`, with its file system's reflink support probed.

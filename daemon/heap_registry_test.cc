@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
@@ -25,6 +26,42 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> Make(HeapRegistry& registry, const s
       registry.Reserve(name, owner, Config(owner).max_size);
   if (!reserved.ok()) return reserved.status();
   return registry.Create(*std::move(reserved), Config(owner));
+}
+
+TEST(ServedHeapTest, NoUnchangedTokenWhileAWriterIsAttachedAndANewOneAfter) {
+  ServedHeap served;
+  served.incarnation = "i";
+  const std::string quiet = served.UnchangedToken();
+  EXPECT_EQ(quiet, "i/0");
+  served.WriterStarts();
+  EXPECT_EQ(served.UnchangedToken(), "");
+  served.WriterEnded();
+  const std::string after = served.UnchangedToken();
+  EXPECT_NE(after, "");
+  EXPECT_NE(after, quiet) << "a writer came and went: the data may have changed";
+  served.WriterStarts();
+  served.WriterDidNotStart();
+  EXPECT_NE(served.UnchangedToken(), "") << "a writer that did not start is not counted";
+}
+
+TEST(ServedHeapTest, AwaitProgressWakesOnProgressAndEndsAtItsDeadline) {
+  ServedHeap served;
+  const absl::Time start = absl::Now();
+  served.AwaitProgress(served.progress(), start + absl::Milliseconds(50));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+
+  const uint64_t seen = served.progress();
+  std::thread syncer([&served] {
+    absl::SleepFor(absl::Milliseconds(20));
+    served.Progressed();
+  });
+  const absl::Time waited = absl::Now();
+  served.AwaitProgress(seen, waited + absl::Seconds(30));
+  EXPECT_LT(absl::Now() - waited, absl::Seconds(10)) << "not woken by Progressed";
+  EXPECT_EQ(served.progress(), seen + 1);
+  syncer.join();
+  // Progress already past `seen` returns at once.
+  served.AwaitProgress(seen, absl::InfiniteFuture());
 }
 
 TEST(HeapRegistryTest, HeapNamesAreValidated) {

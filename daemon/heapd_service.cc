@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <vector>
@@ -22,6 +23,9 @@ namespace {
 
 // How long an Attach waits for a heap another call is making.
 constexpr absl::Duration kWaitForCreation = absl::Seconds(10);
+// How often a snapshot waiting for writers looks whether heapd is stopping
+// or the call was cancelled (nothing wakes it for those).
+constexpr absl::Duration kStopCheckInterval = absl::Milliseconds(100);
 
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
@@ -554,15 +558,6 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
   });
 }
 
-std::string HeapdService::UnchangedToken(const ServedHeap& heap) {
-  // The generation first: a writer that starts after it was read bumps it
-  // past what this token says; one counted in `writers` (attached, or not
-  // yet done ending) means no token.
-  const uint64_t generation = heap.content_generation.load();
-  if (heap.writers.load() != 0) return "";
-  return absl::StrCat(heap.incarnation, "/", generation);
-}
-
 uint64_t HeapdService::SnapshotBytesAllowed(const Caller& caller) const {
   return caller.uid == 0 ? kMaxHeapBytes : options_.limits.heap_bytes;
 }
@@ -571,6 +566,8 @@ absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time sin
                                           absl::Time deadline, grpc::ServerContext* context) const {
   const int64_t since_ns = absl::ToUnixNanos(since);
   for (;;) {
+    // Read before the sessions are: a sync after the read wakes the wait.
+    const uint64_t progress = heap.progress();
     std::string laggards;
     for (const std::shared_ptr<Session>& session : sessions_->List()) {
       if (session->heap.get() != &heap || session->read_only) continue;
@@ -586,12 +583,15 @@ absl::Status HeapdService::WaitForWriters(const ServedHeap& heap, absl::Time sin
     if (context->IsCancelled()) {
       return absl::CancelledError(absl::StrCat("snapshot of heap ", heap.name, " cancelled"));
     }
-    if (absl::Now() >= deadline) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       return absl::FailedPreconditionError(absl::StrCat("heap ", heap.name,
                                                         " is not at a consistent point: ", laggards,
                                                         " did not sync or detach in time"));
     }
-    absl::SleepFor(absl::Milliseconds(5));
+    // Woken by a sync or an ending session; a stop or a cancellation is
+    // seen within kStopCheckInterval.
+    heap.AwaitProgress(progress, std::min(deadline, now + kStopCheckInterval));
   }
 }
 
@@ -622,7 +622,7 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
                                    {request->target_dir(), request->name()}, labels)
               : store_snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
                                          request->store_dir(), request->name(), labels,
-                                         [&served] { return UnchangedToken(**served); });
+                                         [&served] { return (*served)->UnchangedToken(); });
       if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
       if (!request->store_dir().empty()) {

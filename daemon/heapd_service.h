@@ -133,10 +133,6 @@ class HeapdService final : public v1::Heapd::Service {
   SnapshotCaller SnapshotCallerOf(const Caller& caller, grpc::ServerContext* context) const {
     return {caller.credentials(), IsAdmin(caller), [context] { return context->IsCancelled(); }};
   }
-  // What heapd knows of `heap`'s data for a snapshot store
-  // (StoreSnapshots::Create): empty while a read-write session is
-  // attached, else the same as long as no writer started or ended since.
-  static std::string UnchangedToken(const ServedHeap& heap);
   // The largest heap a restore or in-place attach may bring for `caller`.
   uint64_t SnapshotBytesAllowed(const Caller& caller) const;
   void FillClient(const Session& session, v1::ClientInfo* info) const;

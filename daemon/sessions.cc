@@ -91,7 +91,9 @@ void Sessions::Reap() {
 std::shared_ptr<Session> Sessions::TakeToEnd(ClientId id) {
   absl::MutexLock lock(&reaper_mu_);
   std::shared_ptr<Session> session = table_.Take(id);
-  if (session != nullptr) ++ending_on_[session->heap->name];
+  if (session == nullptr) return nullptr;
+  ++ending_on_[session->heap->name];
+  session->heap->Progressed();
   return session;
 }
 
@@ -113,10 +115,7 @@ void Sessions::End(const std::shared_ptr<Session>& session, const char* reason, 
   if (session->ended) return;
   session->ended = true;
   const ReclaimResult reclaimed = session->heap->heap->Reclaim(session->id);
-  if (!session->read_only) {  // its pages went back
-    ++session->heap->content_generation;
-    --session->heap->writers;
-  }
+  if (!session->read_only) session->heap->WriterEnded();  // its pages went back
   metrics_->CountReclaim(reason, reclaimed.leases, reclaimed.large_runs);
   LogRejectedFrees(*session, reclaimed.rejected_frees, "ended", metrics_);
   spdlog::info(
@@ -141,20 +140,18 @@ void Sessions::ExpireTokens() {
   absl::MutexLock lock(&reaper_mu_);
   for (std::shared_ptr<Session>& session : table_.TakeExpired(absl::Now())) {
     ++ending_on_[session->heap->name];
+    session->heap->Progressed();
     to_end_.push_back({std::move(session), "token_expired", "it did not fetch its fd in time"});
   }
 }
 
 absl::StatusOr<SessionTable::Started> Sessions::Start(std::shared_ptr<ServedHeap> heap,
                                                       const Caller& caller, bool read_only) {
-  // Before the session can write (see ServedHeap::content_generation).
+  // Before the session can write.
   ServedHeap* const served = heap.get();
-  if (!read_only) {
-    ++served->writers;
-    ++served->content_generation;
-  }
+  if (!read_only) served->WriterStarts();
   absl::StatusOr<SessionTable::Started> started = table_.Start(std::move(heap), caller, read_only);
-  if (!started.ok() && !read_only) --served->writers;
+  if (!started.ok() && !read_only) served->WriterDidNotStart();
   if (started.ok()) {
     spdlog::info("session {} attached heap {} {} ({})", started->session->id,
                  started->session->heap->name, read_only ? "read-only" : "read-write",
@@ -275,6 +272,7 @@ absl::StatusOr<Sessions::Synced> Sessions::Sync(uint64_t id, const Caller& calle
                         absl::ToDoubleSeconds(absl::Now() - start));
     if (!result.ok()) return result.status();
     session.last_sync_unix_ns = absl::ToUnixNanos(start);
+    session.heap->Progressed();
     for (std::string& rejected : result->rejected_frees) {
       metrics_->CountRejectedFree(absl::InvalidArgumentError(rejected));
       rejected = absl::StrCat("heap ", session.heap->name, ": ", rejected);
@@ -326,9 +324,7 @@ absl::StatusOr<uint64_t> Sessions::Detach(uint64_t id, const Caller& caller,
   PersistentHeap& heap = *session->heap->heap;
   // Once its detach (or the reclaim after a failed one) is done.
   absl::Cleanup ended = [&] {
-    if (session->read_only) return;
-    ++session->heap->content_generation;
-    --session->heap->writers;
+    if (!session->read_only) session->heap->WriterEnded();
   };
   if (session->read_only) {
     spdlog::info("session {} detached heap {} ({})", id, session->heap->name, caller.ToString());
