@@ -68,7 +68,8 @@ uint64_t ServedHeap::progress() const {
 
 void ServedHeap::AwaitProgress(uint64_t seen, absl::Time deadline) const {
   absl::MutexLock lock(&progress_mu_);
-  auto moved = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(progress_mu_) { return progress_ != seen; };
+  auto moved = [this, seen]()
+                   ABSL_SHARED_LOCKS_REQUIRED(progress_mu_) { return progress_ != seen; };
   progress_mu_.AwaitWithDeadline(absl::Condition(&moved), deadline);
 }
 

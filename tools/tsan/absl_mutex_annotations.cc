@@ -15,7 +15,10 @@
 // and libabsl's own calls, which go through the PLT; the binary is linked
 // with -rdynamic so that they are exported). Each one tells TSan what it
 // does with the __tsan_mutex_* calls absl's own instrumented build makes,
-// around the real function, found with dlsym(RTLD_NEXT). Condition
+// around the real function: libabsl's definition of the same symbol, whose
+// name is read back from the definition here (no mangled name is written
+// by hand). A start-up check stops the process if the definitions here do
+// not interpose. Condition
 // functions that absl evaluates inside a lock or unlock run inside the
 // pre/post pair, where TSan ignores accesses; an Await or a CondVar wait is
 // an unlock followed by a lock.
@@ -35,35 +38,51 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
-#include "absl/base/options.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace {
 
-#define HEAPD_STR2(x) #x
-#define HEAPD_STR(x) HEAPD_STR2(x)
-
-// The mangled name of absl::<inline namespace>::<rest>, e.g.
-// Mangled("5Mutex4LockEv") for absl::Mutex::Lock().
-std::string Mangled(const char* rest) {
-  const char* ns = HEAPD_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  return std::string("_ZN4absl") + std::to_string(std::strlen(ns)) + ns + rest;
-}
-
+// The real function behind one of the definitions below: libabsl's
+// definition of the same symbol. The symbol's name is read back from the
+// definition here (`ours`, any address inside it; the executable exports
+// it, -rdynamic), so no mangled name is written by hand and none can go
+// stale when absl changes. Fails loudly, naming the function, if the name
+// cannot be read or libabsl does not define it.
 template <typename F>
-F Real(const char* rest) {
-  void* f = dlsym(RTLD_NEXT, Mangled(rest).c_str());
-  if (f == nullptr) {
-    std::fprintf(stderr, "tsan absl annotations: %s not found: %s\n", Mangled(rest).c_str(),
-                 dlerror());
+F NextDefinition(const void* ours, const char* what) {
+  Dl_info info;
+  if (dladdr(ours, &info) == 0 || info.dli_sname == nullptr) {
+    std::fprintf(stderr,
+                 "tsan absl annotations: no exported symbol for %s (is the executable linked "
+                 "with -rdynamic?)\n",
+                 what);
     std::abort();
   }
-  return reinterpret_cast<F>(f);
+  void* real = dlsym(RTLD_NEXT, info.dli_sname);
+  if (real == nullptr) {
+    std::fprintf(stderr, "tsan absl annotations: %s (%s) is not in libabsl: %s\n", what,
+                 info.dli_sname, dlerror());
+    std::abort();
+  }
+  return reinterpret_cast<F>(real);
 }
+
+// The code address of a non-virtual member function: the Itanium C++ ABI
+// represents a pointer to one as {address, this-adjustment}.
+template <typename MemberFn>
+const void* CodeOf(MemberFn member) {
+  static_assert(sizeof(member) == 2 * sizeof(void*), "not an Itanium pointer to member");
+  const void* code;
+  std::memcpy(&code, &member, sizeof(code));
+  return code;
+}
+
+// An address inside the function that calls it (for the destructor, whose
+// address cannot be taken).
+__attribute__((noinline)) const void* AddressInCaller() { return __builtin_return_address(0); }
 
 // gRPC destroys objects holding mutexes after handing them between its
 // threads through reference counts and queues TSan cannot see: a destroy
@@ -107,10 +126,10 @@ using WaitUntilFn = bool (*)(CondVar*, Mutex*, Time);
 // Now() + timeout, as in absl (whose ...WithTimeout calls ...WithDeadline
 // through the PLT: wrapping both would annotate twice).
 bool LockWhenUntil(Mutex* mu, const Condition& cond, Time deadline, unsigned flags) {
-  static const auto exclusive =
-      Real<LockWhenUntilFn>("5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  static const auto reader =
-      Real<LockWhenUntilFn>("5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  static const auto exclusive = NextDefinition<LockWhenUntilFn>(
+      CodeOf(&Mutex::LockWhenWithDeadline), "absl::Mutex::LockWhenWithDeadline");
+  static const auto reader = NextDefinition<LockWhenUntilFn>(
+      CodeOf(&Mutex::ReaderLockWhenWithDeadline), "absl::Mutex::ReaderLockWhenWithDeadline");
   PreLock(mu, flags);
   // Returns holding the mutex whether or not the condition became true.
   const bool met = (flags & __tsan_mutex_read_lock ? reader : exclusive)(mu, cond, deadline);
@@ -121,8 +140,8 @@ bool LockWhenUntil(Mutex* mu, const Condition& cond, Time deadline, unsigned fla
 // An Await may release the mutex and take it again: to TSan an unlock,
 // then a lock (exclusive: heapd never awaits holding a reader lock).
 bool AwaitUntil(Mutex* mu, const Condition& cond, Time deadline) {
-  static const auto real =
-      Real<LockWhenUntilFn>("5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  static const auto real = NextDefinition<LockWhenUntilFn>(CodeOf(&Mutex::AwaitWithDeadline),
+                                                           "absl::Mutex::AwaitWithDeadline");
   PreUnlock(mu, 0);
   const bool met = real(mu, cond, deadline);
   PostUnlock(mu, 0);
@@ -133,7 +152,8 @@ bool AwaitUntil(Mutex* mu, const Condition& cond, Time deadline) {
 
 // A wait releases `mu` and takes it again before returning.
 bool WaitUntil(CondVar* cv, Mutex* mu, Time deadline) {
-  static const auto real = Real<WaitUntilFn>("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  static const auto real = NextDefinition<WaitUntilFn>(CodeOf(&CondVar::WaitWithDeadline),
+                                                       "absl::CondVar::WaitWithDeadline");
   PreUnlock(mu, 0);
   const bool timed_out = real(cv, mu, deadline);
   PostUnlock(mu, 0);
@@ -151,27 +171,29 @@ ABSL_NAMESPACE_BEGIN
 // declaration says, through the real function.
 
 Mutex::~Mutex() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockFn>("5MutexD2Ev");
+  static const auto real = NextDefinition<LockFn>(AddressInCaller(), "absl::Mutex::~Mutex");
   if (!CalledFromGrpc(__builtin_return_address(0))) __tsan_mutex_destroy(this, 0);
   real(this);
 }
 
 void Mutex::Lock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockFn>("5Mutex4LockEv");
+  static const auto real = NextDefinition<LockFn>(CodeOf(&Mutex::Lock), "absl::Mutex::Lock");
   PreLock(this, 0);
   real(this);
   PostLock(this, 0);
 }
 
 void Mutex::ReaderLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockFn>("5Mutex10ReaderLockEv");
+  static const auto real =
+      NextDefinition<LockFn>(CodeOf(&Mutex::ReaderLock), "absl::Mutex::ReaderLock");
   PreLock(this, __tsan_mutex_read_lock);
   real(this);
   PostLock(this, __tsan_mutex_read_lock);
 }
 
 bool Mutex::TryLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<TryLockFn>("5Mutex7TryLockEv");
+  static const auto real =
+      NextDefinition<TryLockFn>(CodeOf(&Mutex::TryLock), "absl::Mutex::TryLock");
   PreLock(this, __tsan_mutex_try_lock);
   const bool locked = real(this);
   PostLock(this, __tsan_mutex_try_lock | (locked ? 0 : __tsan_mutex_try_lock_failed));
@@ -179,7 +201,8 @@ bool Mutex::TryLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 bool Mutex::ReaderTryLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<TryLockFn>("5Mutex13ReaderTryLockEv");
+  static const auto real =
+      NextDefinition<TryLockFn>(CodeOf(&Mutex::ReaderTryLock), "absl::Mutex::ReaderTryLock");
   const unsigned flags = __tsan_mutex_read_lock | __tsan_mutex_try_lock;
   PreLock(this, flags);
   const bool locked = real(this);
@@ -188,7 +211,7 @@ bool Mutex::ReaderTryLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 void Mutex::Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockFn>("5Mutex6UnlockEv");
+  static const auto real = NextDefinition<LockFn>(CodeOf(&Mutex::Unlock), "absl::Mutex::Unlock");
   PreUnlock(this, 0);
   real(this);
   PostUnlock(this, 0);
@@ -197,7 +220,7 @@ void Mutex::Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 // Out of line in libabsl: its call of Unlock goes through the PLT, here,
 // but a future absl could inline it.
 void ReleasableMutexLock::Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto unlock = Real<LockFn>("5Mutex6UnlockEv");
+  static const auto unlock = NextDefinition<LockFn>(CodeOf(&Mutex::Unlock), "absl::Mutex::Unlock");
   PreUnlock(mu_, 0);
   unlock(mu_);
   PostUnlock(mu_, 0);
@@ -205,21 +228,24 @@ void ReleasableMutexLock::Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 void Mutex::ReaderUnlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockFn>("5Mutex12ReaderUnlockEv");
+  static const auto real =
+      NextDefinition<LockFn>(CodeOf(&Mutex::ReaderUnlock), "absl::Mutex::ReaderUnlock");
   PreUnlock(this, __tsan_mutex_read_lock);
   real(this);
   PostUnlock(this, __tsan_mutex_read_lock);
 }
 
 void Mutex::LockWhen(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockWhenFn>("5Mutex8LockWhenERKNS0_9ConditionE");
+  static const auto real =
+      NextDefinition<LockWhenFn>(CodeOf(&Mutex::LockWhen), "absl::Mutex::LockWhen");
   PreLock(this, 0);
   real(this, cond);
   PostLock(this, 0);
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real = Real<LockWhenFn>("5Mutex14ReaderLockWhenERKNS0_9ConditionE");
+  static const auto real =
+      NextDefinition<LockWhenFn>(CodeOf(&Mutex::ReaderLockWhen), "absl::Mutex::ReaderLockWhen");
   PreLock(this, __tsan_mutex_read_lock);
   real(this, cond);
   PostLock(this, __tsan_mutex_read_lock);
@@ -272,3 +298,22 @@ bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) ABSL_NO_THREAD_SAFETY
 
 ABSL_NAMESPACE_END
 }  // namespace absl
+
+namespace {
+
+// Before main: the process's callers of absl::Mutex (libabsl's own, gRPC's,
+// heapd's) must bind to the definitions above, else TSan sees none of their
+// locks and reports races that are not. Fails loudly instead.
+__attribute__((constructor)) void CheckTheDefinitionsInterpose() {
+  const void* ours = CodeOf(&absl::Mutex::Lock);
+  Dl_info info;
+  if (dladdr(ours, &info) == 0 || info.dli_sname == nullptr ||
+      dlsym(RTLD_DEFAULT, info.dli_sname) != ours) {
+    std::fprintf(stderr,
+                 "tsan absl annotations: absl::Mutex::Lock of this executable is not the one "
+                 "the process calls (not exported with -rdynamic, or libabsl's comes first)\n");
+    std::abort();
+  }
+}
+
+}  // namespace
