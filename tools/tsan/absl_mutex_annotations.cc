@@ -18,10 +18,9 @@
 // around the real function: libabsl's definition of the same symbol, whose
 // name is read back from the definition here (no mangled name is written
 // by hand). A start-up check stops the process if the definitions here do
-// not interpose. Condition
-// functions that absl evaluates inside a lock or unlock run inside the
-// pre/post pair, where TSan ignores accesses; an Await or a CondVar wait is
-// an unlock followed by a lock.
+// not interpose. Condition functions that absl evaluates inside a lock or
+// unlock run inside the pre/post pair, where TSan ignores accesses; an
+// Await or a CondVar wait is an unlock followed by a lock.
 //
 // gRPC uses absl::Mutex too: its locks, annotated the same way, give TSan
 // the happens-before edges of gRPC's handoffs that go through a mutex (a
