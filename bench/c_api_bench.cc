@@ -1,6 +1,6 @@
 // B1 through the C API against the C++ client, in the same run, on one
 // heapd: 10,000,000 x 64 B allocated, then freed, per API; ns per call,
-// medians of --reps runs (issue 23: the C API within 1.5x of C++).
+// medians of --reps runs (the C API within 1.5x of C++).
 //
 //   c_api_bench --heapd=PATH/heapd [--reps=5] [--objects=10000000]
 //

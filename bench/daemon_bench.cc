@@ -10,7 +10,7 @@
 // --b3_track_contents=both (the default), also against a second heapd
 // started with --track_contents=false, in every rep, alternating which goes
 // first: the ratio of the two is what tracking costs an ingest into fresh
-// memory (issue 11). B3's third baseline keeps heapd's pointer type
+// memory. B3's third baseline keeps heapd's pointer type
 // (offset_ptr) over a bump arena in DRAM (bench/offset_arena.h).
 //
 // Multi-process figures use child processes of this binary (--child=...)

@@ -1,4 +1,4 @@
-// Benchmarks B9a, B9b and restores of snapshot stores (issue 12), through
+// Benchmarks B9a, B9b and restores of snapshot stores, through
 // real heapds (on /dev/shm) and heapd's gRPC API, each next to full-copy
 // snapshots (CreateSnapshot into a directory) taken of the same heap at the
 // same points in the same run. Stores and full copies go to one directory

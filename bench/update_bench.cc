@@ -1,4 +1,4 @@
-// B8 (issue 11): what content rollback costs a program that updates a
+// B8: what content rollback costs a program that updates a
 // fraction of a big heap between syncs.
 //
 // A heap of --heap_mib MiB of --object_bytes objects (default 1 GiB of

@@ -1,5 +1,5 @@
-// ContentUndo: puts object contents back to the last sync (issue 11;
-// docs/consistency.md "Object contents").
+// ContentUndo: puts object contents back to the last sync
+// (docs/consistency.md "Object contents").
 //
 // Each read-write session of a tracked heap has a journal,
 // undo/session-<id>.undo; before the session's first store to a page since

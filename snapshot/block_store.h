@@ -1,6 +1,6 @@
 // BlockStore: content-addressed, compressed blocks in a directory that
 // several heapds (nodes) may share — the foundation of incremental,
-// deduplicated snapshots (issue 12, snapshot/store_snapshots.h).
+// deduplicated snapshots (snapshot/store_snapshots.h).
 //
 // A block is named by the SHA-256 of its bytes and stored once, compressed
 // with zstd, as blocks/XX/<64 hex digits> (XX: the first two) under the

@@ -1,4 +1,4 @@
-// The layout of a snapshot store (issue 12) and the files in it other than
+// The layout of a snapshot store and the files in it other than
 // blocks (snapshot/block_store.h):
 //
 //   STORE/blocks/XX/<sha-256 hex>          content-addressed blocks

@@ -1,5 +1,5 @@
 // StoreSnapshots: heapd's incremental, deduplicated snapshots in snapshot
-// stores (issue 12) — directories a caller names (the parallel file system
+// stores — directories a caller names (the parallel file system
 // in production), shared by the heapds of many nodes. Layout and formats:
 // snapshot/store_recipe.h, snapshot/block_store.h; the work inside a store
 // and its crash and gc rules: snapshot/version_store.h.

@@ -1,5 +1,5 @@
-// VersionStore: the work done inside a snapshot store directory (issue 12;
-// layout in snapshot/store_recipe.h) — storing a heap's committed state as
+// VersionStore: the work done inside a snapshot store directory (layout
+// in snapshot/store_recipe.h) — storing a heap's committed state as
 // one part of a version, reading recipes, fetching blocks, listing,
 // removing, collecting garbage, adding up usage — relative to the store's
 // root descriptor. It takes no lock, logs nothing and parses no JSON, so a

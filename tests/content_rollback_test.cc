@@ -1,4 +1,4 @@
-// Object contents go back to the last sync (issue 11), end to end: a real
+// Object contents go back to the last sync, end to end: a real
 // heapd with its heaps on tmpfs, real client processes (heap_worker)
 // killed after storing into an object they synced before, heapd killed
 // under a writer. And where contents cannot roll back (a heap on ext4, or

@@ -1,4 +1,4 @@
-// Power loss under a file-backed heap (issue 11). heapd keeps its state on
+// Power loss under a file-backed heap. heapd keeps its state on
 // an ext4 file system whose disk is a loop device over an image file with
 // direct I/O: the image holds what the disk completed, nothing that still
 // sat in a page cache. While a client allocates, fills, binds, unbinds,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Snapshot stores end to end (issue 12), with real heapds: two heapds with
+# Snapshot stores end to end, with real heapds: two heapds with
 # their own state directories (nodes node-a and node-b) and one store
 # directory standing for the parallel file system; a third heapd (node-c)
 # with an empty block cache stands for a new allocation.
