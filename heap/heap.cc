@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <set>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -250,72 +249,27 @@ absl::Status PersistentHeap::LoadLocked(const std::string& label, const Checkpoi
   return absl::OkStatus();
 }
 
-PersistentHeap::~PersistentHeap() { StopGrowingAhead(); }
+PersistentHeap::PersistentHeap(std::string dir, HeapConfig config, HeapOptions options)
+    : dir_(std::move(dir)),
+      config_(config),
+      options_(options),
+      grow_ahead_(
+          [this]() -> std::optional<uint32_t> {
+            absl::MutexLock lock(&mu_);
+            if (!CheckWritableLocked("grow the heap").ok() || !GrowAheadDueLocked()) {
+              return std::nullopt;
+            }
+            return directory_->capacity_chunks();
+          },
+          // One chunk at least: the step is the usual one, but the last few
+          // chunks below the maximum size can be added too.
+          [this](uint32_t capacity_seen) { return Grow(1, capacity_seen); }) {}
 
-void PersistentHeap::StopGrowingAhead() {
-  std::thread grower;
-  {
-    absl::MutexLock lock(&ahead_mu_);
-    ahead_stop_ = true;
-    ahead_wanted_ = true;  // wakes the grower to stop
-    grower = std::move(grower_);
-  }
-  if (grower.joinable()) grower.join();
-}
+PersistentHeap::~PersistentHeap() { grow_ahead_.Stop(); }
 
 bool PersistentHeap::GrowAheadDueLocked() const {
   const uint32_t capacity = directory_->capacity_chunks();
   return options_.grow_ahead && capacity < max_chunks() && directory_->FreeChunks() < capacity / 16;
-}
-
-void PersistentHeap::RequestGrowAhead() {
-  absl::MutexLock lock(&ahead_mu_);
-  if (ahead_stop_) return;
-  ahead_wanted_ = true;
-  if (grower_.joinable()) return;
-  try {
-    grower_ = std::thread([this] { GrowAheadLoop(); });
-  } catch (const std::system_error&) {
-    // No thread to spare (a pid or thread limit): leases grow the heap
-    // themselves, as without growth ahead; a later request tries again.
-  }
-}
-
-void PersistentHeap::GrowAheadLoop() {
-  // After a failed growth (a full disk, tmpfs memory), none ahead from the
-  // same capacity for a while: each attempt fills the file system until
-  // fallocate fails, which others on it would see.
-  constexpr absl::Duration kBackOff = absl::Seconds(10);
-  uint32_t failed_at = 0;
-  absl::Time retry_after = absl::InfinitePast();
-  for (;;) {
-    {
-      absl::MutexLock lock(&ahead_mu_);
-      ahead_mu_.Await(absl::Condition(
-          +[](bool* wanted) { return *wanted; }, &ahead_wanted_));
-      if (ahead_stop_) return;
-      ahead_wanted_ = false;
-    }
-    uint32_t capacity_seen;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!CheckWritableLocked("grow the heap").ok() || !GrowAheadDueLocked()) continue;
-      capacity_seen = directory_->capacity_chunks();
-    }
-    if (capacity_seen == failed_at && absl::Now() < retry_after) continue;
-    {
-      absl::MutexLock lock(&ahead_mu_);  // the heap closing: no growth now
-      if (ahead_stop_) return;
-    }
-    // Errors are left to the growth a lease needs, which reports them to
-    // its caller.
-    // One chunk at least: the step is the usual one, but the last few
-    // chunks below the maximum size can be added too.
-    if (!Grow(1, capacity_seen).ok()) {
-      failed_at = capacity_seen;
-      retry_after = absl::Now() + kBackOff;
-    }
-  }
 }
 
 absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
@@ -355,7 +309,7 @@ void PersistentHeap::MarkRemoved() {
     absl::MutexLock lock(&mu_);
     removed_ = true;
   }
-  StopGrowingAhead();
+  grow_ahead_.Stop();
 }
 
 absl::Status PersistentHeap::CheckWritableLocked(const char* what) const {
@@ -431,7 +385,7 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
       capacity_seen = directory_->capacity_chunks();
       grow_ahead = GrowAheadDueLocked();
     }
-    if (grow_ahead) RequestGrowAhead();
+    if (grow_ahead) grow_ahead_.Request();
     if (!grants.ok() || !grants->empty() || attempt == kMaxGrowAttempts) {
       if (!grants.ok() || undo_ == nullptr) return grants;
       // An empty chunk is fresh: its client writes it without pre-images.
@@ -462,7 +416,7 @@ absl::StatusOr<LargePlacement> PersistentHeap::TakeRun(
       capacity_seen = directory_->capacity_chunks();
       grow_ahead = GrowAheadDueLocked();
     }
-    if (grow_ahead) RequestGrowAhead();
+    if (grow_ahead) grow_ahead_.Request();
     if (run.ok() && undo_ != nullptr) {
       // The run was free: its client writes it without pre-images.
       if (absl::Status s = ForgetUndo(client, uint64_t{run->chunk} * kChunkSize,
@@ -538,43 +492,7 @@ absl::Status PersistentHeap::Free(ClientId client, absl::Span<const ObjectRef> o
   if (absl::Status s = CheckWritableLocked("free"); !s.ok()) return s;
   if (undo_ == nullptr) return directory_->Free(client, objects);
   if (absl::Status s = directory_->CheckFree(client, objects); !s.ok()) return s;
-  std::map<uint64_t, DeferredFree>& deferred = deferred_frees_[client];
-  for (const ObjectRef& object : objects) {
-    if (deferred.count(object.offset) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "offset ", object.offset, " is freed twice by this session since its last sync"));
-    }
-  }
-  for (const ObjectRef& object : objects) {
-    deferred[object.offset] = DeferredFree{object, directory_->LesseeOf(object.offset),
-                                           directory_->IncarnationOf(object.offset)};
-  }
-  return absl::OkStatus();
-}
-
-void PersistentHeap::ApplyDeferredFreesLocked(ClientId client, std::vector<std::string>* rejected) {
-  auto it = deferred_frees_.find(client);
-  if (it == deferred_frees_.end()) return;
-  std::vector<ObjectRef> objects;
-  for (const auto& [offset, deferred] : it->second) {
-    // Its chunk became free since (the object it named was freed by
-    // another, or died with its session) and may hold another now.
-    if (directory_->IncarnationOf(offset) != deferred.incarnation) {
-      rejected->push_back(absl::StrCat("the free of offset ", offset,
-                                       " was rejected: its object was gone before this session's "
-                                       "sync applied the free (double free?)"));
-      continue;
-    }
-    objects.push_back(deferred.object);
-  }
-  deferred_frees_.erase(it);
-  if (directory_->Free(client, objects).ok()) return;
-  // One of them went bad meanwhile (another session freed it first: a
-  // double free). The rest still go.
-  for (const ObjectRef& object : objects) {
-    absl::Status s = directory_->Free(client, absl::MakeConstSpan(&object, 1));
-    if (!s.ok()) rejected->push_back(std::string(s.message()));
-  }
+  return pending_.DeferFrees(*directory_, client, objects);
 }
 
 absl::Status PersistentHeap::Bind(ClientId client, const NameEntry& entry) {
@@ -662,23 +580,8 @@ absl::Status PersistentHeap::StageReports(ClientId client, absl::Span<const Leas
   // Only chunks the client leases: what it can stage is bounded by them.
   if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
   if (absl::Status s = directory_->TellReserve(client, reserve); !s.ok()) return s;
-  std::map<uint32_t, LeaseReport>& staged = staged_reports_[client];
-  for (const LeaseReport& report : reports) staged[report.chunk] = report;
+  pending_.Stage(client, reports);
   return absl::OkStatus();
-}
-
-std::vector<LeaseReport> PersistentHeap::TakeStagedLocked(ClientId client,
-                                                          absl::Span<const LeaseReport> last) {
-  std::vector<LeaseReport> all(last.begin(), last.end());
-  auto staged = staged_reports_.find(client);
-  if (staged == staged_reports_.end()) return all;
-  std::set<uint32_t> in_last;
-  for (const LeaseReport& report : last) in_last.insert(report.chunk);
-  for (auto& [chunk, report] : staged->second) {
-    if (in_last.count(chunk) == 0) all.push_back(std::move(report));
-  }
-  staged_reports_.erase(staged);
-  return all;
 }
 
 absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
@@ -696,7 +599,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     if (absl::Status s = CheckWritableLocked("sync"); !s.ok()) return s;
     // The sync's earlier parts, whatever becomes of it: a failed sync is
     // sent again whole.
-    reports = TakeStagedLocked(client, last);
+    reports = pending_.TakeStaged(client, last);
     if (absl::Status s = directory_->CheckReport(client, reports); !s.ok()) return s;
     if (absl::Status s = directory_->CheckReserveReport(client, reserve); !s.ok()) return s;
     // Only persist_mu_ changes epoch_.
@@ -774,14 +677,15 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       ReclaimResult released = directory_->Release(client);
       std::move(released.rejected_frees.begin(), released.rejected_frees.end(),
                 std::back_inserter(result.rejected_frees));
-      SettleDeferredFreesLocked(client, /*lessee_died=*/false);
+      pending_.SettleFrees(*directory_, client, /*lessee_died=*/false);
     }
     // The client's frees of others' objects go with its stores (the
     // unlinking), which this epoch just committed. Applied only now, so
     // their memory cannot be handed out (as fresh, written without
     // pre-images) before the stores that unlinked it are durable; they
     // persist with the next epoch (a crash before it leaks the objects).
-    if (generation != 0 || release) ApplyDeferredFreesLocked(client, &result.rejected_frees);
+    if (generation != 0 || release)
+      pending_.ApplyFrees(*directory_, client, &result.rejected_frees);
   }
   if (undo_ != nullptr) {
     undo_->Committed(result.epoch);
@@ -863,32 +767,11 @@ ReclaimResult PersistentHeap::Reclaim(ClientId client) {
     undo_->RollBack(client);
   }
   absl::MutexLock lock(&mu_);
-  deferred_frees_.erase(client);  // they go back with the client's stores
-  staged_reports_.erase(client);  // its unfinished sync commits nothing
+  // Its frees go back with its stores; its unfinished sync commits nothing.
+  pending_.Drop(client);
   ReclaimResult result = directory_->Reclaim(client);
-  SettleDeferredFreesLocked(client, /*lessee_died=*/true);
+  pending_.SettleFrees(*directory_, client, /*lessee_died=*/true);
   return result;
-}
-
-void PersistentHeap::SettleDeferredFreesLocked(ClientId lessee, bool lessee_died) {
-  for (auto& [freer, frees] : deferred_frees_) {
-    for (auto it = frees.begin(); it != frees.end();) {
-      DeferredFree& deferred = it->second;
-      if (deferred.lessee != lessee) {
-        ++it;
-        continue;
-      }
-      deferred.lessee = 0;
-      // Its chunk is back at the lessee's last report: an object not live
-      // there was allocated after it and died with the lessee.
-      if (lessee_died &&
-          !directory_->CheckFree(freer, absl::MakeConstSpan(&deferred.object, 1)).ok()) {
-        it = frees.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
 }
 
 absl::Status PersistentHeap::WithCommittedState(

@@ -36,7 +36,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -48,9 +47,11 @@
 #include "allocator/lease_types.h"
 #include "heap/content_undo.h"
 #include "heap/data_file.h"
+#include "heap/grow_ahead.h"
 #include "heap/metadata_format.h"
 #include "heap/metadata_store.h"
 #include "heap/name_table.h"
+#include "heap/pending_syncs.h"
 #include "util/unique_fd.h"
 
 namespace heapd {
@@ -294,8 +295,7 @@ class PersistentHeap {
   uint64_t epoch() const;
 
  private:
-  PersistentHeap(std::string dir, HeapConfig config, HeapOptions options)
-      : dir_(std::move(dir)), config_(config), options_(options) {}
+  PersistentHeap(std::string dir, HeapConfig config, HeapOptions options);
 
   // Builds the chunk directory and names from `state`, checked against a
   // data file of `data_bytes` bytes. DATA_LOSS naming `label`.
@@ -324,19 +324,6 @@ class PersistentHeap {
   absl::StatusOr<SyncResult> ReportAndPersist(ClientId client, absl::Span<const LeaseReport> last,
                                               bool release, uint64_t generation,
                                               const ReserveReport& reserve);
-  // `last` with the client's staged reports of other chunks; none stay
-  // staged.
-  std::vector<LeaseReport> TakeStagedLocked(ClientId client, absl::Span<const LeaseReport> last)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the frees `client` made since its last sync (tracked heaps);
-  // those no longer valid go to `rejected`.
-  void ApplyDeferredFreesLocked(ClientId client, std::vector<std::string>* rejected)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `lessee`'s session ended: deferred frees of objects in the chunks it
-  // leased are now judged by the daemon's records; when it died, those of
-  // objects not live in its last report are dropped (they died with it).
-  void SettleDeferredFreesLocked(ClientId lessee, bool lessee_died)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With content rollback: persists, in a full checkpoint, what a sync
   // that failed after applying its reports left in memory (see Reclaim);
   // a failure breaks the heap.
@@ -347,14 +334,6 @@ class PersistentHeap {
   // True if a growth ahead of demand is due (options_.grow_ahead): the
   // heap can grow and fewer than a sixteenth of its chunks are free.
   bool GrowAheadDueLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Wakes the grower (started on first use) to grow ahead of demand.
-  void RequestGrowAhead() ABSL_LOCKS_EXCLUDED(ahead_mu_);
-  // The grower's loop: one growth per request while one is due, until
-  // the heap closes.
-  void GrowAheadLoop() ABSL_LOCKS_EXCLUDED(ahead_mu_, mu_);
-  // Stops the grower for good, waiting for a growth under way.
-  void StopGrowingAhead() ABSL_LOCKS_EXCLUDED(ahead_mu_, persist_mu_, grow_mu_, mu_);
-
   const std::string dir_;
   const HeapConfig config_;
   const HeapOptions options_;
@@ -379,31 +358,16 @@ class PersistentHeap {
   bool removed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t metadata_log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> data_file_repairs_{0};
-  // Frees of tracked heaps waiting for their client's sync (see Free).
-  // With each, the session that leased its chunk when it was freed (0:
-  // none): if that session dies before the free applies, an object it
-  // allocated after its last report died with it, and the free has nothing
-  // left to do (as ChunkDirectory::Reclaim treats frees queued for it).
-  struct DeferredFree {
-    ObjectRef object;
-    ClientId lessee = 0;
-    uint32_t incarnation = 0;  // of its chunk when it was checked
-  };
-  std::map<ClientId, std::map<uint64_t, DeferredFree>> deferred_frees_ ABSL_GUARDED_BY(mu_);
-  // Reports of a sync's earlier parts, by client and chunk (StageReports);
-  // each chunk is leased by its client, which bounds them.
-  std::map<ClientId, std::map<uint32_t, LeaseReport>> staged_reports_ ABSL_GUARDED_BY(mu_);
+  // Staged reports and deferred frees (see StageReports and Free).
+  PendingSyncs pending_ ABSL_GUARDED_BY(mu_);
   // Set at open on a tracked heap; its own lock, taken under persist_mu_
   // (never under mu_ or grow_mu_).
   std::unique_ptr<ContentUndo> undo_;
   UndoCounts recovered_;  // pages put back when the heap opened
 
-  // Growth ahead of demand (RequestGrowAhead); a leaf lock. grower_ is
-  // started under it and joined by the destructor.
-  absl::Mutex ahead_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  bool ahead_wanted_ ABSL_GUARDED_BY(ahead_mu_) = false;  // a request, or the stop
-  bool ahead_stop_ ABSL_GUARDED_BY(ahead_mu_) = false;
-  std::thread grower_ ABSL_GUARDED_BY(ahead_mu_);
+  // Growth ahead of demand (options_.grow_ahead); stopped by the
+  // destructor and MarkRemoved before anything it uses goes.
+  GrowAhead grow_ahead_;
 };
 
 }  // namespace heapd
