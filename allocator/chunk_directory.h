@@ -62,13 +62,6 @@ struct ChunkRecord {
   std::vector<uint64_t> words;  // kSmall
 };
 
-// An object named by its offset, with the size the caller believes it has
-// (0: not checked).
-struct ObjectRef {
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
-
 struct SizeClassUsage {
   uint32_t chunks = 0;
   uint64_t live_objects = 0;

@@ -12,6 +12,13 @@ namespace heapd {
 // Identifies one client session of one heap. 0 is never a client.
 using ClientId = uint64_t;
 
+// An object named by its offset, with the size the caller believes it has
+// (0: not checked).
+struct ObjectRef {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
 // Chunks of one size class a client asks for.
 struct LeaseWant {
   uint32_t size_class = 0;

@@ -19,6 +19,9 @@ namespace heapd {
 
 inline constexpr int kChunkShift = 21;
 inline constexpr uint64_t kChunkSize = uint64_t{1} << kChunkShift;
+// The largest maximum size of a heap (the address space a client
+// reserves): 64 TiB, 2^25 chunks.
+inline constexpr uint64_t kMaxHeapBytes = uint64_t{1} << 46;
 inline constexpr uint64_t kMaxSmallSize = kChunkSize / 2;
 inline constexpr uint32_t kNumSizeClasses = 64;
 

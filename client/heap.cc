@@ -16,7 +16,6 @@
 #include "client/heap_impl.h"
 #include "client/owner_gate.h"
 #include "heap/fault_point.h"
-#include "heap/metadata_format.h"
 #include "heap/undo_record.h"
 #include "protocol/fd_protocol.h"
 #include "protocol/proto_convert.h"

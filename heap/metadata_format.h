@@ -25,10 +25,6 @@ inline constexpr size_t kFrameHeaderSize = 16;
 
 enum class FrameKind : uint16_t { kCheckpoint = 1, kEpoch = 2 };
 
-// The largest maximum size of a heap (the address space a client
-// reserves): 64 TiB.
-inline constexpr uint64_t kMaxHeapBytes = uint64_t{1} << 46;
-
 // Settings fixed at creation.
 struct HeapConfig {
   uint64_t max_size = 0;

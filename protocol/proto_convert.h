@@ -6,7 +6,6 @@
 
 #include <vector>
 
-#include "allocator/chunk_directory.h"
 #include "allocator/lease_types.h"
 #include "heap/data_file.h"
 #include "heap/name_table.h"

@@ -19,7 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "snapshot/dir_files.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 #include "util/random_name.h"
 

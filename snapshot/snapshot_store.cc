@@ -21,7 +21,7 @@
 #include "heap/heap_name.h"
 #include "heap/metadata_store.h"
 #include "snapshot/block_store.h"
-#include "snapshot/dir_files.h"
+#include "util/dir_files.h"
 #include "snapshot/file_copy.h"
 #include "util/errno_status.h"
 #include "util/random_name.h"

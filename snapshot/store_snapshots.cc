@@ -22,7 +22,7 @@
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "snapshot/block_store.h"
-#include "snapshot/dir_files.h"
+#include "util/dir_files.h"
 #include "snapshot/snapshot_format.h"
 #include "snapshot/version_store.h"
 #include "util/errno_status.h"

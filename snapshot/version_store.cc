@@ -20,7 +20,7 @@
 #include "absl/strings/strip.h"
 #include "allocator/size_class.h"
 #include "heap/heap_name.h"
-#include "snapshot/dir_files.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 #include "util/random_name.h"
 #include "util/run_workers.h"

@@ -2,8 +2,8 @@
 // time, never following a symlink: what snapshot code does inside a
 // directory, whether in heapd's own directory or in a RunAs child working
 // in a caller's (no locks, no logging: see util/run_as.h).
-#ifndef HEAPD_SNAPSHOT_DIR_FILES_H_
-#define HEAPD_SNAPSHOT_DIR_FILES_H_
+#ifndef HEAPD_UTIL_DIR_FILES_H_
+#define HEAPD_UTIL_DIR_FILES_H_
 
 #include <sys/types.h>
 
@@ -54,4 +54,4 @@ bool IsWithinDirectory(int dir, dev_t device, ino_t inode);
 
 }  // namespace heapd
 
-#endif  // HEAPD_SNAPSHOT_DIR_FILES_H_
+#endif  // HEAPD_UTIL_DIR_FILES_H_

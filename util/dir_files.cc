@@ -1,4 +1,4 @@
-#include "snapshot/dir_files.h"
+#include "util/dir_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>
