@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <system_error>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "heap/data_file.h"
+#include "heap/heap_dir.h"
 #include "heap/metadata_store.h"
 #include "snapshot/block_store.h"
 #include "snapshot/snapshot_store.h"
@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::stri
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(heaps_dir, error)) {
     const std::string name = entry.path().filename();
-    if (absl::StartsWith(name, ".")) {
+    if (IsHiddenHeapDirName(name)) {
       // Left by a creation, restore or removal that a crash interrupted.
       std::error_code ignored;
       std::filesystem::remove_all(entry.path(), ignored);
@@ -233,7 +233,8 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   Removed removed;
   const std::string dir = absl::StrCat(heaps_dir_, "/", name);
-  const std::string doomed = absl::StrCat(heaps_dir_, "/.removing.", name, ".", RandomName());
+  const std::string doomed =
+      absl::StrCat(heaps_dir_, "/", HiddenHeapDirName(HiddenPurpose::kRemoving, name));
   {
     absl::MutexLock lock(&mu_);
     auto it = heaps_.find(name);

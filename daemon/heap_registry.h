@@ -3,10 +3,10 @@
 // daemon stops; a heap that cannot be opened (corrupt metadata) is reported
 // with its error and left alone on disk.
 //
-// Layout: STATE_DIR/heaps/NAME/ is one heap (heap/heap.h). Heaps are built
-// under hidden names (".creating.*", ".restoring.*") and removed through one
-// (".removing.*"); a hidden name is never a heap name, so a crash midway
-// leaves nothing that is served, and Open sweeps such leftovers away.
+// Layout: STATE_DIR/heaps/NAME/ is one heap (heap/heap_dir.h). Heaps are
+// built under hidden names and removed through one; a hidden name is never
+// a heap name, so a crash midway leaves nothing that is served, and Open
+// sweeps such leftovers away.
 //
 // The registry owns the per-user heap limits (daemon/limits.h): a name is
 // reserved, with its owner's heap count and bytes, before the heap is

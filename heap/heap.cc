@@ -2,13 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <system_error>
@@ -19,15 +17,13 @@
 #include "allocator/size_class.h"
 #include "allocator/slot_bitmap.h"
 #include "heap/fault_point.h"
+#include "heap/heap_dir.h"
 #include "util/errno_status.h"
 #include "util/random_name.h"
 
 namespace heapd {
 namespace {
 
-constexpr char kDataFile[] = "data";
-constexpr char kLockFile[] = "lock";
-constexpr char kUndoDir[] = "undo";
 // Growth step: at least this many chunks, or an eighth of the heap.
 constexpr uint32_t kMinGrowChunks = 8;
 // Other threads may take what a growth made before this one gets to it;
@@ -100,49 +96,29 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   if (config.created_unix_ns == 0) config.created_unix_ns = absl::ToUnixNanos(absl::Now());
   struct stat st;
   if (lstat(dir.c_str(), &st) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " already exists"));
+    return absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " exists"));
   }
-  // Build the heap under a hidden name (never a valid heap name, so a crash
-  // leaves nothing that could be served), then rename it into place.
-  const std::string building =
-      absl::StrCat(ParentOf(dir), "/.creating.", BaseName(dir), ".", RandomName());
-  std::error_code ignored;
-  if (mkdir(building.c_str(), 0700) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("create heap directory ", building));
-  }
-  auto give_up = [&](absl::Status status) {
-    std::filesystem::remove_all(building, ignored);
-    return status;
-  };
-  const std::string lock_path = absl::StrCat(building, "/", kLockFile);
-  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (lock_fd < 0) return give_up(ErrnoStatus(errno, absl::StrCat("create ", lock_path)));
-  close(lock_fd);
+  absl::StatusOr<std::unique_ptr<HeapDirBuilder>> building =
+      HeapDirBuilder::Start(ParentOf(dir), BaseName(dir), HiddenPurpose::kCreating);
+  if (!building.ok()) return building.status();
   absl::StatusOr<std::unique_ptr<DataFile>> data =
-      DataFile::Create(absl::StrCat(building, "/", kDataFile), 0);
-  if (!data.ok()) return give_up(data.status());
+      DataFile::Create((*building)->PathOf(kDataFileName), 0);
+  if (!data.ok()) return data.status();
   Checkpoint initial;
   initial.config = config;
-  absl::StatusOr<std::unique_ptr<MetadataStore>> store = MetadataStore::Create(building, initial);
-  if (!store.ok()) return give_up(store.status());
+  absl::StatusOr<std::unique_ptr<MetadataStore>> store =
+      MetadataStore::Create((*building)->path(), initial);
+  if (!store.ok()) return store.status();
   store->reset();
   data->reset();
-  if (absl::Status s = SyncDirectory(building); !s.ok()) return give_up(s);
   FaultPoint("create.before_rename");
-  if (renameat2(AT_FDCWD, building.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
-    const int err = errno;
-    return give_up(
-        err == EEXIST
-            ? absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " already exists"))
-            : ErrnoStatus(err, absl::StrCat("rename ", building, " to ", dir)));
-  }
-  if (absl::Status s = SyncDirectory(ParentOf(dir)); !s.ok()) return s;
+  if (absl::Status s = (*building)->Commit(BaseName(dir)); !s.ok()) return s;
   return Open(dir, options);
 }
 
 absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::string& dir,
                                                                      HeapOptions options) {
-  const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
+  const std::string lock_path = absl::StrCat(dir, "/", kLockFileName);
   UniqueFd lock_fd(open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!lock_fd.valid()) return ErrnoStatus(errno, absl::StrCat("open heap lock ", lock_path));
   if (flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
@@ -157,7 +133,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
       MetadataStore::Open(dir, &recovered, options.checkpoint_log_bytes);
   if (!store.ok()) return store.status();
   absl::StatusOr<std::unique_ptr<DataFile>> data =
-      DataFile::Open(absl::StrCat(dir, "/", kDataFile));
+      DataFile::Open(absl::StrCat(dir, "/", kDataFileName));
   if (!data.ok()) return data.status();
   const uint64_t log_bytes = (*store)->log_bytes();
   const int64_t committed_unix_ns = (*store)->recovered_commit_unix_ns();
@@ -174,7 +150,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
   // Journals left by a heapd that tracked contents are recovered even when
   // this one does not (--track_contents turned off across a crash).
   const bool track = ContentRollbackNote(heap->data_->backing(), options.track_contents).empty();
-  const std::string undo_dir = absl::StrCat(dir, "/", kUndoDir);
+  const std::string undo_dir = absl::StrCat(dir, "/", kUndoDirName);
   struct stat undo_st;
   if (track || lstat(undo_dir.c_str(), &undo_st) == 0) {
     absl::StatusOr<std::unique_ptr<ContentUndo>> undo =
@@ -282,7 +258,7 @@ absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
     if (fd < 0) return ErrnoStatus(errno, absl::StrCat("duplicate the fd of ", data_->path()));
     return fd;
   }
-  const std::string path = absl::StrCat(dir_, "/", kDataFile);
+  const std::string path = absl::StrCat(dir_, "/", kDataFileName);
   const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
   return fd;

@@ -9,18 +9,16 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "heap/data_file.h"
 #include "heap/fault_point.h"
+#include "heap/heap_dir.h"
 #include "util/errno_status.h"
 
 namespace heapd {
 namespace {
-
-constexpr char kCheckpointFile[] = "checkpoint";
 
 absl::Status WriteAll(int fd, const char* data, size_t size, const std::string& what) {
   while (size > 0) {
@@ -110,7 +108,7 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
 }
 
 std::string MetadataStore::LogPath(uint64_t generation) const {
-  return absl::StrCat(dir_, "/log.", generation);
+  return absl::StrCat(dir_, "/", LogFileName(generation));
 }
 
 MetadataStore::~MetadataStore() {
@@ -203,7 +201,7 @@ absl::StatusOr<RecoveredMetadata> RecoverMetadata(absl::string_view checkpoint_b
 absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& dir,
                                                                    RecoveredMetadata* recovered,
                                                                    uint64_t checkpoint_log_bytes) {
-  const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFile);
+  const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFileName);
   absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
   if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
   absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpointFile(*checkpoint_bytes, checkpoint_path);
@@ -242,10 +240,8 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::st
   unlink(absl::StrCat(checkpoint_path, ".tmp").c_str());
   if (DIR* d = opendir(dir.c_str())) {
     while (dirent* entry = readdir(d)) {
-      uint64_t generation;
-      const absl::string_view name(entry->d_name);
-      if (absl::StartsWith(name, "log.") && absl::SimpleAtoi(name.substr(4), &generation) &&
-          generation != store->generation_) {
+      const std::optional<uint64_t> generation = LogGeneration(entry->d_name);
+      if (generation.has_value() && *generation != store->generation_) {
         unlinkat(dirfd(d), entry->d_name, 0);
       }
     }
@@ -280,7 +276,8 @@ absl::Status MetadataStore::Append(const EpochRecord& record) {
 absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
   checkpoint.log_generation = generation_ + 1;
   const std::string bytes = EncodeCheckpoint(checkpoint);
-  if (absl::Status s = WriteFileAtomically(dir_, kCheckpointFile, bytes, "checkpoint"); !s.ok()) {
+  if (absl::Status s = WriteFileAtomically(dir_, kCheckpointFileName, bytes, "checkpoint");
+      !s.ok()) {
     return s;
   }
   checkpoint_bytes_ = bytes.size();
@@ -294,12 +291,12 @@ absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
 
 absl::StatusOr<std::map<std::string, std::string>> MetadataStore::ReadCommittedFiles() const {
   std::map<std::string, std::string> files;
-  absl::StatusOr<std::string> checkpoint = ReadFile(absl::StrCat(dir_, "/", kCheckpointFile));
+  absl::StatusOr<std::string> checkpoint = ReadFile(absl::StrCat(dir_, "/", kCheckpointFileName));
   if (!checkpoint.ok()) return checkpoint.status();
-  files[kCheckpointFile] = *std::move(checkpoint);
+  files[kCheckpointFileName] = *std::move(checkpoint);
   absl::StatusOr<std::string> log = ReadFile(LogPath(generation_));
   if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
-  files[absl::StrCat("log.", generation_)] = log.ok() ? *std::move(log) : std::string();
+  files[LogFileName(generation_)] = log.ok() ? *std::move(log) : std::string();
   return files;
 }
 

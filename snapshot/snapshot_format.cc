@@ -12,6 +12,7 @@
 #include "allocator/chunk_directory.h"
 #include "google/protobuf/util/json_util.h"
 #include "heap/heap.h"
+#include "heap/heap_dir.h"
 #include "heap/heap_name.h"
 #include "zlib.h"
 
@@ -26,14 +27,6 @@ absl::Status Corrupt(absl::string_view where, absl::string_view what) {
 }
 
 }  // namespace
-
-bool IsMetadataFileName(absl::string_view name) {
-  uint64_t generation;
-  return name == "checkpoint" ||
-         (absl::ConsumePrefix(&name, "log.") && !name.empty() && name.size() <= 20 &&
-          std::all_of(name.begin(), name.end(), absl::ascii_isdigit) &&
-          absl::SimpleAtoi(name, &generation));
-}
 
 absl::Status ValidateLabels(const std::map<std::string, std::string>& labels) {
   if (labels.size() > kMaxLabels) {
@@ -128,12 +121,12 @@ absl::StatusOr<VerifiedSnapshot> VerifySnapshotFiles(
       return Corrupt(where, absl::StrCat(name, " is not in the manifest"));
     }
   }
-  auto checkpoint = metadata_files.find("checkpoint");
+  auto checkpoint = metadata_files.find(kCheckpointFileName);
   if (checkpoint == metadata_files.end()) return Corrupt(where, "it has no checkpoint");
   const std::string label = absl::StrCat("snapshot ", where);
   absl::StatusOr<Checkpoint> base = DecodeCheckpointFile(checkpoint->second, label);
   if (!base.ok()) return base.status();
-  const std::string log_name = absl::StrCat("log.", base->log_generation);
+  const std::string log_name = LogFileName(base->log_generation);
   auto log = metadata_files.find(log_name);
   if (metadata_files.size() != (log == metadata_files.end() ? 1u : 2u)) {
     return Corrupt(where, absl::StrCat("its metadata files are not the checkpoint and ", log_name));

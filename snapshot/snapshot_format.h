@@ -34,9 +34,6 @@ inline constexpr size_t kMaxSnapshotEntries = 4096;
 inline constexpr size_t kMaxLabels = 32;
 inline constexpr size_t kMaxLabelBytes = 256;
 
-// True for "checkpoint" and "log.N".
-bool IsMetadataFileName(absl::string_view name);
-
 // OK if `labels` are few and short enough; INVALID_ARGUMENT saying which.
 absl::Status ValidateLabels(const std::map<std::string, std::string>& labels);
 

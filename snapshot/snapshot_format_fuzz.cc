@@ -53,6 +53,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "heap/heap.h"
+#include "heap/heap_dir.h"
 #include "heap/heap_name.h"
 #include "heap/metadata_format.h"
 #include "heap/metadata_store.h"

@@ -18,11 +18,12 @@
 #include "absl/time/clock.h"
 #include "allocator/size_class.h"
 #include "heap/data_file.h"
+#include "heap/heap_dir.h"
 #include "heap/heap_name.h"
 #include "heap/metadata_store.h"
 #include "snapshot/block_store.h"
-#include "util/dir_files.h"
 #include "snapshot/file_copy.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 #include "util/random_name.h"
 
@@ -119,23 +120,6 @@ struct SnapshotStore::Read {
   UniqueFd data_fd;   // with want_fd
   CopyResult copied;  // with copy_to
 };
-
-RestoredHeapDir::~RestoredHeapDir() {
-  if (!committed_) (void)RemoveTreeAt(parent_.get(), hidden_name_);
-}
-
-absl::Status RestoredHeapDir::Commit(const std::string& name) {
-  if (renameat2(parent_.get(), hidden_name_.c_str(), parent_.get(), name.c_str(),
-                RENAME_NOREPLACE) != 0) {
-    return errno == EEXIST ? absl::AlreadyExistsError(absl::StrCat("heap ", name, " exists"))
-                           : ErrnoStatus(errno, absl::StrCat("rename the restored heap to ", name));
-  }
-  committed_ = true;
-  if (fsync(parent_.get()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("fsync the heap directory after restoring ", name));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::string& own_dir,
                                                                    const std::string& state_dir,
@@ -603,19 +587,12 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::RestoreWith(
     const SnapshotCaller& caller, const std::string& where, bool own_dir, const Filler& fill,
     const std::string& heaps_dir, const std::string& heap_name, const RestoreOptions& options,
     v1::SnapshotManifest* manifest) {
-  UniqueFd parent(open(heaps_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!parent.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heaps_dir));
-  const std::string hidden = absl::StrCat(".restoring.", heap_name, ".", RandomName());
-  if (mkdirat(parent.get(), hidden.c_str(), 0700) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("create the directory to restore heap ", heap_name));
-  }
-  const int parent_fd = parent.get();
-  // Removes the hidden directory on every failure below.
-  auto restored = std::make_unique<RestoredHeapDir>(std::move(parent), hidden);
-  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(parent_fd, hidden);
-  if (!dir.ok()) return dir.status();
-  UniqueFd data(
-      openat(dir->get(), "data", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  // Removed on every failure below.
+  absl::StatusOr<std::unique_ptr<HeapDirBuilder>> building =
+      HeapDirBuilder::Start(heaps_dir, heap_name, HiddenPurpose::kRestoring);
+  if (!building.ok()) return building.status();
+  UniqueFd data(openat((*building)->dir_fd(), kDataFileName,
+                       O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!data.valid()) return ErrnoStatus(errno, "create the restored heap's data file");
   absl::StatusOr<RestoreSource> read = fill(data.get());
   if (!read.ok()) return read.status();
@@ -653,19 +630,16 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::RestoreWith(
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = WriteNewFileAt(dir->get(), "lock", ""); !s.ok()) return s;
   // The metadata is heapd's own from here: written anew from the checked
   // state, with the new owner, in heapd's own directory.
   state.log_generation = 0;
-  restored->set_config(state.config);
   absl::StatusOr<std::unique_ptr<MetadataStore>> store =
-      MetadataStore::Create(absl::StrCat(heaps_dir, "/", hidden), state);
+      MetadataStore::Create((*building)->path(), state);
   if (!store.ok()) return store.status();
-  if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync the restored heap's directory");
   *manifest = verified->manifest;
   manifest->set_copy_method(CopyMethodName(read->copied.method));
   manifest->set_bytes_written(read->copied.bytes_written);
-  return restored;
+  return std::make_unique<RestoredHeapDir>(*std::move(building), state.config);
 }
 
 absl::StatusOr<std::unique_ptr<PersistentHeap>> SnapshotStore::OpenInPlace(

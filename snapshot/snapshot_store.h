@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "heap/heap.h"
+#include "heap/heap_dir.h"
 #include "proto/heapd.pb.h"
 #include "snapshot/file_copy.h"
 #include "snapshot/snapshot_format.h"
@@ -77,27 +78,20 @@ struct SnapshotStoreOptions {
 };
 
 // A heap directory built from a snapshot under a hidden name in heapd's
-// heap directory; removed unless committed.
+// heap directory, with the restored heap's settings (its owner, mode and
+// maximum size); removed unless committed.
 class RestoredHeapDir {
  public:
-  RestoredHeapDir(UniqueFd parent, std::string hidden_name)
-      : parent_(std::move(parent)), hidden_name_(std::move(hidden_name)) {}
-  ~RestoredHeapDir();
-  RestoredHeapDir(const RestoredHeapDir&) = delete;
-  RestoredHeapDir& operator=(const RestoredHeapDir&) = delete;
+  RestoredHeapDir(std::unique_ptr<HeapDirBuilder> dir, const HeapConfig& config)
+      : dir_(std::move(dir)), config_(config) {}
 
-  // Renames it to `name` (RENAME_NOREPLACE) and fsyncs the heap directory.
-  // ALREADY_EXISTS if `name` exists.
-  absl::Status Commit(const std::string& name);
-  // The restored heap's settings (its owner, mode and maximum size).
+  // Renames it to `name` (never replacing it: ALREADY_EXISTS) durably.
+  absl::Status Commit(const std::string& name) { return dir_->Commit(name); }
   const HeapConfig& config() const { return config_; }
-  void set_config(const HeapConfig& config) { config_ = config; }
 
  private:
-  const UniqueFd parent_;
-  const std::string hidden_name_;
-  HeapConfig config_;
-  bool committed_ = false;
+  const std::unique_ptr<HeapDirBuilder> dir_;
+  const HeapConfig config_;
 };
 
 // How a restored heap is owned.

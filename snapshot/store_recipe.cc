@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
+#include "heap/heap_dir.h"
 #include "heap/heap_name.h"
 #include "heap/metadata_format.h"
 #include "snapshot/snapshot_format.h"

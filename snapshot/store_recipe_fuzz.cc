@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "heap/heap_dir.h"
 #include "snapshot/snapshot_format.h"
 #include "snapshot/store_recipe.h"
 #include "tools/fuzz/fuzz_seeds.h"
