@@ -558,6 +558,11 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
   });
 }
 
+SnapshotBackend& HeapdService::BackendFor(const std::string& store_dir) {
+  if (store_dir.empty()) return directory_snapshots_;
+  return store_backend_;
+}
+
 uint64_t HeapdService::SnapshotBytesAllowed(const Caller& caller) const {
   return caller.uid == 0 ? kMaxHeapBytes : options_.limits.heap_bytes;
 }
@@ -613,42 +618,15 @@ grpc::Status HeapdService::CreateSnapshot(grpc::ServerContext* context,
       }
       v1::HeapInfo source;
       FillInfo(**served, /*with_usage=*/true, &source);
-      const std::map<std::string, std::string> labels(request->labels().begin(),
-                                                      request->labels().end());
-      const SnapshotCaller who = SnapshotCallerOf(caller, context);
       absl::StatusOr<v1::SnapshotManifest> manifest =
-          request->store_dir().empty()
-              ? snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
-                                   {request->target_dir(), request->name()}, labels)
-              : store_snapshots_->Create(who, *(*served)->heap, (*served)->name, source,
-                                         request->store_dir(), request->name(), labels,
-                                         [&served] { return (*served)->UnchangedToken(); });
+          BackendFor(request->store_dir())
+              .Create(SnapshotCallerOf(caller, context), caller, **served, source, *request, start);
       if (!manifest.ok()) return CountIfLimited(manifest.status());
       *response = *std::move(manifest);
-      if (!request->store_dir().empty()) {
-        const v1::StoreUsage& usage = response->store();
-        spdlog::info(
-            "part {}/{}/{} of heap {} at epoch {} stored by {} in {}: {} logical bytes, {} of "
-            "{} blocks new ({} bytes stored)",
-            request->name(), response->node(), request->heap(), request->heap(), response->epoch(),
-            caller.ToString(), request->store_dir(), usage.logical_bytes(), usage.blocks_written(),
-            usage.blocks(), usage.stored_bytes());
-        return absl::OkStatus();
-      }
-      response->set_duration_us(absl::ToInt64Microseconds(absl::Now() - start));
-      spdlog::info(
-          "snapshot {} of heap {} at epoch {} taken by {} into {} ({}, {} bytes copied, {} us)",
-          request->name(), request->heap(), response->epoch(), caller.ToString(),
-          request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
-          response->copy_method(), response->bytes_written(), response->duration_us());
       return absl::OkStatus();
     }();
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    if (request->store_dir().empty()) {
-      metrics_->CountSnapshot(status, seconds, response->bytes_written());
-    } else {
-      metrics_->CountStoreSnapshot(status, seconds, response->store());
-    }
+    BackendFor(request->store_dir())
+        .CountCreate(status, absl::ToDoubleSeconds(absl::Now() - start), *response);
     if (!status.ok()) {
       spdlog::warn("snapshot {} of heap {} by {} failed: {}", request->name(), request->heap(),
                    caller.ToString(), status.ToString());
@@ -663,18 +641,8 @@ grpc::Status HeapdService::ListSnapshots(grpc::ServerContext* context,
   return Serve(context, "ListSnapshots", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
-    if (request->store_dir().empty()) {
-      absl::StatusOr<v1::ListSnapshotsResponse> listed =
-          snapshots_->List(SnapshotCallerOf(caller, context), request->target_dir());
-      if (!listed.ok()) return listed.status();
-      *response = *std::move(listed);
-      return absl::OkStatus();
-    }
-    absl::StatusOr<std::vector<v1::SnapshotManifest>> parts =
-        store_snapshots_->List(SnapshotCallerOf(caller, context), request->store_dir(), "");
-    if (!parts.ok()) return parts.status();
-    for (v1::SnapshotManifest& manifest : *parts) *response->add_snapshots() = std::move(manifest);
-    return absl::OkStatus();
+    return BackendFor(request->store_dir())
+        .List(SnapshotCallerOf(caller, context), *request, response);
   });
 }
 
@@ -684,29 +652,9 @@ grpc::Status HeapdService::VerifySnapshot(grpc::ServerContext* context,
   return Serve(context, "VerifySnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
-    if (!request->store_dir().empty()) {
-      absl::StatusOr<std::vector<v1::SnapshotManifest>> parts = store_snapshots_->Verify(
-          SnapshotCallerOf(caller, context),
-          {request->store_dir(), request->name(), request->node(), request->heap()});
-      if (!parts.ok()) return parts.status();
-      // One part: its manifest; several (a job's): the version's name and
-      // their usage added up.
-      *response = parts->front();
-      if (parts->size() > 1) {
-        response->clear_node();
-        response->clear_heap();
-        v1::StoreUsage total;
-        for (const v1::SnapshotManifest& part : *parts) {
-          total.set_logical_bytes(total.logical_bytes() + part.store().logical_bytes());
-          total.set_blocks(total.blocks() + part.store().blocks());
-        }
-        *response->mutable_store() = total;
-      }
-      return absl::OkStatus();
-    }
     absl::StatusOr<v1::SnapshotManifest> manifest =
-        snapshots_->Verify(SnapshotCallerOf(caller, context),
-                           {request->target_dir(), request->name()}, SnapshotBytesAllowed(caller));
+        BackendFor(request->store_dir())
+            .Verify(SnapshotCallerOf(caller, context), *request, SnapshotBytesAllowed(caller));
     if (!manifest.ok()) return manifest.status();
     *response = *std::move(manifest);
     return absl::OkStatus();
@@ -719,26 +667,8 @@ grpc::Status HeapdService::RemoveSnapshot(grpc::ServerContext* context,
   return Serve(context, "RemoveSnapshot", *request, [&](const Caller& caller) -> absl::Status {
     SnapshotCallSlot slot(this, caller);
     if (!slot.status().ok()) return slot.status();
-    if (!request->store_dir().empty()) {
-      absl::StatusOr<StoreSnapshots::Removed> removed = store_snapshots_->Remove(
-          SnapshotCallerOf(caller, context),
-          {request->store_dir(), request->name(), request->node(), request->heap()});
-      if (!removed.ok()) return removed.status();
-      for (const PartRef& part : removed->parts) response->add_removed_parts(part.ToString());
-      response->set_remaining_parts(static_cast<uint32_t>(removed->remaining));
-      spdlog::info("{} part(s) of version {} in {} removed by {}; {} left", removed->parts.size(),
-                   request->name(), request->store_dir(), caller.ToString(), removed->remaining);
-      return absl::OkStatus();
-    }
-    if (absl::Status s = snapshots_->Remove(SnapshotCallerOf(caller, context),
-                                            {request->target_dir(), request->name()});
-        !s.ok()) {
-      return s;
-    }
-    spdlog::info("snapshot {} in {} removed by {}", request->name(),
-                 request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
-                 caller.ToString());
-    return absl::OkStatus();
+    return BackendFor(request->store_dir())
+        .Remove(SnapshotCallerOf(caller, context), caller, *request, response);
   });
 }
 
@@ -764,21 +694,11 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
                                                     : heaps_->HeapBytesLeft(caller.uid));
     // Copied and checked whole with no lock held.
     v1::SnapshotManifest manifest;
-    const SnapshotCaller who = SnapshotCallerOf(caller, context);
+    SnapshotBackend& backend = BackendFor(request->store_dir());
     const std::string building = request->heap().empty() ? "heap" : request->heap();
-    const absl::Time start = absl::Now();
     absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored =
-        request->store_dir().empty()
-            ? snapshots_->Restore(who, {request->target_dir(), request->name()},
-                                  heaps_->heaps_dir(), building, options, &manifest)
-            : store_snapshots_->Restore(who,
-                                        {request->store_dir(), request->name(),
-                                         request->from_node(), request->from_heap()},
-                                        heaps_->heaps_dir(), building, options, &manifest);
-    if (!request->store_dir().empty()) {
-      metrics_->CountStoreRestore(restored.status(), absl::ToDoubleSeconds(absl::Now() - start),
-                                  manifest.store().fetched_blocks());
-    }
+        backend.Restore(SnapshotCallerOf(caller, context), *request, heaps_->heaps_dir(), building,
+                        options, &manifest);
     if (!restored.ok()) return CountIfLimited(restored.status());
     const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
     const HeapConfig& config = (*restored)->config();
@@ -809,18 +729,7 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
         heaps_->AddRestored(*std::move(reserved), **restored);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
-    if (!request->store_dir().empty()) {
-      spdlog::info(
-          "heap {} restored by {} from part {}/{}/{} in {} (epoch {}, owner uid {}, {} blocks "
-          "read from the store)",
-          heap, caller.ToString(), request->name(), manifest.node(), manifest.heap(),
-          request->store_dir(), info->epoch(), config.owner_uid, manifest.store().fetched_blocks());
-      return absl::OkStatus();
-    }
-    spdlog::info("heap {} restored by {} from snapshot {} in {} (epoch {}, owner uid {})", heap,
-                 caller.ToString(), request->name(),
-                 request->target_dir().empty() ? snapshots_->own_dir() : request->target_dir(),
-                 info->epoch(), config.owner_uid);
+    backend.LogRestored(heap, caller, *request, manifest, *info);
     return absl::OkStatus();
   });
 }

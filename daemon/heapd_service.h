@@ -2,7 +2,7 @@
 // learns its caller from the connection (GrpcListener), validates the whole
 // request before it changes anything, checks the caller's permission on the
 // heap, then calls the component that does the work (HeapRegistry,
-// Sessions, SnapshotStore) and converts the result.
+// Sessions, a SnapshotBackend) and converts the result.
 #ifndef HEAPD_DAEMON_HEAPD_SERVICE_H_
 #define HEAPD_DAEMON_HEAPD_SERVICE_H_
 
@@ -22,6 +22,7 @@
 #include "daemon/metrics.h"
 #include "daemon/request_validation.h"
 #include "daemon/sessions.h"
+#include "daemon/snapshot_backends.h"
 #include "proto/heapd.grpc.pb.h"
 #include "snapshot/snapshot_store.h"
 #include "snapshot/store_snapshots.h"
@@ -48,6 +49,8 @@ class HeapdService final : public v1::Heapd::Service {
         snapshots_(snapshots),
         store_snapshots_(store_snapshots),
         metrics_(metrics),
+        directory_snapshots_(snapshots, metrics),
+        store_backend_(store_snapshots, metrics),
         caller_of_(std::move(caller_of)),
         options_(options) {}
 
@@ -133,6 +136,9 @@ class HeapdService final : public v1::Heapd::Service {
   SnapshotCaller SnapshotCallerOf(const Caller& caller, grpc::ServerContext* context) const {
     return {caller.credentials(), IsAdmin(caller), [context] { return context->IsCancelled(); }};
   }
+  // Where a snapshot call with `store_dir` goes (empty: directory
+  // snapshots).
+  SnapshotBackend& BackendFor(const std::string& store_dir);
   // The largest heap a restore or in-place attach may bring for `caller`.
   uint64_t SnapshotBytesAllowed(const Caller& caller) const;
   void FillClient(const Session& session, v1::ClientInfo* info) const;
@@ -145,6 +151,8 @@ class HeapdService final : public v1::Heapd::Service {
   SnapshotStore* const snapshots_;
   StoreSnapshots* const store_snapshots_;
   Metrics* const metrics_;
+  DirectorySnapshots directory_snapshots_;
+  StoreBackend store_backend_;
   const CallerLookup caller_of_;
   const ServiceOptions options_;
 
