@@ -1,5 +1,7 @@
 #include "protocol/proto_convert.h"
 
+#include "allocator/size_class.h"
+
 namespace heapd {
 
 v1::BackingKind ToProto(BackingKind kind) {
