@@ -100,7 +100,7 @@ class FdServerTest : public ::testing::Test {
     return closed_;
   }
 
-  TestDir dir_;
+  TestDir dir_{"/tmp"};  // socket paths must fit 107 bytes
   std::string socket_path_;
   std::atomic<int> redeemed_by_uid_{-1};
   std::atomic<int> ticks_{0};
