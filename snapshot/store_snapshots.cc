@@ -22,9 +22,9 @@
 #include "heap/data_file.h"
 #include "heap/heap_name.h"
 #include "snapshot/block_store.h"
-#include "util/dir_files.h"
 #include "snapshot/snapshot_format.h"
 #include "snapshot/version_store.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 #include "util/run_workers.h"
 
