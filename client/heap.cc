@@ -124,9 +124,9 @@ HeapImpl::HeapImpl(std::unique_ptr<SessionCalls> calls, std::string name,
       read_only_(options.read_only),
       session_(session),
       lease_batch_(std::max<uint32_t>(options.lease_batch, 1)),
-      free_batch_(std::max<uint32_t>(options.free_batch, 1)),
       serial_(next_serial.fetch_add(1)),
       data_fd_(data_fd),
+      frees_(options.free_batch),
       next_reserve_chunks_(kFirstReserveChunks) {}
 
 absl::StatusOr<std::unique_ptr<Heap>> HeapImpl::Start(std::unique_ptr<SessionCalls> calls,
@@ -206,8 +206,9 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
   lifeline_fd_ = calls_->lifeline();
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
-  absl::MutexLock lock(&prefetched_mu_);
-  for (const v1::NameEntry& entry : attached.found()) prefetched_[entry.name()] = FromProto(entry);
+  std::vector<NameEntry> found;
+  for (const v1::NameEntry& entry : attached.found()) found.push_back(FromProto(entry));
+  prefetched_.Put(std::move(found));
   return absl::OkStatus();
 }
 
@@ -452,11 +453,7 @@ absl::Status HeapImpl::WithReserveBack(const std::function<absl::Status()>& call
   if (status.code() != absl::StatusCode::kResourceExhausted) return status;
   // What this process freed and has not told heapd of yet, and the reserve
   // it holds unused, may be what the call needs.
-  bool pending;
-  {
-    absl::MutexLock lock(&frees_mu_);
-    pending = !pending_frees_.empty();
-  }
+  const bool pending = !frees_.empty();
   // Both are tried: each may free what the other cannot.
   const bool flushed = pending && FlushFrees().ok();
   const bool returned = ReturnReserve();
@@ -543,14 +540,7 @@ absl::Status HeapImpl::deallocate(void* p, uint64_t size_hint) {
   object.set_offset(offset);
   object.set_size(size_hint);
   if (size_hint > kMaxSmallSize) return FreeRemotely({object});
-  std::vector<v1::ObjectRef> batch;
-  {
-    absl::MutexLock lock(&frees_mu_);
-    pending_frees_.push_back(object);
-    if (pending_frees_.size() < free_batch_) return absl::OkStatus();
-    batch.swap(pending_frees_);
-  }
-  return FreeRemotely(std::move(batch));  // outside the lock: other threads queue on
+  return FreeRemotely(frees_.Add(std::move(object)));
 }
 
 absl::Status HeapImpl::FreeRemotely(std::vector<v1::ObjectRef> objects) {
@@ -574,14 +564,7 @@ absl::Status HeapImpl::FreeRemotely(std::vector<v1::ObjectRef> objects) {
   return first;
 }
 
-absl::Status HeapImpl::FlushFrees() {
-  std::vector<v1::ObjectRef> batch;
-  {
-    absl::MutexLock lock(&frees_mu_);
-    batch.swap(pending_frees_);
-  }
-  return FreeRemotely(std::move(batch));
-}
+absl::Status HeapImpl::FlushFrees() { return FreeRemotely(frees_.TakeAll()); }
 
 absl::Status HeapImpl::SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent,
                                         const std::vector<LargePlacement>& placed,
@@ -810,10 +793,7 @@ absl::Status HeapImpl::Bind(const std::string& name, const void* object, uint64_
 }
 
 absl::StatusOr<Heap::Named> HeapImpl::Remove(const std::string& name) {
-  {
-    absl::MutexLock lock(&prefetched_mu_);
-    prefetched_.erase(name);
-  }
+  prefetched_.Forget(name);
   v1::UnbindRequest request;
   request.set_session(session_);
   request.set_name(name);
@@ -851,17 +831,11 @@ absl::StatusOr<void*> HeapImpl::Find(const std::string& name, const std::string&
 
 absl::StatusOr<NameEntry> HeapImpl::EntryOf(const std::string& name) {
   if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
+  std::optional<NameEntry> prefetched = prefetched_.Take(name);
   NameEntry entry;
-  bool prefetched = false;
-  {
-    absl::MutexLock lock(&prefetched_mu_);
-    if (auto it = prefetched_.find(name); it != prefetched_.end()) {
-      entry = std::move(it->second);  // as of attach; used once
-      prefetched_.erase(it);
-      prefetched = true;
-    }
-  }
-  if (!prefetched) {
+  if (prefetched.has_value()) {
+    entry = *std::move(prefetched);
+  } else {
     absl::StatusOr<NameEntry> found = calls_->Lookup(name);
     if (!found.ok()) return found.status();
     entry = *std::move(found);

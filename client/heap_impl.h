@@ -36,7 +36,9 @@
 #include "absl/types/span.h"
 #include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
+#include "client/free_batch.h"
 #include "client/growth_fault_handler.h"
+#include "client/prefetched_names.h"
 #include "client/session_calls.h"
 #include "client/spin_lock.h"
 #include "client/write_tracker.h"
@@ -133,7 +135,7 @@ class HeapImpl final : public Heap {
   // `call()`, and once more if the heap was full and ReturnReserve gave
   // heapd something back.
   absl::Status WithReserveBack(const std::function<absl::Status()>& call)
-      ABSL_LOCKS_EXCLUDED(large_mu_, frees_mu_);
+      ABSL_LOCKS_EXCLUDED(large_mu_);
   // One part of a sync (more=true) that tells heapd of carved objects and
   // released runs, taken at once (ChunkDirectory::TellReserve).
   absl::Status TellReserve(absl::Span<const LargePlacement> placed,
@@ -173,7 +175,6 @@ class HeapImpl final : public Heap {
   const bool read_only_;
   const uint64_t session_;
   const uint32_t lease_batch_;
-  const size_t free_batch_;
   const uint64_t serial_;  // tells heaps apart in thread-local lookups
   const int data_fd_;
   // The session's lifeline (its heapd.fd.sock connection), as Start saw it:
@@ -209,8 +210,8 @@ class HeapImpl final : public Heap {
   absl::Mutex deferred_mu_;
   absl::Status deferred_error_ ABSL_GUARDED_BY(deferred_mu_);
 
-  absl::Mutex frees_mu_;
-  std::vector<v1::ObjectRef> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
+  // Frees of other processes' objects, sent to heapd in batches.
+  FreeBatch frees_;
 
   // Chunks reserved for large objects; held across the call that tops the
   // reserve up. Taken after sync_mu_.
@@ -219,8 +220,7 @@ class HeapImpl final : public Heap {
   uint32_t next_reserve_chunks_ ABSL_GUARDED_BY(large_mu_);
 
   // Names looked up at attach, served by Find without a call.
-  absl::Mutex prefetched_mu_;
-  std::map<std::string, NameEntry> prefetched_ ABSL_GUARDED_BY(prefetched_mu_);
+  PrefetchedNames prefetched_;
 };
 
 }  // namespace heapd
