@@ -54,14 +54,28 @@ void LogRejectedFrees(const Session& session, const std::vector<std::string>& re
 }  // namespace
 
 Sessions::Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics)
-    : table_(token_lifetime, max_per_user), metrics_(metrics), reaper_([this] { Reap(); }) {}
+    : table_(token_lifetime, max_per_user), metrics_(metrics) {
+  for (int i = 0; i < kReapers; ++i) reapers_.emplace_back([this] { Reap(); });
+}
 
 Sessions::~Sessions() {
   {
     absl::MutexLock lock(&reaper_mu_);
     stopping_ = true;
   }
-  reaper_.join();
+  for (std::thread& reaper : reapers_) reaper.join();
+}
+
+bool Sessions::TakeReapableLocked(Ending* ending) {
+  for (auto it = to_end_.begin(); it != to_end_.end(); ++it) {
+    const std::string& heap = it->session->heap->name;
+    if (reaping_.contains(heap)) continue;
+    reaping_.insert(heap);
+    *ending = std::move(*it);
+    to_end_.erase(it);
+    return true;
+  }
+  return false;
 }
 
 void Sessions::Reap() {
@@ -69,14 +83,18 @@ void Sessions::Reap() {
     Ending ending;
     {
       absl::MutexLock lock(&reaper_mu_);
+      // Woken by every change of to_end_ or reaping_: absl re-evaluates
+      // conditions whenever the lock is released.
       reaper_mu_.Await(absl::Condition(
           +[](Sessions* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->reaper_mu_) {
-            return self->stopping_ || !self->to_end_.empty();
+            if (self->stopping_ && self->to_end_.empty()) return true;
+            for (const Ending& queued : self->to_end_) {
+              if (!self->reaping_.contains(queued.session->heap->name)) return true;
+            }
+            return false;
           },
           this));
-      if (to_end_.empty()) return;  // stopping, and nothing left to end
-      ending = std::move(to_end_.front());
-      to_end_.pop_front();
+      if (!TakeReapableLocked(&ending)) return;  // stopping, and nothing left to end
     }
     End(ending.session, ending.reason, ending.why);
     // Let go before the session stops counting: a heap removed once it
@@ -84,6 +102,10 @@ void Sessions::Reap() {
     // which the ends of every heap's dead sessions wait for.
     const std::string heap = ending.session->heap->name;
     ending.session.reset();
+    {
+      absl::MutexLock lock(&reaper_mu_);
+      reaping_.erase(heap);
+    }
     Ended(heap);
   }
 }

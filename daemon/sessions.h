@@ -15,8 +15,11 @@
 //   freed, frees queued for it are resolved (allocator/chunk_directory.h).
 //
 // The fd server's thread must never wait: it only queues the ends it
-// notices (ConnectionClosed, ExpireTokens) for the reaper thread, which may
-// wait for a session busy in a sync. Redeem and Lookup take only brief,
+// notices (ConnectionClosed, ExpireTokens) for the reapers, which may wait
+// for a session busy in a sync. Ends are reaped per heap: one heap's at a
+// time, in the order they came, on a few threads, so that a long rollback
+// of one heap's dead session (every page it wrote put back) does not hold
+// up the ends on other heaps. Redeem and Lookup take only brief,
 // I/O-free locks (the session table, the heap's state lock).
 //
 // Lock order: Session::mu, then the heap's locks (heap/heap.h); the session
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -49,8 +53,11 @@ namespace heapd {
 
 class Sessions {
  public:
+  // Threads that end sessions heapd noticed (at most one per heap at once).
+  static constexpr int kReapers = 4;
+
   Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics);
-  // Ends the sessions queued for the reaper, then stops it.
+  // Ends the sessions queued for the reapers, then stops them.
   ~Sessions();
   Sessions(const Sessions&) = delete;
   Sessions& operator=(const Sessions&) = delete;
@@ -138,13 +145,23 @@ class Sessions {
   size_t CountOn(absl::string_view heap_name) const;
 
  private:
+  // A session's end queued for the reapers.
+  struct Ending {
+    std::shared_ptr<Session> session;
+    const char* reason = nullptr;
+    const char* why = nullptr;
+  };
   // Runs `body` on session `id` of `caller` under the session's lock, and
   // logs a data file repair it caused.
   absl::Status OnSession(uint64_t id, const Caller& caller,
                          const std::function<absl::Status(Session&)>& body);
   // Ends `session` (reclaims it); `reason` is one of kReclaimReasons.
   void End(const std::shared_ptr<Session>& session, const char* reason, const char* why);
+  // A reaper's loop: ends queued sessions of heaps no other reaper is
+  // ending one of, until stopping with none left.
   void Reap();
+  // Takes the first queued end of a heap no reaper is ending one of.
+  bool TakeReapableLocked(Ending* ending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper_mu_);
   // Takes session `id` out of the table (null if already taken) to end it:
   // it counts among its heap's clients (CountOn) until Ended.
   std::shared_ptr<Session> TakeToEnd(ClientId id) ABSL_LOCKS_EXCLUDED(reaper_mu_);
@@ -156,11 +173,6 @@ class Sessions {
   SessionTable table_;
   Metrics* const metrics_;
 
-  struct Ending {
-    std::shared_ptr<Session> session;
-    const char* reason;
-    const char* why;
-  };
   // Lock order: reaper_mu_, then the session table's lock. A session that
   // leaves the table enters `ending_on_` under reaper_mu_ (TakeToEnd) and
   // leaves it only after its end (Ended), so CountOn never misses it.
@@ -169,8 +181,10 @@ class Sessions {
   // Heap name -> sessions on it being ended (queued for the reaper, or
   // ending in a call).
   absl::flat_hash_map<std::string, size_t> ending_on_ ABSL_GUARDED_BY(reaper_mu_);
+  // Heaps a reaper is ending a session of now.
+  absl::flat_hash_set<std::string> reaping_ ABSL_GUARDED_BY(reaper_mu_);
   bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
-  std::thread reaper_;
+  std::vector<std::thread> reapers_;
 };
 
 }  // namespace heapd

@@ -140,5 +140,37 @@ TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
   EXPECT_EQ(sessions_.Redeem(started->token, kAlice).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Ends are reaped per heap: a session whose end waits (here: its lock held,
+// as a long rollback would hold it) delays the ends on its own heap only.
+TEST_F(SessionsTest, AnEndThatWaitsHoldsUpItsOwnHeapOnly) {
+  HeapConfig config;
+  config.max_size = 64 << 20;
+  config.owner_uid = kAlice.uid;
+  auto reserved = registry_->Reserve("g", kAlice.uid, config.max_size);
+  ASSERT_TRUE(reserved.ok());
+  auto other = registry_->Create(*std::move(reserved), config);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto slow = sessions_.Start(heap_, kAlice, /*read_only=*/false);
+  auto queued = sessions_.Start(heap_, kAlice, /*read_only=*/false);
+  auto elsewhere = sessions_.Start(*other, kAlice, /*read_only=*/false);
+  ASSERT_TRUE(slow.ok() && queued.ok() && elsewhere.ok());
+  ASSERT_TRUE(sessions_.LeaseAtStart(elsewhere->session, {{0, 1}}).ok());
+  const ClientId elsewhere_id = elsewhere->session->id;
+  {
+    absl::MutexLock busy(&slow->session->mu);
+    sessions_.ConnectionClosed(slow->session->id);
+    sessions_.ConnectionClosed(queued->session->id);
+    sessions_.ConnectionClosed(elsewhere_id);
+    for (int i = 0; i < 2000 && sessions_.CountOn("g") != 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(sessions_.CountOn("g"), 0u) << "heap g's end waited for heap h's";
+    EXPECT_EQ((*other)->heap->LeaseCount(elsewhere_id), 0u);
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_EQ(sessions_.CountOn("h"), 2u) << "heap h's second end passed its first";
+  }
+  EXPECT_EQ(ClientsOnceEndsAreDone(), 0u);
+}
+
 }  // namespace
 }  // namespace heapd
