@@ -55,7 +55,12 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Create(const std::string& pa
 }
 
 absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  return OpenAt(AT_FDCWD, path, path);
+}
+
+absl::StatusOr<std::unique_ptr<DataFile>> DataFile::OpenAt(int dir, const std::string& name,
+                                                           const std::string& path) {
+  const int fd = openat(dir, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open data file ", path));
   struct stat st;
   const int err = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;

@@ -31,6 +31,10 @@ class DataFile {
   static absl::StatusOr<std::unique_ptr<DataFile>> Create(const std::string& path, uint64_t size);
   // Opens an existing data file for reading and writing.
   static absl::StatusOr<std::unique_ptr<DataFile>> Open(const std::string& path);
+  // Opens the existing data file `name` in the directory `dir` (never
+  // through a symlink); `path` names it in messages.
+  static absl::StatusOr<std::unique_ptr<DataFile>> OpenAt(int dir, const std::string& name,
+                                                          const std::string& path);
   // Takes `fd`, an open regular file of `size` bytes named `label` in
   // errors (a snapshot's data, read-only): no growth, no repair.
   static absl::StatusOr<std::unique_ptr<DataFile>> Adopt(const std::string& label, int fd,

@@ -118,8 +118,11 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
 
 absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::string& dir,
                                                                      HeapOptions options) {
+  // The heap's files are reached through this descriptor from here on.
+  UniqueFd dir_fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir_fd.valid()) return ErrnoStatus(errno, absl::StrCat("open heap directory ", dir));
   const std::string lock_path = absl::StrCat(dir, "/", kLockFileName);
-  UniqueFd lock_fd(open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  UniqueFd lock_fd(openat(dir_fd.get(), kLockFileName, O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!lock_fd.valid()) return ErrnoStatus(errno, absl::StrCat("open heap lock ", lock_path));
   if (flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
@@ -128,16 +131,19 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
     }
     return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
   }
+  UniqueFd metadata_dir(fcntl(dir_fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!metadata_dir.valid()) return ErrnoStatus(errno, absl::StrCat("duplicate the fd of ", dir));
   RecoveredMetadata recovered;
   absl::StatusOr<std::unique_ptr<MetadataStore>> store =
-      MetadataStore::Open(dir, &recovered, options.checkpoint_log_bytes);
+      MetadataStore::OpenAt(std::move(metadata_dir), dir, &recovered, options.checkpoint_log_bytes);
   if (!store.ok()) return store.status();
   absl::StatusOr<std::unique_ptr<DataFile>> data =
-      DataFile::Open(absl::StrCat(dir, "/", kDataFileName));
+      DataFile::OpenAt(dir_fd.get(), kDataFileName, absl::StrCat(dir, "/", kDataFileName));
   if (!data.ok()) return data.status();
   const uint64_t log_bytes = (*store)->log_bytes();
   const int64_t committed_unix_ns = (*store)->recovered_commit_unix_ns();
   std::unique_ptr<PersistentHeap> heap(new PersistentHeap(dir, recovered.state.config, options));
+  heap->dir_fd_ = std::move(dir_fd);
   heap->lock_fd_ = std::move(lock_fd);  // closing it releases the lock
   heap->data_ = *std::move(data);
   heap->store_ = *std::move(store);
@@ -152,7 +158,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
   const bool track = ContentRollbackNote(heap->data_->backing(), options.track_contents).empty();
   const std::string undo_dir = absl::StrCat(dir, "/", kUndoDirName);
   struct stat undo_st;
-  if (track || lstat(undo_dir.c_str(), &undo_st) == 0) {
+  if (track || fstatat(heap->dir_fd_.get(), kUndoDirName, &undo_st, AT_SYMLINK_NOFOLLOW) == 0) {
     absl::StatusOr<std::unique_ptr<ContentUndo>> undo =
         ContentUndo::Open(undo_dir, heap->data_.get(), heap->epoch_, &heap->recovered_);
     if (!undo.ok()) return undo.status();
@@ -258,9 +264,9 @@ absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
     if (fd < 0) return ErrnoStatus(errno, absl::StrCat("duplicate the fd of ", data_->path()));
     return fd;
   }
-  const std::string path = absl::StrCat(dir_, "/", kDataFileName);
-  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  const int fd =
+      openat(dir_fd_.get(), kDataFileName, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir_, "/", kDataFileName));
   return fd;
 }
 

@@ -337,6 +337,9 @@ class PersistentHeap {
   const std::string dir_;
   const HeapConfig config_;
   const HeapOptions options_;
+  // The heap's directory, opened once: its files are reached through it
+  // (but content undo's journals, by path). None for a snapshot.
+  UniqueFd dir_fd_;
   UniqueFd lock_fd_;                // flocked while the heap is open; none for a snapshot
   std::unique_ptr<DataFile> data_;  // set at open; the file's size under grow_mu_
 

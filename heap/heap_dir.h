@@ -29,6 +29,8 @@ inline constexpr char kDataFileName[] = "data";
 inline constexpr char kLockFileName[] = "lock";
 inline constexpr char kCheckpointFileName[] = "checkpoint";
 inline constexpr char kUndoDirName[] = "undo";
+// Most entries a heap directory is read with (it holds a handful).
+inline constexpr size_t kMaxHeapDirEntries = size_t{1} << 16;
 
 // "log.G".
 std::string LogFileName(uint64_t generation);

@@ -1,6 +1,5 @@
 #include "heap/metadata_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include "heap/data_file.h"
 #include "heap/fault_point.h"
 #include "heap/heap_dir.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 
 namespace heapd {
@@ -53,24 +53,20 @@ bool FrameStartsAfter(absl::string_view bytes, size_t pos, absl::string_view fil
   return false;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open metadata file ", path));
-  std::string bytes;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return ErrnoStatus(err, absl::StrCat("read metadata file ", path));
-    }
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
-  return bytes;
+// The whole of the file `name` in the directory `dir` (`dir_path` names it
+// in messages): NOT_FOUND if it does not exist.
+absl::StatusOr<std::string> ReadFileIn(int dir, const std::string& dir_path,
+                                       const std::string& name) {
+  absl::StatusOr<std::string> bytes = ReadFileAt(dir, name, UINT64_MAX);
+  if (bytes.ok()) return bytes;
+  return absl::Status(bytes.status().code(), absl::StrCat("read metadata file ", dir_path, "/",
+                                                          name, ": ", bytes.status().message()));
+}
+
+absl::StatusOr<UniqueFd> OpenMetadataDirectory(const std::string& dir) {
+  UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open directory ", dir));
+  return fd;
 }
 
 }  // namespace
@@ -85,30 +81,32 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+absl::Status WriteFileAtomically(int dir, const std::string& dir_path, const std::string& name,
                                  const std::string& bytes, const char* fault_prefix) {
-  const std::string path = absl::StrCat(dir, "/", name);
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
-  absl::Status status = WriteWithTornPoint(fd, bytes, absl::StrCat("write ", tmp),
+  const std::string tmp = name + ".tmp";
+  const std::string tmp_path = absl::StrCat(dir_path, "/", tmp);
+  const int fd =
+      openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp_path));
+  absl::Status status = WriteWithTornPoint(fd, bytes, absl::StrCat("write ", tmp_path),
                                            absl::StrCat(fault_prefix, ".torn").c_str());
-  if (status.ok() && fsync(fd) != 0) status = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
+  if (status.ok() && fsync(fd) != 0) status = ErrnoStatus(errno, absl::StrCat("fsync ", tmp_path));
   close(fd);
   if (status.ok()) FaultPoint(absl::StrCat(fault_prefix, ".before_rename").c_str());
-  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    status = ErrnoStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  if (status.ok() && renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
+    status = ErrnoStatus(errno, absl::StrCat("rename ", tmp_path, " to ", name));
   }
   if (!status.ok()) {
-    unlink(tmp.c_str());
+    unlinkat(dir, tmp.c_str(), 0);
     return status;
   }
   FaultPoint(absl::StrCat(fault_prefix, ".after_rename").c_str());
-  return SyncDirectory(dir);
+  if (fsync(dir) != 0) return ErrnoStatus(errno, absl::StrCat("fsync directory ", dir_path));
+  return absl::OkStatus();
 }
 
 std::string MetadataStore::LogPath(uint64_t generation) const {
-  return absl::StrCat(dir_, "/", LogFileName(generation));
+  return absl::StrCat(dir_path_, "/", LogFileName(generation));
 }
 
 MetadataStore::~MetadataStore() {
@@ -116,22 +114,31 @@ MetadataStore::~MetadataStore() {
 }
 
 absl::Status MetadataStore::OpenLog(bool create) {
-  const std::string path = LogPath(generation_);
-  const int flags = O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : O_CREAT);
-  const int fd = open(path.c_str(), flags, 0600);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open metadata log ", path));
+  const int flags = O_WRONLY | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_TRUNC : O_CREAT);
+  const int fd = openat(dir_.get(), LogFileName(generation_).c_str(), flags, 0600);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open metadata log ", LogPath(generation_)));
   if (log_fd_ >= 0) close(log_fd_);
   log_fd_ = fd;
   if (create) {
     log_bytes_ = 0;
-    return SyncDirectory(dir_);
+    if (fsync(dir_.get()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("fsync directory ", dir_path_));
+    }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Create(const std::string& dir,
                                                                      const Checkpoint& initial) {
-  std::unique_ptr<MetadataStore> store(new MetadataStore(dir, 0));
+  absl::StatusOr<UniqueFd> fd = OpenMetadataDirectory(dir);
+  if (!fd.ok()) return fd.status();
+  return CreateAt(*std::move(fd), dir, initial);
+}
+
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::CreateAt(UniqueFd dir,
+                                                                       std::string dir_path,
+                                                                       const Checkpoint& initial) {
+  std::unique_ptr<MetadataStore> store(new MetadataStore(std::move(dir), std::move(dir_path), 0));
   if (absl::Status s = store->WriteCheckpoint(initial); !s.ok()) return s;
   return store;
 }
@@ -201,19 +208,31 @@ absl::StatusOr<RecoveredMetadata> RecoverMetadata(absl::string_view checkpoint_b
 absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& dir,
                                                                    RecoveredMetadata* recovered,
                                                                    uint64_t checkpoint_log_bytes) {
-  const std::string checkpoint_path = absl::StrCat(dir, "/", kCheckpointFileName);
-  absl::StatusOr<std::string> checkpoint_bytes = ReadFile(checkpoint_path);
+  absl::StatusOr<UniqueFd> fd = OpenMetadataDirectory(dir);
+  if (!fd.ok()) return fd.status();
+  return OpenAt(*std::move(fd), dir, recovered, checkpoint_log_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::OpenAt(
+    UniqueFd dir, std::string dir_path, RecoveredMetadata* recovered,
+    uint64_t checkpoint_log_bytes) {
+  const std::string checkpoint_path = absl::StrCat(dir_path, "/", kCheckpointFileName);
+  absl::StatusOr<std::string> checkpoint_bytes =
+      ReadFileIn(dir.get(), dir_path, kCheckpointFileName);
   if (!checkpoint_bytes.ok()) return checkpoint_bytes.status();
   absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpointFile(*checkpoint_bytes, checkpoint_path);
   if (!checkpoint.ok()) return checkpoint.status();
-  std::unique_ptr<MetadataStore> store(new MetadataStore(dir, checkpoint->log_generation));
+  std::unique_ptr<MetadataStore> store(
+      new MetadataStore(std::move(dir), std::move(dir_path), checkpoint->log_generation));
+  const int dir_fd = store->dir_.get();
   store->checkpoint_bytes_ = checkpoint_bytes->size();
   store->checkpoint_log_bytes_ = checkpoint_log_bytes;
 
   // A missing log is an empty one (a crash right after the checkpoint's
   // rename).
+  const std::string log_name = LogFileName(store->generation_);
   const std::string log_path = store->LogPath(store->generation_);
-  absl::StatusOr<std::string> log = ReadFile(log_path);
+  absl::StatusOr<std::string> log = ReadFileIn(dir_fd, store->dir_path_, log_name);
   if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
   const std::string log_bytes = log.ok() ? *std::move(log) : std::string();
   absl::StatusOr<RecoveredMetadata> state =
@@ -222,7 +241,8 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::st
   *recovered = *std::move(state);
   const size_t pos = log_bytes.size() - recovered->torn_bytes;
   struct stat st;
-  if (stat(pos > 0 ? log_path.c_str() : checkpoint_path.c_str(), &st) == 0) {
+  if (fstatat(dir_fd, pos > 0 ? log_name.c_str() : kCheckpointFileName, &st, AT_SYMLINK_NOFOLLOW) ==
+      0) {
     store->recovered_commit_unix_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   }
 
@@ -237,15 +257,15 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::st
     return ErrnoStatus(errno, absl::StrCat("seek in ", log_path));
   }
   // Leftovers of an interrupted checkpoint: older logs and a temporary file.
-  unlink(absl::StrCat(checkpoint_path, ".tmp").c_str());
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* entry = readdir(d)) {
-      const std::optional<uint64_t> generation = LogGeneration(entry->d_name);
+  unlinkat(dir_fd, absl::StrCat(kCheckpointFileName, ".tmp").c_str(), 0);
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(dir_fd, kMaxHeapDirEntries);
+  if (names.ok()) {
+    for (const std::string& name : *names) {
+      const std::optional<uint64_t> generation = LogGeneration(name);
       if (generation.has_value() && *generation != store->generation_) {
-        unlinkat(dirfd(d), entry->d_name, 0);
+        unlinkat(dir_fd, name.c_str(), 0);
       }
     }
-    closedir(d);
   }
   return store;
 }
@@ -276,7 +296,8 @@ absl::Status MetadataStore::Append(const EpochRecord& record) {
 absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
   checkpoint.log_generation = generation_ + 1;
   const std::string bytes = EncodeCheckpoint(checkpoint);
-  if (absl::Status s = WriteFileAtomically(dir_, kCheckpointFileName, bytes, "checkpoint");
+  if (absl::Status s =
+          WriteFileAtomically(dir_.get(), dir_path_, kCheckpointFileName, bytes, "checkpoint");
       !s.ok()) {
     return s;
   }
@@ -285,16 +306,16 @@ absl::Status MetadataStore::WriteCheckpoint(Checkpoint checkpoint) {
   generation_ = checkpoint.log_generation;
   if (absl::Status s = OpenLog(/*create=*/true); !s.ok()) return s;
   FaultPoint("checkpoint.new_log");
-  if (old_generation > 0) unlink(LogPath(old_generation).c_str());
+  if (old_generation > 0) unlinkat(dir_.get(), LogFileName(old_generation).c_str(), 0);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::map<std::string, std::string>> MetadataStore::ReadCommittedFiles() const {
   std::map<std::string, std::string> files;
-  absl::StatusOr<std::string> checkpoint = ReadFile(absl::StrCat(dir_, "/", kCheckpointFileName));
+  absl::StatusOr<std::string> checkpoint = ReadFileIn(dir_.get(), dir_path_, kCheckpointFileName);
   if (!checkpoint.ok()) return checkpoint.status();
   files[kCheckpointFileName] = *std::move(checkpoint);
-  absl::StatusOr<std::string> log = ReadFile(LogPath(generation_));
+  absl::StatusOr<std::string> log = ReadFileIn(dir_.get(), dir_path_, LogFileName(generation_));
   if (!log.ok() && log.status().code() != absl::StatusCode::kNotFound) return log.status();
   files[LogFileName(generation_)] = log.ok() ? *std::move(log) : std::string();
   return files;

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "heap/metadata_format.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
@@ -62,13 +63,20 @@ class MetadataStore {
   // replaces it.
   static constexpr uint64_t kDefaultCheckpointLogBytes = 8 << 20;
 
-  // Writes the first checkpoint of a new heap into `dir` (which exists).
+  // Writes the first checkpoint of a new heap into the directory `dir`
+  // (opened by the store, or given open; `dir_path` names it in messages).
+  // The store reaches its files through that descriptor only.
   static absl::StatusOr<std::unique_ptr<MetadataStore>> Create(const std::string& dir,
                                                                const Checkpoint& initial);
+  static absl::StatusOr<std::unique_ptr<MetadataStore>> CreateAt(UniqueFd dir, std::string dir_path,
+                                                                 const Checkpoint& initial);
 
-  // Recovers the metadata in `dir`.
+  // Recovers the metadata in the directory `dir`, as Create takes it.
   static absl::StatusOr<std::unique_ptr<MetadataStore>> Open(
       const std::string& dir, RecoveredMetadata* recovered,
+      uint64_t checkpoint_log_bytes = kDefaultCheckpointLogBytes);
+  static absl::StatusOr<std::unique_ptr<MetadataStore>> OpenAt(
+      UniqueFd dir, std::string dir_path, RecoveredMetadata* recovered,
       uint64_t checkpoint_log_bytes = kDefaultCheckpointLogBytes);
 
   ~MetadataStore();
@@ -98,12 +106,14 @@ class MetadataStore {
   absl::StatusOr<std::map<std::string, std::string>> ReadCommittedFiles() const;
 
  private:
-  MetadataStore(std::string dir, uint64_t generation)
-      : dir_(std::move(dir)), generation_(generation) {}
+  MetadataStore(UniqueFd dir, std::string dir_path, uint64_t generation)
+      : dir_(std::move(dir)), dir_path_(std::move(dir_path)), generation_(generation) {}
+  // The path of log generation `generation`, for messages.
   std::string LogPath(uint64_t generation) const;
   absl::Status OpenLog(bool create);
 
-  std::string dir_;
+  const UniqueFd dir_;
+  const std::string dir_path_;  // for messages
   uint64_t generation_;
   int log_fd_ = -1;
   uint64_t log_bytes_ = 0;
@@ -112,10 +122,11 @@ class MetadataStore {
   int64_t recovered_commit_unix_ns_ = 0;
 };
 
-// Writes `bytes` to `dir`/`name` via a temporary file, fsyncs it, renames it
-// into place and fsyncs `dir`. On failure the temporary file is removed.
-// `fault_prefix` names its fault points.
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+// Writes `bytes` to `name` in the directory `dir` (`dir_path` in messages)
+// via a temporary file, fsyncs it, renames it into place and fsyncs the
+// directory. On failure the temporary file is removed. `fault_prefix`
+// names its fault points.
+absl::Status WriteFileAtomically(int dir, const std::string& dir_path, const std::string& name,
                                  const std::string& bytes, const char* fault_prefix);
 
 // Fsyncs the directory `dir` (to make renames and creations durable).
