@@ -1,6 +1,5 @@
 #include "heap/content_undo.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "allocator/size_class.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 
 namespace heapd {
@@ -28,6 +28,9 @@ constexpr char kHeapJournal[] = "heap.undo";
 constexpr char kSessionPrefix[] = "session-";
 constexpr char kSuffix[] = ".undo";
 constexpr char kRewriteSuffix[] = ".new";  // heap.undo being rewritten
+// Most entries the undo directory is read with: heap.undo and a journal
+// per session alive when heapd stopped.
+constexpr size_t kMaxUndoDirEntries = size_t{1} << 22;
 
 uint64_t MonotonicNs() {
   timespec now;
@@ -103,8 +106,8 @@ uint64_t PunchedPrefix(int fd) {
 
 }  // namespace
 
-ContentUndo::ContentUndo(std::string dir, const DataFile* data)
-    : dir_(std::move(dir)), data_(data), changes_source_([] {
+ContentUndo::ContentUndo(UniqueFd dir_fd, std::string dir, const DataFile* data)
+    : dir_fd_(std::move(dir_fd)), dir_(std::move(dir)), data_(data), changes_source_([] {
         absl::BitGen random;
         return absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16),
                             absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16));
@@ -117,41 +120,46 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string
   if (mkdir(undo_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("create ", undo_dir));
   }
+  // Its files are reached through this descriptor from here on.
+  UniqueFd dir_fd(open(undo_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   struct stat st;
-  if (lstat(undo_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+  if (!dir_fd.valid() || fstat(dir_fd.get(), &st) != 0 || st.st_uid != geteuid()) {
     return absl::FailedPreconditionError(
         absl::StrCat(undo_dir, " is not a directory of heapd's own"));
   }
-  std::unique_ptr<ContentUndo> undo(new ContentUndo(undo_dir, data));
+  std::unique_ptr<ContentUndo> undo(new ContentUndo(std::move(dir_fd), undo_dir, data));
+  const int dir = undo->dir_fd_.get();
   absl::MutexLock lock(&undo->mu_);
   undo->committed_epoch_ = epoch;
   undo->compact_at_bytes_ = compact_at_bytes;
   const std::string heap_path = absl::StrCat(undo_dir, "/", kHeapJournal);
   // A rewrite that a crash interrupted: heap.undo is still whole.
-  unlink(absl::StrCat(heap_path, kRewriteSuffix).c_str());
+  unlinkat(dir, absl::StrCat(kHeapJournal, kRewriteSuffix).c_str(), 0);
   undo->heap_journal_.reset(
-      open(heap_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+      openat(dir, kHeapJournal, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!undo->heap_journal_.valid()) return ErrnoStatus(errno, absl::StrCat("open ", heap_path));
   // heap.undo first: its generation ends decide which pre-images are void.
   Journal heap_journal;
   heap_journal.fd.reset(dup(undo->heap_journal_.get()));
   undo->RefreshLocked(0, heap_journal);
-  DIR* dir = opendir(undo_dir.c_str());
-  if (dir == nullptr) return ErrnoStatus(errno, absl::StrCat("list ", undo_dir));
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(dir, kMaxUndoDirEntries);
+  if (!names.ok()) {
+    return absl::Status(names.status().code(),
+                        absl::StrCat("list ", undo_dir, ": ", names.status().message()));
+  }
   std::vector<ClientId> sessions;
-  while (dirent* entry = readdir(dir)) {
-    absl::string_view name = entry->d_name;
+  for (const std::string& entry : *names) {
+    absl::string_view name = entry;
     uint64_t id;
     if (absl::ConsumePrefix(&name, kSessionPrefix) && absl::ConsumeSuffix(&name, kSuffix) &&
         absl::SimpleAtoi(name, &id) && id != 0) {
       sessions.push_back(id);
     }
   }
-  closedir(dir);
   for (ClientId id : sessions) {
-    const std::string path = undo->JournalPath(id);
     Journal journal;
-    journal.fd.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    journal.fd.reset(
+        openat(dir, JournalName(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
     if (!journal.fd.valid()) continue;
     // Its void pre-images were punched out (Committed): they read as zeros
     // up to the first record that was not, whose magic starts nonzero.
@@ -164,8 +172,12 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string
   return undo;
 }
 
+std::string ContentUndo::JournalName(ClientId session) {
+  return absl::StrCat(kSessionPrefix, session, kSuffix);
+}
+
 std::string ContentUndo::JournalPath(ClientId session) const {
-  return absl::StrCat(dir_, "/", kSessionPrefix, session, kSuffix);
+  return absl::StrCat(dir_, "/", JournalName(session));
 }
 
 absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
@@ -173,16 +185,16 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
   // rollbacks hold mu_ across I/O. The journal joins journals_ at the next
   // call that takes mu_ (AdoptNewJournalsLocked); its client cannot have
   // written to it before it has the descriptor returned here.
-  const std::string path = JournalPath(session);
-  UniqueFd fd(
-      open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
+  const std::string name = JournalName(session);
+  UniqueFd fd(openat(dir_fd_.get(), name.c_str(),
+                     O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", JournalPath(session)));
   Journal journal;
-  journal.fd.reset(open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  journal.fd.reset(openat(dir_fd_.get(), name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!journal.fd.valid()) {
     const int err = errno;
-    unlink(path.c_str());
-    return ErrnoStatus(err, absl::StrCat("open ", path));
+    unlinkat(dir_fd_.get(), name.c_str(), 0);
+    return ErrnoStatus(err, absl::StrCat("open ", JournalPath(session)));
   }
   absl::MutexLock lock(&new_journals_mu_);
   new_journals_.emplace(session, std::move(journal));
@@ -474,14 +486,14 @@ void ContentUndo::Committed(uint64_t epoch) {
 
 absl::Status ContentUndo::CompactLocked() {
   const std::string path = absl::StrCat(dir_, "/", kHeapJournal);
-  const std::string rewrite = absl::StrCat(path, kRewriteSuffix);
-  UniqueFd out(
-      open(rewrite.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  const std::string rewrite = absl::StrCat(kHeapJournal, kRewriteSuffix);
+  UniqueFd out(openat(dir_fd_.get(), rewrite.c_str(),
+                      O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!out.valid()) return ErrnoStatus(errno, absl::StrCat("rewrite ", path));
   auto failed = [&](const std::string& what) {
     const int err = errno;
-    unlink(rewrite.c_str());
-    return ErrnoStatus(err, absl::StrCat(what, " ", rewrite));
+    unlinkat(dir_fd_.get(), rewrite.c_str(), 0);
+    return ErrnoStatus(err, absl::StrCat(what, " ", dir_, "/", rewrite));
   };
   // Records kept, with where their images are in the new file.
   std::map<uint64_t, std::vector<Entry>> kept;
@@ -511,7 +523,7 @@ absl::Status ContentUndo::CompactLocked() {
       if (image) {
         absl::StatusOr<std::string> read = ReadImageLocked(e);
         if (!read.ok()) {
-          unlink(rewrite.c_str());
+          unlinkat(dir_fd_.get(), rewrite.c_str(), 0);
           return read.status();
         }
         bytes = *std::move(read);
@@ -545,7 +557,9 @@ absl::Status ContentUndo::CompactLocked() {
       size += kUndoHeaderBytes;
     }
   }
-  if (rename(rewrite.c_str(), path.c_str()) != 0) return failed("rename");
+  if (renameat(dir_fd_.get(), rewrite.c_str(), dir_fd_.get(), kHeapJournal) != 0) {
+    return failed("rename");
+  }
   // From here on the new file is heap.undo: the index and ends_ follow it.
   heap_journal_ = std::move(out);
   for (auto it = index_.begin(); it != index_.end();) {
@@ -572,7 +586,7 @@ void ContentUndo::RemoveJournalLocked(ClientId session) {
     it = entries.empty() ? index_.erase(it) : std::next(it);
   }
   journals_.erase(session);
-  unlink(JournalPath(session).c_str());
+  unlinkat(dir_fd_.get(), JournalName(session).c_str(), 0);
   // A session attaching meanwhile gets its journal only once this is done.
   absl::MutexLock new_lock(&new_journals_mu_);
   if (journals_.empty() && new_journals_.empty()) RecoverAllLocked();
@@ -703,7 +717,9 @@ void ContentUndo::RecoverAllLocked() {
   // idempotent.)
   index_.clear();
   ends_.clear();
-  for (const auto& [session, journal] : journals_) unlink(JournalPath(session).c_str());
+  for (const auto& [session, journal] : journals_) {
+    unlinkat(dir_fd_.get(), JournalName(session).c_str(), 0);
+  }
   journals_.clear();
   if (ftruncate(heap_journal_.get(), 0) != 0) {
     std::fprintf(stderr, "heapd: cannot empty %s/%s\n", dir_.c_str(), kHeapJournal);

@@ -190,8 +190,10 @@ class ContentUndo {
   static constexpr int kLockAttempts = 20;
   static constexpr std::chrono::microseconds kLockRetry{500};
 
-  ContentUndo(std::string dir, const DataFile* data);
+  ContentUndo(UniqueFd dir_fd, std::string dir, const DataFile* data);
 
+  // `session`'s journal: its name in the directory, its path for messages.
+  static std::string JournalName(ClientId session);
   std::string JournalPath(ClientId session) const;
   // Reads what was appended to `session`'s journal since the last read.
   // The data file bounds the pages it may name and its size.
@@ -241,6 +243,9 @@ class ContentUndo {
   // The generation up to which `session`'s pre-images are committed.
   uint64_t EndedGenerationLocked(ClientId session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  // The undo directory, opened once: every file in it is reached through
+  // this descriptor; `dir_` names it in messages.
+  const UniqueFd dir_fd_;
   const std::string dir_;
   const DataFile* const data_;
   mutable absl::Mutex mu_;

@@ -267,10 +267,11 @@ class PersistentHeap {
   absl::Status broken() const;
   // Takes the heap out of use once its directory was renamed away (heapd
   // removing or replacing it): waits for a sync or snapshot under way, and
-  // refuses every later one (NOT_FOUND). They reach the heap's files by
-  // path, and would read or write those of the heap that next takes the
-  // name. Also stops growth ahead (waiting for one under way), so that
-  // whichever thread closes the heap later waits for nothing.
+  // refuses every later one (NOT_FOUND): the heap's files go with the
+  // directory (reached through its descriptor), and a snapshot of a heap
+  // being deleted would copy files as they are removed. Also stops growth
+  // ahead (waiting for one under way), so that whichever thread closes the
+  // heap later waits for nothing.
   void MarkRemoved();
   // Times the data file was put back to its size (a client truncated or
   // extended it); thread-safe.
@@ -338,7 +339,8 @@ class PersistentHeap {
   const HeapConfig config_;
   const HeapOptions options_;
   // The heap's directory, opened once: its files are reached through it
-  // (but content undo's journals, by path). None for a snapshot.
+  // (content undo opens undo/ once, and its journals through that). None
+  // for a snapshot.
   UniqueFd dir_fd_;
   UniqueFd lock_fd_;                // flocked while the heap is open; none for a snapshot
   std::unique_ptr<DataFile> data_;  // set at open; the file's size under grow_mu_
