@@ -173,18 +173,36 @@ absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) 
   return absl::NotFoundError("");
 }
 
-}  // namespace
+// What one worker of a part's write counted; each writes the ids of its
+// own blocks.
+struct Tally {
+  uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0, reused = 0;
+  absl::Status status;
+};
 
-absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
+// Stores `bytes` as a block, writes its id at `id` and counts it.
+absl::Status PutBlock(BlockStore& blocks, absl::string_view bytes, char* id, Tally& tally) {
+  absl::StatusOr<BlockStore::Stored> stored = blocks.Put(bytes);
+  if (!stored.ok()) return stored.status();
+  ++tally.blocks;
+  if (stored->written) {
+    ++tally.written;
+    tally.stored_bytes += stored->stored_bytes;
+  }
+  std::memcpy(id, stored->id.hash.data(), kBlockIdBytes);
+  return absl::OkStatus();
+}
+
+// OK if `source` may become a new part: valid, not there yet (a recipe
+// opened there, even one that does not read back, is a part that exists;
+// any other failure, such as a store the caller may not read, is said as
+// it is), and not larger than readers accept.
+absl::Status CheckNewPart(int root, const PartSource& source, uint64_t data_blocks) {
   const PartRef& part = source.part;
   if (absl::Status s = ValidatePartRef(part); !s.ok()) return s;
   if (!ValidBlockBytes(source.block_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("a block size of ", source.block_bytes));
   }
-  const std::string recipe_name = part.heap + kRecipeSuffix;
-  // A recipe opened there, even one that does not read back (DATA_LOSS),
-  // is a part that exists; any other failure (a store the caller may not
-  // read) is said as it is.
   if (absl::Status existing = ReadRecipeFile(root, part, /*header_only=*/true).status();
       existing.code() != absl::StatusCode::kNotFound) {
     if (existing.ok() || existing.code() == absl::StatusCode::kDataLoss) {
@@ -192,13 +210,108 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     }
     return existing;
   }
-  // A recipe readers would refuse is refused now, before any work.
-  const uint64_t data_blocks = (source.data_bytes + source.block_bytes - 1) / source.block_bytes;
   if (data_blocks * kBlockIdBytes > kMaxRecipeBytes / 2) {
     return absl::ResourceExhaustedError(
         absl::StrCat("part ", part.ToString(), " would name ", data_blocks, " blocks of ",
                      source.block_bytes, " bytes: more than a recipe holds (use larger blocks)"));
   }
+  return absl::OkStatus();
+}
+
+// The used-chunks bitmap of `source` as a recipe stores it.
+std::string UsedChunksOf(const PartSource& source) {
+  std::string used(UsedChunksBytes(source.data_bytes), '\0');
+  for (uint64_t chunk = 0; chunk < source.used_chunks.size() && chunk / 8 < used.size(); ++chunk) {
+    if (source.used_chunks[chunk]) used[chunk / 8] |= static_cast<char>(1 << (chunk % 8));
+  }
+  return used;
+}
+
+// The data of an earlier part that heapd knows unchanged (the same
+// unchanged token): its blocks marked in use (gc keeps them) and its ids
+// taken into `data_ids`, none read again. False, changing nothing, if a
+// block is gone.
+bool ReuseUnchangedData(int root, const BlockStoreOptions& options, EarlierPart& earlier,
+                        std::string* data_ids, Tally* tally) {
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
+  if (!blocks.ok()) return false;
+  uint64_t named = 0;
+  for (size_t i = 0; i * kBlockIdBytes < earlier.data_ids.size(); ++i) {
+    const BlockId id = BlockId::FromRaw(PackedId(earlier.data_ids, i).data());
+    if (id.IsZero()) continue;
+    if (!blocks->Mark(id)) return false;
+    ++named;
+  }
+  if (!blocks->Commit().ok()) return false;
+  *data_ids = std::move(earlier.data_ids);
+  tally->blocks = named;
+  tally->reused = named;
+  return true;
+}
+
+// Stores the heap's metadata files as blocks, their ids in `recipe`.
+absl::Status StoreMetadataBlocks(int root, const BlockStoreOptions& options,
+                                 const PartSource& source, v1::StoreRecipe* recipe, Tally* tally) {
+  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
+  if (!blocks.ok()) return blocks.status();
+  for (const auto& [name, bytes] : *source.metadata_files) {
+    v1::StoreFile& stored = *recipe->add_metadata();
+    stored.set_name(name);
+    stored.set_bytes(bytes.size());
+    std::string& ids = *stored.mutable_blocks();
+    ids.assign((bytes.size() + source.block_bytes - 1) / source.block_bytes * kBlockIdBytes, '\0');
+    for (uint64_t at = 0, i = 0; at < bytes.size(); at += source.block_bytes, ++i) {
+      if (absl::Status s =
+              PutBlock(*blocks, absl::string_view(bytes).substr(at, source.block_bytes),
+                       &ids[i * kBlockIdBytes], *tally);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return blocks->Commit();
+}
+
+// Publishes the encoded recipe of `part`: written under a random name
+// first, then linked to its name (ALREADY_EXISTS if another got there
+// first). The directories are made now: a removal of the version's other
+// parts may have removed them meanwhile (made again once).
+absl::Status PublishRecipe(int root, const PartRef& part, const std::string& encoded) {
+  absl::StatusOr<UniqueFd> node = absl::NotFoundError("");
+  for (int attempt = 0; attempt < 2 && node.status().code() == absl::StatusCode::kNotFound;
+       ++attempt) {
+    absl::StatusOr<UniqueFd> versions = MakeDirectoryAt(root, kVersions);
+    absl::StatusOr<UniqueFd> version =
+        versions.ok() ? MakeDirectoryAt(versions->get(), part.name) : versions.status();
+    node = version.ok() ? MakeDirectoryAt(version->get(), part.node) : version.status();
+  }
+  if (!node.ok()) return node.status();
+  const std::string temporary = absl::StrCat(".tmp-", RandomName());
+  if (absl::Status s = WriteNewFileAt(node->get(), temporary, encoded); !s.ok()) return s;
+  const std::string recipe_name = part.heap + kRecipeSuffix;
+  const int linked = linkat(node->get(), temporary.c_str(), node->get(), recipe_name.c_str(), 0);
+  const int err = errno;
+  unlinkat(node->get(), temporary.c_str(), 0);
+  if (linked != 0) {
+    if (err == EEXIST) {
+      return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
+    }
+    return ErrnoStatus(err, absl::StrCat("publish part ", part.ToString()));
+  }
+  if (fsync(node->get()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("fsync the directory of part ", part.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
+  const PartRef& part = source.part;
+  const uint64_t data_blocks =
+      source.block_bytes == 0 ? 0
+                              : (source.data_bytes + source.block_bytes - 1) / source.block_bytes;
+  if (absl::Status s = CheckNewPart(root, source, data_blocks); !s.ok()) return s;
   absl::StatusOr<Lease> lease = Lease::Take(root);
   if (!lease.ok()) return lease.status();
   BlockStoreOptions options;
@@ -217,27 +330,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   v1::StoreRecipe& recipe = file.recipe;
   recipe.set_block_bytes(source.block_bytes);
   recipe.set_data_bytes(source.data_bytes);
-  std::string& used = *recipe.mutable_used_chunks();
-  used.assign(UsedChunksBytes(source.data_bytes), '\0');
-  for (uint64_t chunk = 0; chunk < source.used_chunks.size() && chunk / 8 < used.size(); ++chunk) {
-    if (source.used_chunks[chunk]) used[chunk / 8] |= static_cast<char>(1 << (chunk % 8));
-  }
-  // What one worker counted; each writes the ids of its own blocks.
-  struct Tally {
-    uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0, reused = 0;
-    absl::Status status;
-  };
-  auto put = [](BlockStore& blocks, absl::string_view bytes, char* id, Tally& tally) {
-    absl::StatusOr<BlockStore::Stored> stored = blocks.Put(bytes);
-    if (!stored.ok()) return stored.status();
-    ++tally.blocks;
-    if (stored->written) {
-      ++tally.written;
-      tally.stored_bytes += stored->stored_bytes;
-    }
-    std::memcpy(id, stored->id.hash.data(), kBlockIdBytes);
-    return absl::OkStatus();
-  };
+  *recipe.mutable_used_chunks() = UsedChunksOf(source);
   // The data file's blocks, by `threads` workers (hashing and compressing
   // are the cost), block i to worker i % threads; holes stay zero ids.
   std::string& data_ids = *recipe.mutable_data_blocks();
@@ -286,7 +379,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       tally.hashed_bytes += length;
       const absl::string_view bytes(block.data(), length);
       if (AllZero(bytes)) continue;  // a hole
-      tally.status = put(*blocks, bytes, &data_ids[i * kBlockIdBytes], tally);
+      tally.status = PutBlock(*blocks, bytes, &data_ids[i * kBlockIdBytes], tally);
     }
     if (tally.status.ok() && !failed) tally.status = blocks->Commit();
     if (!tally.status.ok()) failed = true;
@@ -295,52 +388,23 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   if (source.changes.has_value()) {
     usage.set_changes_token(absl::StrCat(source.changes->source, "/", source.changes->mark));
   }
-  // Data heapd knows unchanged since this node's previous part with the
-  // same token: its blocks, marked in use (gc keeps them), not read again.
-  if (earlier.ok() && earlier->unchanged) {
-    absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
-    bool all_there = blocks.ok();
-    uint64_t named = 0;
-    for (size_t i = 0; all_there && i * kBlockIdBytes < earlier->data_ids.size(); ++i) {
-      const BlockId id = BlockId::FromRaw(PackedId(earlier->data_ids, i).data());
-      if (id.IsZero()) continue;
-      all_there = blocks->Mark(id);
-      ++named;
-    }
-    if (all_there && blocks->Commit().ok()) {
-      data_ids = std::move(earlier->data_ids);
-      tallies[0].blocks = named;
-      tallies[0].reused = named;
-      usage.set_data_reused(true);
-    }
+  if (earlier.ok() && earlier->unchanged &&
+      ReuseUnchangedData(root, options, *earlier, &data_ids, &tallies[0])) {
+    usage.set_data_reused(true);
+  } else {
+    RunWorkers(threads, work);
   }
-  if (!usage.data_reused()) RunWorkers(threads, work);
   for (const Tally& each : tallies) {
     if (!each.status.ok()) return each.status;
   }
-  // The metadata files' blocks.
-  absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
-  if (!blocks.ok()) return blocks.status();
-  Tally& tally = tallies[0];
-  for (const auto& [name, bytes] : *source.metadata_files) {
-    v1::StoreFile& stored = *recipe.add_metadata();
-    stored.set_name(name);
-    stored.set_bytes(bytes.size());
-    std::string& ids = *stored.mutable_blocks();
-    ids.assign((bytes.size() + source.block_bytes - 1) / source.block_bytes * kBlockIdBytes, '\0');
-    for (uint64_t at = 0, i = 0; at < bytes.size() && tally.status.ok();
-         at += source.block_bytes, ++i) {
-      tally.status = put(*blocks, absl::string_view(bytes).substr(at, source.block_bytes),
-                         &ids[i * kBlockIdBytes], tally);
-    }
+  if (absl::Status s = StoreMetadataBlocks(root, options, source, &recipe, &tallies[0]); !s.ok()) {
+    return s;
   }
-  if (tally.status.ok()) tally.status = blocks->Commit();
   usage.set_logical_bytes(source.data_bytes);
   for (const auto& [name, bytes] : *source.metadata_files) {
     usage.set_logical_bytes(usage.logical_bytes() + bytes.size());
   }
   for (const Tally& each : tallies) {
-    if (!each.status.ok()) return each.status;
     usage.set_blocks(usage.blocks() + each.blocks);
     usage.set_blocks_written(usage.blocks_written() + each.written);
     usage.set_stored_bytes(usage.stored_bytes() + each.stored_bytes);
@@ -354,32 +418,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
         "part ", part.ToString(), " needs a recipe of ", encoded.size(), " bytes, more than the ",
         kMaxRecipeBytes, " a store reads (use larger blocks)"));
   }
-  // Published last, under a random name first, then linked to its name;
-  // the directories are made now (a removal of the version's other parts
-  // may have removed them meanwhile: made again once).
-  absl::StatusOr<UniqueFd> node = absl::NotFoundError("");
-  for (int attempt = 0; attempt < 2 && node.status().code() == absl::StatusCode::kNotFound;
-       ++attempt) {
-    absl::StatusOr<UniqueFd> versions = MakeDirectoryAt(root, kVersions);
-    absl::StatusOr<UniqueFd> version =
-        versions.ok() ? MakeDirectoryAt(versions->get(), part.name) : versions.status();
-    node = version.ok() ? MakeDirectoryAt(version->get(), part.node) : version.status();
-  }
-  if (!node.ok()) return node.status();
-  const std::string temporary = absl::StrCat(".tmp-", RandomName());
-  if (absl::Status s = WriteNewFileAt(node->get(), temporary, encoded); !s.ok()) return s;
-  const int linked = linkat(node->get(), temporary.c_str(), node->get(), recipe_name.c_str(), 0);
-  const int err = errno;
-  unlinkat(node->get(), temporary.c_str(), 0);
-  if (linked != 0) {
-    if (err == EEXIST) {
-      return absl::AlreadyExistsError(absl::StrCat("part ", part.ToString(), " exists"));
-    }
-    return ErrnoStatus(err, absl::StrCat("publish part ", part.ToString()));
-  }
-  if (fsync(node->get()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("fsync the directory of part ", part.ToString()));
-  }
+  if (absl::Status s = PublishRecipe(root, part, encoded); !s.ok()) return s;
   return usage;
 }
 
