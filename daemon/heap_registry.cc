@@ -252,8 +252,9 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
       heaps_.erase(it);
     }
     if (broken != broken_.end()) broken_.erase(broken);
-    // Until the heap is marked removed, a call still holding it reaches its
-    // files by path: no other heap may take the name before.
+    // Until the heap is marked removed (no snapshot of it under way, none
+    // to come), no other heap may take the name: a snapshot's manifest
+    // would name the new heap for the old one's files.
     if (reserved_.count(name) == 0) {
       reserved_[std::string(name)] = {0, 0};  // counts against no user
       removed.name_held.reset(new Reservation(this, std::string(name)));

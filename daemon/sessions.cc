@@ -55,56 +55,63 @@ void LogRejectedFrees(const Session& session, const std::vector<std::string>& re
 
 Sessions::Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics)
     : table_(token_lifetime, max_per_user), metrics_(metrics) {
-  for (int i = 0; i < kReapers; ++i) reapers_.emplace_back([this] { Reap(); });
+  try {
+    for (int i = 0; i < kReapers; ++i) reapers_.emplace_back([this] { Reap(); });
+  } catch (...) {
+    StopReapers();  // the ones that started: no joinable thread is destroyed
+    throw;
+  }
 }
 
-Sessions::~Sessions() {
+Sessions::~Sessions() { StopReapers(); }
+
+void Sessions::StopReapers() {
   {
     absl::MutexLock lock(&reaper_mu_);
     stopping_ = true;
   }
   for (std::thread& reaper : reapers_) reaper.join();
+  reapers_.clear();
 }
 
-bool Sessions::TakeReapableLocked(Ending* ending) {
-  for (auto it = to_end_.begin(); it != to_end_.end(); ++it) {
-    const std::string& heap = it->session->heap->name;
-    if (reaping_.contains(heap)) continue;
-    reaping_.insert(heap);
-    *ending = std::move(*it);
-    to_end_.erase(it);
-    return true;
-  }
-  return false;
+void Sessions::QueueEndLocked(Ending ending) {
+  const std::string& heap = ending.session->heap->name;
+  std::deque<Ending>& queue = to_end_[heap];
+  if (queue.empty() && !reaping_.contains(heap)) ready_.push_back(heap);
+  queue.push_back(std::move(ending));
+  ++queued_;
 }
 
 void Sessions::Reap() {
   for (;;) {
     Ending ending;
+    std::string heap;
     {
       absl::MutexLock lock(&reaper_mu_);
-      // Woken by every change of to_end_ or reaping_: absl re-evaluates
-      // conditions whenever the lock is released.
       reaper_mu_.Await(absl::Condition(
           +[](Sessions* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->reaper_mu_) {
-            if (self->stopping_ && self->to_end_.empty()) return true;
-            for (const Ending& queued : self->to_end_) {
-              if (!self->reaping_.contains(queued.session->heap->name)) return true;
-            }
-            return false;
+            return !self->ready_.empty() || (self->stopping_ && self->queued_ == 0);
           },
           this));
-      if (!TakeReapableLocked(&ending)) return;  // stopping, and nothing left to end
+      if (ready_.empty()) return;  // stopping, and nothing left to end
+      heap = std::move(ready_.front());
+      ready_.pop_front();
+      auto queue = to_end_.find(heap);
+      ending = std::move(queue->second.front());
+      queue->second.pop_front();
+      if (queue->second.empty()) to_end_.erase(queue);
+      --queued_;
+      reaping_.insert(heap);
     }
     End(ending.session, ending.reason, ending.why);
     // Let go before the session stops counting: a heap removed once it
     // has no clients is then closed by its remover, not by this thread,
     // which the ends of every heap's dead sessions wait for.
-    const std::string heap = ending.session->heap->name;
     ending.session.reset();
     {
       absl::MutexLock lock(&reaper_mu_);
       reaping_.erase(heap);
+      if (to_end_.contains(heap)) ready_.push_back(heap);  // its next end
     }
     Ended(heap);
   }
@@ -155,7 +162,7 @@ void Sessions::QueueEnd(ClientId id, const char* reason, const char* why) {
   std::shared_ptr<Session> session = TakeToEnd(id);
   if (session == nullptr) return;
   absl::MutexLock lock(&reaper_mu_);
-  to_end_.push_back({std::move(session), reason, why});
+  QueueEndLocked({std::move(session), reason, why});
 }
 
 void Sessions::ExpireTokens() {
@@ -163,7 +170,7 @@ void Sessions::ExpireTokens() {
   for (std::shared_ptr<Session>& session : table_.TakeExpired(absl::Now())) {
     ++ending_on_[session->heap->name];
     session->heap->Progressed();
-    to_end_.push_back({std::move(session), "token_expired", "it did not fetch its fd in time"});
+    QueueEndLocked({std::move(session), "token_expired", "it did not fetch its fd in time"});
   }
 }
 

@@ -157,17 +157,19 @@ class Sessions {
                          const std::function<absl::Status(Session&)>& body);
   // Ends `session` (reclaims it); `reason` is one of kReclaimReasons.
   void End(const std::shared_ptr<Session>& session, const char* reason, const char* why);
-  // A reaper's loop: ends queued sessions of heaps no other reaper is
-  // ending one of, until stopping with none left.
+  // A reaper's loop: ends the next queued session of a heap no other
+  // reaper is ending one of, until stopping with none left.
   void Reap();
-  // Takes the first queued end of a heap no reaper is ending one of.
-  bool TakeReapableLocked(Ending* ending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper_mu_);
+  // Queues `ending` behind the others of its heap.
+  void QueueEndLocked(Ending ending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper_mu_);
+  // Ends what is queued, then stops and joins the reapers.
+  void StopReapers() ABSL_LOCKS_EXCLUDED(reaper_mu_);
   // Takes session `id` out of the table (null if already taken) to end it:
   // it counts among its heap's clients (CountOn) until Ended.
   std::shared_ptr<Session> TakeToEnd(ClientId id) ABSL_LOCKS_EXCLUDED(reaper_mu_);
   void Ended(const std::string& heap_name) ABSL_LOCKS_EXCLUDED(reaper_mu_);
   // Takes session `id` out of the table (if still there) and queues its
-  // end for the reaper. Never waits for the session.
+  // end for the reapers. Never waits for the session.
   void QueueEnd(ClientId id, const char* reason, const char* why) ABSL_LOCKS_EXCLUDED(reaper_mu_);
 
   SessionTable table_;
@@ -177,8 +179,12 @@ class Sessions {
   // leaves the table enters `ending_on_` under reaper_mu_ (TakeToEnd) and
   // leaves it only after its end (Ended), so CountOn never misses it.
   mutable absl::Mutex reaper_mu_;
-  std::deque<Ending> to_end_ ABSL_GUARDED_BY(reaper_mu_);
-  // Heap name -> sessions on it being ended (queued for the reaper, or
+  // Queued ends by heap, in order; `ready_`: the heaps with queued ends
+  // and no reaper on them (each at most once); `queued_`: all queued ends.
+  absl::flat_hash_map<std::string, std::deque<Ending>> to_end_ ABSL_GUARDED_BY(reaper_mu_);
+  std::deque<std::string> ready_ ABSL_GUARDED_BY(reaper_mu_);
+  size_t queued_ ABSL_GUARDED_BY(reaper_mu_) = 0;
+  // Heap name -> sessions on it being ended (queued for the reapers, or
   // ending in a call).
   absl::flat_hash_map<std::string, size_t> ending_on_ ABSL_GUARDED_BY(reaper_mu_);
   // Heaps a reaper is ending a session of now.

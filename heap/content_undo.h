@@ -186,7 +186,7 @@ class ContentUndo {
   };
 
   // A client holds its journal's lock for microseconds; one that keeps it
-  // costs a rollback at most 10 ms (the reaper thread is heapd's).
+  // costs a rollback at most 10 ms (the reapers are heapd's threads).
   static constexpr int kLockAttempts = 20;
   static constexpr std::chrono::microseconds kLockRetry{500};
 

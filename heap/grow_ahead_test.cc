@@ -79,8 +79,13 @@ TEST(GrowAheadTest, StopWaitsForAGrowthUnderWayAndLaterRequestsDoNothing) {
                   });
   ahead.Request();
   growing.WaitForNotification();
-  std::thread stopper([&] { ahead.Stop(); });
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    ahead.Stop();
+    stopped = true;
+  });
   absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(stopped) << "Stop returned during a growth";
   release.Notify();
   stopper.join();
   EXPECT_TRUE(finished) << "Stop returned before the growth under way ended";

@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   if (config.created_unix_ns == 0) config.created_unix_ns = absl::ToUnixNanos(absl::Now());
   struct stat st;
   if (lstat(dir.c_str(), &st) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " exists"));
+    return absl::AlreadyExistsError(absl::StrCat("heap directory ", dir, " already exists"));
   }
   absl::StatusOr<std::unique_ptr<HeapDirBuilder>> building =
       HeapDirBuilder::Start(ParentOf(dir), BaseName(dir), HiddenPurpose::kCreating);

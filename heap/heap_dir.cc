@@ -93,10 +93,9 @@ absl::Status HeapDirBuilder::Commit(const std::string& name) {
   if (fsync(dir_.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", path()));
   if (renameat2(parent_.get(), hidden_name_.c_str(), parent_.get(), name.c_str(),
                 RENAME_NOREPLACE) != 0) {
-    const std::string target = absl::StrCat(parent_path_, "/", name);
-    return errno == EEXIST
-               ? absl::AlreadyExistsError(absl::StrCat("heap directory ", target, " exists"))
-               : ErrnoStatus(errno, absl::StrCat("rename ", path(), " to ", target));
+    return errno == EEXIST ? absl::AlreadyExistsError(absl::StrCat("heap ", name, " exists"))
+                           : ErrnoStatus(errno, absl::StrCat("rename ", path(), " to ",
+                                                             parent_path_, "/", name));
   }
   committed_ = true;
   if (fsync(parent_.get()) != 0) {
