@@ -26,8 +26,13 @@ expect_in() {  # expect_in WHAT TEXT: TEXT contains WHAT
 expect_rc() {  # expect_rc CODE WHAT: the last command's status was CODE
   [ "$RC" -eq "$1" ] || fail "$2: exit status $RC, expected $1"
 }
+# Until a heapd answers in RUNTIME_DIR (a socket file alone may be a stale
+# one that a killed heapd left).
 wait_for_socket() {  # wait_for_socket RUNTIME_DIR
-  for _ in $(seq 600); do [ -S "$1/heapd.fd.sock" ] && return 0; sleep 0.05; done
+  for _ in $(seq 600); do
+    HEAPD_SOCKET="$1/heapd.sock" "$HEAPCTL" heap ls >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
   return 1
 }
 # Unprivileged checks need root, setpriv and the user nobody.
