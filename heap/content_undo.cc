@@ -117,11 +117,17 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string
                                                                const DataFile* data, uint64_t epoch,
                                                                UndoCounts* recovered,
                                                                uint64_t compact_at_bytes) {
-  if (mkdir(undo_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+  return OpenAt(AT_FDCWD, undo_dir, undo_dir, data, epoch, recovered, compact_at_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::OpenAt(
+    int parent, const std::string& name, const std::string& undo_dir, const DataFile* data,
+    uint64_t epoch, UndoCounts* recovered, uint64_t compact_at_bytes) {
+  if (mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("create ", undo_dir));
   }
   // Its files are reached through this descriptor from here on.
-  UniqueFd dir_fd(open(undo_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd dir_fd(openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   struct stat st;
   if (!dir_fd.valid() || fstat(dir_fd.get(), &st) != 0 || st.st_uid != geteuid()) {
     return absl::FailedPreconditionError(

@@ -99,6 +99,13 @@ class ContentUndo {
                                                            const DataFile* data, uint64_t epoch,
                                                            UndoCounts* recovered,
                                                            uint64_t compact_at_bytes = 16 << 20);
+  // Open, for the directory `name` in the directory `parent` (made if
+  // missing, never through a symlink); `path` names it in messages.
+  static absl::StatusOr<std::unique_ptr<ContentUndo>> OpenAt(int parent, const std::string& name,
+                                                             const std::string& path,
+                                                             const DataFile* data, uint64_t epoch,
+                                                             UndoCounts* recovered,
+                                                             uint64_t compact_at_bytes = 16 << 20);
   ~ContentUndo() = default;
   ContentUndo(const ContentUndo&) = delete;
   ContentUndo& operator=(const ContentUndo&) = delete;

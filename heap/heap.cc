@@ -106,8 +106,10 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   if (!data.ok()) return data.status();
   Checkpoint initial;
   initial.config = config;
+  absl::StatusOr<UniqueFd> metadata_dir = (*building)->DupDirFd();
+  if (!metadata_dir.ok()) return metadata_dir.status();
   absl::StatusOr<std::unique_ptr<MetadataStore>> store =
-      MetadataStore::Create((*building)->path(), initial);
+      MetadataStore::CreateAt(*std::move(metadata_dir), (*building)->path(), initial);
   if (!store.ok()) return store.status();
   store->reset();
   data->reset();
@@ -160,7 +162,8 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
   struct stat undo_st;
   if (track || fstatat(heap->dir_fd_.get(), kUndoDirName, &undo_st, AT_SYMLINK_NOFOLLOW) == 0) {
     absl::StatusOr<std::unique_ptr<ContentUndo>> undo =
-        ContentUndo::Open(undo_dir, heap->data_.get(), heap->epoch_, &heap->recovered_);
+        ContentUndo::OpenAt(heap->dir_fd_.get(), kUndoDirName, undo_dir, heap->data_.get(),
+                            heap->epoch_, &heap->recovered_);
     if (!undo.ok()) return undo.status();
     if (track) heap->undo_ = *std::move(undo);
   }

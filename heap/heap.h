@@ -339,7 +339,7 @@ class PersistentHeap {
   const HeapConfig config_;
   const HeapOptions options_;
   // The heap's directory, opened once: its files are reached through it
-  // (content undo opens undo/ once, and its journals through that). None
+  // (content undo's journals through undo/, opened through it once). None
   // for a snapshot.
   UniqueFd dir_fd_;
   UniqueFd lock_fd_;                // flocked while the heap is open; none for a snapshot

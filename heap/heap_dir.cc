@@ -83,6 +83,12 @@ HeapDirBuilder::~HeapDirBuilder() {
   if (!committed_) (void)RemoveTreeAt(parent_.get(), hidden_name_);
 }
 
+absl::StatusOr<UniqueFd> HeapDirBuilder::DupDirFd() const {
+  UniqueFd fd(fcntl(dir_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("duplicate the fd of ", path()));
+  return fd;
+}
+
 std::string HeapDirBuilder::path() const { return absl::StrCat(parent_path_, "/", hidden_name_); }
 
 std::string HeapDirBuilder::PathOf(absl::string_view name) const {

@@ -61,8 +61,9 @@ class HeapDirBuilder {
   HeapDirBuilder(const HeapDirBuilder&) = delete;
   HeapDirBuilder& operator=(const HeapDirBuilder&) = delete;
 
-  // The directory being built.
+  // The directory being built, and a descriptor of it of the caller's own.
   int dir_fd() const { return dir_.get(); }
+  absl::StatusOr<UniqueFd> DupDirFd() const;
   // Its path, for what takes one (and messages).
   std::string path() const;
   // The path of `name` in it.

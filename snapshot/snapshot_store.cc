@@ -633,8 +633,10 @@ absl::StatusOr<std::unique_ptr<RestoredHeapDir>> SnapshotStore::RestoreWith(
   // The metadata is heapd's own from here: written anew from the checked
   // state, with the new owner, in heapd's own directory.
   state.log_generation = 0;
+  absl::StatusOr<UniqueFd> metadata_dir = (*building)->DupDirFd();
+  if (!metadata_dir.ok()) return metadata_dir.status();
   absl::StatusOr<std::unique_ptr<MetadataStore>> store =
-      MetadataStore::Create((*building)->path(), state);
+      MetadataStore::CreateAt(*std::move(metadata_dir), (*building)->path(), state);
   if (!store.ok()) return store.status();
   *manifest = verified->manifest;
   manifest->set_copy_method(CopyMethodName(read->copied.method));
