@@ -20,14 +20,19 @@ class SessionsTest : public ::testing::Test {
     auto registry = HeapRegistry::Open(dir_.path());
     ASSERT_TRUE(registry.ok()) << registry.status();
     registry_ = *std::move(registry);
+    absl::StatusOr<std::shared_ptr<ServedHeap>> heap = MakeHeap("h");
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    heap_ = *heap;
+  }
+
+  // A new 64 MiB heap of Alice's.
+  absl::StatusOr<std::shared_ptr<ServedHeap>> MakeHeap(const std::string& name) {
     HeapConfig config;
     config.max_size = 64 << 20;
     config.owner_uid = kAlice.uid;
-    auto reserved = registry_->Reserve("h", kAlice.uid, config.max_size);
-    ASSERT_TRUE(reserved.ok());
-    auto heap = registry_->Create(*std::move(reserved), config);
-    ASSERT_TRUE(heap.ok()) << heap.status();
-    heap_ = *heap;
+    auto reserved = registry_->Reserve(name, kAlice.uid, config.max_size);
+    if (!reserved.ok()) return reserved.status();
+    return registry_->Create(*std::move(reserved), config);
   }
 
   // Heap h's clients, once the reaper ended what it can (up to 20 s).
@@ -143,12 +148,7 @@ TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
 // Ends are reaped per heap: a session whose end waits (here: its lock held,
 // as a long rollback would hold it) delays the ends on its own heap only.
 TEST_F(SessionsTest, AnEndThatWaitsHoldsUpItsOwnHeapOnly) {
-  HeapConfig config;
-  config.max_size = 64 << 20;
-  config.owner_uid = kAlice.uid;
-  auto reserved = registry_->Reserve("g", kAlice.uid, config.max_size);
-  ASSERT_TRUE(reserved.ok());
-  auto other = registry_->Create(*std::move(reserved), config);
+  absl::StatusOr<std::shared_ptr<ServedHeap>> other = MakeHeap("g");
   ASSERT_TRUE(other.ok()) << other.status();
   auto slow = sessions_.Start(heap_, kAlice, /*read_only=*/false);
   auto queued = sessions_.Start(heap_, kAlice, /*read_only=*/false);

@@ -75,7 +75,9 @@ absl::StatusOr<std::unique_ptr<HeapDirBuilder>> HeapDirBuilder::Start(const std:
   std::unique_ptr<HeapDirBuilder> builder(
       new HeapDirBuilder(parent, std::move(parent_fd), hidden, *std::move(dir)));
   // Removed by the builder's destructor from here on.
-  if (absl::Status s = WriteNewFileAt(builder->dir_fd(), kLockFileName, ""); !s.ok()) return s;
+  if (absl::Status s = WriteNewFileAt(builder->dir_fd(), kLockFileName, ""); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(builder->path(), ": ", s.message()));
+  }
   return builder;
 }
 
