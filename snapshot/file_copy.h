@@ -36,8 +36,7 @@ struct ByteRange {
 // ranges whose contents matter, sorted and disjoint; the rest of the copy
 // reads as zeros (a reflink clones everything: that costs nothing).
 // RESOURCE_EXHAUSTED when the target file system is full; `what` names the
-// copy in errors. No locks, no logging: it may run in a RunAs child
-// (util/run_as.h).
+// copy in errors.
 absl::StatusOr<CopyResult> CopyFileContents(int from_fd, uint64_t size, int to_fd,
                                             const std::string& what,
                                             const std::vector<ByteRange>* needed = nullptr);

@@ -78,6 +78,177 @@ bool SplitNamed(absl::string_view in, std::string* name, absl::string_view* byte
   return true;
 }
 
+absl::Status MalformedArgs() { return absl::InternalError("malformed job arguments"); }
+
+// Creates snapshot `name` in the target directory from the heap's data
+// (lent, read only), its metadata files and manifest: built under the
+// hidden name `building`, then renamed into place. Sends kCreatedMessage.
+absl::Status CreateSnapshotJob(JobInput& input, MessageSink& out) {
+  std::string name, building, json;
+  uint64_t data_bytes = 0;
+  std::map<std::string, std::string> metadata_files;
+  std::vector<uint64_t> bounds;  // of the ranges to copy: begin, end, ...
+  if (!input.args.Next(&name) || !input.args.Next(&building) || !input.args.Next(&data_bytes) ||
+      !input.args.Next(&metadata_files) || !input.args.Next(&json) || !input.args.Next(&bounds) ||
+      !input.args.Done() || input.fds.size() != 1 || bounds.size() % 2 != 0) {
+    return MalformedArgs();
+  }
+  std::vector<ByteRange> needed;
+  for (size_t i = 0; i < bounds.size(); i += 2) needed.push_back({bounds[i], bounds[i + 1]});
+  const int target = input.dir;
+  const int from = input.fds[0];
+  struct stat st;
+  if (fstatat(target, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    return absl::AlreadyExistsError("it already exists");
+  }
+  // A create of this name that was killed midway left a hidden
+  // partial directory: nothing lists it; clear it now.
+  if (absl::StatusOr<std::vector<std::string>> entries = ListDirectory(target, kMaxEntriesSwept);
+      entries.ok()) {
+    for (const std::string& entry : *entries) {
+      if (absl::StartsWith(entry, absl::StrCat(".", name, ".partial-"))) {
+        (void)RemoveTreeAt(target, entry);
+      }
+    }
+  }
+  if (mkdirat(target, building.c_str(), 0700) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("create ", building));
+  }
+  auto built = [&]() -> absl::StatusOr<CopyResult> {
+    absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
+    if (!dir.ok()) return dir.status();
+    UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
+                         O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
+    absl::StatusOr<CopyResult> copied =
+        CopyFileContents(from, data_bytes, copy.get(), "its data file", &needed);
+    if (!copied.ok()) return copied.status();
+    for (const auto& [name, bytes] : metadata_files) {
+      if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
+    }
+    if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
+      return s;
+    }
+    if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
+    if (renameat2(target, building.c_str(), target, name.c_str(), RENAME_NOREPLACE) != 0) {
+      return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
+                             : ErrnoStatus(errno, "rename it into place");
+    }
+    return copied;
+  }();
+  if (!built.ok()) {
+    (void)RemoveTreeAt(target, building);
+    return built.status();
+  }
+  if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
+  return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
+}
+HEAPD_RUN_AS_JOB(kCreateSnapshotJob, "snapshot.create", CreateSnapshotJob);
+
+// Reads snapshot `name`: its manifest, metadata files and data file (its
+// size; copied into the lent descriptor if there is one; sent with
+// `want_fd`).
+absl::Status ReadSnapshotJob(JobInput& input, MessageSink& out) {
+  std::string name;
+  uint64_t want_fd = 0, max_bytes = 0;
+  if (!input.args.Next(&name) || !input.args.Next(&want_fd) || !input.args.Next(&max_bytes) ||
+      !input.args.Done() || input.fds.size() > 1) {
+    return MalformedArgs();
+  }
+  const int target = input.dir;
+  const int copy_to = input.fds.empty() ? -1 : input.fds[0];
+  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, name);
+  if (!dir.ok()) return dir.status();
+  absl::StatusOr<std::string> manifest = ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
+  if (!manifest.ok()) return manifest.status();
+  if (absl::Status s = out.Send(std::string(1, kManifestMessage) + *manifest); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<std::string>> entries = ListDirectory(dir->get(), kMaxFilesInSnapshot);
+  if (!entries.ok()) return entries.status();
+  uint64_t metadata_bytes = 0;
+  for (const std::string& entry : *entries) {
+    if (!IsMetadataFileName(entry)) continue;
+    absl::StatusOr<std::string> bytes =
+        ReadFileAt(dir->get(), entry, kMaxMetadataBytes - metadata_bytes);
+    if (!bytes.ok()) return bytes.status();
+    metadata_bytes += bytes->size();
+    std::string message = absl::StrCat(std::string(1, kMetadataMessage), entry);
+    message.push_back('\0');
+    message += *bytes;
+    if (absl::Status s = out.Send(message); !s.ok()) return s;
+  }
+  uint64_t size = 0;
+  absl::StatusOr<UniqueFd> data = OpenRegularFileAt(dir->get(), kSnapshotDataFile, &size);
+  if (!data.ok()) return data.status();
+  if (size > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("its data file has ", size, " bytes; at most ",
+                                                     max_bytes, " are allowed here"));
+  }
+  std::string message(1, kDataMessage);
+  PutU64(&message, size);
+  if (copy_to >= 0) {
+    absl::StatusOr<CopyResult> copied =
+        CopyFileContents(data->get(), size, copy_to, "its data file");
+    if (!copied.ok()) return copied.status();
+    message += CopyReport(*copied);
+  }
+  return out.Send(message, want_fd ? data->get() : -1);
+}
+HEAPD_RUN_AS_JOB(kReadSnapshotJob, "snapshot.read", ReadSnapshotJob);
+
+// Sends each snapshot's manifest (kListedMessage), or why an entry could
+// not be read (kSkippedMessage).
+absl::Status ListSnapshotsJob(JobInput& input, MessageSink& out) {
+  if (!input.args.Done()) return MalformedArgs();
+  const int target = input.dir;
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(target, kMaxSnapshotEntries);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (!ValidateHeapName(name, "snapshot").ok()) continue;
+    absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, name);
+    absl::StatusOr<std::string> json =
+        dir.ok() ? ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes) : dir.status();
+    if (!json.ok()) {
+      // Not a snapshot directory (no manifest) says nothing; one the
+      // caller cannot read is reported, not silently left out.
+      if (json.status().code() == absl::StatusCode::kNotFound) continue;
+      const std::string why =
+          absl::StrCat(std::string(1, kSkippedMessage), name, ": ", json.status().message());
+      if (absl::Status s = out.Send(why); !s.ok()) return s;
+      continue;
+    }
+    std::string message = absl::StrCat(std::string(1, kListedMessage), name);
+    message.push_back('\0');
+    message += *json;
+    if (absl::Status s = out.Send(message); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+HEAPD_RUN_AS_JOB(kListSnapshotsJob, "snapshot.list", ListSnapshotsJob);
+
+// Removes snapshot `name`, renamed first to the hidden `doomed`.
+absl::Status RemoveSnapshotJob(JobInput& input, MessageSink&) {
+  std::string name, doomed;
+  if (!input.args.Next(&name) || !input.args.Next(&doomed) || !input.args.Done()) {
+    return MalformedArgs();
+  }
+  const int target = input.dir;
+  struct stat st;
+  absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, name);
+  if (!dir.ok() || fstatat(dir->get(), kManifestFile, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(st.st_mode)) {
+    return absl::NotFoundError("there is no such snapshot");
+  }
+  // Renamed away first: a crash while deleting leaves no half snapshot.
+  if (renameat2(target, name.c_str(), target, doomed.c_str(), RENAME_NOREPLACE) != 0) {
+    return ErrnoStatus(errno, "rename it away");
+  }
+  if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
+  return RemoveTreeAt(target, doomed);
+}
+HEAPD_RUN_AS_JOB(kRemoveSnapshotJob, "snapshot.remove", RemoveSnapshotJob);
+
 absl::Status Malformed(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": malformed answer from its worker"));
 }
@@ -163,16 +334,26 @@ std::string SnapshotStore::Where(const SnapshotRef& ref) {
 }
 
 absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(
-    const SnapshotCaller& caller, const std::string& target_dir, const std::vector<int>& keep_fds,
-    const std::string& what, const Work& work, uint64_t max_reply_bytes) {
+    const SnapshotCaller& caller, const std::string& target_dir, const RunAsJob& job,
+    const std::string& args, const std::vector<int>& fds, const std::string& what,
+    uint64_t max_reply_bytes) {
   if (target_dir.empty()) {
-    MessageList here;
-    if (absl::Status s = work(own_fd_.get(), here); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    absl::StatusOr<std::vector<ChildMessage>> here = RunJobHere(job, own_fd_.get(), fds, args);
+    if (!here.ok()) {
+      return absl::Status(here.status().code(), absl::StrCat(what, ": ", here.status().message()));
     }
-    return std::move(here.messages());
+    return here;
   }
   if (absl::Status s = ValidateSnapshotDir(target_dir); !s.ok()) return s;
+  RunAsRequest request;
+  request.job = &job;
+  request.args = args;
+  request.fds = fds;
+  // Resolved by the caller's own process: the kernel checks each component
+  // with the caller's rights; never heapd's state directory.
+  request.dir = target_dir;
+  request.forbidden_device = state_device_;
+  request.forbidden_inode = state_inode_;
   RunAsOptions options;
   options.timeout = options_.timeout;
   options.cancel_fd = options_.cancel_fd;
@@ -182,28 +363,7 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(
                                 : kMaxMetadataBytes + kMaxSnapshotEntries * kMaxManifestBytes / 16;
   options.budget = &reading_budget_;
   options.what = what;
-  const dev_t state_device = state_device_;
-  const ino_t state_inode = state_inode_;
-  absl::StatusOr<std::vector<ChildMessage>> messages =
-      RunAs(caller.credentials, keep_fds, options, [&](MessageSink& out) -> absl::Status {
-        // Resolved by the caller's own process: the kernel checks each
-        // component with the caller's rights.
-        // No magic links (/proc/self/fd/N, /proc/PID/cwd): a path the
-        // caller names leads only where the caller's own lookup would.
-        open_how how{};
-        how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
-        how.resolve = RESOLVE_NO_MAGICLINKS;
-        UniqueFd target(static_cast<int>(
-            syscall(SYS_openat2, AT_FDCWD, target_dir.c_str(), &how, sizeof(how))));
-        if (!target.valid()) {
-          return ErrnoStatus(errno, absl::StrCat("open snapshot directory ", target_dir));
-        }
-        if (IsWithinDirectory(target.get(), state_device, state_inode)) {
-          return absl::InvalidArgumentError(absl::StrCat("snapshot directory ", target_dir,
-                                                         " is inside heapd's state directory"));
-        }
-        return work(target.get(), out);
-      });
+  absl::StatusOr<std::vector<ChildMessage>> messages = RunAs(caller.credentials, request, options);
   if (!messages.ok()) {
     return absl::Status(
         messages.status().code(),
@@ -295,63 +455,25 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
     if (!verified.ok()) return verified.status();
     absl::StatusOr<std::vector<ByteRange>> needed = UsedRanges(verified->metadata.state);
     if (!needed.ok()) return needed.status();
-    // The child gets only a read-only descriptor of the heap's data.
+    // The helper gets only a read-only descriptor of the heap's data.
     absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
     if (!data.ok()) return data.status();
     UniqueFd data_fd(*data);
     const int from = data_fd.get();
     const std::string building = absl::StrCat(".", ref.name, ".partial-", RandomName());
-    absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
-        caller, ref.target_dir, {from}, absl::StrCat("create snapshot ", where),
-        [&](int target, MessageSink& out) -> absl::Status {
-          struct stat st;
-          if (fstatat(target, ref.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-            return absl::AlreadyExistsError("it already exists");
-          }
-          // A create of this name that was killed midway left a hidden
-          // partial directory: nothing lists it; clear it now.
-          if (absl::StatusOr<std::vector<std::string>> entries =
-                  ListDirectory(target, kMaxEntriesSwept);
-              entries.ok()) {
-            for (const std::string& entry : *entries) {
-              if (absl::StartsWith(entry, absl::StrCat(".", ref.name, ".partial-"))) {
-                (void)RemoveTreeAt(target, entry);
-              }
-            }
-          }
-          if (mkdirat(target, building.c_str(), 0700) != 0) {
-            return ErrnoStatus(errno, absl::StrCat("create ", building));
-          }
-          auto built = [&]() -> absl::StatusOr<CopyResult> {
-            absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, building);
-            if (!dir.ok()) return dir.status();
-            UniqueFd copy(openat(dir->get(), kSnapshotDataFile,
-                                 O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-            if (!copy.valid()) return ErrnoStatus(errno, "create its data file");
-            absl::StatusOr<CopyResult> copied =
-                CopyFileContents(from, state.data_bytes, copy.get(), "its data file", &*needed);
-            if (!copied.ok()) return copied.status();
-            for (const auto& [name, bytes] : state.metadata_files) {
-              if (absl::Status s = WriteNewFileAt(dir->get(), name, bytes); !s.ok()) return s;
-            }
-            if (absl::Status s = WriteNewFileAt(dir->get(), kManifestFile, json); !s.ok()) {
-              return s;
-            }
-            if (fsync(dir->get()) != 0) return ErrnoStatus(errno, "fsync its directory");
-            if (renameat2(target, building.c_str(), target, ref.name.c_str(), RENAME_NOREPLACE) !=
-                0) {
-              return errno == EEXIST ? absl::AlreadyExistsError("it already exists")
-                                     : ErrnoStatus(errno, "rename it into place");
-            }
-            return copied;
-          }();
-          if (!built.ok()) {
-            (void)RemoveTreeAt(target, building);
-            return built.status();
-          }
-          if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
-          return out.Send(absl::StrCat(std::string(1, kCreatedMessage), CopyReport(*built)));
-        });
+    std::vector<uint64_t> bounds;
+    for (const ByteRange& range : *needed) bounds.insert(bounds.end(), {range.begin, range.end});
+    absl::StatusOr<std::vector<ChildMessage>> messages =
+        RunIn(caller, ref.target_dir, kCreateSnapshotJob,
+              ArgsWriter()
+                  .Add(ref.name)
+                  .Add(building)
+                  .Add(state.data_bytes)
+                  .Add(state.metadata_files)
+                  .Add(json)
+                  .Add(bounds)
+                  .Take(),
+              {from}, absl::StrCat("create snapshot ", where));
     if (!messages.ok()) return messages.status();
     CopyResult copied;
     if (messages->size() != 1 || (*messages)[0].bytes.empty() ||
@@ -374,49 +496,10 @@ absl::StatusOr<SnapshotStore::Read> SnapshotStore::ReadSnapshot(const SnapshotCa
   const std::string where = Where(ref);
   std::vector<int> keep;
   if (copy_to >= 0) keep.push_back(copy_to);
-  absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
-      caller, ref.target_dir, keep, absl::StrCat("read snapshot ", where),
-      [&](int target, MessageSink& out) -> absl::Status {
-        absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, ref.name);
-        if (!dir.ok()) return dir.status();
-        absl::StatusOr<std::string> manifest =
-            ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes);
-        if (!manifest.ok()) return manifest.status();
-        if (absl::Status s = out.Send(std::string(1, kManifestMessage) + *manifest); !s.ok()) {
-          return s;
-        }
-        absl::StatusOr<std::vector<std::string>> entries =
-            ListDirectory(dir->get(), kMaxFilesInSnapshot);
-        if (!entries.ok()) return entries.status();
-        uint64_t metadata_bytes = 0;
-        for (const std::string& entry : *entries) {
-          if (!IsMetadataFileName(entry)) continue;
-          absl::StatusOr<std::string> bytes =
-              ReadFileAt(dir->get(), entry, kMaxMetadataBytes - metadata_bytes);
-          if (!bytes.ok()) return bytes.status();
-          metadata_bytes += bytes->size();
-          std::string message = absl::StrCat(std::string(1, kMetadataMessage), entry);
-          message.push_back('\0');
-          message += *bytes;
-          if (absl::Status s = out.Send(message); !s.ok()) return s;
-        }
-        uint64_t size = 0;
-        absl::StatusOr<UniqueFd> data = OpenRegularFileAt(dir->get(), kSnapshotDataFile, &size);
-        if (!data.ok()) return data.status();
-        if (size > max_bytes) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "its data file has ", size, " bytes; at most ", max_bytes, " are allowed here"));
-        }
-        std::string message(1, kDataMessage);
-        PutU64(&message, size);
-        if (copy_to >= 0) {
-          absl::StatusOr<CopyResult> copied =
-              CopyFileContents(data->get(), size, copy_to, "its data file");
-          if (!copied.ok()) return copied.status();
-          message += CopyReport(*copied);
-        }
-        return out.Send(message, want_fd ? data->get() : -1);
-      });
+  absl::StatusOr<std::vector<ChildMessage>> messages =
+      RunIn(caller, ref.target_dir, kReadSnapshotJob,
+            ArgsWriter().Add(ref.name).Add(uint64_t{want_fd}).Add(max_bytes).Take(), keep,
+            absl::StrCat("read snapshot ", where));
   if (!messages.ok()) return messages.status();
   Read read;
   bool data_seen = false;
@@ -452,32 +535,8 @@ absl::StatusOr<SnapshotStore::Read> SnapshotStore::ReadSnapshot(const SnapshotCa
 absl::StatusOr<v1::ListSnapshotsResponse> SnapshotStore::List(const SnapshotCaller& caller,
                                                               const std::string& target_dir) {
   absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
-      caller, target_dir, {},
-      absl::StrCat("list snapshots in ", target_dir.empty() ? "heapd's directory" : target_dir),
-      [&](int target, MessageSink& out) -> absl::Status {
-        absl::StatusOr<std::vector<std::string>> names = ListDirectory(target, kMaxSnapshotEntries);
-        if (!names.ok()) return names.status();
-        for (const std::string& name : *names) {
-          if (!ValidateHeapName(name, "snapshot").ok()) continue;
-          absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, name);
-          absl::StatusOr<std::string> json =
-              dir.ok() ? ReadFileAt(dir->get(), kManifestFile, kMaxManifestBytes) : dir.status();
-          if (!json.ok()) {
-            // Not a snapshot directory (no manifest) says nothing; one the
-            // caller cannot read is reported, not silently left out.
-            if (json.status().code() == absl::StatusCode::kNotFound) continue;
-            const std::string why =
-                absl::StrCat(std::string(1, kSkippedMessage), name, ": ", json.status().message());
-            if (absl::Status s = out.Send(why); !s.ok()) return s;
-            continue;
-          }
-          std::string message = absl::StrCat(std::string(1, kListedMessage), name);
-          message.push_back('\0');
-          message += *json;
-          if (absl::Status s = out.Send(message); !s.ok()) return s;
-        }
-        return absl::OkStatus();
-      });
+      caller, target_dir, kListSnapshotsJob, "", {},
+      absl::StrCat("list snapshots in ", target_dir.empty() ? "heapd's directory" : target_dir));
   if (!messages.ok()) return messages.status();
   v1::ListSnapshotsResponse listing;
   std::vector<v1::SnapshotManifest> snapshots;
@@ -547,21 +606,8 @@ absl::Status SnapshotStore::Remove(const SnapshotCaller& caller, const SnapshotR
   }
   const std::string doomed = absl::StrCat(".", ref.name, ".removing-", RandomName());
   absl::StatusOr<std::vector<ChildMessage>> messages = RunIn(
-      caller, ref.target_dir, {}, absl::StrCat("remove snapshot ", where),
-      [&](int target, MessageSink&) -> absl::Status {
-        struct stat st;
-        absl::StatusOr<UniqueFd> dir = OpenDirectoryAt(target, ref.name);
-        if (!dir.ok() || fstatat(dir->get(), kManifestFile, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISREG(st.st_mode)) {
-          return absl::NotFoundError("there is no such snapshot");
-        }
-        // Renamed away first: a crash while deleting leaves no half snapshot.
-        if (renameat2(target, ref.name.c_str(), target, doomed.c_str(), RENAME_NOREPLACE) != 0) {
-          return ErrnoStatus(errno, "rename it away");
-        }
-        if (fsync(target) != 0) return ErrnoStatus(errno, "fsync the snapshot directory");
-        return RemoveTreeAt(target, doomed);
-      });
+      caller, ref.target_dir, kRemoveSnapshotJob, ArgsWriter().Add(ref.name).Add(doomed).Take(), {},
+      absl::StrCat("remove snapshot ", where));
   return messages.status();
 }
 

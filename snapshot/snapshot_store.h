@@ -3,11 +3,11 @@
 // caller names (on the parallel file system, say).
 //
 // The rule (docs/security.md): heapd never resolves a path a user controls.
-//   - A caller-named directory is worked in by a RunAs child with the
+//   - A caller-named directory is worked in by a RunAs helper with the
 //     caller's uid, gid and groups (util/run_as.h): the kernel grants
 //     exactly the caller's rights, so a symlink, a swapped directory or a
 //     sticky directory gains the caller nothing. Snapshots made there belong
-//     to the caller because the caller's child made them.
+//     to the caller because a process with the caller's ids made them.
 //   - heapd's own directory (root's, mode 0700, nobody else writes in it)
 //     is worked in directly, relative to a descriptor opened once. Who may
 //     use a snapshot there is decided from its manifest (who made it, the
@@ -67,7 +67,7 @@ struct SnapshotRef {
 struct SnapshotStoreOptions {
   // Longest any one operation in a caller's directory may take.
   absl::Duration timeout = absl::Minutes(30);
-  // Readable when heapd stops: children are killed (util/run_as.h).
+  // Readable when heapd stops: helpers are killed (util/run_as.h).
   int cancel_fd = -1;
   // Bytes of snapshots (their data files' sizes) one user may keep in
   // heapd's own directory; 0: no limit.
@@ -179,15 +179,16 @@ class SnapshotStore {
       const std::string& heaps_dir, const std::string& heap_name, const RestoreOptions& options,
       v1::SnapshotManifest* manifest);
 
-  // Runs `work(target_fd, out)` in the directory `target_dir`: in a RunAs
-  // child as the caller (the path resolved by the child, never inside
-  // heapd's state directory), or here in heapd's own directory if empty.
-  // Replies are bounded by `max_reply_bytes` and heapd's reading budget.
-  using Work = std::function<absl::Status(int target_fd, MessageSink& out)>;
+  // Runs `job` with `args` and the lent `fds` in the directory
+  // `target_dir`: in a RunAs helper as the caller (the path resolved by the
+  // helper, never inside heapd's state directory), or here in heapd's own
+  // directory if empty. Replies are bounded by `max_reply_bytes` and
+  // heapd's reading budget.
   absl::StatusOr<std::vector<ChildMessage>> RunIn(const SnapshotCaller& caller,
                                                   const std::string& target_dir,
-                                                  const std::vector<int>& keep_fds,
-                                                  const std::string& what, const Work& work,
+                                                  const RunAsJob& job, const std::string& args,
+                                                  const std::vector<int>& fds,
+                                                  const std::string& what,
                                                   uint64_t max_reply_bytes = 0);
 
   // Counts `bytes` heapd holds of what it read for a caller against the

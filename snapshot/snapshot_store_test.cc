@@ -297,7 +297,7 @@ TEST_F(SnapshotStoreTest, AKilledSnapshotLeavesNoSnapshot) {
     usleep(delay_us);
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
-    usleep(20000);  // the worker dies with its parent (PR_SET_PDEATHSIG)
+    usleep(20000);  // the helper stops once its channel to the dead caller closes
     if (std::filesystem::exists(target + "/s")) {
       EXPECT_TRUE(
           store_->Verify(kRoot, {target, "s"}, kMaxHeapBytes).ok());  // it had finished: whole

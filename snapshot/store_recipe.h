@@ -15,8 +15,7 @@
 // store reads a few KiB per part, not the block lists.
 //
 // Nothing read is trusted: DecodeRecipeFile checks sizes and counts (the
-// manifest is checked by ParseManifest where JSON may be parsed: not in a
-// RunAs child).
+// manifest is checked by ParseManifest, in heapd).
 #ifndef HEAPD_SNAPSHOT_STORE_RECIPE_H_
 #define HEAPD_SNAPSHOT_STORE_RECIPE_H_
 

@@ -1,4 +1,4 @@
-// Fuzzes what heapd and its children read of a snapshot store's recipe
+// Fuzzes what heapd and its helpers read of a snapshot store's recipe
 // files (snapshot/store_recipe.h): DecodeRecipeFile and RecipeHeaderBytes
 // get bytes a hostile user may have written.
 //

@@ -26,6 +26,7 @@
 #include "snapshot/version_store.h"
 #include "util/dir_files.h"
 #include "util/errno_status.h"
+#include "util/run_as.h"
 #include "util/run_workers.h"
 
 namespace heapd {
@@ -102,7 +103,7 @@ bool Matches(const PartRef& part, const PartSelector& which) {
          (which.heap.empty() || part.heap == which.heap);
 }
 
-// The one part `which` means (in a child: no logging, no JSON).
+// The one part `which` means.
 absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std::string& this_node,
                                  size_t max_parts) {
   absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
@@ -129,6 +130,198 @@ absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std:
                                                     "); name one with --from_node=NODE and "
                                                     "--from_heap=HEAP (from_node, from_heap)"));
 }
+
+// The work in a store, run by SnapshotStore::RunIn as the caller. Each job
+// reads its arguments in the order its caller below writes them.
+
+absl::Status MalformedArgs() { return absl::InternalError("malformed job arguments"); }
+
+ArgsWriter& AddSelector(ArgsWriter& args, const PartSelector& which) {
+  return args.Add(which.name).Add(which.node).Add(which.heap);
+}
+
+bool NextSelector(ArgsReader& args, PartSelector* which) {
+  return args.Next(&which->name) && args.Next(&which->node) && args.Next(&which->heap);
+}
+
+std::string EncodePartSource(const PartSource& source) {
+  ArgsWriter args;
+  args.Add(source.part.name).Add(source.part.node).Add(source.part.heap);
+  args.Add(source.manifest_json).Add(source.data_bytes);
+  args.Add(std::string(source.used_chunks.begin(), source.used_chunks.end()));
+  args.Add(*source.metadata_files).Add(uint64_t{source.block_bytes});
+  args.Add(static_cast<uint64_t>(static_cast<int64_t>(source.zstd_level)));
+  args.Add(static_cast<uint64_t>(source.threads)).Add(source.unchanged_token);
+  const ChunkChanges none;
+  const ChunkChanges& changes = source.changes.has_value() ? *source.changes : none;
+  args.Add(uint64_t{source.changes.has_value()}).Add(changes.source).Add(changes.mark);
+  args.Add(changes.changed_at).Add(changes.all_changed_at).Add(uint64_t{source.max_parts});
+  return args.Take();
+}
+
+// Stores the part described by the arguments from the lent data file;
+// sends kUsageMessage.
+absl::Status WritePartJob(JobInput& input, MessageSink& out) {
+  PartSource source;
+  std::string used_chunks;
+  std::map<std::string, std::string> metadata_files;
+  uint64_t block_bytes = 0, zstd_level = 0, threads = 0, has_changes = 0, max_parts = 0;
+  ChunkChanges changes;
+  ArgsReader& args = input.args;
+  if (!args.Next(&source.part.name) || !args.Next(&source.part.node) ||
+      !args.Next(&source.part.heap) || !args.Next(&source.manifest_json) ||
+      !args.Next(&source.data_bytes) || !args.Next(&used_chunks) || !args.Next(&metadata_files) ||
+      !args.Next(&block_bytes) || !args.Next(&zstd_level) || !args.Next(&threads) ||
+      !args.Next(&source.unchanged_token) || !args.Next(&has_changes) ||
+      !args.Next(&changes.source) || !args.Next(&changes.mark) || !args.Next(&changes.changed_at) ||
+      !args.Next(&changes.all_changed_at) || !args.Next(&max_parts) || !args.Done() ||
+      input.fds.size() != 1) {
+    return MalformedArgs();
+  }
+  source.data_fd = input.fds[0];
+  for (char used : used_chunks) source.used_chunks.push_back(used != 0);
+  source.metadata_files = &metadata_files;
+  source.block_bytes = static_cast<uint32_t>(block_bytes);
+  source.zstd_level = static_cast<int>(static_cast<int64_t>(zstd_level));
+  source.threads = static_cast<int>(threads);
+  if (has_changes != 0) source.changes = std::move(changes);
+  source.max_parts = max_parts;
+  absl::StatusOr<v1::StoreUsage> usage = WritePart(input.dir, source);
+  if (!usage.ok()) return usage.status();
+  return out.Send(std::string(1, kUsageMessage) + usage->SerializeAsString());
+}
+HEAPD_RUN_AS_JOB(kWritePartJob, "store.write_part", WritePartJob);
+
+// Sends each part's recipe header (kPartMessage) of version `name` (all
+// versions if empty).
+absl::Status ListPartsJob(JobInput& input, MessageSink& out) {
+  std::string name;
+  uint64_t max_parts = 0;
+  if (!input.args.Next(&name) || !input.args.Next(&max_parts) || !input.args.Done()) {
+    return MalformedArgs();
+  }
+  const int root = input.dir;
+  absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, name, max_parts);
+  if (!parts.ok()) return parts.status();
+  for (const PartRef& part : *parts) {
+    absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true);
+    if (!header.ok()) continue;  // removed meanwhile, or damaged: left out
+    if (absl::Status s = out.Send(Tagged(kPartMessage, part) + *header); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+HEAPD_RUN_AS_JOB(kListPartsJob, "store.list_parts", ListPartsJob);
+
+// Sends the whole recipe file of the one part the selector picks
+// (kRecipeMessage).
+absl::Status ReadRecipeJob(JobInput& input, MessageSink& out) {
+  PartSelector which;
+  std::string this_node;
+  uint64_t max_parts = 0;
+  if (!NextSelector(input.args, &which) || !input.args.Next(&this_node) ||
+      !input.args.Next(&max_parts) || !input.args.Done()) {
+    return MalformedArgs();
+  }
+  absl::StatusOr<PartRef> part = PickPart(input.dir, which, this_node, max_parts);
+  if (!part.ok()) return part.status();
+  absl::StatusOr<std::string> recipe = ReadRecipeFile(input.dir, *part, /*header_only=*/false);
+  if (!recipe.ok()) return recipe.status();
+  return out.Send(Tagged(kRecipeMessage, *part) + *recipe);
+}
+HEAPD_RUN_AS_JOB(kReadRecipeJob, "store.read_recipe", ReadRecipeJob);
+
+// Fetches blocks into the lent data file, or as messages (FetchBlocks).
+absl::Status FetchBlocksJob(JobInput& input, MessageSink& out) {
+  uint64_t count = 0, threads = 0;
+  std::string where;
+  ArgsReader& args = input.args;
+  if (!args.Next(&count) || input.fds.size() > 1) return MalformedArgs();
+  std::vector<WantedBlock> wanted;
+  for (uint64_t i = 0; i < count; ++i) {
+    std::string id;
+    uint64_t offset = 0;
+    WantedBlock block;
+    if (!args.Next(&id) || id.size() != kBlockIdBytes || !args.Next(&offset) ||
+        !args.Next(&block.length)) {
+      return MalformedArgs();
+    }
+    block.id = BlockId::FromRaw(id.data());
+    block.offset = static_cast<int64_t>(offset);
+    wanted.push_back(block);
+  }
+  if (!args.Next(&where) || !args.Next(&threads) || !args.Done()) return MalformedArgs();
+  return FetchBlocks(input.dir, wanted, input.fds.empty() ? -1 : input.fds[0], where, out,
+                     static_cast<int>(threads));
+}
+HEAPD_RUN_AS_JOB(kFetchBlocksJob, "store.fetch_blocks", FetchBlocksJob);
+
+// Sends each part the selector picks (kPartMessage), removing it first if
+// asked, then how many parts of the version it did not pick
+// (kOthersMessage).
+absl::Status SelectPartsJob(JobInput& input, MessageSink& out) {
+  PartSelector which;
+  uint64_t max_parts = 0, remove = 0;
+  if (!NextSelector(input.args, &which) || !input.args.Next(&max_parts) ||
+      !input.args.Next(&remove) || !input.args.Done()) {
+    return MalformedArgs();
+  }
+  const int root = input.dir;
+  absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
+  if (!parts.ok()) return parts.status();
+  size_t unselected = 0;
+  for (const PartRef& part : *parts) {
+    if (!Matches(part, which)) {
+      ++unselected;
+      continue;
+    }
+    if (remove) {
+      if (absl::Status s = RemovePart(root, part); !s.ok()) return s;
+    }
+    if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
+  }
+  return out.Send(absl::StrCat(std::string(1, kOthersMessage), unselected));
+}
+HEAPD_RUN_AS_JOB(kSelectPartsJob, "store.select_parts", SelectPartsJob);
+
+// Collects the store's garbage; sends kGcMessage.
+absl::Status CollectGarbageJob(JobInput& input, MessageSink& out) {
+  uint64_t grace_ns = 0, lease_expiry_ns = 0, dry_run = 0, max_parts = 0;
+  if (!input.args.Next(&grace_ns) || !input.args.Next(&lease_expiry_ns) ||
+      !input.args.Next(&dry_run) || !input.args.Next(&max_parts) || !input.args.Done()) {
+    return MalformedArgs();
+  }
+  GcOptions gc;
+  gc.grace = absl::Nanoseconds(static_cast<int64_t>(grace_ns));
+  gc.lease_expiry = absl::Nanoseconds(static_cast<int64_t>(lease_expiry_ns));
+  gc.dry_run = dry_run != 0;
+  gc.max_parts = max_parts;
+  absl::StatusOr<v1::GcStoreResponse> result = heapd::CollectGarbage(input.dir, gc);
+  if (!result.ok()) return result.status();
+  return out.Send(std::string(1, kGcMessage) + result->SerializeAsString());
+}
+HEAPD_RUN_AS_JOB(kCollectGarbageJob, "store.gc", CollectGarbageJob);
+
+// Sends each part's header with its usage (kPartMessage), then the
+// store's totals (kTotalsMessage).
+absl::Status StoreUsageJob(JobInput& input, MessageSink& out) {
+  uint64_t max_parts = 0;
+  if (!input.args.Next(&max_parts) || !input.args.Done()) return MalformedArgs();
+  const int root = input.dir;
+  std::vector<PartUsage> parts;
+  absl::StatusOr<StoreTotals> totals = AddUpUsage(root, max_parts, &parts);
+  if (!totals.ok()) return totals.status();
+  for (const PartUsage& part : parts) {
+    const std::string usage = part.usage.SerializeAsString();
+    std::string message = Tagged(kPartMessage, part.part) + part.header;
+    // The usage in the store follows, after a zero byte.
+    if (absl::Status s = out.Send(message + std::string(1, '\0') + usage); !s.ok()) return s;
+  }
+  std::string message(1, kTotalsMessage);
+  message.append(reinterpret_cast<const char*>(&totals->stored_bytes), 8);
+  message.append(reinterpret_cast<const char*>(&totals->blocks), 8);
+  return out.Send(message);
+}
+HEAPD_RUN_AS_JOB(kStoreUsageJob, "store.usage", StoreUsageJob);
 
 }  // namespace
 
@@ -226,7 +419,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     absl::StatusOr<std::vector<bool>> used = UsedChunks(verified->metadata.state);
     if (!used.ok()) return used.status();
     stored.used_chunks = *std::move(used);
-    // The child gets only a read-only descriptor of the heap's data.
+    // The helper gets only a read-only descriptor of the heap's data.
     absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
     if (!data.ok()) return data.status();
     UniqueFd data_fd(*data);
@@ -242,11 +435,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
       stored.unchanged_token = absl::StrCat(token, "/", state.epoch);
     }
     absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-        caller, store_dir, {data_fd.get()}, what, [&](int root, MessageSink& out) -> absl::Status {
-          absl::StatusOr<v1::StoreUsage> usage = WritePart(root, stored);
-          if (!usage.ok()) return usage.status();
-          return out.Send(std::string(1, kUsageMessage) + usage->SerializeAsString());
-        });
+        caller, store_dir, kWritePartJob, EncodePartSource(stored), {data_fd.get()}, what);
     if (!messages.ok()) return messages.status();
     absl::StatusOr<absl::string_view> usage = OnlyMessage(*messages, kUsageMessage, what);
     if (!usage.ok()) return usage.status();
@@ -268,18 +457,8 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::List(const Sna
   const std::string what = absl::StrCat("list store ", store_dir);
   const size_t max_parts = options_.max_parts;
   absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, store_dir, {}, what,
-      [&](int root, MessageSink& out) -> absl::Status {
-        absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, name, max_parts);
-        if (!parts.ok()) return parts.status();
-        for (const PartRef& part : *parts) {
-          absl::StatusOr<std::string> header = ReadRecipeFile(root, part, /*header_only=*/true);
-          if (!header.ok()) continue;  // removed meanwhile, or damaged: left out
-          if (absl::Status s = out.Send(Tagged(kPartMessage, part) + *header); !s.ok()) return s;
-        }
-        return absl::OkStatus();
-      },
-      kMaxListingBytes);
+      caller, store_dir, kListPartsJob, ArgsWriter().Add(name).Add(uint64_t{max_parts}).Take(), {},
+      what, kMaxListingBytes);
   if (!messages.ok()) return messages.status();
   std::vector<v1::SnapshotManifest> manifests;
   for (const ChildMessage& message : *messages) {
@@ -315,14 +494,10 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   const std::string what = absl::StrCat("read ", Describe(which));
   const std::string this_node = options_.node;
   const size_t max_parts = options_.max_parts;
-  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
-        absl::StatusOr<PartRef> part = PickPart(root, which, this_node, max_parts);
-        if (!part.ok()) return part.status();
-        absl::StatusOr<std::string> recipe = ReadRecipeFile(root, *part, /*header_only=*/false);
-        if (!recipe.ok()) return recipe.status();
-        return out.Send(Tagged(kRecipeMessage, *part) + *recipe);
-      });
+  ArgsWriter args;
+  AddSelector(args, which).Add(this_node).Add(uint64_t{max_parts});
+  absl::StatusOr<std::vector<ChildMessage>> messages =
+      snapshots_->RunIn(caller, which.store_dir, kReadRecipeJob, args.Take(), {}, what);
   if (!messages.ok()) return messages.status();
   ReadPart read;
   absl::string_view bytes;
@@ -450,10 +625,15 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   read.fetched_blocks = wanted.size();
   std::vector<int> keep;
   if (data_fd >= 0) keep.push_back(data_fd);
-  messages = snapshots_->RunIn(caller, which.store_dir, keep, what,
-                               [&](int root, MessageSink& out) -> absl::Status {
-                                 return FetchBlocks(root, wanted, data_fd, where, out, threads);
-                               });
+  ArgsWriter fetch;
+  fetch.Add(uint64_t{wanted.size()});
+  for (const WantedBlock& block : wanted) {
+    fetch.Add(absl::string_view(reinterpret_cast<const char*>(block.id.hash.data()), kBlockIdBytes))
+        .Add(static_cast<uint64_t>(block.offset))
+        .Add(block.length);
+  }
+  fetch.Add(where).Add(static_cast<uint64_t>(threads));
+  messages = snapshots_->RunIn(caller, which.store_dir, kFetchBlocksJob, fetch.Take(), keep, what);
   if (!messages.ok()) return messages.status();
   for (ChildMessage& message : *messages) {
     if (message.bytes.size() < 1 + kBlockIdBytes || message.bytes[0] != kBlockMessage) {
@@ -590,26 +770,16 @@ void StoreSnapshots::TrimCache() {
   cache_bytes_ = total;
 }
 
-absl::StatusOr<std::vector<PartRef>> StoreSnapshots::ForEachPart(
-    const SnapshotCaller& caller, const PartSelector& which, const std::string& what,
-    const std::function<absl::Status(int root, const PartRef& part)>& each, size_t* others) {
+absl::StatusOr<std::vector<PartRef>> StoreSnapshots::SelectParts(const SnapshotCaller& caller,
+                                                                 const PartSelector& which,
+                                                                 const std::string& what,
+                                                                 bool remove, size_t* others) {
   if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
   const size_t max_parts = options_.max_parts;
-  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, which.store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
-        absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
-        if (!parts.ok()) return parts.status();
-        size_t unselected = 0;
-        for (const PartRef& part : *parts) {
-          if (!Matches(part, which)) {
-            ++unselected;
-            continue;
-          }
-          if (absl::Status s = each(root, part); !s.ok()) return s;
-          if (absl::Status s = out.Send(Tagged(kPartMessage, part)); !s.ok()) return s;
-        }
-        return out.Send(absl::StrCat(std::string(1, kOthersMessage), unselected));
-      });
+  ArgsWriter args;
+  AddSelector(args, which).Add(uint64_t{max_parts}).Add(uint64_t{remove});
+  absl::StatusOr<std::vector<ChildMessage>> messages =
+      snapshots_->RunIn(caller, which.store_dir, kSelectPartsJob, args.Take(), {}, what);
   if (!messages.ok()) return messages.status();
   std::vector<PartRef> parts;
   for (const ChildMessage& message : *messages) {
@@ -637,8 +807,7 @@ absl::StatusOr<std::vector<PartRef>> StoreSnapshots::ForEachPart(
 
 absl::StatusOr<std::vector<PartRef>> StoreSnapshots::Parts(const SnapshotCaller& caller,
                                                            const PartSelector& which) {
-  return ForEachPart(caller, which, absl::StrCat("list ", Describe(which)),
-                     [](int, const PartRef&) { return absl::OkStatus(); });
+  return SelectParts(caller, which, absl::StrCat("list ", Describe(which)), /*remove=*/false);
 }
 
 absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
@@ -662,8 +831,8 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
 absl::StatusOr<StoreSnapshots::Removed> StoreSnapshots::Remove(const SnapshotCaller& caller,
                                                                const PartSelector& which) {
   size_t others = 0;
-  absl::StatusOr<std::vector<PartRef>> removed =
-      ForEachPart(caller, which, absl::StrCat("remove ", Describe(which)), RemovePart, &others);
+  absl::StatusOr<std::vector<PartRef>> removed = SelectParts(
+      caller, which, absl::StrCat("remove ", Describe(which)), /*remove=*/true, &others);
   if (!removed.ok()) return removed.status();
   return Removed{*std::move(removed), others};
 }
@@ -700,12 +869,15 @@ absl::StatusOr<v1::GcStoreResponse> StoreSnapshots::CollectGarbage(
   gc.dry_run = dry_run;
   gc.max_parts = options_.max_parts;
   const std::string what = absl::StrCat("gc store ", store_dir);
-  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, store_dir, {}, what, [&](int root, MessageSink& out) -> absl::Status {
-        absl::StatusOr<v1::GcStoreResponse> result = heapd::CollectGarbage(root, gc);
-        if (!result.ok()) return result.status();
-        return out.Send(std::string(1, kGcMessage) + result->SerializeAsString());
-      });
+  absl::StatusOr<std::vector<ChildMessage>> messages =
+      snapshots_->RunIn(caller, store_dir, kCollectGarbageJob,
+                        ArgsWriter()
+                            .Add(static_cast<uint64_t>(absl::ToInt64Nanoseconds(gc.grace)))
+                            .Add(static_cast<uint64_t>(absl::ToInt64Nanoseconds(gc.lease_expiry)))
+                            .Add(uint64_t{gc.dry_run})
+                            .Add(uint64_t{gc.max_parts})
+                            .Take(),
+                        {}, what);
   if (!messages.ok()) return messages.status();
   absl::StatusOr<absl::string_view> answer = OnlyMessage(*messages, kGcMessage, what);
   if (!answer.ok()) return answer.status();
@@ -721,24 +893,9 @@ absl::StatusOr<v1::StoreUsageResponse> StoreSnapshots::Usage(const SnapshotCalle
   if (absl::Status s = CheckStoreDir(store_dir); !s.ok()) return s;
   const std::string what = absl::StrCat("du store ", store_dir);
   const size_t max_parts = options_.max_parts;
-  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
-      caller, store_dir, {}, what,
-      [&](int root, MessageSink& out) -> absl::Status {
-        std::vector<PartUsage> parts;
-        absl::StatusOr<StoreTotals> totals = AddUpUsage(root, max_parts, &parts);
-        if (!totals.ok()) return totals.status();
-        for (const PartUsage& part : parts) {
-          const std::string usage = part.usage.SerializeAsString();
-          std::string message = Tagged(kPartMessage, part.part) + part.header;
-          // The usage in the store follows, after a zero byte.
-          if (absl::Status s = out.Send(message + std::string(1, '\0') + usage); !s.ok()) return s;
-        }
-        std::string message(1, kTotalsMessage);
-        message.append(reinterpret_cast<const char*>(&totals->stored_bytes), 8);
-        message.append(reinterpret_cast<const char*>(&totals->blocks), 8);
-        return out.Send(message);
-      },
-      kMaxListingBytes);
+  absl::StatusOr<std::vector<ChildMessage>> messages =
+      snapshots_->RunIn(caller, store_dir, kStoreUsageJob,
+                        ArgsWriter().Add(uint64_t{max_parts}).Take(), {}, what, kMaxListingBytes);
   if (!messages.ok()) return messages.status();
   v1::StoreUsageResponse response;
   bool totals_seen = false;

@@ -5,12 +5,12 @@
 // and its crash and gc rules: snapshot/version_store.h.
 //
 // Security (docs/security.md): every operation in a store runs in a RunAs
-// child with the caller's uid, gid and groups (SnapshotStore::RunIn), so
+// helper with the caller's uid, gid and groups (SnapshotStore::RunIn), so
 // the store is written and read with exactly the caller's rights; heapd
 // never resolves the path. What comes back is checked here: recipes are
 // size-capped and decoded with checks, manifests parsed as any snapshot's,
 // metadata checked whole (VerifySnapshotFiles) and every block's hash is
-// checked by whoever reads it (the child as it fetches; heapd again before
+// checked by whoever reads it (the helper as it fetches; heapd again before
 // a block enters the node's cache).
 //
 // The node-local tier: heapd keeps a cache of blocks in its own directory
@@ -122,19 +122,19 @@ class StoreSnapshots {
   StoreSnapshots(SnapshotStore* snapshots, StoreSnapshotsOptions options, UniqueFd cache)
       : snapshots_(snapshots), options_(std::move(options)), cache_(std::move(cache)) {}
 
-  // Runs each(root, part) in a child as the caller for every part `which`
-  // selects; returns them (NOT_FOUND if none), and in `others` (if given)
-  // how many parts of the version it did not select. `what` names it in
-  // errors.
-  absl::StatusOr<std::vector<PartRef>> ForEachPart(
-      const SnapshotCaller& caller, const PartSelector& which, const std::string& what,
-      const std::function<absl::Status(int root, const PartRef& part)>& each,
-      size_t* others = nullptr);
+  // The parts `which` selects (NOT_FOUND if none), each removed first if
+  // `remove`, found and removed by a helper as the caller; in `others` (if
+  // given) how many parts of the version it did not select. `what` names
+  // it in errors.
+  absl::StatusOr<std::vector<PartRef>> SelectParts(const SnapshotCaller& caller,
+                                                   const PartSelector& which,
+                                                   const std::string& what, bool remove,
+                                                   size_t* others = nullptr);
   // The parts `which` selects (NOT_FOUND if none).
   absl::StatusOr<std::vector<PartRef>> Parts(const SnapshotCaller& caller,
                                              const PartSelector& which);
   struct ReadPart;  // a part's recipe and metadata, read and checked
-  // Picks the part of `which` in a child and reads its recipe; then its
+  // Picks the part of `which` in a helper and reads its recipe; then its
   // metadata blocks (from the cache or the store) and, with `data_fd`,
   // its data blocks into that file (else their hashes only are checked).
   absl::StatusOr<ReadPart> ReadWhole(const SnapshotCaller& caller, const PartSelector& which,

@@ -1,4 +1,4 @@
-// StoreSnapshots through real RunAs children: parts stored and restored
+// StoreSnapshots through real RunAs helpers: parts stored and restored
 // byte-exact, incremental, shared by two "nodes"; damaged stores refused;
 // gc against creates running at the same time; hostile store layouts.
 #include "snapshot/store_snapshots.h"

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <set>
 #include <utility>
 
@@ -18,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "allocator/size_class.h"
 #include "heap/heap_name.h"
 #include "util/dir_files.h"
@@ -317,10 +317,10 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   BlockStoreOptions options;
   options.zstd_level = source.zstd_level;
   // A block both workers meet is written by the first (counted once).
-  std::mutex claims_mu;
-  std::set<BlockId> claimed;
+  absl::Mutex claims_mu;
+  std::set<BlockId> claimed;  // under claims_mu
   options.claim = [&](const BlockId& id) {
-    std::lock_guard<std::mutex> lock(claims_mu);
+    absl::MutexLock lock(&claims_mu);
     return claimed.insert(id).second;
   };
 

@@ -2,8 +2,8 @@
 // in snapshot/store_recipe.h) — storing a heap's committed state as
 // one part of a version, reading recipes, fetching blocks, listing,
 // removing, collecting garbage, adding up usage — relative to the store's
-// root descriptor. It takes no lock, logs nothing and parses no JSON, so a
-// RunAs child may run it with the caller's rights (util/run_as.h);
+// root descriptor: a RunAs helper runs it with the caller's rights
+// (util/run_as.h);
 // snapshot/store_snapshots.h decides what to run and checks what returns.
 //
 // Atomic publication: a part's blocks are durable before its recipe is

@@ -1,7 +1,7 @@
 // File operations relative to an open directory, one path component at a
 // time, never following a symlink: what snapshot code does inside a
-// directory, whether in heapd's own directory or in a RunAs child working
-// in a caller's (no locks, no logging: see util/run_as.h).
+// directory, whether in heapd's own directory or in a RunAs helper working
+// in a caller's (util/run_as.h).
 #ifndef HEAPD_UTIL_DIR_FILES_H_
 #define HEAPD_UTIL_DIR_FILES_H_
 

@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,122 +15,102 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "util/dir_files.h"
+#include "util/errno_status.h"
+
+extern char** environ;
 
 namespace heapd {
 namespace {
 
-// Wire format on the SOCK_SEQPACKET pair: one packet per part, its first
-// byte the part's kind.
+// Wire format on the SOCK_SEQPACKET pair, both ways: one packet per part,
+// its first byte the part's kind.
 constexpr char kPart = 'C';   // a part of a message; more follow
-constexpr char kLast = 'M';   // the last part of a message (may carry an fd)
-constexpr char kError = 'E';  // the work failed: status code byte, message
+constexpr char kLast = 'M';   // the last part of a message (may carry fds)
+constexpr char kError = 'E';  // the job failed: status code byte, message
 constexpr size_t kPartBytes = 32 << 10;
-// Exit status of a child whose credentials could not be switched.
+constexpr size_t kMaxFdsPerMessage = 16;
+
+// How heapd asks a spawned copy of itself to be a helper.
+constexpr char kHelperFlag[] = "--heapd_run_as_helper";
+// The helper's descriptors as spawned: its end of the socket pair, and the
+// executable (only while it is executed: the helper closes it first).
+constexpr int kChannelFd = 3;
+constexpr int kExecutableFd = 4;
+constexpr char kExecutablePath[] = "/proc/self/fd/4";
+
+// Exit statuses of a helper that did not get as far as its job.
+constexpr int kHeapdGone = 123;
+constexpr int kBadRequest = 124;
 constexpr int kNoCredentials = 125;
 
-absl::Status SysError(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+// glibc 2.36's <sys/pidfd.h> declares these without C linkage: called
+// directly.
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+int PidfdSendSignal(int pidfd, int signal) {
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
 }
 
-bool SendPacket(int socket, char kind, absl::string_view bytes, int fd) {
+// The executable, opened by StartedAsRunAsHelper; -1 before.
+std::atomic<int> executable_fd{-1};
+
+// Filled at static initialization, read only afterwards.
+std::map<std::string, RunAsJob>& Jobs() {
+  static auto* jobs = new std::map<std::string, RunAsJob>();
+  return *jobs;
+}
+
+bool SendPacket(int socket, char kind, absl::string_view bytes, const std::vector<int>& fds,
+                int flags) {
   std::string packet(1, kind);
   packet.append(bytes.data(), bytes.size());
   iovec iov{packet.data(), packet.size()};
   msghdr message{};
   message.msg_iov = &iov;
   message.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
+  if (!fds.empty()) {
     message.msg_control = control;
-    message.msg_controllen = sizeof(control);
+    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
     cmsghdr* header = CMSG_FIRSTHDR(&message);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
   }
   for (;;) {
-    if (sendmsg(socket, &message, MSG_NOSIGNAL) == static_cast<ssize_t>(packet.size())) return true;
+    if (sendmsg(socket, &message, MSG_NOSIGNAL | flags) == static_cast<ssize_t>(packet.size())) {
+      return true;
+    }
     if (errno != EINTR) return false;
   }
 }
 
-// Closes every descriptor above 2 except those in `keep`.
-void CloseAllBut(std::vector<int> keep) {
-  std::sort(keep.begin(), keep.end());
-  unsigned first = 3;
-  for (int fd : keep) {
-    if (fd < 3) continue;
-    if (static_cast<unsigned>(fd) > first) close_range(first, static_cast<unsigned>(fd) - 1, 0);
-    first = static_cast<unsigned>(fd) + 1;
-  }
-  close_range(first, ~0U, 0);
-}
-
-// Becomes `who` for good: groups first (it needs privilege), the uid last.
-// Raw system calls: they change this thread's credentials only, which is
-// the whole process in a fork's child.
-bool SwitchCredentials(const Credentials& who) {
-  const std::vector<gid_t> groups(who.groups.begin(), who.groups.end());
-  if (syscall(SYS_setgroups, groups.size(), groups.data()) != 0) return false;
-  if (syscall(SYS_setresgid, who.gid, who.gid, who.gid) != 0) return false;
-  if (syscall(SYS_setresuid, who.uid, who.uid, who.uid) != 0) return false;
-  uid_t r, e, s;
-  return getresuid(&r, &e, &s) == 0 && r == who.uid && e == who.uid && s == who.uid;
-}
-
-[[noreturn]] void RunChild(const Credentials& who, const std::vector<int>& keep_fds, int socket,
-                           pid_t parent,
-                           const std::function<absl::Status(MessageSink& channel)>& work) {
-  std::vector<int> keep = keep_fds;
-  keep.push_back(socket);
-  CloseAllBut(keep);
-  sigset_t all;
-  sigemptyset(&all);
-  sigprocmask(SIG_SETMASK, &all, nullptr);  // the daemon blocks SIGTERM for sigwait
-  umask(077);
-  // heapd's working directory may be one the user cannot reach; the child
-  // must not start there (a target of /proc/self/cwd would lead into it).
-  if (chdir("/") != 0) _exit(kNoCredentials);
-  // The child works for the user: it must not keep heapd's shelter from
-  // the OOM killer (--oom_score_adj), so memory it takes is the user's.
-  if (const int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
-    (void)!write(adj, "0", 1);
-    close(adj);
-  }
-  if (!SwitchCredentials(who)) _exit(kNoCredentials);
-  // Cleared by the credential change, so set after it; a parent that died
-  // already is caught by the getppid check.
-  prctl(PR_SET_DUMPABLE, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(kNoCredentials);
-  ChildChannel channel(socket);
-  const absl::Status status = work(channel);
-  if (!status.ok()) {
-    std::string error(1, static_cast<char>(status.code()));
-    const absl::string_view message = status.message().substr(0, kPartBytes - 2);
-    error.append(message.data(), message.size());
-    SendPacket(socket, kError, error, -1);
-  }
-  _exit(status.ok() ? 0 : 1);
-}
-
-// Reads one packet into `packet`; its fd (if any) into `fd`. Returns the
-// number of bytes, 0 at the end, -1 on error.
-ssize_t ReceivePacket(int socket, std::string* packet, UniqueFd* fd) {
+// Reads one packet into `packet`, appending its fds to `fds`. Returns the
+// number of bytes, 0 at the end, -1 on error (errno set; EPROTO for a
+// truncated packet).
+ssize_t ReceivePacket(int socket, std::string* packet, std::vector<UniqueFd>* fds, int flags) {
   packet->resize(kPartBytes + 1);
   iovec iov{packet->data(), packet->size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
   msghdr message{};
   message.msg_iov = &iov;
   message.msg_iovlen = 1;
   message.msg_control = control;
   message.msg_controllen = sizeof(control);
-  const ssize_t n = recvmsg(socket, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  ssize_t n;
+  do {
+    n = recvmsg(socket, &message, MSG_CMSG_CLOEXEC | flags);
+  } while (n < 0 && errno == EINTR);
   if (n < 0) return -1;
   for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
        header = CMSG_NXTHDR(&message, header)) {
@@ -137,136 +119,415 @@ ssize_t ReceivePacket(int socket, std::string* packet, UniqueFd* fd) {
     for (size_t i = 0; i < count; ++i) {
       int received;
       std::memcpy(&received, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-      if (!fd->valid()) {
-        fd->reset(received);
-      } else {
-        close(received);
-      }
+      fds->emplace_back(received);
     }
   }
-  if ((message.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) return -1;
+  if ((message.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    errno = EPROTO;
+    return -1;
+  }
   packet->resize(static_cast<size_t>(n));
   return n;
 }
 
+// The helper's end: sends each message in parts, blocking.
+class HelperChannel final : public MessageSink {
+ public:
+  absl::Status Send(absl::string_view bytes, int fd = -1) override {
+    do {
+      const absl::string_view part = bytes.substr(0, kPartBytes);
+      bytes.remove_prefix(part.size());
+      const bool last = bytes.empty();
+      std::vector<int> fds;
+      if (last && fd >= 0) fds.push_back(fd);
+      if (!SendPacket(kChannelFd, last ? kLast : kPart, part, fds, 0)) {
+        return ErrnoStatus(errno, "send to heapd");
+      }
+    } while (!bytes.empty());
+    return absl::OkStatus();
+  }
+};
+
+// Becomes `who` for good: groups first (it needs privilege), the uid last.
+bool SwitchCredentials(const Credentials& who) {
+  const std::vector<gid_t> groups(who.groups.begin(), who.groups.end());
+  if (setgroups(groups.size(), groups.data()) != 0) return false;
+  if (setresgid(who.gid, who.gid, who.gid) != 0) return false;
+  if (setresuid(who.uid, who.uid, who.uid) != 0) return false;
+  uid_t r, e, s;
+  return getresuid(&r, &e, &s) == 0 && r == who.uid && e == who.uid && s == who.uid;
+}
+
+// The request as sent to the helper: who, which job, where, then the
+// job's own arguments; the lent descriptors ride with its last part.
+std::string EncodeRequest(const Credentials& who, const RunAsRequest& request) {
+  ArgsWriter writer;
+  writer.Add(who.uid).Add(who.gid).Add(who.groups.size());
+  for (uint32_t group : who.groups) writer.Add(group);
+  writer.Add(request.job->name).Add(request.dir);
+  writer.Add(static_cast<uint64_t>(request.forbidden_device));
+  writer.Add(static_cast<uint64_t>(request.forbidden_inode));
+  writer.Add(request.args);
+  return writer.Take();
+}
+
+struct DecodedRequest {
+  Credentials who;
+  std::string job;
+  std::string dir;
+  uint64_t forbidden_device = 0;
+  uint64_t forbidden_inode = 0;
+  std::string args;
+};
+
+bool DecodeRequest(absl::string_view bytes, DecodedRequest* request) {
+  ArgsReader reader(bytes);
+  uint64_t uid = 0, gid = 0, groups = 0;
+  if (!reader.Next(&uid) || !reader.Next(&gid) || !reader.Next(&groups) || groups > 65536) {
+    return false;
+  }
+  request->who.uid = static_cast<uint32_t>(uid);
+  request->who.gid = static_cast<uint32_t>(gid);
+  for (uint64_t i = 0; i < groups; ++i) {
+    uint64_t group = 0;
+    if (!reader.Next(&group)) return false;
+    request->who.groups.push_back(static_cast<uint32_t>(group));
+  }
+  return reader.Next(&request->job) && reader.Next(&request->dir) &&
+         reader.Next(&request->forbidden_device) && reader.Next(&request->forbidden_inode) &&
+         reader.Next(&request->args) && reader.Done();
+}
+
+// Opens the job's directory as the user, refusing heapd's own.
+absl::StatusOr<UniqueFd> OpenJobDirectory(const DecodedRequest& request) {
+  open_how how{};
+  how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_MAGICLINKS;
+  UniqueFd dir(
+      static_cast<int>(syscall(SYS_openat2, AT_FDCWD, request.dir.c_str(), &how, sizeof(how))));
+  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("open directory ", request.dir));
+  if (request.forbidden_inode != 0 &&
+      IsWithinDirectory(dir.get(), static_cast<dev_t>(request.forbidden_device),
+                        static_cast<ino_t>(request.forbidden_inode))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("directory ", request.dir, " is inside heapd's state directory"));
+  }
+  return dir;
+}
+
+// The parent's side of one helper: its socket and pidfd, and what ends the
+// wait for it.
+class Helper {
+ public:
+  Helper(UniqueFd socket, UniqueFd pidfd, const RunAsOptions& options)
+      : socket_(std::move(socket)),
+        pidfd_(std::move(pidfd)),
+        options_(options),
+        deadline_(absl::Now() + options.timeout) {}
+
+  // Waits until the socket has `events` (or hung up). OK then; otherwise
+  // why the helper is to be given up on.
+  absl::Status Wait(short events) {
+    for (;;) {
+      pollfd polled[2] = {{socket_.get(), events, 0}, {options_.cancel_fd, POLLIN, 0}};
+      const absl::Duration left = deadline_ - absl::Now();
+      const int wait_ms =
+          static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 100));
+      const int ready = poll(polled, options_.cancel_fd >= 0 ? 2 : 1, wait_ms);
+      if (ready < 0 && errno != EINTR) {
+        return ErrnoStatus(errno, absl::StrCat(options_.what, ": poll"));
+      }
+      if (options_.cancel_fd >= 0 && polled[1].revents != 0) {
+        return absl::UnavailableError(absl::StrCat(options_.what, ": heapd is stopping"));
+      }
+      if (options_.cancelled && options_.cancelled()) {
+        return absl::CancelledError(absl::StrCat(options_.what, ": the call was cancelled"));
+      }
+      if (polled[0].revents != 0) return absl::OkStatus();
+      if (absl::Now() >= deadline_) {
+        return absl::DeadlineExceededError(absl::StrCat(options_.what, ": did not finish within ",
+                                                        absl::FormatDuration(options_.timeout)));
+      }
+    }
+  }
+
+  // Sends the request. A helper gone meanwhile is not an error here: its
+  // exit status says why.
+  absl::Status SendRequest(absl::string_view bytes, const std::vector<int>& fds) {
+    do {
+      const absl::string_view part = bytes.substr(0, kPartBytes);
+      const bool last = bytes.size() == part.size();
+      for (;;) {
+        if (SendPacket(socket_.get(), last ? kLast : kPart, part, last ? fds : std::vector<int>{},
+                       MSG_DONTWAIT)) {
+          break;
+        }
+        if (errno != EAGAIN) return absl::OkStatus();
+        if (absl::Status s = Wait(POLLOUT); !s.ok()) return s;
+      }
+      bytes.remove_prefix(part.size());
+    } while (!bytes.empty());
+    return absl::OkStatus();
+  }
+
+  // Receives messages until the helper closes its end. `failure` gets the
+  // job's error, if it sent one.
+  absl::Status Receive(std::vector<ChildMessage>* messages, absl::Status* failure) {
+    ChildMessage current;
+    uint64_t received = 0;
+    uint64_t budgeted = 0;  // of options_.budget, given back at the end
+    absl::Status interruption;
+    for (;;) {
+      if (interruption = Wait(POLLIN); !interruption.ok()) break;
+      std::string packet;
+      std::vector<UniqueFd> fds;
+      const ssize_t n = ReceivePacket(socket_.get(), &packet, &fds, MSG_DONTWAIT);
+      if (n < 0 && errno == EAGAIN) continue;
+      if (n <= 0) break;  // the helper is gone (or sent garbage): judged by its exit
+      received += static_cast<uint64_t>(n);
+      if (received > options_.max_reply_bytes) {
+        interruption = absl::ResourceExhaustedError(absl::StrCat(
+            options_.what, ": more than ", options_.max_reply_bytes, " bytes to read"));
+        break;
+      }
+      if (options_.budget != nullptr &&
+          options_.budget->used.fetch_add(static_cast<uint64_t>(n)) + static_cast<uint64_t>(n) >
+              options_.budget->limit) {
+        options_.budget->used.fetch_sub(static_cast<uint64_t>(n));
+        interruption = absl::ResourceExhaustedError(absl::StrCat(
+            options_.what, ": heapd is reading too much for other calls at once; try again"));
+        break;
+      }
+      budgeted += static_cast<uint64_t>(n);
+      const absl::string_view body = absl::string_view(packet).substr(1);
+      if (packet[0] == kError && !body.empty()) {
+        const int code = static_cast<unsigned char>(body[0]);
+        *failure = absl::Status(code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code)
+                                                        : absl::StatusCode::kInternal,
+                                body.substr(1));
+      } else if (packet[0] == kPart || packet[0] == kLast) {
+        current.bytes.append(body.data(), body.size());
+        if (!fds.empty()) current.fd = std::move(fds.front());
+        if (packet[0] == kLast) messages->push_back(std::exchange(current, ChildMessage{}));
+      }
+    }
+    if (options_.budget != nullptr) options_.budget->used.fetch_sub(budgeted);
+    return interruption;
+  }
+
+  void Kill() { PidfdSendSignal(pidfd_.get(), SIGKILL); }
+
+  // Reaps the helper.
+  siginfo_t Reap() {
+    siginfo_t info{};
+    while (waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED) != 0 &&
+           errno == EINTR) {
+    }
+    return info;
+  }
+
+ private:
+  UniqueFd socket_;
+  UniqueFd pidfd_;
+  const RunAsOptions& options_;
+  const absl::Time deadline_;
+};
+
+// Spawns a helper whose end of the channel is `theirs`; its pidfd.
+absl::StatusOr<UniqueFd> SpawnHelper(int theirs, const std::string& what) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, theirs, kChannelFd);
+  posix_spawn_file_actions_adddup2(&actions, executable_fd.load(), kExecutableFd);
+  posix_spawn_file_actions_addclosefrom_np(&actions, kExecutableFd + 1);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attributes, &none);  // heapd blocks SIGTERM for sigwait
+  posix_spawnattr_setsigdefault(&attributes, &all);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  char name[] = "heapd-run-as";
+  char flag[sizeof(kHelperFlag)];
+  std::memcpy(flag, kHelperFlag, sizeof(flag));
+  char* argv[] = {name, flag, nullptr};
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, kExecutablePath, &actions, &attributes, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (error != 0) return ErrnoStatus(error, absl::StrCat(what, ": spawn a helper"));
+  UniqueFd pidfd(PidfdOpen(pid));
+  if (!pidfd.valid()) {
+    // Not reaped yet, so the pid is still the helper's.
+    const int open_error = errno;
+    kill(pid, SIGKILL);
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return ErrnoStatus(open_error, absl::StrCat(what, ": pidfd_open"));
+  }
+  return pidfd;
+}
+
 }  // namespace
 
-absl::Status ChildChannel::Send(absl::string_view bytes, int fd) {
-  do {
-    const absl::string_view part = bytes.substr(0, kPartBytes);
-    bytes.remove_prefix(part.size());
-    const bool last = bytes.empty();
-    if (!SendPacket(socket_, last ? kLast : kPart, part, last ? fd : -1)) {
-      return SysError("send to heapd");
-    }
-  } while (!bytes.empty());
-  return absl::OkStatus();
+RunAsJob RegisterRunAsJob(const RunAsJob& job) {
+  if (!Jobs().emplace(job.name, job).second) {
+    std::fprintf(stderr, "RunAs job %s registered twice\n", job.name);
+    std::abort();
+  }
+  return job;
 }
 
 absl::Status MessageList::Send(absl::string_view bytes, int fd) {
   ChildMessage message{std::string(bytes), UniqueFd()};
   if (fd >= 0) {
     message.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 3));
-    if (!message.fd.valid()) return SysError("duplicate a descriptor");
+    if (!message.fd.valid()) return ErrnoStatus(errno, "duplicate a descriptor");
   }
   messages_.push_back(std::move(message));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ChildMessage>> RunAs(
-    const Credentials& who, const std::vector<int>& keep_fds, const RunAsOptions& options,
-    const std::function<absl::Status(MessageSink& channel)>& work) {
+absl::StatusOr<std::vector<ChildMessage>> RunJobHere(const RunAsJob& job, int dir,
+                                                     const std::vector<int>& fds,
+                                                     absl::string_view args) {
+  JobInput input;
+  input.dir = dir;
+  input.fds = fds;
+  input.args = ArgsReader(args);
+  MessageList here;
+  if (absl::Status s = job.run(input, here); !s.ok()) return s;
+  return std::move(here.messages());
+}
+
+absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const RunAsRequest& request,
+                                                const RunAsOptions& options) {
+  if (executable_fd.load() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.what,
+                     ": this program cannot spawn helpers (its main() does not start with "
+                     "StartedAsRunAsHelper)"));
+  }
+  if (request.job == nullptr || Jobs().count(request.job->name) == 0 ||
+      request.fds.size() > kMaxFdsPerMessage) {
+    return absl::InternalError(absl::StrCat(options.what, ": no such job, or too many fds"));
+  }
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
-    return SysError(absl::StrCat(options.what, ": socketpair"));
+    return ErrnoStatus(errno, absl::StrCat(options.what, ": socketpair"));
   }
   UniqueFd ours(pair[0]);
-  UniqueFd theirs(pair[1]);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return SysError(absl::StrCat(options.what, ": fork"));
-  if (pid == 0) RunChild(who, keep_fds, theirs.get(), parent, work);
+  // Above the helper's fixed descriptors, so that placing them there
+  // cannot overwrite it.
+  UniqueFd theirs(fcntl(pair[1], F_DUPFD_CLOEXEC, kExecutableFd + 1));
+  close(pair[1]);
+  if (!theirs.valid()) return ErrnoStatus(errno, absl::StrCat(options.what, ": dup"));
+  absl::StatusOr<UniqueFd> pidfd = SpawnHelper(theirs.get(), options.what);
+  if (!pidfd.ok()) return pidfd.status();
   theirs.reset();
 
+  Helper helper(std::move(ours), *std::move(pidfd), options);
   std::vector<ChildMessage> messages;
-  ChildMessage current;
-  absl::Status failure;       // set when the child reported an error
-  absl::Status interruption;  // set when the parent gave up on the child
-  uint64_t received = 0;
-  uint64_t budgeted = 0;  // of options.budget, given back when the call ends
-  const absl::Time deadline = absl::Now() + options.timeout;
-  for (;;) {
-    pollfd polled[2] = {{ours.get(), POLLIN, 0}, {options.cancel_fd, POLLIN, 0}};
-    const absl::Duration left = deadline - absl::Now();
-    const int wait_ms =
-        static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 100));
-    const int ready = poll(polled, options.cancel_fd >= 0 ? 2 : 1, wait_ms);
-    if (ready < 0 && errno != EINTR) {
-      interruption = SysError(absl::StrCat(options.what, ": poll"));
-      break;
-    }
-    if (options.cancel_fd >= 0 && polled[1].revents != 0) {
-      interruption = absl::UnavailableError(absl::StrCat(options.what, ": heapd is stopping"));
-      break;
-    }
-    if (options.cancelled && options.cancelled()) {
-      interruption = absl::CancelledError(absl::StrCat(options.what, ": the call was cancelled"));
-      break;
-    }
-    if (absl::Now() >= deadline && polled[0].revents == 0) {
-      interruption = absl::DeadlineExceededError(absl::StrCat(
-          options.what, ": did not finish within ", absl::FormatDuration(options.timeout)));
-      break;
-    }
-    if (polled[0].revents == 0) continue;
-    std::string packet;
-    UniqueFd fd;
-    const ssize_t n = ReceivePacket(ours.get(), &packet, &fd);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) break;  // the child is gone (or sent garbage): judged by its exit below
-    received += static_cast<uint64_t>(n);
-    if (received > options.max_reply_bytes) {
-      interruption = absl::ResourceExhaustedError(
-          absl::StrCat(options.what, ": more than ", options.max_reply_bytes, " bytes to read"));
-      break;
-    }
-    if (options.budget != nullptr &&
-        options.budget->used.fetch_add(static_cast<uint64_t>(n)) + static_cast<uint64_t>(n) >
-            options.budget->limit) {
-      options.budget->used.fetch_sub(static_cast<uint64_t>(n));
-      interruption = absl::ResourceExhaustedError(absl::StrCat(
-          options.what, ": heapd is reading too much for other calls at once; try again"));
-      break;
-    }
-    budgeted += static_cast<uint64_t>(n);
-    const absl::string_view body = absl::string_view(packet).substr(1);
-    if (packet[0] == kError && !body.empty()) {
-      const int code = static_cast<unsigned char>(body[0]);
-      failure = absl::Status(code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code)
-                                                     : absl::StatusCode::kInternal,
-                             body.substr(1));
-    } else if (packet[0] == kPart || packet[0] == kLast) {
-      current.bytes.append(body.data(), body.size());
-      if (fd.valid()) current.fd = std::move(fd);
-      if (packet[0] == kLast) messages.push_back(std::exchange(current, ChildMessage{}));
-    }
-  }
-  if (options.budget != nullptr) options.budget->used.fetch_sub(budgeted);
-  if (!interruption.ok()) kill(pid, SIGKILL);
-  int wait_status = 0;
-  while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
-  }
+  absl::Status failure;  // set when the job reported an error
+  absl::Status interruption = helper.SendRequest(EncodeRequest(who, request), request.fds);
+  if (interruption.ok()) interruption = helper.Receive(&messages, &failure);
+  if (!interruption.ok()) helper.Kill();
+  const siginfo_t exit = helper.Reap();
   if (!interruption.ok()) return interruption;
   if (!failure.ok()) return failure;
-  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) return messages;
-  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kNoCredentials) {
+  if (exit.si_code == CLD_EXITED && exit.si_status == 0) return messages;
+  if (exit.si_code == CLD_EXITED && exit.si_status == kNoCredentials) {
     return absl::InternalError(
         absl::StrCat(options.what, ": could not switch to uid ", who.uid, " gid ", who.gid));
   }
   return absl::AbortedError(absl::StrCat(
       options.what, ": the process working as uid ", who.uid, " ",
-      WIFSIGNALED(wait_status) ? absl::StrCat("was killed by signal ", WTERMSIG(wait_status))
-                               : absl::StrCat("exited with status ", WEXITSTATUS(wait_status))));
+      exit.si_code == CLD_EXITED ? absl::StrCat("exited with status ", exit.si_status)
+                                 : absl::StrCat("was killed by signal ", exit.si_status)));
+}
+
+bool StartedAsRunAsHelper(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], kHelperFlag) == 0) return true;
+  // /proc/self/exe names the image running now even once a newer package
+  // replaced the file; kept above the helper's fixed descriptors.
+  const int fd = open("/proc/self/exe", O_PATH | O_CLOEXEC);
+  if (fd >= 0) {
+    executable_fd.store(fcntl(fd, F_DUPFD_CLOEXEC, kExecutableFd + 1));
+    close(fd);
+  }
+  return false;
+}
+
+int RunAsHelperMain() {
+  close(kExecutableFd);
+  std::string request_bytes;
+  std::vector<UniqueFd> fds;
+  for (;;) {
+    std::string packet;
+    if (ReceivePacket(kChannelFd, &packet, &fds, 0) <= 0) return kBadRequest;
+    request_bytes.append(packet, 1, std::string::npos);
+    if (packet[0] == kLast) break;
+    if (packet[0] != kPart) return kBadRequest;
+  }
+  DecodedRequest request;
+  if (!DecodeRequest(request_bytes, &request)) return kBadRequest;
+  umask(077);
+  // heapd's working directory may be one the user cannot reach; the helper
+  // must not start there (a target of /proc/self/cwd would lead into it).
+  if (chdir("/") != 0) return kNoCredentials;
+  // The helper works for the user: it must not keep heapd's shelter from
+  // the OOM killer (--oom_score_adj), so memory it takes is the user's.
+  if (const int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
+    (void)!write(adj, "0", 1);
+    close(adj);
+  }
+  if (!SwitchCredentials(request.who)) return kNoCredentials;
+  // Cleared by the credential change, so set after it.
+  prctl(PR_SET_DUMPABLE, 0);
+  // A file-size limit (RLIMIT_FSIZE) fails a write with EFBIG, an error
+  // the job reports, instead of killing it; a closed channel is EPIPE.
+  signal(SIGXFSZ, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
+  // heapd's end of the channel closes only when heapd is gone (it kills a
+  // helper it gives up on): the work is then for no one, and must not
+  // finish behind a restarted heapd. No parent-death signal: it fires when
+  // the spawning thread exits.
+  std::thread([] {
+    pollfd channel{kChannelFd, POLLRDHUP, 0};
+    while (poll(&channel, 1, -1) < 0 && errno == EINTR) {
+    }
+    _exit(kHeapdGone);
+  }).detach();
+
+  absl::Status status;
+  const auto job = Jobs().find(request.job);
+  UniqueFd dir;
+  if (job == Jobs().end()) {
+    status = absl::InternalError(absl::StrCat("no job ", request.job, " in this executable"));
+  } else if (!request.dir.empty()) {
+    absl::StatusOr<UniqueFd> opened = OpenJobDirectory(request);
+    if (opened.ok()) {
+      dir = *std::move(opened);
+    } else {
+      status = opened.status();
+    }
+  }
+  if (status.ok()) {
+    JobInput input;
+    input.dir = dir.get();
+    for (const UniqueFd& fd : fds) input.fds.push_back(fd.get());
+    input.args = ArgsReader(request.args);
+    HelperChannel channel;
+    status = job->second.run(input, channel);
+  }
+  if (!status.ok()) {
+    std::string error(1, static_cast<char>(status.code()));
+    const absl::string_view message = status.message().substr(0, kPartBytes - 2);
+    error.append(message.data(), message.size());
+    SendPacket(kChannelFd, kError, error, {}, 0);
+  }
+  return status.ok() ? 0 : 1;
 }
 
 }  // namespace heapd

@@ -3,24 +3,39 @@
 // heapd runs as root, and a path that a user names (a snapshot directory on
 // the parallel file system, say) is under that user's control: any
 // component may be swapped for a symlink between a check and a use. So heapd
-// never resolves such a path itself. It forks a short-lived child, switches
-// the child to the user's uid, gid and supplementary groups, and lets the
-// child do the work: the kernel then grants exactly what the user could do
+// never resolves such a path itself. It spawns a short-lived helper process,
+// which switches to the user's uid, gid and supplementary groups and does
+// the work: the kernel then grants exactly what the user could do
 // (symlinks, permissions, sticky directories, ACLs, quotas) and nothing
-// more. The child sends back bytes and file descriptors over a socket; the
+// more. The helper sends back bytes and file descriptors over a socket; the
 // parent trusts neither beyond what it checks itself (an fd's type and
 // size, every byte parsed with bounds).
 //
-// The child is a fork of a multi-threaded process: `work` may allocate
-// (glibc keeps malloc usable across fork) and make system calls, but must
-// not take a lock another thread could have held at the fork (no logging,
-// no absl::Mutex, no protobuf reflection or JSON, no gRPC). It sees only the
-// descriptors in `keep_fds` (and 0-2); every other descriptor of the daemon
-// is closed before the credentials change, and the child is not dumpable, so
-// the user can neither trace it nor reach the daemon's files through it; the
-// user can only kill it, which fails the operation.
+// The helper is this very program, executed afresh: not a fork of a
+// multi-threaded daemon (whose locks another thread may have held), so a
+// job may log, lock and use any library. It is executed from a descriptor of
+// the running executable opened at start, so an upgraded package can never
+// put a helper of another version behind a running heapd. Every program
+// that calls RunAs starts its main() with
+//
+//   if (StartedAsRunAsHelper(argc, argv)) return RunAsHelperMain();
+//
+// (RunAs refuses to run in a program that did not). What a helper may do is
+// a job: a function registered by name (HEAPD_RUN_AS_JOB) that reads its
+// arguments from bytes (util/run_as_args.h) and descriptors lent to it.
+//
+// The helper gets only those descriptors (and 0-2; the daemon's others are
+// never inherited), its signals at their defaults, "/" as its working
+// directory, and it is not dumpable, so the user can neither trace it nor
+// reach the daemon's files through it; the user can only kill it, which
+// fails the operation. heapd kills and reaps it through a pidfd. It gets no
+// parent-death signal (that fires when the spawning thread exits, and gRPC
+// retires idle threads): if heapd dies, the helper's next message fails and
+// it exits.
 #ifndef HEAPD_UTIL_RUN_AS_H_
 #define HEAPD_UTIL_RUN_AS_H_
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -31,24 +46,25 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "util/run_as_args.h"
 #include "util/unique_fd.h"
 
 namespace heapd {
 
-// Who a child acts as: exactly these ids and supplementary groups.
+// Who a helper acts as: exactly these ids and supplementary groups.
 struct Credentials {
   uint32_t uid = 0;
   uint32_t gid = 0;
   std::vector<uint32_t> groups;
 };
 
-// One message from the child: bytes and at most one descriptor.
+// One message from a job: bytes and at most one descriptor.
 struct ChildMessage {
   std::string bytes;
   UniqueFd fd;
 };
 
-// Where work sends what it found: bytes and, with them, at most one fd
+// Where a job sends what it found: bytes and, with them, at most one fd
 // (the sink takes a copy of it; the sender keeps its own).
 class MessageSink {
  public:
@@ -56,18 +72,7 @@ class MessageSink {
   virtual absl::Status Send(absl::string_view bytes, int fd = -1) = 0;
 };
 
-// The child's end of the channel: sends `bytes` (any size, split in parts
-// on the wire) and, with the last part, `fd`.
-class ChildChannel final : public MessageSink {
- public:
-  explicit ChildChannel(int socket) : socket_(socket) {}
-  absl::Status Send(absl::string_view bytes, int fd = -1) override;
-
- private:
-  int socket_;
-};
-
-// Collects messages in this process: the same work run without a child.
+// Collects messages in this process: a job run without a helper.
 class MessageList final : public MessageSink {
  public:
   absl::Status Send(absl::string_view bytes, int fd = -1) override;
@@ -77,14 +82,50 @@ class MessageList final : public MessageSink {
   std::vector<ChildMessage> messages_;
 };
 
+// What a job gets: the directory it works in (-1: none), the descriptors
+// lent to it, in the order given, and its arguments. The job does not own
+// them.
+struct JobInput {
+  int dir = -1;
+  std::vector<int> fds;
+  ArgsReader args;
+};
+
+// A job: registered once per program under a unique name.
+struct RunAsJob {
+  const char* name;
+  absl::Status (*run)(JobInput& input, MessageSink& out);
+};
+
+// Registers `job` (at static initialization); returns it.
+RunAsJob RegisterRunAsJob(const RunAsJob& job);
+
+// Defines `variable`, a RunAsJob registered as `name`, run by `function`.
+#define HEAPD_RUN_AS_JOB(variable, name, function) \
+  const ::heapd::RunAsJob variable = ::heapd::RegisterRunAsJob({name, function})
+
+// A job and what it is given.
+struct RunAsRequest {
+  const RunAsJob* job = nullptr;
+  std::string args;      // an ArgsWriter's bytes
+  std::vector<int> fds;  // lent to the helper for the call
+  // Non-empty: the directory the job works in, opened by the helper with
+  // the user's rights (no magic links: /proc/self/fd/N leads nowhere), and
+  // refused if it is or lies beneath (forbidden_device, forbidden_inode)
+  // when those are set.
+  std::string dir;
+  dev_t forbidden_device = 0;
+  ino_t forbidden_inode = 0;
+};
+
 struct RunAsOptions {
-  // The child is killed at this deadline: DEADLINE_EXCEEDED.
+  // The helper is killed at this deadline: DEADLINE_EXCEEDED.
   absl::Duration timeout = absl::Minutes(10);
   // When this descriptor becomes readable (the daemon is stopping), the
-  // child is killed: UNAVAILABLE. -1: none.
+  // helper is killed: UNAVAILABLE. -1: none.
   int cancel_fd = -1;
   // Asked every 100 ms; when it returns true (the caller went away), the
-  // child is killed: CANCELLED. Empty: never.
+  // helper is killed: CANCELLED. Empty: never.
   std::function<bool()> cancelled;
   // Bytes received by all RunAs calls sharing this budget, and its limit:
   // a call that would pass it fails with RESOURCE_EXHAUSTED (heapd-wide
@@ -94,20 +135,31 @@ struct RunAsOptions {
     uint64_t limit = 0;
   };
   Budget* budget = nullptr;
-  // Total bytes the child may send; beyond them it is killed:
+  // Total bytes the helper may send; beyond them it is killed:
   // RESOURCE_EXHAUSTED.
   uint64_t max_reply_bytes = uint64_t{64} << 20;
   // Names the operation in errors ("create snapshot /x/y").
   std::string what;
 };
 
-// Runs `work` in a child process with credentials `who`, which sees only
-// `keep_fds` (by the same numbers) besides stdin, stdout and stderr.
-// Returns what the child sent, or the status `work` returned (its code and
-// message), or an error if the child died, timed out or was cancelled.
-absl::StatusOr<std::vector<ChildMessage>> RunAs(
-    const Credentials& who, const std::vector<int>& keep_fds, const RunAsOptions& options,
-    const std::function<absl::Status(MessageSink& channel)>& work);
+// Runs `request` in a helper process with credentials `who`. Returns what
+// the job sent, or the status it returned (its code and message), or an
+// error if the helper died, timed out or was cancelled.
+absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const RunAsRequest& request,
+                                                const RunAsOptions& options);
+
+// Runs `job` here, in this process, working in `dir`.
+absl::StatusOr<std::vector<ChildMessage>> RunJobHere(const RunAsJob& job, int dir,
+                                                     const std::vector<int>& fds,
+                                                     absl::string_view args);
+
+// For main(), first thing: true if this process is a helper RunAs spawned
+// (then return RunAsHelperMain()). Otherwise opens the running executable
+// for later RunAs calls and returns false.
+bool StartedAsRunAsHelper(int argc, char** argv);
+// A helper's whole life: receives its request, becomes the user, runs the
+// job, sends its result. Returns the exit status.
+int RunAsHelperMain();
 
 }  // namespace heapd
 

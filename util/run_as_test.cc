@@ -1,3 +1,5 @@
+// RunAs with real helpers: this test binary spawns itself as each helper
+// (util/run_as_test_main.cc).
 #include "util/run_as.h"
 
 #include <fcntl.h>
@@ -8,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +28,112 @@ absl::Status Errno(const char* what) {
   return absl::PermissionDeniedError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
+absl::StatusOr<std::vector<ChildMessage>> RunAsStranger(const RunAsJob& job,
+                                                        const std::string& args = "",
+                                                        std::vector<int> fds = {},
+                                                        const RunAsOptions& options = {}) {
+  RunAsRequest request;
+  request.job = &job;
+  request.args = args;
+  request.fds = std::move(fds);
+  return RunAs(kStranger, request, options);
+}
+
+absl::Status SendIdentity(JobInput&, MessageSink& out) {
+  uid_t r, e, s;
+  gid_t rg, eg, sg;
+  getresuid(&r, &e, &s);
+  getresgid(&rg, &eg, &sg);
+  gid_t groups[8];
+  const int count = getgroups(8, groups);
+  std::string identity = absl::StrCat(r, " ", e, " ", s, " ", rg, " ", eg, " ", sg, " groups");
+  for (int i = 0; i < count; ++i) absl::StrAppend(&identity, " ", groups[i]);
+  absl::StrAppend(&identity, " dumpable ", prctl(PR_GET_DUMPABLE));
+  char cwd[64] = {};
+  absl::StrAppend(&identity, " cwd ", getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "?");
+  return out.Send(identity);
+}
+HEAPD_RUN_AS_JOB(kSendIdentity, "test.identity", SendIdentity);
+
+absl::Status ReadFile(JobInput& input, MessageSink& out) {
+  std::string path;
+  if (!input.args.Next(&path) || !input.args.Done()) return absl::InternalError("bad args");
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return Errno("open secret");
+  close(fd);
+  return out.Send("read it");
+}
+HEAPD_RUN_AS_JOB(kReadFile, "test.read_file", ReadFile);
+
+// Which descriptors above 2 are open, and /dev/zero sent back.
+absl::Status ListDescriptors(JobInput& input, MessageSink& out) {
+  std::string open_fds;
+  for (int fd = 3; fd < 64; ++fd) {
+    if (fcntl(fd, F_GETFD) >= 0) absl::StrAppend(&open_fds, fd, " ");
+  }
+  std::string lent;
+  for (int fd : input.fds) {
+    char byte = 1;
+    absl::StrAppend(&lent, pread(fd, &byte, 1, 0) == 1 ? "readable " : "unreadable ");
+  }
+  const int zero = open("/dev/zero", O_RDONLY);
+  if (zero < 0) return Errno("open /dev/zero");
+  return out.Send(absl::StrCat(input.fds.size(), " lent: ", lent, "| open: ", open_fds), zero);
+}
+HEAPD_RUN_AS_JOB(kListDescriptors, "test.list_fds", ListDescriptors);
+
+absl::Status SendLarge(JobInput& input, MessageSink& out) {
+  uint64_t bytes = 0;
+  if (!input.args.Next(&bytes)) return absl::InternalError("bad args");
+  if (absl::Status s = out.Send(std::string(bytes, 'x')); !s.ok()) return s;
+  return out.Send("second");
+}
+HEAPD_RUN_AS_JOB(kSendLarge, "test.large", SendLarge);
+
+absl::Status Hang(JobInput&, MessageSink&) {
+  pause();
+  return absl::OkStatus();
+}
+HEAPD_RUN_AS_JOB(kHang, "test.hang", Hang);
+
+// Writes its pid to the file the arguments name, then waits forever.
+absl::Status WritePidAndHang(JobInput& input, MessageSink&) {
+  std::string path;
+  if (!input.args.Next(&path)) return absl::InternalError("bad args");
+  FILE* file = fopen(path.c_str(), "w");
+  if (file == nullptr) return Errno("create pid file");
+  fprintf(file, "%d\n", getpid());
+  fclose(file);
+  pause();
+  return absl::OkStatus();
+}
+HEAPD_RUN_AS_JOB(kWritePidAndHang, "test.pid_and_hang", WritePidAndHang);
+
+absl::Status SendForever(JobInput&, MessageSink& out) {
+  for (;;) {
+    if (absl::Status s = out.Send(std::string(10000, 'y')); !s.ok()) return s;
+  }
+}
+HEAPD_RUN_AS_JOB(kSendForever, "test.send_forever", SendForever);
+
+absl::Status KillSelf(JobInput&, MessageSink&) {
+  raise(SIGKILL);
+  return absl::OkStatus();
+}
+HEAPD_RUN_AS_JOB(kKillSelf, "test.kill_self", KillSelf);
+
+absl::Status ListDirectoryJob(JobInput& input, MessageSink& out) {
+  struct stat st;
+  if (fstatat(input.dir, "marker", &st, 0) != 0) return Errno("stat marker");
+  return out.Send("found marker");
+}
+HEAPD_RUN_AS_JOB(kFindMarker, "test.find_marker", ListDirectoryJob);
+
+absl::Status Fail(JobInput&, MessageSink&) {
+  return absl::FailedPreconditionError("the job says no");
+}
+HEAPD_RUN_AS_JOB(kFail, "test.fail", Fail);
+
 class RunAsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -32,22 +141,12 @@ class RunAsTest : public ::testing::Test {
   }
 };
 
-TEST_F(RunAsTest, TheChildHasExactlyTheCallersIdsAndGroupsAndIsNotDumpable) {
-  auto messages = RunAs(kStranger, {}, {}, [](MessageSink& channel) {
-    uid_t r, e, s;
-    gid_t rg, eg, sg;
-    getresuid(&r, &e, &s);
-    getresgid(&rg, &eg, &sg);
-    gid_t groups[8];
-    const int count = getgroups(8, groups);
-    std::string out = absl::StrCat(r, " ", e, " ", s, " ", rg, " ", eg, " ", sg, " groups");
-    for (int i = 0; i < count; ++i) absl::StrAppend(&out, " ", groups[i]);
-    absl::StrAppend(&out, " dumpable ", prctl(PR_GET_DUMPABLE));
-    return channel.Send(out);
-  });
+TEST_F(RunAsTest, TheHelperHasExactlyTheCallersIdsAndGroupsAndIsNotDumpable) {
+  auto messages = RunAsStranger(kSendIdentity);
   ASSERT_TRUE(messages.ok()) << messages.status();
   ASSERT_EQ(messages->size(), 1u);
-  EXPECT_EQ((*messages)[0].bytes, "61001 61001 61001 61001 61001 61001 groups 61005 dumpable 0");
+  EXPECT_EQ((*messages)[0].bytes,
+            "61001 61001 61001 61001 61001 61001 groups 61005 dumpable 0 cwd /");
 }
 
 TEST_F(RunAsTest, TheKernelRefusesWhatTheCallerMayNotDo) {
@@ -59,97 +158,166 @@ TEST_F(RunAsTest, TheKernelRefusesWhatTheCallerMayNotDo) {
   fputs("root only", file);
   fclose(file);
   chmod(secret.c_str(), 0600);
-  auto messages = RunAs(kStranger, {}, {}, [&](MessageSink& channel) -> absl::Status {
-    const int fd = open(secret.c_str(), O_RDONLY);
-    if (fd < 0) return Errno("open secret");
-    return channel.Send("read it");
-  });
+  auto messages = RunAsStranger(kReadFile, ArgsWriter().Add(secret).Take());
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kPermissionDenied) << messages.status();
   EXPECT_NE(messages.status().message().find("open secret"), std::string::npos);
   unlink(secret.c_str());
   rmdir(dir);
 }
 
-TEST_F(RunAsTest, OnlyTheKeptDescriptorsReachTheChildAndDescriptorsComeBack) {
-  const int kept = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  ASSERT_GE(kept, 0);
+TEST_F(RunAsTest, OnlyTheLentDescriptorsReachTheHelperAndDescriptorsComeBack) {
+  const int lent = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+  const int other = open("/dev/null", O_RDONLY);  // not close-on-exec, not lent
+  ASSERT_GE(lent, 0);
   ASSERT_GE(other, 0);
-  auto messages = RunAs(kStranger, {kept}, {}, [&](MessageSink& channel) -> absl::Status {
-    const bool kept_open = fcntl(kept, F_GETFD) >= 0;
-    const bool other_open = fcntl(other, F_GETFD) >= 0;
-    const int fd = open("/dev/zero", O_RDONLY);
-    if (fd < 0) return Errno("open /dev/zero");
-    return channel.Send(absl::StrCat(kept_open, other_open), fd);
-  });
+  auto messages = RunAsStranger(kListDescriptors, "", {lent});
   ASSERT_TRUE(messages.ok()) << messages.status();
   ASSERT_EQ(messages->size(), 1u);
-  EXPECT_EQ((*messages)[0].bytes, "10");
+  // The channel (3) and the lent descriptor, received as the next number.
+  EXPECT_EQ((*messages)[0].bytes, "1 lent: readable | open: 3 4 ");
   ASSERT_TRUE((*messages)[0].fd.valid());
   char byte = 1;
   EXPECT_EQ(read((*messages)[0].fd.get(), &byte, 1), 1);
   EXPECT_EQ(byte, 0);
-  close(kept);
+  close(lent);
   close(other);
 }
 
+TEST_F(RunAsTest, TheJobWorksInTheDirectoryOpenedAsTheUser) {
+  char dir[] = "/tmp/run-as-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string marker = absl::StrCat(dir, "/marker");
+  FILE* file = fopen(marker.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  fclose(file);
+  RunAsRequest request;
+  request.job = &kFindMarker;
+  request.dir = dir;
+  // mkdtemp's 0700: the stranger may not open it.
+  auto refused = RunAs(kStranger, request, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_NE(refused.status().message().find(dir), std::string::npos) << refused.status();
+  chmod(dir, 0755);
+  auto found = RunAs(kStranger, request, {});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ((*found)[0].bytes, "found marker");
+  // A directory inside the forbidden one is refused.
+  struct stat st;
+  ASSERT_EQ(stat("/tmp", &st), 0);
+  request.forbidden_device = st.st_dev;
+  request.forbidden_inode = st.st_ino;
+  auto forbidden = RunAs(kStranger, request, {});
+  EXPECT_EQ(forbidden.status().code(), absl::StatusCode::kInvalidArgument) << forbidden.status();
+  unlink(marker.c_str());
+  rmdir(dir);
+}
+
+TEST_F(RunAsTest, TheJobsStatusComesBackWithItsCode) {
+  auto messages = RunAsStranger(kFail);
+  EXPECT_EQ(messages.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(messages.status().message(), "the job says no");
+}
+
 TEST_F(RunAsTest, LargeMessagesArriveWholeAndInOrder) {
-  const std::string big(300000, 'x');
-  auto messages = RunAs(kStranger, {}, {}, [&](MessageSink& channel) -> absl::Status {
-    if (absl::Status s = channel.Send(big); !s.ok()) return s;
-    return channel.Send("second");
-  });
+  auto messages = RunAsStranger(kSendLarge, ArgsWriter().Add(uint64_t{300000}).Take());
   ASSERT_TRUE(messages.ok()) << messages.status();
   ASSERT_EQ(messages->size(), 2u);
-  EXPECT_EQ((*messages)[0].bytes, big);
+  EXPECT_EQ((*messages)[0].bytes, std::string(300000, 'x'));
   EXPECT_EQ((*messages)[1].bytes, "second");
 }
 
-TEST_F(RunAsTest, AChildThatHangsIsKilledAtTheDeadline) {
+TEST_F(RunAsTest, LargeRequestsArriveWhole) {
+  std::string path = "/nonexistent/";
+  path.append(200000, 'p');
+  auto messages = RunAsStranger(kReadFile, ArgsWriter().Add(path).Take());
+  // The helper read the whole path (ENAMETOOLONG, not a malformed request).
+  EXPECT_EQ(messages.status().code(), absl::StatusCode::kPermissionDenied) << messages.status();
+  EXPECT_NE(messages.status().message().find("File name too long"), std::string::npos)
+      << messages.status();
+}
+
+TEST_F(RunAsTest, AHelperThatHangsIsKilledAtTheDeadline) {
   RunAsOptions options;
   options.timeout = absl::Milliseconds(300);
   options.what = "hang";
   const absl::Time start = absl::Now();
-  auto messages = RunAs(kStranger, {}, options, [](MessageSink&) {
-    pause();
-    return absl::OkStatus();
-  });
+  auto messages = RunAsStranger(kHang, "", {}, options);
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
-TEST_F(RunAsTest, CancellationKillsTheChild) {
+TEST_F(RunAsTest, CancellationKillsTheHelper) {
   const int cancel = eventfd(0, EFD_CLOEXEC);
   RunAsOptions options;
   options.cancel_fd = cancel;
   const uint64_t one = 1;
   ASSERT_EQ(write(cancel, &one, sizeof(one)), 8);
-  auto messages = RunAs(kStranger, {}, options, [](MessageSink&) {
-    pause();
-    return absl::OkStatus();
-  });
+  auto messages = RunAsStranger(kHang, "", {}, options);
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kUnavailable);
   close(cancel);
 }
 
-TEST_F(RunAsTest, AChildSendingTooMuchIsStopped) {
+TEST_F(RunAsTest, AHelperSendingTooMuchIsStopped) {
   RunAsOptions options;
   options.max_reply_bytes = 100000;
-  auto messages = RunAs(kStranger, {}, options, [](MessageSink& channel) -> absl::Status {
-    for (;;) {
-      if (absl::Status s = channel.Send(std::string(10000, 'y')); !s.ok()) return s;
-    }
-  });
+  auto messages = RunAsStranger(kSendForever, "", {}, options);
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
-TEST_F(RunAsTest, AChildKilledByTheUserFailsTheOperation) {
-  auto messages = RunAs(kStranger, {}, {}, [](MessageSink&) {
-    raise(SIGKILL);
-    return absl::OkStatus();
-  });
+TEST_F(RunAsTest, AHelperKilledByTheUserFailsTheOperation) {
+  auto messages = RunAsStranger(kKillSelf);
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(messages.status().message().find("signal 9"), std::string::npos);
+}
+
+// True once `pid` has exited (gone, or a zombie no one reaped yet).
+bool Exited(pid_t pid) {
+  FILE* stat = fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (stat == nullptr) return true;
+  char state = '?';
+  const int read = fscanf(stat, "%*d (%*[^)]) %c", &state);
+  fclose(stat);
+  return read == 1 && (state == 'Z' || state == 'X');
+}
+
+TEST_F(RunAsTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
+  char dir[] = "/tmp/run-as-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  chmod(dir, 0777);
+  const std::string pid_file = absl::StrCat(dir, "/pid");
+  const pid_t spawner = fork();
+  ASSERT_GE(spawner, 0);
+  if (spawner == 0) {
+    (void)RunAsStranger(kWritePidAndHang, ArgsWriter().Add(pid_file).Take());
+    _exit(0);
+  }
+  pid_t helper = 0;
+  for (int i = 0; i < 500 && helper == 0; ++i) {
+    usleep(10000);
+    if (FILE* file = fopen(pid_file.c_str(), "r"); file != nullptr) {
+      if (fscanf(file, "%d", &helper) != 1) helper = 0;
+      fclose(file);
+    }
+  }
+  ASSERT_GT(helper, 0);
+  kill(spawner, SIGKILL);
+  waitpid(spawner, nullptr, 0);
+  bool exited = false;
+  for (int i = 0; i < 500 && !exited; ++i) {
+    exited = Exited(helper);
+    if (!exited) usleep(10000);
+  }
+  EXPECT_TRUE(exited) << "helper " << helper << " outlived the process that spawned it";
+  if (!exited) kill(helper, SIGKILL);
+  unlink(pid_file.c_str());
+  rmdir(dir);
+}
+
+TEST_F(RunAsTest, TheSameJobRunsInThisProcessToo) {
+  auto messages = RunJobHere(kSendLarge, -1, {}, ArgsWriter().Add(uint64_t{10}).Take());
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  ASSERT_EQ(messages->size(), 2u);
+  EXPECT_EQ((*messages)[0].bytes, "xxxxxxxxxx");
 }
 
 }  // namespace

@@ -13,8 +13,7 @@ namespace heapd {
 // Runs work(0) .. work(count - 1), work(0) on this thread and the others
 // on threads of their own; returns when all are done. A thread that cannot
 // be started (the process is at its task limit) does not fail the work: its
-// share runs on this thread afterwards. Safe in a RunAs child (threads
-// started after the fork take no lock the fork could have left held).
+// share runs on this thread afterwards.
 inline void RunWorkers(int count, const std::function<void(int worker)>& work) {
   std::vector<std::thread> threads;
   std::vector<int> here;
