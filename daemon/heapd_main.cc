@@ -386,8 +386,11 @@ int Run() {
   options.default_max_size = absl::GetFlag(FLAGS_default_max_size).bytes;
   options.limits = limits;
   options.stop_fd = stop_fd;
+  DirectorySnapshots directory_snapshots(snapshots->get(), &metrics);
+  StoreBackend store_versions(versions->get(), &metrics);
   HeapdService service(
-      heaps->get(), &sessions, snapshots->get(), versions->get(), &metrics,
+      heaps->get(), &sessions,
+      {&directory_snapshots, &store_versions, snapshots->get(), versions->get()}, &metrics,
       [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);
   HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

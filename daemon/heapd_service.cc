@@ -560,7 +560,7 @@ grpc::Status HeapdService::ListNames(grpc::ServerContext* context,
 
 SnapshotBackend& HeapdService::BackendFor(const std::string& store_dir) {
   if (store_dir.empty()) return directory_snapshots_;
-  return store_backend_;
+  return store_versions_;
 }
 
 uint64_t HeapdService::SnapshotBytesAllowed(const Caller& caller) const {

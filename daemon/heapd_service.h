@@ -41,16 +41,25 @@ class HeapdService final : public v1::Heapd::Service {
  public:
   using CallerLookup = std::function<absl::StatusOr<Caller>(const std::string& peer)>;
 
-  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotStore* snapshots,
-               StoreSnapshots* store_snapshots, Metrics* metrics, CallerLookup caller_of,
-               ServiceOptions options)
+  // Snapshot calls go to `directory_snapshots` or, for a request that
+  // names a store, `store_versions`; in-place attaches to `snapshots`, a
+  // store's gc and usage to `store_snapshots`. None is owned.
+  struct SnapshotParts {
+    SnapshotBackend* directory_snapshots = nullptr;
+    SnapshotBackend* store_versions = nullptr;
+    SnapshotStore* snapshots = nullptr;
+    StoreSnapshots* store_snapshots = nullptr;
+  };
+
+  HeapdService(HeapRegistry* heaps, Sessions* sessions, SnapshotParts snapshot_parts,
+               Metrics* metrics, CallerLookup caller_of, ServiceOptions options)
       : heaps_(heaps),
         sessions_(sessions),
-        snapshots_(snapshots),
-        store_snapshots_(store_snapshots),
+        snapshots_(snapshot_parts.snapshots),
+        store_snapshots_(snapshot_parts.store_snapshots),
         metrics_(metrics),
-        directory_snapshots_(snapshots, metrics),
-        store_backend_(store_snapshots, metrics),
+        directory_snapshots_(*snapshot_parts.directory_snapshots),
+        store_versions_(*snapshot_parts.store_versions),
         caller_of_(std::move(caller_of)),
         options_(options) {}
 
@@ -151,8 +160,8 @@ class HeapdService final : public v1::Heapd::Service {
   SnapshotStore* const snapshots_;
   StoreSnapshots* const store_snapshots_;
   Metrics* const metrics_;
-  DirectorySnapshots directory_snapshots_;
-  StoreBackend store_backend_;
+  SnapshotBackend& directory_snapshots_;
+  SnapshotBackend& store_versions_;
   const CallerLookup caller_of_;
   const ServiceOptions options_;
 

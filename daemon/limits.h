@@ -29,7 +29,7 @@ struct UserLimits {
   // snapshot directory.
   uint64_t snapshot_bytes = uint64_t{1} << 40;
   // Snapshot calls (create, list, verify, remove, restore, attach in
-  // place) a user runs at once: each may fork a worker.
+  // place) a user runs at once: each may spawn a helper.
   uint32_t snapshot_calls = 4;
 };
 

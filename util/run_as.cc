@@ -18,11 +18,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "util/dir_files.h"
 #include "util/errno_status.h"
@@ -37,6 +39,7 @@ namespace {
 constexpr char kPart = 'C';   // a part of a message; more follow
 constexpr char kLast = 'M';   // the last part of a message (may carry fds)
 constexpr char kError = 'E';  // the job failed: status code byte, message
+constexpr char kFds = 'F';    // heapd to helper, after the request: the lent fds
 constexpr size_t kPartBytes = 32 << 10;
 constexpr size_t kMaxFdsPerMessage = 16;
 
@@ -162,6 +165,7 @@ bool SwitchCredentials(const Credentials& who) {
 // job's own arguments; the lent descriptors ride with its last part.
 std::string EncodeRequest(const Credentials& who, const RunAsRequest& request) {
   ArgsWriter writer;
+  writer.Add(static_cast<uint64_t>(getpid()));
   writer.Add(who.uid).Add(who.gid).Add(who.groups.size());
   for (uint32_t group : who.groups) writer.Add(group);
   writer.Add(request.job->name).Add(request.dir);
@@ -172,6 +176,7 @@ std::string EncodeRequest(const Credentials& who, const RunAsRequest& request) {
 }
 
 struct DecodedRequest {
+  pid_t parent = 0;
   Credentials who;
   std::string job;
   std::string dir;
@@ -182,10 +187,12 @@ struct DecodedRequest {
 
 bool DecodeRequest(absl::string_view bytes, DecodedRequest* request) {
   ArgsReader reader(bytes);
-  uint64_t uid = 0, gid = 0, groups = 0;
-  if (!reader.Next(&uid) || !reader.Next(&gid) || !reader.Next(&groups) || groups > 65536) {
+  uint64_t parent = 0, uid = 0, gid = 0, groups = 0;
+  if (!reader.Next(&parent) || !reader.Next(&uid) || !reader.Next(&gid) || !reader.Next(&groups) ||
+      groups > 65536) {
     return false;
   }
+  request->parent = static_cast<pid_t>(parent);
   request->who.uid = static_cast<uint32_t>(uid);
   request->who.gid = static_cast<uint32_t>(gid);
   for (uint64_t i = 0; i < groups; ++i) {
@@ -251,23 +258,18 @@ class Helper {
     }
   }
 
-  // Sends the request. A helper gone meanwhile is not an error here: its
-  // exit status says why.
+  // Sends the request, then the lent descriptors in a packet of their own
+  // (the helper takes them only once it is the user and not dumpable). A
+  // helper gone meanwhile is not an error here: its exit status says why.
   absl::Status SendRequest(absl::string_view bytes, const std::vector<int>& fds) {
-    do {
+    bool last = false;
+    while (!last) {
       const absl::string_view part = bytes.substr(0, kPartBytes);
-      const bool last = bytes.size() == part.size();
-      for (;;) {
-        if (SendPacket(socket_.get(), last ? kLast : kPart, part, last ? fds : std::vector<int>{},
-                       MSG_DONTWAIT)) {
-          break;
-        }
-        if (errno != EAGAIN) return absl::OkStatus();
-        if (absl::Status s = Wait(POLLOUT); !s.ok()) return s;
-      }
+      last = bytes.size() == part.size();
+      if (absl::Status s = SendPacket(last ? kLast : kPart, part, {}); !s.ok()) return s;
       bytes.remove_prefix(part.size());
-    } while (!bytes.empty());
-    return absl::OkStatus();
+    }
+    return SendPacket(kFds, "", fds);
   }
 
   // Receives messages until the helper closes its end. `failure` gets the
@@ -283,7 +285,13 @@ class Helper {
       std::vector<UniqueFd> fds;
       const ssize_t n = ReceivePacket(socket_.get(), &packet, &fds, MSG_DONTWAIT);
       if (n < 0 && errno == EAGAIN) continue;
-      if (n <= 0) break;  // the helper is gone (or sent garbage): judged by its exit
+      if (n == 0) break;  // the helper is gone: judged by its exit
+      if (n < 0) {
+        // A truncated packet (heapd out of descriptors for the one sent)
+        // or a failed receive: the helper may still be sending.
+        interruption = ErrnoStatus(errno, absl::StrCat(options_.what, ": receive from the helper"));
+        break;
+      }
       received += static_cast<uint64_t>(n);
       if (received > options_.max_reply_bytes) {
         interruption = absl::ResourceExhaustedError(absl::StrCat(
@@ -317,8 +325,18 @@ class Helper {
 
   void Kill() { PidfdSendSignal(pidfd_.get(), SIGKILL); }
 
-  // Reaps the helper.
-  siginfo_t Reap() {
+  // Reaps the helper once it exits: by the deadline, or else killed and
+  // given kKilledExitGrace (a process in uninterruptible I/O, a hung NFS
+  // server, dies only when that ends). Past that it is left behind:
+  // DEADLINE_EXCEEDED.
+  absl::StatusOr<siginfo_t> Reap() {
+    if (!Exited(deadline_)) {
+      Kill();
+      if (!Exited(absl::Now() + kKilledExitGrace)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            options_.what, ": the helper did not exit when killed; it is left behind"));
+      }
+    }
     siginfo_t info{};
     while (waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED) != 0 &&
            errno == EINTR) {
@@ -327,36 +345,138 @@ class Helper {
   }
 
  private:
+  static constexpr absl::Duration kKilledExitGrace = absl::Seconds(10);
+
+  absl::Status SendPacket(char kind, absl::string_view bytes, const std::vector<int>& fds) {
+    for (;;) {
+      if (heapd::SendPacket(socket_.get(), kind, bytes, fds, MSG_DONTWAIT)) {
+        return absl::OkStatus();
+      }
+      if (errno == EPIPE || errno == ECONNRESET) return absl::OkStatus();  // judged by its exit
+      if (errno != EAGAIN) {
+        return ErrnoStatus(errno, absl::StrCat(options_.what, ": send the helper its request"));
+      }
+      if (absl::Status s = Wait(POLLOUT); !s.ok()) return s;
+    }
+  }
+
+  // True once the helper exited (its pidfd readable) before `until`.
+  bool Exited(absl::Time until) {
+    for (;;) {
+      pollfd exited{pidfd_.get(), POLLIN, 0};
+      const int64_t left_ms = absl::ToInt64Milliseconds(until - absl::Now());
+      const int ready =
+          poll(&exited, 1, static_cast<int>(std::clamp<int64_t>(left_ms + 1, 0, 1000)));
+      if (ready > 0) return true;
+      if (ready < 0 && errno != EINTR) return false;
+      if (absl::Now() >= until) return false;
+    }
+  }
+
   UniqueFd socket_;
   UniqueFd pidfd_;
   const RunAsOptions& options_;
   const absl::Time deadline_;
 };
 
-// Spawns a helper whose end of the channel is `theirs`; its pidfd.
-absl::StatusOr<UniqueFd> SpawnHelper(int theirs, const std::string& what) {
+// Spawns a helper whose end of the channel is `theirs`; its pid or an
+// errno.
+int SpawnHelperHere(int theirs, pid_t* pid) {
   posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, theirs, kChannelFd);
-  posix_spawn_file_actions_adddup2(&actions, executable_fd.load(), kExecutableFd);
-  posix_spawn_file_actions_addclosefrom_np(&actions, kExecutableFd + 1);
+  if (const int error = posix_spawn_file_actions_init(&actions); error != 0) return error;
   posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
+  if (const int error = posix_spawnattr_init(&attributes); error != 0) {
+    posix_spawn_file_actions_destroy(&actions);
+    return error;
+  }
   sigset_t none, all;
   sigemptyset(&none);
   sigfillset(&all);
-  posix_spawnattr_setsigmask(&attributes, &none);  // heapd blocks SIGTERM for sigwait
-  posix_spawnattr_setsigdefault(&attributes, &all);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   char name[] = "heapd-run-as";
   char flag[sizeof(kHelperFlag)];
   std::memcpy(flag, kHelperFlag, sizeof(flag));
   char* argv[] = {name, flag, nullptr};
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, kExecutablePath, &actions, &attributes, argv, environ);
+  int error = posix_spawn_file_actions_adddup2(&actions, theirs, kChannelFd);
+  if (error == 0) {
+    error = posix_spawn_file_actions_adddup2(&actions, executable_fd.load(), kExecutableFd);
+  }
+  if (error == 0) error = posix_spawn_file_actions_addclosefrom_np(&actions, kExecutableFd + 1);
+  // heapd blocks SIGTERM for sigwait: the helper starts with no signal
+  // blocked and every disposition at its default.
+  if (error == 0) error = posix_spawnattr_setsigmask(&attributes, &none);
+  if (error == 0) error = posix_spawnattr_setsigdefault(&attributes, &all);
+  if (error == 0) {
+    error = posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  }
+  if (error == 0) error = posix_spawn(pid, kExecutablePath, &actions, &attributes, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
-  if (error != 0) return ErrnoStatus(error, absl::StrCat(what, ": spawn a helper"));
+  return error;
+}
+
+// Spawns every helper of this process from one thread that lives as long
+// as the process: a helper's parent-death signal fires when the thread
+// that spawned it exits, and gRPC retires idle threads. A forked child
+// (tests) gets a thread of its own.
+class Spawner {
+ public:
+  static Spawner& OfThisProcess() {
+    static absl::Mutex mu(absl::kConstInit);
+    static Spawner* spawner = nullptr;
+    absl::MutexLock lock(&mu);
+    if (spawner == nullptr || spawner->pid_ != getpid()) spawner = new Spawner();  // never freed
+    return *spawner;
+  }
+
+  // The helper's pid, or an errno.
+  int Spawn(int theirs, pid_t* pid) {
+    Request request{theirs, pid};
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(&request);
+    mu_.Await(absl::Condition(&request.done));
+    return request.error;
+  }
+
+ private:
+  struct Request {
+    int theirs;
+    pid_t* pid;
+    int error = 0;
+    bool done = false;
+  };
+
+  Spawner() : pid_(getpid()) {
+    std::thread([this] { Run(); }).detach();
+  }
+
+  [[noreturn]] void Run() {
+    for (;;) {
+      Request* request;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](std::deque<Request*>* queue) { return !queue->empty(); }, &queue_));
+        request = queue_.front();
+        queue_.pop_front();
+      }
+      const int error = SpawnHelperHere(request->theirs, request->pid);
+      absl::MutexLock lock(&mu_);
+      request->error = error;
+      request->done = true;
+    }
+  }
+
+  const pid_t pid_;
+  absl::Mutex mu_;
+  std::deque<Request*> queue_ ABSL_GUARDED_BY(mu_);
+};
+
+// Spawns a helper whose end of the channel is `theirs`; its pidfd.
+absl::StatusOr<UniqueFd> SpawnHelper(int theirs, const std::string& what) {
+  pid_t pid = -1;
+  if (const int error = Spawner::OfThisProcess().Spawn(theirs, &pid); error != 0) {
+    return ErrnoStatus(error, absl::StrCat(what, ": spawn a helper"));
+  }
   UniqueFd pidfd(PidfdOpen(pid));
   if (!pidfd.valid()) {
     // Not reaped yet, so the pid is still the helper's.
@@ -433,8 +553,10 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const Ru
   absl::Status interruption = helper.SendRequest(EncodeRequest(who, request), request.fds);
   if (interruption.ok()) interruption = helper.Receive(&messages, &failure);
   if (!interruption.ok()) helper.Kill();
-  const siginfo_t exit = helper.Reap();
+  const absl::StatusOr<siginfo_t> reaped = helper.Reap();
   if (!interruption.ok()) return interruption;
+  if (!reaped.ok()) return reaped.status();
+  const siginfo_t& exit = *reaped;
   if (!failure.ok()) return failure;
   if (exit.si_code == CLD_EXITED && exit.si_status == 0) return messages;
   if (exit.si_code == CLD_EXITED && exit.si_status == kNoCredentials) {
@@ -459,40 +581,56 @@ bool StartedAsRunAsHelper(int argc, char** argv) {
   return false;
 }
 
-int RunAsHelperMain() {
+namespace {
+
+int RunHelper() {
   close(kExecutableFd);
+  prctl(PR_SET_NAME, "heapd-run-as");
+  // The helper works for the user: it must not keep heapd's shelter from
+  // the OOM killer (--oom_score_adj), so memory it takes, its request
+  // first, is the user's.
+  if (const int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
+    (void)!write(adj, "0", 1);
+    close(adj);
+  }
   std::string request_bytes;
-  std::vector<UniqueFd> fds;
+  std::vector<UniqueFd> none;
   for (;;) {
     std::string packet;
-    if (ReceivePacket(kChannelFd, &packet, &fds, 0) <= 0) return kBadRequest;
+    if (ReceivePacket(kChannelFd, &packet, &none, 0) <= 0 || !none.empty()) return kBadRequest;
     request_bytes.append(packet, 1, std::string::npos);
     if (packet[0] == kLast) break;
     if (packet[0] != kPart) return kBadRequest;
   }
   DecodedRequest request;
   if (!DecodeRequest(request_bytes, &request)) return kBadRequest;
+  request_bytes = std::string();
   umask(077);
   // heapd's working directory may be one the user cannot reach; the helper
   // must not start there (a target of /proc/self/cwd would lead into it).
   if (chdir("/") != 0) return kNoCredentials;
-  // The helper works for the user: it must not keep heapd's shelter from
-  // the OOM killer (--oom_score_adj), so memory it takes is the user's.
-  if (const int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
-    (void)!write(adj, "0", 1);
-    close(adj);
-  }
   if (!SwitchCredentials(request.who)) return kNoCredentials;
-  // Cleared by the credential change, so set after it.
+  // The credential change set "dumpable" to fs.suid_dumpable: cleared
+  // before the lent descriptors are taken, so the user can neither trace
+  // the helper nor reach them through /proc.
   prctl(PR_SET_DUMPABLE, 0);
+  // Killed with the thread that spawned it: RunAs spawns from one thread
+  // that lives as long as heapd (a gRPC thread may be retired meanwhile),
+  // so this means heapd died. It also kills a helper the user stopped.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != request.parent) return kHeapdGone;
+  std::vector<UniqueFd> fds;
+  std::string packet;
+  if (ReceivePacket(kChannelFd, &packet, &fds, 0) <= 0 || packet.size() != 1 || packet[0] != kFds) {
+    return kBadRequest;
+  }
   // A file-size limit (RLIMIT_FSIZE) fails a write with EFBIG, an error
   // the job reports, instead of killing it; a closed channel is EPIPE.
   signal(SIGXFSZ, SIG_IGN);
   signal(SIGPIPE, SIG_IGN);
-  // heapd's end of the channel closes only when heapd is gone (it kills a
-  // helper it gives up on): the work is then for no one, and must not
-  // finish behind a restarted heapd. No parent-death signal: it fires when
-  // the spawning thread exits.
+  // heapd's end of the channel closes only when the RunAs call is gone
+  // (heapd kills a helper it gives up on, so: a process that forked and
+  // died, as tests do, or heapd itself): the work is then for no one.
   std::thread([] {
     pollfd channel{kChannelFd, POLLRDHUP, 0};
     while (poll(&channel, 1, -1) < 0 && errno == EINTR) {
@@ -528,6 +666,15 @@ int RunAsHelperMain() {
     SendPacket(kChannelFd, kError, error, {}, 0);
   }
   return status.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int RunAsHelperMain() {
+  // No static destructors with the watchdog thread still running.
+  const int status = RunHelper();
+  std::fflush(nullptr);
+  _exit(status);
 }
 
 }  // namespace heapd

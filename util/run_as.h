@@ -24,14 +24,16 @@
 // a job: a function registered by name (HEAPD_RUN_AS_JOB) that reads its
 // arguments from bytes (util/run_as_args.h) and descriptors lent to it.
 //
-// The helper gets only those descriptors (and 0-2; the daemon's others are
-// never inherited), its signals at their defaults, "/" as its working
-// directory, and it is not dumpable, so the user can neither trace it nor
-// reach the daemon's files through it; the user can only kill it, which
-// fails the operation. heapd kills and reaps it through a pidfd. It gets no
-// parent-death signal (that fires when the spawning thread exits, and gRPC
-// retires idle threads): if heapd dies, the helper's next message fails and
-// it exits.
+// The helper gets only those descriptors besides 0-2 (the daemon's others
+// are never inherited), and takes them only once it is the user and not
+// dumpable, so the user can neither trace it nor reach the daemon's files
+// through it; the user can only kill it, which fails the operation. It
+// starts with its signals at their defaults (then ignores SIGPIPE and
+// SIGXFSZ: errors, not deaths) in "/". heapd kills and reaps it through a
+// pidfd. If heapd dies the helper dies too: its parent-death signal (every
+// helper is spawned by one thread that lives as long as heapd: a gRPC
+// thread may be retired), and a watchdog thread that ends it when heapd's
+// end of its socket closes.
 #ifndef HEAPD_UTIL_RUN_AS_H_
 #define HEAPD_UTIL_RUN_AS_H_
 

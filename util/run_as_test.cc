@@ -280,7 +280,12 @@ bool Exited(pid_t pid) {
   return read == 1 && (state == 'Z' || state == 'X');
 }
 
-TEST_F(RunAsTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
+// Even stopped (SIGSTOP, as its user may): the parent-death signal is
+// SIGKILL, which ends a stopped process too.
+class HelperOutlivingTest : public RunAsTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
+  const bool stopped = GetParam();
   char dir[] = "/tmp/run-as-test-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   chmod(dir, 0777);
@@ -300,6 +305,7 @@ TEST_F(RunAsTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
     }
   }
   ASSERT_GT(helper, 0);
+  if (stopped) kill(helper, SIGSTOP);
   kill(spawner, SIGKILL);
   waitpid(spawner, nullptr, 0);
   bool exited = false;
@@ -312,6 +318,8 @@ TEST_F(RunAsTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
   unlink(pid_file.c_str());
   rmdir(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(RunningOrStopped, HelperOutlivingTest, ::testing::Bool());
 
 TEST_F(RunAsTest, TheSameJobRunsInThisProcessToo) {
   auto messages = RunJobHere(kSendLarge, -1, {}, ArgsWriter().Add(uint64_t{10}).Take());
