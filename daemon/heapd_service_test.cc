@@ -25,11 +25,11 @@ const Caller kCarol{1002, 1002, 13, {1000}};  // in Alice's group
 const Caller kRoot{0, 0, 14, {}};
 
 // Records the calls that reach it; answers `answer` (and, for a restore
-// that succeeds, an empty heap directory with `restored_owner`).
+// that succeeds, an empty heap directory owned as RestoreOptions say).
 class FakeBackend final : public SnapshotBackend {
  public:
-  absl::StatusOr<v1::SnapshotManifest> Create(const SnapshotCaller&, const Caller&, ServedHeap& heap,
-                                              const v1::HeapInfo&,
+  absl::StatusOr<v1::SnapshotManifest> Create(const SnapshotCaller&, const Caller&,
+                                              ServedHeap& heap, const v1::HeapInfo&,
                                               const v1::CreateSnapshotRequest& request,
                                               absl::Time) override {
     ++creates;
@@ -58,12 +58,10 @@ class FakeBackend final : public SnapshotBackend {
     ++removes;
     return answer;
   }
-  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> Restore(const SnapshotCaller&,
-                                                            const v1::RestoreSnapshotRequest&,
-                                                            const std::string& heaps_dir,
-                                                            const std::string& heap_name,
-                                                            const RestoreOptions& options,
-                                                            v1::SnapshotManifest* manifest) override {
+  absl::StatusOr<std::unique_ptr<RestoredHeapDir>> Restore(
+      const SnapshotCaller&, const v1::RestoreSnapshotRequest&, const std::string& heaps_dir,
+      const std::string& heap_name, const RestoreOptions& options,
+      v1::SnapshotManifest* manifest) override {
     ++restores;
     if (!answer.ok()) return answer;
     absl::StatusOr<std::unique_ptr<HeapDirBuilder>> dir =
