@@ -1,6 +1,4 @@
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "allocator/slot_bitmap.h"
-#include "client/growth_fault_handler.h"
 #include "client/heap_impl.h"
 #include "client/owner_gate.h"
 #include "heap/fault_point.h"
@@ -171,19 +168,19 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
       return s;
     }
   }
-  absl::StatusOr<std::unique_ptr<HeapMapping>> mapping = HeapMapping::Map(
-      data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_, kProcessHeaderBytes);
-  if (!mapping.ok()) return mapping.status();
-  mapping_ = *std::move(mapping);
-  base_ = mapping_->base();
+  absl::StatusOr<std::unique_ptr<MappedHeap>> mapped =
+      MappedHeap::Map(name_, data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_,
+                      kProcessHeaderBytes);
+  if (!mapped.ok()) return mapped.status();
+  mapped_ = *std::move(mapped);
+  base_ = mapped_->base();
   max_size_ = max_size;
-  mapped_bytes_ = mapping_->size();
   *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
   content_rollback_note_ = attached.heap().content_rollback_note();
   if (attached.heap().content_rollback() && !read_only_) {
     if (!journal.valid()) return Unexpected(name_, "content rollback without an undo journal");
     absl::StatusOr<std::unique_ptr<WriteTracker>> tracker = WriteTracker::Start(
-        base_, &mapped_bytes_, data_fd_, std::move(journal), calls_->lifeline());
+        base_, mapped_->mapped_bytes_counter(), data_fd_, std::move(journal), calls_->lifeline());
     if (!tracker.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("heap ", name_,
@@ -194,15 +191,7 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
     }
     tracker_ = *std::move(tracker);
   }
-  growing_ =
-      GrowingHeap{base(), max_size, data_fd_, !read_only_, mapping_->map_sync(), &mapped_bytes_};
-  if (tracker_ != nullptr) {
-    growing_.uffd = tracker_->fd();
-    growing_.fenced = tracker_->fencing();
-    growing_.unprotected = tracker_->unprotected_growth();
-  }
-  fault_slot_ = RegisterHeapForGrowthFaults(growing_);
-  if (tracker_ != nullptr) tracker_->set_growth_slot(fault_slot_);
+  mapped_->StartGrowth(tracker_.get());
   lifeline_fd_ = calls_->lifeline();
   const uint64_t max_chunks = max_size / kChunkSize;
   chunk_owner_.reset(new std::atomic<ThreadCache*>[max_chunks]());
@@ -238,31 +227,9 @@ HeapImpl::ThreadCache* HeapImpl::NewCacheForThisThread() {
   absl::MutexLock lock(&caches_mu_);
   std::unique_ptr<ThreadCache>& cache = caches_[std::this_thread::get_id()];
   if (cache == nullptr) {
-    cache = std::make_unique<ThreadCache>(this, mapping_->max_size() / kChunkSize, lease_batch_);
+    cache = std::make_unique<ThreadCache>(this, max_size_ / kChunkSize, lease_batch_);
   }
   return cache.get();
-}
-
-absl::Status HeapImpl::MapUpTo(uint64_t capacity) {
-  if (capacity <= mapped_bytes_.load(std::memory_order_acquire)) return absl::OkStatus();
-  if (capacity > max_size_) {
-    return Unexpected(
-        name_, absl::StrCat("capacity ", capacity, " beyond the heap's maximum ", max_size_));
-  }
-  absl::MutexLock lock(&mapping_mu_);
-  if (const int error = MapHeapGrowth(growing_, fault_slot_, capacity); error != 0) {
-    return ErrnoStatus(error, absl::StrCat("map heap ", name_, " up to ", capacity, " bytes"));
-  }
-  mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
-  return absl::OkStatus();
-}
-
-absl::Status HeapImpl::FlushMapping() {
-  {
-    absl::MutexLock lock(&mapping_mu_);
-    mapping_->Adopt(mapped_bytes_.load(std::memory_order_acquire));
-  }
-  return mapping_->Flush();
 }
 
 absl::StatusOr<std::vector<LeaseGrant>> HeapImpl::Lease(ThreadCache* cache, uint32_t size_class,
@@ -286,7 +253,7 @@ absl::StatusOr<std::vector<LeaseGrant>> HeapImpl::Lease(ThreadCache* cache, uint
       return s;
     }
   }
-  if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
+  if (absl::Status s = mapped_->MapUpTo(response.capacity_bytes()); !s.ok()) return s;
   std::vector<LeaseGrant> grants;
   grants.reserve(response.grants_size());
   for (const v1::LeaseGrant& grant : response.grants()) grants.push_back(FromProto(grant));
@@ -410,7 +377,7 @@ absl::StatusOr<LargePlacement> HeapImpl::TakeFromHeapd(uint64_t size, bool reser
                                                    "offset ", response.offset(), " for ", size))
                   : s;
   }
-  if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) {
+  if (absl::Status s = mapped_->MapUpTo(response.capacity_bytes()); !s.ok()) {
     // The caller never sees it: give an object back (a reserve is freed
     // when the session ends).
     if (reserve) return s;
@@ -617,7 +584,7 @@ absl::StatusOr<uint64_t> HeapImpl::sync() {
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
-  if (absl::Status s = FlushMapping(); !s.ok()) return s;
+  if (absl::Status s = mapped_->Flush(); !s.ok()) return s;
   absl::Status frees = FlushFrees();
   std::vector<ThreadCache*> caches;
   {
@@ -678,7 +645,7 @@ absl::StatusOr<uint64_t> HeapImpl::sync() {
     VisitorScope visit(owner->gate);
     owner->pool.ApplyCorrections(absl::MakeConstSpan(&correction, 1));
   }
-  if (absl::Status s = MapUpTo(response.capacity_bytes()); !s.ok()) return s;
+  if (absl::Status s = mapped_->MapUpTo(response.capacity_bytes()); !s.ok()) return s;
   if (!frees.ok()) return frees;
   if (response.rejected_frees_size() != 0) {
     return absl::InvalidArgumentError(response.rejected_frees(0));
@@ -700,7 +667,7 @@ absl::Status HeapImpl::detach() {
   absl::Status status;
   std::vector<LeaseReport> reports;
   if (!read_only_) {
-    status.Update(FlushMapping());
+    status.Update(mapped_->Flush());
     status.Update(FlushFrees());
     absl::MutexLock lock(&caches_mu_);
     for (const auto& [thread, cache] : caches_) {
@@ -736,9 +703,9 @@ absl::Status HeapImpl::detach() {
     status.Update(absl::Status(parts.code(), absl::StrCat("heap ", name_, ": ", parts.message(),
                                                           "; the session ends at its last sync")));
   }
-  UnregisterHeapForGrowthFaults(fault_slot_);
+  mapped_->StopGrowth();
   tracker_.reset();  // before the lifeline closes: that would fence the mapping
-  mapping_.reset();
+  mapped_.reset();
   calls_->Close();
   return status;
 }
@@ -748,13 +715,7 @@ absl::Status HeapImpl::KeepPrivatelyAfterFork() {
   // The parent's lifeline: heapd must see the parent's end when it comes,
   // not when this child exits.
   if (lifeline_fd_ >= 0) close(lifeline_fd_);
-  const uint64_t mapped = mapped_bytes_.load(std::memory_order_acquire);
-  const int prot = read_only_ ? PROT_READ : PROT_READ | PROT_WRITE;
-  if (mapped != 0 &&
-      mmap(base_, mapped, prot, MAP_PRIVATE | MAP_FIXED, data_fd_, 0) == MAP_FAILED) {
-    return ErrnoStatus(errno, absl::StrCat("map heap ", name_, " privately in a forked child"));
-  }
-  return absl::OkStatus();
+  return mapped_->MapPrivately(!read_only_);
 }
 
 void HeapImpl::prepare_write(void* p, uint64_t size) {
@@ -847,18 +808,8 @@ absl::StatusOr<NameEntry> HeapImpl::EntryOf(const std::string& name) {
 absl::StatusOr<void*> HeapImpl::MapObject(const NameEntry& entry) {
   // An object beyond what this process mapped: map what other clients
   // grew the heap by (what it links to is mapped on first touch).
-  if (entry.offset + entry.size > mapped_bytes_.load(std::memory_order_acquire)) {
-    struct stat st;
-    if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
-    if (entry.offset + entry.size > static_cast<uint64_t>(st.st_size)) {
-      return absl::DataLossError(absl::StrCat("name '", entry.name, "' in heap ", name_,
-                                              " binds bytes beyond the data file"));
-    }
-    if (absl::Status s = MapUpTo(std::min<uint64_t>(
-            static_cast<uint64_t>(st.st_size) / kChunkSize * kChunkSize, max_size_));
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = mapped_->MapUpToFileSize(entry.offset + entry.size); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("name '", entry.name, "': ", s.message()));
   }
   return base() + entry.offset;
 }

@@ -37,12 +37,11 @@
 #include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
 #include "client/free_batch.h"
-#include "client/growth_fault_handler.h"
+#include "client/mapped_heap.h"
 #include "client/prefetched_names.h"
 #include "client/session_calls.h"
 #include "client/spin_lock.h"
 #include "client/write_tracker.h"
-#include "heap/heap_mapping.h"
 #include "heap/name_table.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
@@ -116,10 +115,6 @@ class HeapImpl final : public Heap {
   void AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants);
   // Applies other threads' frees to `cache`. REQUIRES: inside its gate.
   void ApplyRemoteFrees(ThreadCache* cache);
-  // Writes the mapping back (msync), including what the growth fault
-  // handler mapped.
-  absl::Status FlushMapping();
-  absl::Status MapUpTo(uint64_t capacity);
   // A large object: carved from the reserve (topped up first when no run
   // fits), or from heapd when above kMaxCarvedChunks.
   absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
@@ -182,17 +177,10 @@ class HeapImpl final : public Heap {
   int lifeline_fd_ = -1;
   bool detached_ = false;
 
-  // mapping_ is set by Start and reset by detach (nothing runs concurrently
-  // with either); in between, the heap grows by MapHeapGrowth (MapUpTo,
-  // holding mapping_mu_, and the growth fault handler), which raises
-  // mapped_bytes_; mapping_ adopts that size under mapping_mu_, and the
-  // rest of HeapMapping may run beside them.
-  absl::Mutex mapping_mu_;
-  GrowingHeap growing_;  // set by Start; see growth_fault_handler.h
-  int fault_slot_ = -1;  // growing_'s slot with the handler
-  std::unique_ptr<HeapMapping> mapping_;
-  uint64_t max_size_ = 0;
-  std::atomic<uint64_t> mapped_bytes_{0};
+  // Set by Start and reset by detach (nothing runs concurrently with
+  // either).
+  std::unique_ptr<MappedHeap> mapped_;
+  uint64_t max_size_ = 0;  // mapped_'s, kept here for the fast paths
 
   // Set by Start on a heap with content rollback; reset by detach.
   std::unique_ptr<WriteTracker> tracker_;

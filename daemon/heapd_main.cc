@@ -231,6 +231,134 @@ void RaiseDescriptorLimit() {
   }
 }
 
+// Makes the runtime and state directories heapd's own (created if
+// missing) and takes their instance locks, before anything in either is
+// touched: its sockets, its heaps.
+absl::StatusOr<std::vector<InstanceLock>> TakeDirectories(const std::string& state_dir,
+                                                          const std::string& runtime_dir) {
+  if (absl::Status s = PrepareRuntimeDir(runtime_dir); !s.ok()) return s;
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
+  if (absl::Status s = MakeOwnDirectory(state_dir, 0700, "--state_dir").status(); !s.ok()) {
+    return s;
+  }
+  std::vector<InstanceLock> locks;
+  for (const auto& [dir, flag] :
+       {std::pair{runtime_dir, "--runtime_dir"}, std::pair{state_dir, "--state_dir"}}) {
+    absl::StatusOr<InstanceLock> lock = InstanceLock::Take(dir, flag);
+    if (!lock.ok()) return lock.status();
+    if (!lock->warning().empty()) spdlog::warn("{}", lock->warning());
+    locks.push_back(*std::move(lock));
+  }
+  return locks;
+}
+
+HeapOptions HeapOptionsFromFlags(const UserLimits& limits) {
+  HeapOptions options;
+  options.max_names = limits.names_per_heap;
+  options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes).bytes;
+  options.track_contents = absl::GetFlag(FLAGS_track_contents);
+  options.grow_ahead = absl::GetFlag(FLAGS_grow_ahead);
+  return options;
+}
+
+// Directory snapshots: heapd's own in STATE/snapshots, and callers'.
+// `stop_fd` readable: their helpers are killed.
+absl::StatusOr<std::unique_ptr<SnapshotStore>> OpenSnapshots(const std::string& state_dir,
+                                                             const UserLimits& limits,
+                                                             int stop_fd) {
+  SnapshotStoreOptions options;
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_snapshot_timeout_seconds));
+  options.cancel_fd = stop_fd;
+  options.max_bytes_per_user = limits.snapshot_bytes;
+  options.max_reading_bytes = absl::GetFlag(FLAGS_max_snapshot_reading_bytes).bytes;
+  return SnapshotStore::Open(state_dir + "/snapshots", state_dir, options);
+}
+
+// Snapshot stores, as this node (--node_name, else the host name), with
+// the block cache in STATE/block-cache.
+absl::StatusOr<std::unique_ptr<StoreSnapshots>> OpenStoreVersions(SnapshotStore* snapshots,
+                                                                  const std::string& state_dir) {
+  StoreSnapshotsOptions options;
+  options.node = absl::GetFlag(FLAGS_node_name);
+  if (options.node.empty()) {
+    char host[256] = {};
+    (void)gethostname(host, sizeof(host) - 1);
+    options.node = host;
+  }
+  options.block_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_store_block_bytes).bytes);
+  options.zstd_level = absl::GetFlag(FLAGS_store_zstd_level);
+  options.cache_bytes = absl::GetFlag(FLAGS_store_cache_bytes).bytes;
+  if (options.cache_bytes != 0) options.cache_dir = state_dir + "/block-cache";
+  return StoreSnapshots::Open(snapshots, options);
+}
+
+// Serves the metrics on --metrics_address (none if empty). An address
+// another process holds (any local user may bind a loopback port first)
+// must not keep heapd down: it serves without metrics, and the thread
+// returned tries the address again every 10 s until it gets it or
+// `stop_fd` becomes readable. Not joinable if there is nothing to retry.
+std::thread ServeMetrics(Metrics* metrics, HeapRegistry* heaps, Sessions* sessions, int stop_fd) {
+  const std::string address = absl::GetFlag(FLAGS_metrics_address);
+  if (address.empty()) return std::thread();
+  auto serve = [metrics, heaps, sessions, address] {
+    const absl::Status served = metrics->Serve(address, heaps, sessions);
+    if (served.ok()) {
+      spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
+                   metrics->port());
+    }
+    return served;
+  };
+  const absl::Status served = serve();
+  if (served.ok()) return std::thread();
+  spdlog::error("{}; serving without metrics, trying again every 10 s", served.ToString());
+  return std::thread([serve, stop_fd] {
+    for (;;) {
+      pollfd stop{stop_fd, POLLIN, 0};
+      if (poll(&stop, 1, 10000) != 0 || serve().ok()) return;
+    }
+  });
+}
+
+// The gRPC server of `service` and `health`, on no port yet (the listener
+// hands it the connections of heapd.sock). Null if it did not start.
+std::unique_ptr<grpc::Server> StartGrpcServer(HeapdService* service, HealthService* health) {
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service);
+  builder.RegisterService(health);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Bounded threads, and streams per connection: with the per-user limits
+  // of calls and connections, no user can make heapd spawn threads until
+  // the node's pid space runs out.
+  grpc::ResourceQuota quota("heapd");
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 64);
+  return builder.BuildAndStart();
+}
+
+// The fd server on heapd.fd.sock (`socket`): redeems attach tokens for
+// heap descriptors and answers the sessions' requests.
+std::unique_ptr<FdServer> StartFdServer(int socket, uint32_t max_connections, Sessions* sessions,
+                                        Metrics* metrics) {
+  FdServer::Callbacks callbacks;
+  callbacks.redeem = [sessions](const std::string& token,
+                                const Caller& caller) -> absl::StatusOr<FdServer::Grant> {
+    absl::StatusOr<Sessions::Redeemed> redeemed = sessions->Redeem(token, caller);
+    if (!redeemed.ok()) return redeemed.status();
+    return FdServer::Grant{redeemed->session, redeemed->fd, redeemed->journal_fd};
+  };
+  callbacks.closed = [sessions](ClientId id) { sessions->ConnectionClosed(id); };
+  callbacks.tick = [sessions] { sessions->ExpireTokens(); };
+  callbacks.request = [sessions](ClientId id, absl::string_view request) {
+    return sessions->AnswerFdRequest(id, request);
+  };
+  callbacks.refused = [metrics] { metrics->CountLimitRefusal("connections_per_user"); };
+  return std::make_unique<FdServer>(socket, max_connections, std::move(callbacks));
+}
+
 int Run() {
   const std::string state_dir =
       absl::GetFlag(FLAGS_state_dir).empty() ? DefaultStateDir() : absl::GetFlag(FLAGS_state_dir);
@@ -252,26 +380,10 @@ int Run() {
     spdlog::critical("{}", admin_gid.status().ToString());
     return 2;
   }
-  if (absl::Status s = PrepareRuntimeDir(runtime_dir); !s.ok()) {
-    spdlog::critical("{}", s.ToString());
+  absl::StatusOr<std::vector<InstanceLock>> locks = TakeDirectories(state_dir, runtime_dir);
+  if (!locks.ok()) {
+    spdlog::critical("{}", std::string(locks.status().message()));
     return 1;
-  }
-  // Before anything in either directory is touched: its sockets, its heaps.
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
-  if (absl::Status s = MakeOwnDirectory(state_dir, 0700, "--state_dir").status(); !s.ok()) {
-    spdlog::critical("{}", s.ToString());
-    return 1;
-  }
-  absl::StatusOr<InstanceLock> runtime_lock = InstanceLock::Take(runtime_dir, "--runtime_dir");
-  absl::StatusOr<InstanceLock> state_lock =
-      runtime_lock.ok() ? InstanceLock::Take(state_dir, "--state_dir") : runtime_lock.status();
-  if (!state_lock.ok()) {
-    spdlog::critical("{}", std::string(state_lock.status().message()));
-    return 1;
-  }
-  for (const InstanceLock* lock : {&*runtime_lock, &*state_lock}) {
-    if (!lock->warning().empty()) spdlog::warn("{}", lock->warning());
   }
   SetOomScore(absl::GetFlag(FLAGS_oom_score_adj));
   // The sockets next, before any heap opens: one that a process (a heapd
@@ -306,44 +418,22 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  HeapOptions heap_options;
-  heap_options.max_names = limits.names_per_heap;
-  heap_options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes).bytes;
-  heap_options.track_contents = absl::GetFlag(FLAGS_track_contents);
-  heap_options.grow_ahead = absl::GetFlag(FLAGS_grow_ahead);
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
-      HeapRegistry::Open(state_dir, heap_options, limits);
+      HeapRegistry::Open(state_dir, HeapOptionsFromFlags(limits), limits);
   if (!heaps.ok()) {
     spdlog::critical("{}", heaps.status().ToString());
     return 1;
   }
   // Readable once heapd stops: waits end and snapshot workers are killed.
   const int stop_fd = eventfd(0, EFD_CLOEXEC);
-  SnapshotStoreOptions store_options;
-  store_options.timeout = absl::Seconds(absl::GetFlag(FLAGS_snapshot_timeout_seconds));
-  store_options.cancel_fd = stop_fd;
-  store_options.max_bytes_per_user = limits.snapshot_bytes;
-  store_options.max_reading_bytes = absl::GetFlag(FLAGS_max_snapshot_reading_bytes).bytes;
   absl::StatusOr<std::unique_ptr<SnapshotStore>> snapshots =
-      SnapshotStore::Open(state_dir + "/snapshots", state_dir, store_options);
+      OpenSnapshots(state_dir, limits, stop_fd);
   if (!snapshots.ok()) {
     spdlog::critical("{}", snapshots.status().ToString());
     return 1;
   }
-  StoreSnapshotsOptions versions_options;
-  versions_options.node = absl::GetFlag(FLAGS_node_name);
-  if (versions_options.node.empty()) {
-    char host[256] = {};
-    (void)gethostname(host, sizeof(host) - 1);
-    versions_options.node = host;
-  }
-  versions_options.block_bytes =
-      static_cast<uint32_t>(absl::GetFlag(FLAGS_store_block_bytes).bytes);
-  versions_options.zstd_level = absl::GetFlag(FLAGS_store_zstd_level);
-  versions_options.cache_bytes = absl::GetFlag(FLAGS_store_cache_bytes).bytes;
-  if (versions_options.cache_bytes != 0) versions_options.cache_dir = state_dir + "/block-cache";
   absl::StatusOr<std::unique_ptr<StoreSnapshots>> versions =
-      StoreSnapshots::Open(snapshots->get(), versions_options);
+      OpenStoreVersions(snapshots->get(), state_dir);
   if (!versions.ok()) {
     spdlog::critical("{} (--node_name, --store_block_bytes)", versions.status().ToString());
     return 1;
@@ -351,35 +441,13 @@ int Run() {
   Metrics metrics;
   Sessions sessions(absl::Seconds(absl::GetFlag(FLAGS_attach_token_seconds)), limits.sessions,
                     &metrics);
-  // A metrics address another process holds (any local user may bind a
-  // loopback port first) must not keep heapd down: it serves without
-  // metrics and tries the address again until it gets it.
-  std::thread metrics_binder;
+  std::thread metrics_binder = ServeMetrics(&metrics, heaps->get(), &sessions, stop_fd);
   absl::Cleanup stop_binder = [&metrics_binder, stop_fd] {
     if (!metrics_binder.joinable()) return;
     const uint64_t one = 1;
     (void)!write(stop_fd, &one, sizeof(one));
     metrics_binder.join();
   };
-  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
-    auto serve_metrics = [&metrics, &heaps, &sessions, address] {
-      const absl::Status served = metrics.Serve(address, heaps->get(), &sessions);
-      if (served.ok()) {
-        spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
-                     metrics.port());
-      }
-      return served;
-    };
-    if (absl::Status s = serve_metrics(); !s.ok()) {
-      spdlog::error("{}; serving without metrics, trying again every 10 s", s.ToString());
-      metrics_binder = std::thread([serve_metrics, stop_fd] {
-        for (;;) {
-          pollfd stop{stop_fd, POLLIN, 0};
-          if (poll(&stop, 1, 10000) != 0 || serve_metrics().ok()) return;
-        }
-      });
-    }
-  }
   std::unique_ptr<GrpcListener> listener;
   ServiceOptions options;
   options.admin_gid = *admin_gid;
@@ -393,20 +461,7 @@ int Run() {
       {&directory_snapshots, &store_versions, snapshots->get(), versions->get()}, &metrics,
       [&listener](const std::string& peer) { return listener->CallerOf(peer); }, options);
   HealthService health;
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
-  builder.RegisterService(&health);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  // Bounded threads, and streams per connection: with the per-user limits
-  // of calls and connections, no user can make heapd spawn threads until
-  // the node's pid space runs out.
-  grpc::ResourceQuota quota("heapd");
-  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
-  builder.SetResourceQuota(quota);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 64);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = StartGrpcServer(&service, &health);
   if (server == nullptr) {
     spdlog::critical("the gRPC server did not start");
     return 1;
@@ -418,21 +473,8 @@ int Run() {
   // handlers' CallerOf), which must be set by then.
   listener->Start();
 
-  FdServer::Callbacks callbacks;
-  callbacks.redeem = [&sessions](const std::string& token,
-                                 const Caller& caller) -> absl::StatusOr<FdServer::Grant> {
-    absl::StatusOr<Sessions::Redeemed> redeemed = sessions.Redeem(token, caller);
-    if (!redeemed.ok()) return redeemed.status();
-    return FdServer::Grant{redeemed->session, redeemed->fd, redeemed->journal_fd};
-  };
-  callbacks.closed = [&sessions](ClientId id) { sessions.ConnectionClosed(id); };
-  callbacks.tick = [&sessions] { sessions.ExpireTokens(); };
-  callbacks.request = [&sessions](ClientId id, absl::string_view request) {
-    return sessions.AnswerFdRequest(id, request);
-  };
-  callbacks.refused = [&metrics] { metrics.CountLimitRefusal("connections_per_user"); };
-  auto fd_server =
-      std::make_unique<FdServer>(fd_socket->fd, limits.connections, std::move(callbacks));
+  std::unique_ptr<FdServer> fd_server =
+      StartFdServer(fd_socket->fd, limits.connections, &sessions, &metrics);
 
   spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(), state_dir,
                grpc_path, fd_path);

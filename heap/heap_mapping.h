@@ -65,6 +65,7 @@ class HeapMapping {
   uint64_t size() const { return size_.load(std::memory_order_acquire); }
   uint64_t max_size() const { return max_size_; }
   bool map_sync() const { return map_sync_; }
+  bool writable() const { return writable_; }
 
  private:
   HeapMapping(int fd, char* base, uint64_t max_size, uint64_t prefix_bytes, bool writable)

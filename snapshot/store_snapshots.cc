@@ -323,6 +323,138 @@ absl::Status StoreUsageJob(JobInput& input, MessageSink& out) {
 }
 HEAPD_RUN_AS_JOB(kStoreUsageJob, "store.usage", StoreUsageJob);
 
+// A distinct data block of a part being restored: written at `at` (its
+// other offsets are copies).
+struct DataBlock {
+  BlockId id;
+  uint64_t at = 0;
+  uint64_t length = 0;
+  bool cached = false;  // written from the cache
+};
+
+// What a restore reads, and where it goes.
+struct BlockPlan {
+  uint64_t block_bytes = 0;
+  std::map<BlockId, std::string> metadata_blocks;  // empty: to fetch
+  std::vector<WantedBlock> wanted;                 // from the store
+  std::vector<DataBlock> distinct;
+  std::vector<std::pair<uint64_t, size_t>> copies;  // offset, index in distinct
+};
+
+// "part NAME/NODE/HEAP in STORE", for errors.
+std::string PartWhere(const PartRef& part, const std::string& store_dir) {
+  return absl::StrCat("part ", part.ToString(), " in ", store_dir);
+}
+
+// The fetch job's arguments (FetchBlocksJob reads them).
+std::string EncodeWantedBlocks(const std::vector<WantedBlock>& wanted, const std::string& where,
+                               int threads) {
+  ArgsWriter fetch;
+  fetch.Add(uint64_t{wanted.size()});
+  for (const WantedBlock& block : wanted) {
+    fetch.Add(absl::string_view(reinterpret_cast<const char*>(block.id.hash.data()), kBlockIdBytes))
+        .Add(static_cast<uint64_t>(block.offset))
+        .Add(block.length);
+  }
+  fetch.Add(where).Add(static_cast<uint64_t>(threads));
+  return fetch.Take();
+}
+
+// Runs work(worker, block) over `distinct` on `threads` workers (block k
+// on worker k % threads); the first failure stops them all and is
+// returned.
+absl::Status ForEachDataBlock(int threads, std::vector<DataBlock>& distinct,
+                              const std::function<absl::Status(int worker, DataBlock&)>& work) {
+  std::vector<absl::Status> failures(threads);
+  std::atomic<bool> failed{false};
+  RunWorkers(threads, [&](int worker) {
+    for (size_t k = worker; k < distinct.size() && failures[worker].ok() && !failed; k += threads) {
+      failures[worker] = work(worker, distinct[k]);
+    }
+    if (!failures[worker].ok()) failed = true;
+  });
+  for (const absl::Status& failure : failures) {
+    if (!failure.ok()) return failure;
+  }
+  return absl::OkStatus();
+}
+
+// What a restore reads of `recipe`: its metadata blocks, from `cache`
+// (null: none) or wanted from the store, each once; its data blocks, each
+// distinct one once at its first offset, and where copies of them go.
+BlockPlan PlanBlocks(const v1::StoreRecipe& recipe, BlockStore* cache) {
+  BlockPlan plan;
+  plan.block_bytes = recipe.block_bytes();
+  for (const v1::StoreFile& stored : recipe.metadata()) {
+    for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
+      const BlockId id = BlockId::FromRaw(PackedId(stored.blocks(), i).data());
+      if (plan.metadata_blocks.count(id) != 0) continue;
+      absl::StatusOr<std::string> cached =
+          cache != nullptr ? cache->Get(id) : absl::NotFoundError("no cache");
+      if (cached.ok()) {
+        plan.metadata_blocks[id] = *std::move(cached);
+      } else {
+        plan.metadata_blocks[id];  // wanted once
+        plan.wanted.push_back({id, -1, 0});
+      }
+    }
+  }
+  std::map<BlockId, size_t> index_of;
+  for (size_t i = 0; i * kBlockIdBytes < recipe.data_blocks().size(); ++i) {
+    const BlockId id = BlockId::FromRaw(PackedId(recipe.data_blocks(), i).data());
+    if (id.IsZero()) continue;
+    const uint64_t at = i * plan.block_bytes;
+    auto [it, added] = index_of.emplace(id, plan.distinct.size());
+    if (!added) {
+      plan.copies.emplace_back(at, it->second);
+      continue;
+    }
+    plan.distinct.push_back({id, at, std::min(plan.block_bytes, recipe.data_bytes() - at)});
+  }
+  return plan;
+}
+
+// Each metadata file of `recipe` from its blocks. Each piece is a whole
+// block but the last: a file is never assembled past the size its recipe
+// gives (and was charged).
+absl::Status AssembleMetadata(const v1::StoreRecipe& recipe,
+                              std::map<BlockId, std::string>& metadata_blocks,
+                              const std::string& where, std::map<std::string, std::string>* files) {
+  for (const v1::StoreFile& stored : recipe.metadata()) {
+    std::string& bytes = (*files)[stored.name()];
+    for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
+      const std::string& piece =
+          metadata_blocks[BlockId::FromRaw(PackedId(stored.blocks(), i).data())];
+      if (piece.size() != std::min<uint64_t>(recipe.block_bytes(), stored.bytes() - bytes.size())) {
+        return absl::DataLossError(absl::StrCat(where, ": block ", i, " of its file ",
+                                                stored.name(), " has ", piece.size(), " bytes"));
+      }
+      bytes += piece;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Writes each repeated data block at its other offsets, from where it was
+// restored first.
+absl::Status CopyRepeatedBlocks(int data_fd, const v1::StoreRecipe& recipe, const BlockPlan& plan,
+                                const std::string& where) {
+  std::string block;
+  for (const auto& [at, k] : plan.copies) {
+    const DataBlock& first = plan.distinct[k];
+    const uint64_t length = std::min<uint64_t>(recipe.block_bytes(), recipe.data_bytes() - at);
+    if (length != first.length) {
+      return absl::DataLossError(absl::StrCat(where, ": block ", first.id.Hex(), " named at ",
+                                              first.at, " and at ", at, " with other sizes"));
+    }
+    block.resize(length);
+    if (!ReadAllAt(data_fd, block.data(), length, first.at) || !WriteAllAt(data_fd, block, at)) {
+      return ErrnoStatus(errno, absl::StrCat("copy a repeated block restored from ", where));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct StoreSnapshots::ReadPart {
@@ -486,27 +618,23 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::List(const Sna
   return manifests;
 }
 
-absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const SnapshotCaller& caller,
-                                                                   const PartSelector& which,
-                                                                   int data_fd,
-                                                                   uint64_t max_data_bytes) {
-  if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
+absl::StatusOr<v1::StoreRecipe> StoreSnapshots::ReadRecipe(const SnapshotCaller& caller,
+                                                           const PartSelector& which,
+                                                           uint64_t max_data_bytes,
+                                                           ReadPart* read) {
   const std::string what = absl::StrCat("read ", Describe(which));
-  const std::string this_node = options_.node;
-  const size_t max_parts = options_.max_parts;
   ArgsWriter args;
-  AddSelector(args, which).Add(this_node).Add(uint64_t{max_parts});
+  AddSelector(args, which).Add(options_.node).Add(uint64_t{options_.max_parts});
   absl::StatusOr<std::vector<ChildMessage>> messages =
       snapshots_->RunIn(caller, which.store_dir, kReadRecipeJob, args.Take(), {}, what);
   if (!messages.ok()) return messages.status();
-  ReadPart read;
   absl::string_view bytes;
   absl::StatusOr<absl::string_view> recipe_message = OnlyMessage(*messages, kRecipeMessage, what);
   if (!recipe_message.ok()) return recipe_message.status();
-  if (!ParseTagged(*recipe_message, &read.part, &bytes) || !Matches(read.part, which)) {
+  if (!ParseTagged(*recipe_message, &read->part, &bytes) || !Matches(read->part, which)) {
     return Malformed(what);
   }
-  const std::string where = absl::StrCat("part ", read.part.ToString(), " in ", which.store_dir);
+  const std::string where = PartWhere(read->part, which.store_dir);
   absl::StatusOr<RecipeFile> file = DecodeRecipeFile(bytes, where);
   if (!file.ok()) return file.status();
   // Held until the caller is done: the metadata it assembles (a recipe may
@@ -517,13 +645,12 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   for (const v1::StoreFile& stored : file->recipe.metadata()) held += stored.bytes();
   absl::StatusOr<SnapshotStore::ReadingCharge> charge = snapshots_->ChargeReading(held, what);
   if (!charge.ok()) return charge.status();
-  read.charge.emplace(*std::move(charge));
-  messages->clear();
+  read->charge.emplace(*std::move(charge));
   absl::StatusOr<v1::SnapshotManifest> manifest = ParseManifest(file->manifest_json, where);
   if (!manifest.ok()) return manifest.status();
   const v1::StoreRecipe& recipe = file->recipe;
-  if (manifest->name() != read.part.name || manifest->heap() != read.part.heap ||
-      manifest->node() != read.part.node || manifest->data_bytes() != recipe.data_bytes()) {
+  if (manifest->name() != read->part.name || manifest->heap() != read->part.heap ||
+      manifest->node() != read->part.node || manifest->data_bytes() != recipe.data_bytes()) {
     return absl::DataLossError(absl::StrCat(where, ": its manifest describes another part"));
   }
   if (recipe.data_bytes() > max_data_bytes) {
@@ -531,10 +658,51 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
                                                      " bytes of data; at most ", max_data_bytes,
                                                      " are allowed here"));
   }
-  read.manifest_json = std::move(file->manifest_json);
-  read.manifest = *std::move(manifest);
-  read.manifest.set_node(read.part.node);
-  *read.manifest.mutable_store() = file->usage;
+  read->manifest_json = std::move(file->manifest_json);
+  read->manifest = *std::move(manifest);
+  read->manifest.set_node(read->part.node);
+  *read->manifest.mutable_store() = file->usage;
+  return std::move(file->recipe);
+}
+
+absl::StatusOr<std::vector<BlockId>> StoreSnapshots::FetchFromStore(
+    const SnapshotCaller& caller, const PartSelector& which, const std::vector<WantedBlock>& wanted,
+    uint64_t block_bytes, int data_fd, const std::string& where,
+    std::map<BlockId, std::string>* metadata_blocks) {
+  const std::string what = absl::StrCat("read ", Describe(which));
+  std::vector<int> keep;
+  if (data_fd >= 0) keep.push_back(data_fd);
+  absl::StatusOr<std::vector<ChildMessage>> messages = snapshots_->RunIn(
+      caller, which.store_dir, kFetchBlocksJob,
+      EncodeWantedBlocks(wanted, where, std::max(1, options_.threads)), keep, what);
+  if (!messages.ok()) return messages.status();
+  std::vector<BlockId> fetched_metadata;
+  for (ChildMessage& message : *messages) {
+    if (message.bytes.size() < 1 + kBlockIdBytes || message.bytes[0] != kBlockMessage) {
+      return Malformed(what);
+    }
+    const BlockId id = BlockId::FromRaw(message.bytes.data() + 1);
+    auto slot = metadata_blocks->find(id);
+    message.bytes.erase(0, 1 + kBlockIdBytes);
+    if (slot == metadata_blocks->end() || message.bytes.size() > block_bytes ||
+        BlockId::Of(message.bytes) != id) {
+      return Malformed(what);
+    }
+    slot->second = std::move(message.bytes);
+    fetched_metadata.push_back(id);
+  }
+  return fetched_metadata;
+}
+
+absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const SnapshotCaller& caller,
+                                                                   const PartSelector& which,
+                                                                   int data_fd,
+                                                                   uint64_t max_data_bytes) {
+  if (absl::Status s = CheckStoreDir(which.store_dir); !s.ok()) return s;
+  ReadPart read;
+  absl::StatusOr<v1::StoreRecipe> recipe = ReadRecipe(caller, which, max_data_bytes, &read);
+  if (!recipe.ok()) return recipe.status();
+  const std::string where = PartWhere(read.part, which.store_dir);
 
   // What to fetch: what the caller's part of the cache lacks (everything,
   // to verify), each block once; data blocks the cache has are written now.
@@ -542,126 +710,40 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
   // read and filled by `threads` workers, each with its own BlockStore.
   const int threads = std::max(1, options_.threads);
   std::vector<std::optional<BlockStore>> caches(threads);
-  if (data_fd >= 0 && recipe.data_bytes() <= options_.cache_bytes / 2) {
+  if (data_fd >= 0 && recipe->data_bytes() <= options_.cache_bytes / 2) {
     for (std::optional<BlockStore>& cache : caches) cache = CacheOf(caller.credentials.uid);
   }
   const bool use_cache = std::all_of(caches.begin(), caches.end(),
                                      [](const auto& cache) { return cache.has_value(); });
-  std::map<BlockId, std::string> metadata_blocks;
-  std::vector<BlockId> fetched_metadata;  // metadata blocks read from the store
-  std::vector<WantedBlock> wanted;
-  for (const v1::StoreFile& stored : recipe.metadata()) {
-    for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
-      const BlockId id = BlockId::FromRaw(PackedId(stored.blocks(), i).data());
-      if (metadata_blocks.count(id) != 0) continue;
-      absl::StatusOr<std::string> cached =
-          use_cache ? caches[0]->Get(id) : absl::NotFoundError("no cache");
-      if (cached.ok()) {
-        metadata_blocks[id] = *std::move(cached);
-      } else {
-        metadata_blocks[id];  // wanted once
-        wanted.push_back({id, -1, 0});
-      }
-    }
-  }
-  if (data_fd >= 0 && ftruncate(data_fd, static_cast<off_t>(recipe.data_bytes())) != 0) {
+  BlockPlan plan = PlanBlocks(*recipe, use_cache ? &*caches[0] : nullptr);
+  if (data_fd >= 0 && ftruncate(data_fd, static_cast<off_t>(recipe->data_bytes())) != 0) {
     return ErrnoStatus(errno, absl::StrCat("size the data file restored from ", where));
   }
-  // Each distinct data block once, at its first offset; its other offsets
-  // are copies of it.
-  struct DataBlock {
-    BlockId id;
-    uint64_t at = 0;
-    uint64_t length = 0;
-    bool cached = false;  // written from the cache
-  };
-  std::vector<DataBlock> distinct;
-  std::vector<std::pair<uint64_t, size_t>> copies;  // offset, index in distinct
-  {
-    std::map<BlockId, size_t> index_of;
-    const uint64_t block_bytes = recipe.block_bytes();
-    for (size_t i = 0; i * kBlockIdBytes < recipe.data_blocks().size(); ++i) {
-      const BlockId id = BlockId::FromRaw(PackedId(recipe.data_blocks(), i).data());
-      if (id.IsZero()) continue;
-      const uint64_t at = i * block_bytes;
-      auto [it, added] = index_of.emplace(id, distinct.size());
-      if (!added) {
-        copies.emplace_back(at, it->second);
-        continue;
-      }
-      distinct.push_back({id, at, std::min(block_bytes, recipe.data_bytes() - at)});
-    }
-  }
-  std::vector<absl::Status> failures(threads);
-  auto each_block = [&](const std::function<absl::Status(int worker, DataBlock&)>& work) {
-    std::atomic<bool> failed{false};  // one worker's failure stops the others
-    RunWorkers(threads, [&](int worker) {
-      for (size_t k = worker; k < distinct.size() && failures[worker].ok() && !failed;
-           k += threads) {
-        failures[worker] = work(worker, distinct[k]);
-      }
-      if (!failures[worker].ok()) failed = true;
-    });
-    for (const absl::Status& failure : failures) {
-      if (!failure.ok()) return failure;
-    }
-    return absl::OkStatus();
-  };
   if (use_cache) {
-    absl::Status written = each_block([&](int worker, DataBlock& block) -> absl::Status {
-      absl::StatusOr<std::string> cached = caches[worker]->Get(block.id);
-      if (!cached.ok() || cached->size() != block.length) return absl::OkStatus();  // fetched
-      if (!WriteAllAt(data_fd, *cached, block.at)) {
-        return ErrnoStatus(errno, absl::StrCat("write the data restored from ", where));
-      }
-      block.cached = true;
-      return absl::OkStatus();
-    });
+    absl::Status written =
+        ForEachDataBlock(threads, plan.distinct, [&](int worker, DataBlock& block) {
+          absl::StatusOr<std::string> cached = caches[worker]->Get(block.id);
+          if (!cached.ok() || cached->size() != block.length) return absl::OkStatus();  // fetched
+          if (!WriteAllAt(data_fd, *cached, block.at)) {
+            return ErrnoStatus(errno, absl::StrCat("write the data restored from ", where));
+          }
+          block.cached = true;
+          return absl::OkStatus();
+        });
     if (!written.ok()) return written;
   }
-  for (const DataBlock& block : distinct) {
-    if (!block.cached) wanted.push_back({block.id, static_cast<int64_t>(block.at), block.length});
-  }
-  read.fetched_blocks = wanted.size();
-  std::vector<int> keep;
-  if (data_fd >= 0) keep.push_back(data_fd);
-  ArgsWriter fetch;
-  fetch.Add(uint64_t{wanted.size()});
-  for (const WantedBlock& block : wanted) {
-    fetch.Add(absl::string_view(reinterpret_cast<const char*>(block.id.hash.data()), kBlockIdBytes))
-        .Add(static_cast<uint64_t>(block.offset))
-        .Add(block.length);
-  }
-  fetch.Add(where).Add(static_cast<uint64_t>(threads));
-  messages = snapshots_->RunIn(caller, which.store_dir, kFetchBlocksJob, fetch.Take(), keep, what);
-  if (!messages.ok()) return messages.status();
-  for (ChildMessage& message : *messages) {
-    if (message.bytes.size() < 1 + kBlockIdBytes || message.bytes[0] != kBlockMessage) {
-      return Malformed(what);
+  for (const DataBlock& block : plan.distinct) {
+    if (!block.cached) {
+      plan.wanted.push_back({block.id, static_cast<int64_t>(block.at), block.length});
     }
-    const BlockId id = BlockId::FromRaw(message.bytes.data() + 1);
-    auto slot = metadata_blocks.find(id);
-    message.bytes.erase(0, 1 + kBlockIdBytes);
-    if (slot == metadata_blocks.end() || message.bytes.size() > recipe.block_bytes() ||
-        BlockId::Of(message.bytes) != id) {
-      return Malformed(what);
-    }
-    slot->second = std::move(message.bytes);
-    fetched_metadata.push_back(id);
   }
-  // Each piece of a metadata file is a whole block but the last: the file
-  // is never assembled past the size its recipe gives (and was charged).
-  for (const v1::StoreFile& stored : recipe.metadata()) {
-    std::string& bytes = read.metadata_files[stored.name()];
-    for (size_t i = 0; i * kBlockIdBytes < stored.blocks().size(); ++i) {
-      const std::string& piece =
-          metadata_blocks[BlockId::FromRaw(PackedId(stored.blocks(), i).data())];
-      if (piece.size() != std::min<uint64_t>(recipe.block_bytes(), stored.bytes() - bytes.size())) {
-        return absl::DataLossError(absl::StrCat(where, ": block ", i, " of its file ",
-                                                stored.name(), " has ", piece.size(), " bytes"));
-      }
-      bytes += piece;
-    }
+  read.fetched_blocks = plan.wanted.size();
+  absl::StatusOr<std::vector<BlockId>> fetched_metadata = FetchFromStore(
+      caller, which, plan.wanted, plan.block_bytes, data_fd, where, &plan.metadata_blocks);
+  if (!fetched_metadata.ok()) return fetched_metadata.status();
+  if (absl::Status s = AssembleMetadata(*recipe, plan.metadata_blocks, where, &read.metadata_files);
+      !s.ok()) {
+    return s;
   }
   if (data_fd < 0) return read;
   // Fetched blocks enter the cache only once the part is checked whole
@@ -671,36 +753,25 @@ absl::StatusOr<StoreSnapshots::ReadPart> StoreSnapshots::ReadWhole(const Snapsho
     absl::StatusOr<VerifiedSnapshot> checked = VerifySnapshotFiles(
         where, read.manifest_json, read.metadata_files, read.manifest.data_bytes());
     if (!checked.ok()) return checked.status();
-    for (const BlockId& id : fetched_metadata) Cache(*caches[0], metadata_blocks[id]);
-    absl::Status cached = each_block([&](int worker, DataBlock& block) -> absl::Status {
-      if (block.cached) return absl::OkStatus();
-      std::string bytes(block.length, '\0');
-      if (!ReadAllAt(data_fd, bytes.data(), bytes.size(), block.at)) {
-        return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
-      }
-      if (BlockId::Of(bytes) != block.id) {
-        return absl::DataLossError(
-            absl::StrCat(where, ": block ", block.id.Hex(), " as restored does not have its hash"));
-      }
-      Cache(*caches[worker], bytes);
-      return absl::OkStatus();
-    });
+    for (const BlockId& id : *fetched_metadata) Cache(*caches[0], plan.metadata_blocks[id]);
+    absl::Status cached =
+        ForEachDataBlock(threads, plan.distinct, [&](int worker, DataBlock& block) {
+          if (block.cached) return absl::OkStatus();
+          std::string bytes(block.length, '\0');
+          if (!ReadAllAt(data_fd, bytes.data(), bytes.size(), block.at)) {
+            return ErrnoStatus(errno, absl::StrCat("read back the data restored from ", where));
+          }
+          if (BlockId::Of(bytes) != block.id) {
+            return absl::DataLossError(absl::StrCat(where, ": block ", block.id.Hex(),
+                                                    " as restored does not have its hash"));
+          }
+          Cache(*caches[worker], bytes);
+          return absl::OkStatus();
+        });
     if (!cached.ok()) return cached;
     for (std::optional<BlockStore>& cache : caches) (void)cache->Commit();
   }
-  std::string block;
-  for (const auto& [at, k] : copies) {
-    const DataBlock& first = distinct[k];
-    const uint64_t length = std::min<uint64_t>(recipe.block_bytes(), recipe.data_bytes() - at);
-    if (length != first.length) {
-      return absl::DataLossError(absl::StrCat(where, ": block ", first.id.Hex(), " named at ",
-                                              first.at, " and at ", at, " with other sizes"));
-    }
-    block.resize(length);
-    if (!ReadAllAt(data_fd, block.data(), length, first.at) || !WriteAllAt(data_fd, block, at)) {
-      return ErrnoStatus(errno, absl::StrCat("copy a repeated block restored from ", where));
-    }
-  }
+  if (absl::Status s = CopyRepeatedBlocks(data_fd, *recipe, plan, where); !s.ok()) return s;
   if (fdatasync(data_fd) != 0) {
     return ErrnoStatus(errno, absl::StrCat("sync the data restored from ", where));
   }
@@ -819,7 +890,7 @@ absl::StatusOr<std::vector<v1::SnapshotManifest>> StoreSnapshots::Verify(
     absl::StatusOr<ReadPart> read =
         ReadWhole(caller, {which.store_dir, part.name, part.node, part.heap}, -1, kMaxHeapBytes);
     if (!read.ok()) return read.status();
-    const std::string where = absl::StrCat("part ", part.ToString(), " in ", which.store_dir);
+    const std::string where = PartWhere(part, which.store_dir);
     absl::StatusOr<VerifiedSnapshot> checked = VerifySnapshotFiles(
         where, read->manifest_json, read->metadata_files, read->manifest.data_bytes());
     if (!checked.ok()) return checked.status();

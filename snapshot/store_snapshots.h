@@ -41,6 +41,7 @@
 #include "snapshot/block_store.h"
 #include "snapshot/snapshot_store.h"
 #include "snapshot/store_recipe.h"
+#include "snapshot/version_store.h"
 #include "util/unique_fd.h"
 
 namespace heapd {
@@ -139,6 +140,20 @@ class StoreSnapshots {
   // its data blocks into that file (else their hashes only are checked).
   absl::StatusOr<ReadPart> ReadWhole(const SnapshotCaller& caller, const PartSelector& which,
                                      int data_fd, uint64_t max_data_bytes);
+  // ReadWhole's first step: the recipe of the part `which` picks, its
+  // manifest checked against it and into `read` (with the charge for what
+  // heapd holds); RESOURCE_EXHAUSTED above `max_data_bytes` of data.
+  absl::StatusOr<v1::StoreRecipe> ReadRecipe(const SnapshotCaller& caller,
+                                             const PartSelector& which, uint64_t max_data_bytes,
+                                             ReadPart* read);
+  // Fetches `wanted` from the store in a helper: data blocks into
+  // `data_fd`, metadata blocks (at most `block_bytes` each, checked by
+  // their hashes) into `metadata_blocks`. Returns the ids of the metadata
+  // blocks fetched.
+  absl::StatusOr<std::vector<BlockId>> FetchFromStore(
+      const SnapshotCaller& caller, const PartSelector& which,
+      const std::vector<WantedBlock>& wanted, uint64_t block_bytes, int data_fd,
+      const std::string& where, std::map<BlockId, std::string>* metadata_blocks);
   // The cache of `uid`'s blocks: a user's restores never read another's
   // (a block id is no capability). nullopt: no cache, or it failed.
   std::optional<BlockStore> CacheOf(uint32_t uid);

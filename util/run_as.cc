@@ -325,17 +325,18 @@ class Helper {
 
   void Kill() { PidfdSendSignal(pidfd_.get(), SIGKILL); }
 
-  // Reaps the helper once it exits: by the deadline, or else killed and
-  // given kKilledExitGrace (a process in uninterruptible I/O, a hung NFS
-  // server, dies only when that ends). Past that it is left behind:
-  // DEADLINE_EXCEEDED.
-  absl::StatusOr<siginfo_t> Reap() {
-    if (!Exited(deadline_)) {
+  // Reaps the helper once it exits: by the deadline, or, once `killed` (or
+  // killed here at the deadline), within kKilledExitGrace (a process in
+  // uninterruptible I/O, a hung NFS server, dies only when that ends).
+  // Past that it is left behind: DEADLINE_EXCEEDED.
+  absl::StatusOr<siginfo_t> Reap(bool killed) {
+    if (!killed && !Exited(deadline_)) {
       Kill();
-      if (!Exited(absl::Now() + kKilledExitGrace)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            options_.what, ": the helper did not exit when killed; it is left behind"));
-      }
+      killed = true;
+    }
+    if (killed && !Exited(absl::Now() + kKilledExitGrace)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(options_.what, ": the helper did not exit when killed; it is left behind"));
     }
     siginfo_t info{};
     while (waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED) != 0 &&
@@ -553,7 +554,7 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const Ru
   absl::Status interruption = helper.SendRequest(EncodeRequest(who, request), request.fds);
   if (interruption.ok()) interruption = helper.Receive(&messages, &failure);
   if (!interruption.ok()) helper.Kill();
-  const absl::StatusOr<siginfo_t> reaped = helper.Reap();
+  const absl::StatusOr<siginfo_t> reaped = helper.Reap(/*killed=*/!interruption.ok());
   if (!interruption.ok()) return interruption;
   if (!reaped.ok()) return reaped.status();
   const siginfo_t& exit = *reaped;

@@ -4,18 +4,24 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+
+extern char** environ;
 
 namespace heapd {
 namespace {
@@ -280,6 +286,18 @@ bool Exited(pid_t pid) {
   return read == 1 && (state == 'Z' || state == 'X');
 }
 
+// The process that spawns the helper below: this test binary run again
+// (not forked: a fork of a multi-threaded process may not start the
+// spawner thread under TSan) with only this test selected and the pid
+// file named in the environment. Elsewhere it does nothing.
+constexpr char kPidFileVariable[] = "HEAPD_RUN_AS_TEST_PID_FILE";
+
+TEST(RunAsSpawner, SpawnsAHelperThatWritesItsPidAndHangs) {
+  const char* pid_file = getenv(kPidFileVariable);
+  if (pid_file == nullptr) GTEST_SKIP() << "run by AHelperStopsWhenTheProcessThatSpawnedItDies";
+  (void)RunAsStranger(kWritePidAndHang, ArgsWriter().Add(pid_file).Take());
+}
+
 // Even stopped (SIGSTOP, as its user may): the parent-death signal is
 // SIGKILL, which ends a stopped process too.
 class HelperOutlivingTest : public RunAsTest, public ::testing::WithParamInterface<bool> {};
@@ -290,14 +308,28 @@ TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   chmod(dir, 0777);
   const std::string pid_file = absl::StrCat(dir, "/pid");
-  const pid_t spawner = fork();
-  ASSERT_GE(spawner, 0);
-  if (spawner == 0) {
-    (void)RunAsStranger(kWritePidAndHang, ArgsWriter().Add(pid_file).Take());
-    _exit(0);
+  const std::string variable = absl::StrCat(kPidFileVariable, "=", pid_file);
+  std::vector<char*> environment;
+  // Not Bazel's test protocol: the spawner is killed, and must not leave
+  // a premature-exit marker, an XML report or a shard assignment.
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const absl::string_view name = *entry;
+    if (absl::StartsWith(name, "TEST_PREMATURE_EXIT_FILE=") ||
+        absl::StartsWith(name, "XML_OUTPUT_FILE=") || absl::StartsWith(name, "GTEST_") ||
+        absl::StartsWith(name, "TEST_SHARD") || absl::StartsWith(name, "TEST_TOTAL_SHARDS=")) {
+      continue;
+    }
+    environment.push_back(*entry);
   }
+  environment.push_back(const_cast<char*>(variable.c_str()));
+  environment.push_back(nullptr);
+  char program[] = "run_as_test";
+  char filter[] = "--gtest_filter=RunAsSpawner.*";
+  char* argv[] = {program, filter, nullptr};
+  pid_t spawner = -1;
+  ASSERT_EQ(posix_spawn(&spawner, "/proc/self/exe", nullptr, nullptr, argv, environment.data()), 0);
   pid_t helper = 0;
-  for (int i = 0; i < 500 && helper == 0; ++i) {
+  for (int i = 0; i < 3000 && helper == 0; ++i) {
     usleep(10000);
     if (FILE* file = fopen(pid_file.c_str(), "r"); file != nullptr) {
       if (fscanf(file, "%d", &helper) != 1) helper = 0;

@@ -1,0 +1,91 @@
+#include "client/mapped_heap.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/size_class.h"
+#include "util/errno_status.h"
+
+namespace heapd {
+
+absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_name, int data_fd,
+                                                            uint64_t max_size, uint64_t capacity,
+                                                            bool writable, uint64_t prefix_bytes) {
+  absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
+      HeapMapping::Map(data_fd, max_size, capacity, writable, prefix_bytes);
+  if (!mapping.ok()) return mapping.status();
+  return std::unique_ptr<MappedHeap>(
+      new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping)));
+}
+
+MappedHeap::~MappedHeap() { StopGrowth(); }
+
+void MappedHeap::StartGrowth(WriteTracker* tracker) {
+  growing_ = GrowingHeap{
+      base(), max_size(), data_fd_, mapping_->writable(), mapping_->map_sync(), &mapped_bytes_};
+  if (tracker != nullptr) {
+    growing_.uffd = tracker->fd();
+    growing_.fenced = tracker->fencing();
+    growing_.unprotected = tracker->unprotected_growth();
+  }
+  fault_slot_ = RegisterHeapForGrowthFaults(growing_);
+  if (tracker != nullptr) tracker->set_growth_slot(fault_slot_);
+}
+
+void MappedHeap::StopGrowth() {
+  if (fault_slot_ < 0) return;
+  UnregisterHeapForGrowthFaults(fault_slot_);
+  fault_slot_ = -1;
+}
+
+absl::Status MappedHeap::MapUpTo(uint64_t capacity) {
+  if (capacity <= mapped_bytes()) return absl::OkStatus();
+  if (capacity > max_size()) {
+    return absl::InternalError(absl::StrCat("heap ", heap_name_, ": heapd answered capacity ",
+                                            capacity, " beyond the heap's maximum ", max_size()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (const int error = MapHeapGrowth(growing_, fault_slot_, capacity); error != 0) {
+    return ErrnoStatus(error, absl::StrCat("map heap ", heap_name_, " up to ", capacity, " bytes"));
+  }
+  mapping_->Adopt(mapped_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status MappedHeap::MapUpToFileSize(uint64_t needed) {
+  if (needed <= mapped_bytes()) return absl::OkStatus();
+  struct stat st;
+  if (fstat(data_fd_, &st) != 0) return ErrnoStatus(errno, "stat the heap's data file");
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (needed > file_bytes) {
+    return absl::DataLossError(
+        absl::StrCat("heap ", heap_name_, " ends at ", file_bytes, " bytes, before byte ", needed));
+  }
+  return MapUpTo(std::min<uint64_t>(file_bytes / kChunkSize * kChunkSize, max_size()));
+}
+
+absl::Status MappedHeap::Flush() {
+  {
+    absl::MutexLock lock(&mu_);
+    mapping_->Adopt(mapped_bytes());
+  }
+  return mapping_->Flush();
+}
+
+absl::Status MappedHeap::MapPrivately(bool writable) {
+  const uint64_t mapped = mapped_bytes();
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  if (mapped != 0 &&
+      mmap(base(), mapped, prot, MAP_PRIVATE | MAP_FIXED, data_fd_, 0) == MAP_FAILED) {
+    return ErrnoStatus(errno,
+                       absl::StrCat("map heap ", heap_name_, " privately in a forked child"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace heapd

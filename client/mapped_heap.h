@@ -1,0 +1,92 @@
+// MappedHeap: a heap's data file as this process sees it, and its growth.
+//
+// The file is mapped at one address for the heap's whole maximum size
+// (heap/heap_mapping.h: objects never move). The heap grows under it two
+// ways, both through MapHeapGrowth: MapUpTo, when this process learns of a
+// larger capacity (a lease, a sync, a named object), and the growth fault
+// handler, when a pointer leads past what is mapped because another
+// process grew the heap (client/growth_fault_handler.h). mapped_bytes()
+// says how far either got; the HeapMapping adopts that before it flushes.
+//
+// Thread safety: MapUpTo, MapUpToFileSize, Flush and the accessors may run
+// on any thread, beside the fault handler. StartGrowth, StopGrowth,
+// MapPrivately and the destructor must not run beside anything else.
+#ifndef HEAPD_CLIENT_MAPPED_HEAP_H_
+#define HEAPD_CLIENT_MAPPED_HEAP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/growth_fault_handler.h"
+#include "client/write_tracker.h"
+#include "heap/heap_mapping.h"
+
+namespace heapd {
+
+class MappedHeap {
+ public:
+  // Maps the first `capacity` bytes of `data_fd` (not owned; it must
+  // outlive this) in a reservation of `max_size` bytes, with
+  // `prefix_bytes` of private memory before base(). `heap_name` names it
+  // in errors.
+  static absl::StatusOr<std::unique_ptr<MappedHeap>> Map(std::string heap_name, int data_fd,
+                                                         uint64_t max_size, uint64_t capacity,
+                                                         bool writable, uint64_t prefix_bytes);
+  ~MappedHeap();  // stops growth, then unmaps
+  MappedHeap(const MappedHeap&) = delete;
+  MappedHeap& operator=(const MappedHeap&) = delete;
+
+  // From now on, faults past what is mapped map the heap's growth. With a
+  // `tracker` (content rollback), growth is registered with it and
+  // write-protected before any store can reach it, and the tracker learns
+  // the fault slot.
+  void StartGrowth(WriteTracker* tracker);
+  // Faults past what is mapped are faults again. Idempotent.
+  void StopGrowth();
+
+  // Maps the file up to `capacity` bytes (a no-op if mapped already);
+  // INTERNAL beyond the maximum size (heapd answered nonsense).
+  absl::Status MapUpTo(uint64_t capacity);
+  // Maps the file up to its current size (whole chunks): what other
+  // processes grew the heap by. DATA_LOSS if that ends before `needed`.
+  absl::Status MapUpToFileSize(uint64_t needed);
+  // Writes the mapping back (msync), what the fault handler mapped too.
+  absl::Status Flush();
+  // In a child after fork(): what is mapped becomes this process's own
+  // copy-on-write view of the file.
+  absl::Status MapPrivately(bool writable);
+
+  char* base() const { return mapping_->base(); }
+  uint64_t max_size() const { return mapping_->max_size(); }
+  uint64_t mapped_bytes() const { return mapped_bytes_.load(std::memory_order_acquire); }
+  // For the WriteTracker, which protects what is mapped.
+  std::atomic<uint64_t>* mapped_bytes_counter() { return &mapped_bytes_; }
+
+ private:
+  MappedHeap(std::string heap_name, int data_fd, std::unique_ptr<HeapMapping> mapping)
+      : heap_name_(std::move(heap_name)),
+        data_fd_(data_fd),
+        mapping_(std::move(mapping)),
+        mapped_bytes_(mapping_->size()) {}
+
+  const std::string heap_name_;
+  const int data_fd_;
+  // Grows by MapHeapGrowth (MapUpTo, holding mu_, and the fault handler),
+  // which raises mapped_bytes_; mapping_ adopts that size under mu_, and
+  // the rest of HeapMapping may run beside them.
+  absl::Mutex mu_;
+  const std::unique_ptr<HeapMapping> mapping_;
+  std::atomic<uint64_t> mapped_bytes_;
+  GrowingHeap growing_;  // set by StartGrowth
+  int fault_slot_ = -1;  // growing_'s slot with the handler
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_CLIENT_MAPPED_HEAP_H_
