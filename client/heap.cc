@@ -809,7 +809,9 @@ absl::StatusOr<void*> HeapImpl::MapObject(const NameEntry& entry) {
   // An object beyond what this process mapped: map what other clients
   // grew the heap by (what it links to is mapped on first touch).
   if (absl::Status s = mapped_->MapUpToFileSize(entry.offset + entry.size); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("name '", entry.name, "': ", s.message()));
+    if (s.code() != absl::StatusCode::kDataLoss) return s;
+    return absl::DataLossError(absl::StrCat("name '", entry.name, "' in heap ", name_,
+                                            " binds bytes beyond the data file"));
   }
   return base() + entry.offset;
 }

@@ -78,6 +78,9 @@ absl::Status MappedHeap::Flush() {
 }
 
 absl::Status MappedHeap::MapPrivately(bool writable) {
+  // The fork emptied this process's fault slots (growth_fault_handler.cc):
+  // the slot number may be another heap's once this process attaches one.
+  fault_slot_ = -1;
   const uint64_t mapped = mapped_bytes();
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (mapped != 0 &&

@@ -59,7 +59,8 @@ class MappedHeap {
   // Writes the mapping back (msync), what the fault handler mapped too.
   absl::Status Flush();
   // In a child after fork(): what is mapped becomes this process's own
-  // copy-on-write view of the file.
+  // copy-on-write view of the file, and growth is not followed (the fork
+  // emptied the child's fault slots).
   absl::Status MapPrivately(bool writable);
 
   char* base() const { return mapping_->base(); }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -328,6 +329,10 @@ TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
   char* argv[] = {program, filter, nullptr};
   pid_t spawner = -1;
   ASSERT_EQ(posix_spawn(&spawner, "/proc/self/exe", nullptr, nullptr, argv, environment.data()), 0);
+  absl::Cleanup end_spawner = [spawner] {
+    kill(spawner, SIGKILL);
+    waitpid(spawner, nullptr, 0);
+  };
   pid_t helper = 0;
   for (int i = 0; i < 3000 && helper == 0; ++i) {
     usleep(10000);
@@ -338,8 +343,7 @@ TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
   }
   ASSERT_GT(helper, 0);
   if (stopped) kill(helper, SIGSTOP);
-  kill(spawner, SIGKILL);
-  waitpid(spawner, nullptr, 0);
+  std::move(end_spawner).Invoke();
   bool exited = false;
   for (int i = 0; i < 500 && !exited; ++i) {
     exited = Exited(helper);
