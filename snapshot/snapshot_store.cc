@@ -1,10 +1,7 @@
 #include "snapshot/snapshot_store.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,8 +75,6 @@ bool SplitNamed(absl::string_view in, std::string* name, absl::string_view* byte
   return true;
 }
 
-absl::Status MalformedArgs() { return absl::InternalError("malformed job arguments"); }
-
 // Creates snapshot `name` in the target directory from the heap's data
 // (lent, read only), its metadata files and manifest: built under the
 // hidden name `building`, then renamed into place. Sends kCreatedMessage.
@@ -91,7 +86,7 @@ absl::Status CreateSnapshotJob(JobInput& input, MessageSink& out) {
   if (!input.args.Next(&name) || !input.args.Next(&building) || !input.args.Next(&data_bytes) ||
       !input.args.Next(&metadata_files) || !input.args.Next(&json) || !input.args.Next(&bounds) ||
       !input.args.Done() || input.fds.size() != 1 || bounds.size() % 2 != 0) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   std::vector<ByteRange> needed;
   for (size_t i = 0; i < bounds.size(); i += 2) needed.push_back({bounds[i], bounds[i + 1]});
@@ -153,7 +148,7 @@ absl::Status ReadSnapshotJob(JobInput& input, MessageSink& out) {
   uint64_t want_fd = 0, max_bytes = 0;
   if (!input.args.Next(&name) || !input.args.Next(&want_fd) || !input.args.Next(&max_bytes) ||
       !input.args.Done() || input.fds.size() > 1) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   const int target = input.dir;
   const int copy_to = input.fds.empty() ? -1 : input.fds[0];
@@ -200,7 +195,7 @@ HEAPD_RUN_AS_JOB(kReadSnapshotJob, "snapshot.read", ReadSnapshotJob);
 // Sends each snapshot's manifest (kListedMessage), or why an entry could
 // not be read (kSkippedMessage).
 absl::Status ListSnapshotsJob(JobInput& input, MessageSink& out) {
-  if (!input.args.Done()) return MalformedArgs();
+  if (!input.args.Done()) return MalformedJobArgs();
   const int target = input.dir;
   absl::StatusOr<std::vector<std::string>> names = ListDirectory(target, kMaxSnapshotEntries);
   if (!names.ok()) return names.status();
@@ -231,7 +226,7 @@ HEAPD_RUN_AS_JOB(kListSnapshotsJob, "snapshot.list", ListSnapshotsJob);
 absl::Status RemoveSnapshotJob(JobInput& input, MessageSink&) {
   std::string name, doomed;
   if (!input.args.Next(&name) || !input.args.Next(&doomed) || !input.args.Done()) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   const int target = input.dir;
   struct stat st;

@@ -134,8 +134,6 @@ absl::StatusOr<PartRef> PickPart(int root, const PartSelector& which, const std:
 // The work in a store, run by SnapshotStore::RunIn as the caller. Each job
 // reads its arguments in the order its caller below writes them.
 
-absl::Status MalformedArgs() { return absl::InternalError("malformed job arguments"); }
-
 ArgsWriter& AddSelector(ArgsWriter& args, const PartSelector& which) {
   return args.Add(which.name).Add(which.node).Add(which.heap);
 }
@@ -176,7 +174,7 @@ absl::Status WritePartJob(JobInput& input, MessageSink& out) {
       !args.Next(&changes.source) || !args.Next(&changes.mark) || !args.Next(&changes.changed_at) ||
       !args.Next(&changes.all_changed_at) || !args.Next(&max_parts) || !args.Done() ||
       input.fds.size() != 1) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   source.data_fd = input.fds[0];
   for (char used : used_chunks) source.used_chunks.push_back(used != 0);
@@ -198,7 +196,7 @@ absl::Status ListPartsJob(JobInput& input, MessageSink& out) {
   std::string name;
   uint64_t max_parts = 0;
   if (!input.args.Next(&name) || !input.args.Next(&max_parts) || !input.args.Done()) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   const int root = input.dir;
   absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, name, max_parts);
@@ -220,7 +218,7 @@ absl::Status ReadRecipeJob(JobInput& input, MessageSink& out) {
   uint64_t max_parts = 0;
   if (!NextSelector(input.args, &which) || !input.args.Next(&this_node) ||
       !input.args.Next(&max_parts) || !input.args.Done()) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   absl::StatusOr<PartRef> part = PickPart(input.dir, which, this_node, max_parts);
   if (!part.ok()) return part.status();
@@ -235,7 +233,7 @@ absl::Status FetchBlocksJob(JobInput& input, MessageSink& out) {
   uint64_t count = 0, threads = 0;
   std::string where;
   ArgsReader& args = input.args;
-  if (!args.Next(&count) || input.fds.size() > 1) return MalformedArgs();
+  if (!args.Next(&count) || input.fds.size() > 1) return MalformedJobArgs();
   std::vector<WantedBlock> wanted;
   for (uint64_t i = 0; i < count; ++i) {
     std::string id;
@@ -243,13 +241,13 @@ absl::Status FetchBlocksJob(JobInput& input, MessageSink& out) {
     WantedBlock block;
     if (!args.Next(&id) || id.size() != kBlockIdBytes || !args.Next(&offset) ||
         !args.Next(&block.length)) {
-      return MalformedArgs();
+      return MalformedJobArgs();
     }
     block.id = BlockId::FromRaw(id.data());
     block.offset = static_cast<int64_t>(offset);
     wanted.push_back(block);
   }
-  if (!args.Next(&where) || !args.Next(&threads) || !args.Done()) return MalformedArgs();
+  if (!args.Next(&where) || !args.Next(&threads) || !args.Done()) return MalformedJobArgs();
   return FetchBlocks(input.dir, wanted, input.fds.empty() ? -1 : input.fds[0], where, out,
                      static_cast<int>(threads));
 }
@@ -263,7 +261,7 @@ absl::Status SelectPartsJob(JobInput& input, MessageSink& out) {
   uint64_t max_parts = 0, remove = 0;
   if (!NextSelector(input.args, &which) || !input.args.Next(&max_parts) ||
       !input.args.Next(&remove) || !input.args.Done()) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   const int root = input.dir;
   absl::StatusOr<std::vector<PartRef>> parts = ListParts(root, which.name, max_parts);
@@ -288,7 +286,7 @@ absl::Status CollectGarbageJob(JobInput& input, MessageSink& out) {
   uint64_t grace_ns = 0, lease_expiry_ns = 0, dry_run = 0, max_parts = 0;
   if (!input.args.Next(&grace_ns) || !input.args.Next(&lease_expiry_ns) ||
       !input.args.Next(&dry_run) || !input.args.Next(&max_parts) || !input.args.Done()) {
-    return MalformedArgs();
+    return MalformedJobArgs();
   }
   GcOptions gc;
   gc.grace = absl::Nanoseconds(static_cast<int64_t>(grace_ns));
@@ -305,7 +303,7 @@ HEAPD_RUN_AS_JOB(kCollectGarbageJob, "store.gc", CollectGarbageJob);
 // store's totals (kTotalsMessage).
 absl::Status StoreUsageJob(JobInput& input, MessageSink& out) {
   uint64_t max_parts = 0;
-  if (!input.args.Next(&max_parts) || !input.args.Done()) return MalformedArgs();
+  if (!input.args.Next(&max_parts) || !input.args.Done()) return MalformedJobArgs();
   const int root = input.dir;
   std::vector<PartUsage> parts;
   absl::StatusOr<StoreTotals> totals = AddUpUsage(root, max_parts, &parts);

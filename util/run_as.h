@@ -99,6 +99,10 @@ struct RunAsJob {
   absl::Status (*run)(JobInput& input, MessageSink& out);
 };
 
+// What a job returns when its arguments do not read back as its caller
+// wrote them (a bug: both sides are this program).
+inline absl::Status MalformedJobArgs() { return absl::InternalError("malformed job arguments"); }
+
 // Registers `job` (at static initialization); returns it.
 RunAsJob RegisterRunAsJob(const RunAsJob& job);
 
