@@ -96,11 +96,16 @@ class HeapdServiceTest : public ::testing::Test {
         [this](const std::string&) -> absl::StatusOr<Caller> { return caller_; }, options);
     // Alice's heap h, readable by her group.
     caller_ = kAlice;
+    ASSERT_TRUE(CreateHeap("h", 0640).ok());
+  }
+
+  // Creates heap `name` with `mode` as caller_.
+  grpc::Status CreateHeap(const std::string& name, uint32_t mode) {
     v1::CreateHeapRequest create;
-    create.set_name("h");
-    create.set_mode(0640);
+    create.set_name(name);
+    create.set_mode(mode);
     v1::HeapInfo info;
-    ASSERT_TRUE(Call(&HeapdService::CreateHeap, create, &info).ok());
+    return Call(&HeapdService::CreateHeap, create, &info);
   }
 
   // Calls `method` as caller_.
@@ -172,11 +177,7 @@ TEST_F(HeapdServiceTest, CreateIfMissingNeverHandsOverAnotherUsersHeap) {
   // Bob squats the name Carol means to create, mode 0666 so she could
   // write to it; with create_if_missing she must not get it.
   caller_ = kBob;
-  v1::CreateHeapRequest create;
-  create.set_name("results");
-  create.set_mode(0666);
-  v1::HeapInfo info;
-  ASSERT_TRUE(Call(&HeapdService::CreateHeap, create, &info).ok());
+  ASSERT_TRUE(CreateHeap("results", 0666).ok());
   caller_ = kCarol;
   v1::AttachRequest attach;
   attach.set_heap("results");

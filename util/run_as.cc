@@ -614,12 +614,11 @@ int RunHelper() {
   // The credential change set "dumpable" to fs.suid_dumpable: cleared
   // before the lent descriptors are taken, so the user can neither trace
   // the helper nor reach them through /proc.
-  prctl(PR_SET_DUMPABLE, 0);
+  if (prctl(PR_SET_DUMPABLE, 0) != 0) return kNoCredentials;
   // Killed with the thread that spawned it: RunAs spawns from one thread
   // that lives as long as heapd (a gRPC thread may be retired meanwhile),
   // so this means heapd died. It also kills a helper the user stopped.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != request.parent) return kHeapdGone;
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != request.parent) return kHeapdGone;
   std::vector<UniqueFd> fds;
   std::string packet;
   if (ReceivePacket(kChannelFd, &packet, &fds, 0) <= 0 || packet.size() != 1 || packet[0] != kFds) {

@@ -141,6 +141,15 @@ absl::Status Fail(JobInput&, MessageSink&) {
 }
 HEAPD_RUN_AS_JOB(kFail, "test.fail", Fail);
 
+// Creates `path` holding `contents` with `mode`.
+void WriteFile(const std::string& path, const std::string& contents, mode_t mode) {
+  FILE* file = fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr) << path;
+  fputs(contents.c_str(), file);
+  fclose(file);
+  chmod(path.c_str(), mode);
+}
+
 class RunAsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -160,11 +169,7 @@ TEST_F(RunAsTest, TheKernelRefusesWhatTheCallerMayNotDo) {
   char dir[] = "/tmp/run-as-test-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string secret = absl::StrCat(dir, "/secret");
-  FILE* file = fopen(secret.c_str(), "w");
-  ASSERT_NE(file, nullptr);
-  fputs("root only", file);
-  fclose(file);
-  chmod(secret.c_str(), 0600);
+  ASSERT_NO_FATAL_FAILURE(WriteFile(secret, "root only", 0600));
   auto messages = RunAsStranger(kReadFile, ArgsWriter().Add(secret).Take());
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kPermissionDenied) << messages.status();
   EXPECT_NE(messages.status().message().find("open secret"), std::string::npos);
@@ -194,9 +199,7 @@ TEST_F(RunAsTest, TheJobWorksInTheDirectoryOpenedAsTheUser) {
   char dir[] = "/tmp/run-as-test-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string marker = absl::StrCat(dir, "/marker");
-  FILE* file = fopen(marker.c_str(), "w");
-  ASSERT_NE(file, nullptr);
-  fclose(file);
+  ASSERT_NO_FATAL_FAILURE(WriteFile(marker, "", 0644));
   RunAsRequest request;
   request.job = &kFindMarker;
   request.dir = dir;
