@@ -5,7 +5,6 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -18,7 +17,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <thread>
 #include <utility>
@@ -28,109 +26,30 @@
 #include "absl/time/clock.h"
 #include "util/dir_files.h"
 #include "util/errno_status.h"
-
-extern char** environ;
+#include "util/run_as_packets.h"
+#include "util/run_as_spawner.h"
 
 namespace heapd {
 namespace {
 
-// Wire format on the SOCK_SEQPACKET pair, both ways: one packet per part,
-// its first byte the part's kind.
+using run_as_internal::kHelperChannelFd;
+
+// Packets on a helper's channel (util/run_as_packets.h), both ways.
 constexpr char kPart = 'C';   // a part of a message; more follow
 constexpr char kLast = 'M';   // the last part of a message (may carry fds)
 constexpr char kError = 'E';  // the job failed: status code byte, message
 constexpr char kFds = 'F';    // heapd to helper, after the request: the lent fds
-constexpr size_t kPartBytes = 32 << 10;
-constexpr size_t kMaxFdsPerMessage = 16;
-
-// How heapd asks a spawned copy of itself to be a helper.
-constexpr char kHelperFlag[] = "--heapd_run_as_helper";
-// The helper's descriptors as spawned: its end of the socket pair, and the
-// executable (only while it is executed: the helper closes it first).
-constexpr int kChannelFd = 3;
-constexpr int kExecutableFd = 4;
-constexpr char kExecutablePath[] = "/proc/self/fd/4";
+constexpr size_t kPartBytes = kPacketBodyBytes;
 
 // Exit statuses of a helper that did not get as far as its job.
 constexpr int kHeapdGone = 123;
 constexpr int kBadRequest = 124;
 constexpr int kNoCredentials = 125;
 
-// glibc 2.36's <sys/pidfd.h> declares these without C linkage: called
-// directly.
-int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
-int PidfdSendSignal(int pidfd, int signal) {
-  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
-}
-
-// The executable, opened by StartedAsRunAsHelper; -1 before.
-std::atomic<int> executable_fd{-1};
-
 // Filled at static initialization, read only afterwards.
 std::map<std::string, RunAsJob>& Jobs() {
   static auto* jobs = new std::map<std::string, RunAsJob>();
   return *jobs;
-}
-
-bool SendPacket(int socket, char kind, absl::string_view bytes, const std::vector<int>& fds,
-                int flags) {
-  std::string packet(1, kind);
-  packet.append(bytes.data(), bytes.size());
-  iovec iov{packet.data(), packet.size()};
-  msghdr message{};
-  message.msg_iov = &iov;
-  message.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
-  if (!fds.empty()) {
-    message.msg_control = control;
-    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
-  }
-  for (;;) {
-    if (sendmsg(socket, &message, MSG_NOSIGNAL | flags) == static_cast<ssize_t>(packet.size())) {
-      return true;
-    }
-    if (errno != EINTR) return false;
-  }
-}
-
-// Reads one packet into `packet`, appending its fds to `fds`. Returns the
-// number of bytes, 0 at the end, -1 on error (errno set; EPROTO for a
-// truncated packet).
-ssize_t ReceivePacket(int socket, std::string* packet, std::vector<UniqueFd>* fds, int flags) {
-  packet->resize(kPartBytes + 1);
-  iovec iov{packet->data(), packet->size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
-  msghdr message{};
-  message.msg_iov = &iov;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = recvmsg(socket, &message, MSG_CMSG_CLOEXEC | flags);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return -1;
-  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
-       header = CMSG_NXTHDR(&message, header)) {
-    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int received;
-      std::memcpy(&received, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-      fds->emplace_back(received);
-    }
-  }
-  if ((message.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
-    errno = EPROTO;
-    return -1;
-  }
-  packet->resize(static_cast<size_t>(n));
-  return n;
 }
 
 // The helper's end: sends each message in parts, blocking.
@@ -143,7 +62,7 @@ class HelperChannel final : public MessageSink {
       const bool last = bytes.empty();
       std::vector<int> fds;
       if (last && fd >= 0) fds.push_back(fd);
-      if (!SendPacket(kChannelFd, last ? kLast : kPart, part, fds, 0)) {
+      if (!SendPacket(kHelperChannelFd, last ? kLast : kPart, part, fds, 0)) {
         return ErrnoStatus(errno, "send to heapd");
       }
     } while (!bytes.empty());
@@ -165,7 +84,6 @@ bool SwitchCredentials(const Credentials& who) {
 // job's own arguments; the lent descriptors ride with its last part.
 std::string EncodeRequest(const Credentials& who, const RunAsRequest& request) {
   ArgsWriter writer;
-  writer.Add(static_cast<uint64_t>(getpid()));
   writer.Add(who.uid).Add(who.gid).Add(who.groups.size());
   for (uint32_t group : who.groups) writer.Add(group);
   writer.Add(request.job->name).Add(request.dir);
@@ -176,7 +94,6 @@ std::string EncodeRequest(const Credentials& who, const RunAsRequest& request) {
 }
 
 struct DecodedRequest {
-  pid_t parent = 0;
   Credentials who;
   std::string job;
   std::string dir;
@@ -187,12 +104,10 @@ struct DecodedRequest {
 
 bool DecodeRequest(absl::string_view bytes, DecodedRequest* request) {
   ArgsReader reader(bytes);
-  uint64_t parent = 0, uid = 0, gid = 0, groups = 0;
-  if (!reader.Next(&parent) || !reader.Next(&uid) || !reader.Next(&gid) || !reader.Next(&groups) ||
-      groups > 65536) {
+  uint64_t uid = 0, gid = 0, groups = 0;
+  if (!reader.Next(&uid) || !reader.Next(&gid) || !reader.Next(&groups) || groups > 65536) {
     return false;
   }
-  request->parent = static_cast<pid_t>(parent);
   request->who.uid = static_cast<uint32_t>(uid);
   request->who.gid = static_cast<uint32_t>(gid);
   for (uint64_t i = 0; i < groups; ++i) {
@@ -222,13 +137,13 @@ absl::StatusOr<UniqueFd> OpenJobDirectory(const DecodedRequest& request) {
   return dir;
 }
 
-// The parent's side of one helper: its socket and pidfd, and what ends the
-// wait for it.
+// heapd's side of one helper: its channel, its pidfd and status socket from
+// the spawner, and what ends the wait for it.
 class Helper {
  public:
-  Helper(UniqueFd socket, UniqueFd pidfd, const RunAsOptions& options)
+  Helper(UniqueFd socket, run_as_internal::SpawnedHelper spawned, const RunAsOptions& options)
       : socket_(std::move(socket)),
-        pidfd_(std::move(pidfd)),
+        spawned_(std::move(spawned)),
         options_(options),
         deadline_(absl::Now() + options.timeout) {}
 
@@ -323,26 +238,24 @@ class Helper {
     return interruption;
   }
 
-  void Kill() { PidfdSendSignal(pidfd_.get(), SIGKILL); }
+  void Kill() { run_as_internal::KillHelper(spawned_); }
 
   // Reaps the helper once it exits: by the deadline, or, once `killed` (or
   // killed here at the deadline), within kKilledExitGrace (a process in
   // uninterruptible I/O, a hung NFS server, dies only when that ends).
-  // Past that it is left behind: DEADLINE_EXCEEDED.
-  absl::StatusOr<siginfo_t> Reap(bool killed) {
-    if (!killed && !Exited(deadline_)) {
+  // Past that it is left behind: DEADLINE_EXCEEDED. Returns its wait
+  // status (the spawner reaps it).
+  absl::StatusOr<int> Reap(bool killed) {
+    using run_as_internal::StatusArrived;
+    if (!killed && !StatusArrived(spawned_.status.get(), deadline_)) {
       Kill();
       killed = true;
     }
-    if (killed && !Exited(absl::Now() + kKilledExitGrace)) {
+    if (killed && !StatusArrived(spawned_.status.get(), absl::Now() + kKilledExitGrace)) {
       return absl::DeadlineExceededError(
           absl::StrCat(options_.what, ": the helper did not exit when killed; it is left behind"));
     }
-    siginfo_t info{};
-    while (waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED) != 0 &&
-           errno == EINTR) {
-    }
-    return info;
+    return run_as_internal::ReadWaitStatus(spawned_.status.get(), options_.what);
   }
 
  private:
@@ -361,134 +274,11 @@ class Helper {
     }
   }
 
-  // True once the helper exited (its pidfd readable) before `until`.
-  bool Exited(absl::Time until) {
-    for (;;) {
-      pollfd exited{pidfd_.get(), POLLIN, 0};
-      const int64_t left_ms = absl::ToInt64Milliseconds(until - absl::Now());
-      const int ready =
-          poll(&exited, 1, static_cast<int>(std::clamp<int64_t>(left_ms + 1, 0, 1000)));
-      if (ready > 0) return true;
-      if (ready < 0 && errno != EINTR) return false;
-      if (absl::Now() >= until) return false;
-    }
-  }
-
   UniqueFd socket_;
-  UniqueFd pidfd_;
+  run_as_internal::SpawnedHelper spawned_;
   const RunAsOptions& options_;
   const absl::Time deadline_;
 };
-
-// Spawns a helper whose end of the channel is `theirs`; its pid or an
-// errno.
-int SpawnHelperHere(int theirs, pid_t* pid) {
-  posix_spawn_file_actions_t actions;
-  if (const int error = posix_spawn_file_actions_init(&actions); error != 0) return error;
-  posix_spawnattr_t attributes;
-  if (const int error = posix_spawnattr_init(&attributes); error != 0) {
-    posix_spawn_file_actions_destroy(&actions);
-    return error;
-  }
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  char name[] = "heapd-run-as";
-  char flag[sizeof(kHelperFlag)];
-  std::memcpy(flag, kHelperFlag, sizeof(flag));
-  char* argv[] = {name, flag, nullptr};
-  int error = posix_spawn_file_actions_adddup2(&actions, theirs, kChannelFd);
-  if (error == 0) {
-    error = posix_spawn_file_actions_adddup2(&actions, executable_fd.load(), kExecutableFd);
-  }
-  if (error == 0) error = posix_spawn_file_actions_addclosefrom_np(&actions, kExecutableFd + 1);
-  // heapd blocks SIGTERM for sigwait: the helper starts with no signal
-  // blocked and every disposition at its default.
-  if (error == 0) error = posix_spawnattr_setsigmask(&attributes, &none);
-  if (error == 0) error = posix_spawnattr_setsigdefault(&attributes, &all);
-  if (error == 0) {
-    error = posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  }
-  if (error == 0) error = posix_spawn(pid, kExecutablePath, &actions, &attributes, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  return error;
-}
-
-// Spawns every helper of this process from one thread that lives as long
-// as the process: a helper's parent-death signal fires when the thread
-// that spawned it exits, and gRPC retires idle threads. A forked child
-// (tests) gets a thread of its own.
-class Spawner {
- public:
-  static Spawner& OfThisProcess() {
-    static absl::Mutex mu(absl::kConstInit);
-    static Spawner* spawner = nullptr;
-    absl::MutexLock lock(&mu);
-    if (spawner == nullptr || spawner->pid_ != getpid()) spawner = new Spawner();  // never freed
-    return *spawner;
-  }
-
-  // The helper's pid, or an errno.
-  int Spawn(int theirs, pid_t* pid) {
-    Request request{theirs, pid};
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(&request);
-    mu_.Await(absl::Condition(&request.done));
-    return request.error;
-  }
-
- private:
-  struct Request {
-    int theirs;
-    pid_t* pid;
-    int error = 0;
-    bool done = false;
-  };
-
-  Spawner() : pid_(getpid()) {
-    std::thread([this] { Run(); }).detach();
-  }
-
-  [[noreturn]] void Run() {
-    for (;;) {
-      Request* request;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](std::deque<Request*>* queue) { return !queue->empty(); }, &queue_));
-        request = queue_.front();
-        queue_.pop_front();
-      }
-      const int error = SpawnHelperHere(request->theirs, request->pid);
-      absl::MutexLock lock(&mu_);
-      request->error = error;
-      request->done = true;
-    }
-  }
-
-  const pid_t pid_;
-  absl::Mutex mu_;
-  std::deque<Request*> queue_ ABSL_GUARDED_BY(mu_);
-};
-
-// Spawns a helper whose end of the channel is `theirs`; its pidfd.
-absl::StatusOr<UniqueFd> SpawnHelper(int theirs, const std::string& what) {
-  pid_t pid = -1;
-  if (const int error = Spawner::OfThisProcess().Spawn(theirs, &pid); error != 0) {
-    return ErrnoStatus(error, absl::StrCat(what, ": spawn a helper"));
-  }
-  UniqueFd pidfd(PidfdOpen(pid));
-  if (!pidfd.valid()) {
-    // Not reaped yet, so the pid is still the helper's.
-    const int open_error = errno;
-    kill(pid, SIGKILL);
-    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
-    return ErrnoStatus(open_error, absl::StrCat(what, ": pidfd_open"));
-  }
-  return pidfd;
-}
 
 }  // namespace
 
@@ -524,14 +314,14 @@ absl::StatusOr<std::vector<ChildMessage>> RunJobHere(const RunAsJob& job, int di
 
 absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const RunAsRequest& request,
                                                 const RunAsOptions& options) {
-  if (executable_fd.load() < 0) {
+  if (!run_as_internal::ExecutableOpened()) {
     return absl::FailedPreconditionError(
         absl::StrCat(options.what,
                      ": this program cannot spawn helpers (its main() does not start with "
                      "StartedAsRunAsHelper)"));
   }
   if (request.job == nullptr || Jobs().count(request.job->name) == 0 ||
-      request.fds.size() > kMaxFdsPerMessage) {
+      request.fds.size() > kMaxFdsPerPacket) {
     return absl::InternalError(absl::StrCat(options.what, ": no such job, or too many fds"));
   }
   int pair[2];
@@ -539,53 +329,44 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const Ru
     return ErrnoStatus(errno, absl::StrCat(options.what, ": socketpair"));
   }
   UniqueFd ours(pair[0]);
-  // Above the helper's fixed descriptors, so that placing them there
-  // cannot overwrite it.
-  UniqueFd theirs(fcntl(pair[1], F_DUPFD_CLOEXEC, kExecutableFd + 1));
-  close(pair[1]);
-  if (!theirs.valid()) return ErrnoStatus(errno, absl::StrCat(options.what, ": dup"));
-  absl::StatusOr<UniqueFd> pidfd = SpawnHelper(theirs.get(), options.what);
-  if (!pidfd.ok()) return pidfd.status();
+  UniqueFd theirs(pair[1]);
+  absl::StatusOr<run_as_internal::SpawnedHelper> spawned =
+      run_as_internal::SpawnHelper(theirs.get(), options.what);
+  if (!spawned.ok()) return spawned.status();
   theirs.reset();
 
-  Helper helper(std::move(ours), *std::move(pidfd), options);
+  Helper helper(std::move(ours), *std::move(spawned), options);
   std::vector<ChildMessage> messages;
   absl::Status failure;  // set when the job reported an error
   absl::Status interruption = helper.SendRequest(EncodeRequest(who, request), request.fds);
   if (interruption.ok()) interruption = helper.Receive(&messages, &failure);
   if (!interruption.ok()) helper.Kill();
-  const absl::StatusOr<siginfo_t> reaped = helper.Reap(/*killed=*/!interruption.ok());
+  const absl::StatusOr<int> reaped = helper.Reap(/*killed=*/!interruption.ok());
   if (!interruption.ok()) return interruption;
   if (!reaped.ok()) return reaped.status();
-  const siginfo_t& exit = *reaped;
+  const int exit = *reaped;
   if (!failure.ok()) return failure;
-  if (exit.si_code == CLD_EXITED && exit.si_status == 0) return messages;
-  if (exit.si_code == CLD_EXITED && exit.si_status == kNoCredentials) {
+  if (WIFEXITED(exit) && WEXITSTATUS(exit) == 0) return messages;
+  if (WIFEXITED(exit) && WEXITSTATUS(exit) == kNoCredentials) {
     return absl::InternalError(
         absl::StrCat(options.what, ": could not switch to uid ", who.uid, " gid ", who.gid));
   }
-  return absl::AbortedError(absl::StrCat(
-      options.what, ": the process working as uid ", who.uid, " ",
-      exit.si_code == CLD_EXITED ? absl::StrCat("exited with status ", exit.si_status)
-                                 : absl::StrCat("was killed by signal ", exit.si_status)));
+  return absl::AbortedError(
+      absl::StrCat(options.what, ": the process working as uid ", who.uid, " ",
+                   WIFEXITED(exit) ? absl::StrCat("exited with status ", WEXITSTATUS(exit))
+                                   : absl::StrCat("was killed by signal ", WTERMSIG(exit))));
 }
 
 bool StartedAsRunAsHelper(int argc, char** argv) {
-  if (argc == 2 && std::strcmp(argv[1], kHelperFlag) == 0) return true;
-  // /proc/self/exe names the image running now even once a newer package
-  // replaced the file; kept above the helper's fixed descriptors.
-  const int fd = open("/proc/self/exe", O_PATH | O_CLOEXEC);
-  if (fd >= 0) {
-    executable_fd.store(fcntl(fd, F_DUPFD_CLOEXEC, kExecutableFd + 1));
-    close(fd);
-  }
+  if (run_as_internal::IsSpawnerInvocation(argc, argv)) return true;
+  run_as_internal::OpenExecutable();
   return false;
 }
 
 namespace {
 
-int RunHelper() {
-  close(kExecutableFd);
+// A helper's whole life, forked by the spawner `spawner`.
+int RunHelper(pid_t spawner) {
   prctl(PR_SET_NAME, "heapd-run-as");
   // The helper works for the user: it must not keep heapd's shelter from
   // the OOM killer (--oom_score_adj), so memory it takes, its request
@@ -598,7 +379,8 @@ int RunHelper() {
   std::vector<UniqueFd> none;
   for (;;) {
     std::string packet;
-    if (ReceivePacket(kChannelFd, &packet, &none, 0) <= 0 || !none.empty()) return kBadRequest;
+    if (ReceivePacket(kHelperChannelFd, &packet, &none, 0) <= 0 || !none.empty())
+      return kBadRequest;
     request_bytes.append(packet, 1, std::string::npos);
     if (packet[0] == kLast) break;
     if (packet[0] != kPart) return kBadRequest;
@@ -615,13 +397,13 @@ int RunHelper() {
   // before the lent descriptors are taken, so the user can neither trace
   // the helper nor reach them through /proc.
   if (prctl(PR_SET_DUMPABLE, 0) != 0) return kNoCredentials;
-  // Killed with the thread that spawned it: RunAs spawns from one thread
-  // that lives as long as heapd (a gRPC thread may be retired meanwhile),
-  // so this means heapd died. It also kills a helper the user stopped.
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != request.parent) return kHeapdGone;
+  // Killed with the spawner, which dies with heapd: then the work is for
+  // no one. It also kills a helper the user stopped.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != spawner) return kHeapdGone;
   std::vector<UniqueFd> fds;
   std::string packet;
-  if (ReceivePacket(kChannelFd, &packet, &fds, 0) <= 0 || packet.size() != 1 || packet[0] != kFds) {
+  if (ReceivePacket(kHelperChannelFd, &packet, &fds, 0) <= 0 || packet.size() != 1 ||
+      packet[0] != kFds) {
     return kBadRequest;
   }
   // A file-size limit (RLIMIT_FSIZE) fails a write with EFBIG, an error
@@ -632,7 +414,7 @@ int RunHelper() {
   // (heapd kills a helper it gives up on, so: a process that forked and
   // died, as tests do, or heapd itself): the work is then for no one.
   std::thread([] {
-    pollfd channel{kChannelFd, POLLRDHUP, 0};
+    pollfd channel{kHelperChannelFd, POLLRDHUP, 0};
     while (poll(&channel, 1, -1) < 0 && errno == EINTR) {
     }
     _exit(kHeapdGone);
@@ -663,18 +445,13 @@ int RunHelper() {
     std::string error(1, static_cast<char>(status.code()));
     const absl::string_view message = status.message().substr(0, kPartBytes - 2);
     error.append(message.data(), message.size());
-    SendPacket(kChannelFd, kError, error, {}, 0);
+    SendPacket(kHelperChannelFd, kError, error, {}, 0);
   }
   return status.ok() ? 0 : 1;
 }
 
 }  // namespace
 
-int RunAsHelperMain() {
-  // No static destructors with the watchdog thread still running.
-  const int status = RunHelper();
-  std::fflush(nullptr);
-  _exit(status);
-}
+int RunAsHelperMain() { run_as_internal::RunSpawner(RunHelper); }
 
 }  // namespace heapd

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -103,18 +104,24 @@ absl::Status Hang(JobInput&, MessageSink&) {
 }
 HEAPD_RUN_AS_JOB(kHang, "test.hang", Hang);
 
-// Writes its pid to the file the arguments name, then waits forever.
+// Writes its pid and its parent's (the spawner) to the file the arguments
+// name, then waits forever.
 absl::Status WritePidAndHang(JobInput& input, MessageSink&) {
   std::string path;
   if (!input.args.Next(&path)) return absl::InternalError("bad args");
   FILE* file = fopen(path.c_str(), "w");
   if (file == nullptr) return Errno("create pid file");
-  fprintf(file, "%d\n", getpid());
+  fprintf(file, "%d %d\n", getpid(), getppid());
   fclose(file);
   pause();
   return absl::OkStatus();
 }
 HEAPD_RUN_AS_JOB(kWritePidAndHang, "test.pid_and_hang", WritePidAndHang);
+
+absl::Status SendSpawnerPid(JobInput&, MessageSink& out) {
+  return out.Send(absl::StrCat(getppid()));
+}
+HEAPD_RUN_AS_JOB(kSendSpawnerPid, "test.spawner_pid", SendSpawnerPid);
 
 absl::Status SendForever(JobInput&, MessageSink& out) {
   for (;;) {
@@ -336,29 +343,54 @@ TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
     kill(spawner, SIGKILL);
     waitpid(spawner, nullptr, 0);
   };
-  pid_t helper = 0;
+  pid_t helper = 0, its_spawner = 0;
   for (int i = 0; i < 3000 && helper == 0; ++i) {
     usleep(10000);
     if (FILE* file = fopen(pid_file.c_str(), "r"); file != nullptr) {
-      if (fscanf(file, "%d", &helper) != 1) helper = 0;
+      if (fscanf(file, "%d %d", &helper, &its_spawner) != 2) helper = 0;
       fclose(file);
     }
   }
   ASSERT_GT(helper, 0);
   if (stopped) kill(helper, SIGSTOP);
   std::move(end_spawner).Invoke();
-  bool exited = false;
-  for (int i = 0; i < 500 && !exited; ++i) {
-    exited = Exited(helper);
-    if (!exited) usleep(10000);
+  for (const pid_t pid : {helper, its_spawner}) {
+    bool exited = false;
+    for (int i = 0; i < 500 && !exited; ++i) {
+      exited = Exited(pid);
+      if (!exited) usleep(10000);
+    }
+    EXPECT_TRUE(exited) << (pid == helper ? "helper " : "spawner ") << pid
+                        << " outlived the process that started it";
+    if (!exited) kill(pid, SIGKILL);
   }
-  EXPECT_TRUE(exited) << "helper " << helper << " outlived the process that spawned it";
-  if (!exited) kill(helper, SIGKILL);
   unlink(pid_file.c_str());
   rmdir(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(RunningOrStopped, HelperOutlivingTest, ::testing::Bool());
+
+// A spawner that dies (killed by root: nothing else may) takes its running
+// helpers with it, failing their calls with a clear error; the next call
+// gets a new spawner, and the old one is reaped.
+TEST_F(RunAsTest, AKilledSpawnerFailsItsRunningCallsAndIsReplaced) {
+  auto first = RunAsStranger(kSendSpawnerPid);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const pid_t spawner = std::stoi((*first)[0].bytes);
+  ASSERT_GT(spawner, 1);
+  ASSERT_NE(spawner, getpid());
+  absl::StatusOr<std::vector<ChildMessage>> hung;
+  std::thread hang([&hung] { hung = RunAsStranger(kHang); });
+  usleep(300000);
+  ASSERT_EQ(kill(spawner, SIGKILL), 0);
+  hang.join();
+  EXPECT_EQ(hung.status().code(), absl::StatusCode::kUnavailable) << hung.status();
+  EXPECT_NE(hung.status().message().find("spawner died"), std::string::npos) << hung.status();
+  auto second = RunAsStranger(kSendSpawnerPid);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(std::stoi((*second)[0].bytes), spawner);
+  EXPECT_TRUE(kill(spawner, 0) != 0 && errno == ESRCH) << "spawner " << spawner << " not reaped";
+}
 
 TEST_F(RunAsTest, TheSameJobRunsInThisProcessToo) {
   auto messages = RunJobHere(kSendLarge, -1, {}, ArgsWriter().Add(uint64_t{10}).Take());
