@@ -1,31 +1,27 @@
 // HeapImpl: what a heapd::Heap (heapd/heap.h) is inside the client
-// library: the mapping and its growth, per-thread lease caches, frees of
-// other threads and processes, the large-object reserve, multi-part syncs,
-// names looked up at attach, and write tracking. Heap's methods are this
-// class's, reached by a static downcast (a Heap is always a HeapImpl).
-//
-// Allocation: each thread carves small objects (up to 1 MiB) out of chunks
-// it leases from the daemon in batches; allocate and deallocate of those
-// make no system call, no RPC and no atomic read-modify-write (owner_gate.h).
-// Large objects up to kMaxCarvedChunks chunks are carved from chunks heapd
-// reserves for the session in growing batches (allocator/large_reserve.h):
-// no RPC per object; heapd learns of them at the next sync, where they
-// commit. Larger ones are one RPC each. Freeing an object of another thread
-// queues it for that thread's cache; freeing one in a chunk this process
-// does not lease (another process allocated it) is batched to the daemon,
-// which validates it. Objects that other processes allocate after this one
-// mapped the heap are mapped on first touch (growth_fault_handler.h).
+// library. Heap's methods are this class's, reached by a static downcast (a
+// Heap is always a HeapImpl). It composes the session's parts and orders
+// them (attach, sync, detach):
+//   MappedHeap     the mapping and its growth (mapped_heap.h)
+//   thread caches  each thread carves small objects (up to 1 MiB) out of
+//                  chunks it leases from heapd in batches; allocate and
+//                  deallocate of those make no system call, no RPC and no
+//                  atomic read-modify-write (owner_gate.h); freeing another
+//                  thread's object queues it for that thread's cache
+//   LargeObjects   objects above 1 MiB, carved from a reserve (large_objects.h)
+//   RemoteFrees    frees of objects other processes allocated, which heapd
+//                  judges (remote_frees.h)
+//   SyncParts      a sync or detach too large for one call (sync_parts.h)
+//   WriteTracker   pre-images for content rollback (write_tracker.h)
+//   PrefetchedNames  names looked up at attach (prefetched_names.h)
 #ifndef HEAPD_CLIENT_HEAP_IMPL_H_
 #define HEAPD_CLIENT_HEAP_IMPL_H_
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <new>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,14 +29,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/types/span.h"
-#include "allocator/large_reserve.h"
 #include "allocator/lease_pool.h"
-#include "client/free_batch.h"
+#include "client/large_objects.h"
 #include "client/mapped_heap.h"
 #include "client/prefetched_names.h"
+#include "client/remote_frees.h"
 #include "client/session_calls.h"
-#include "client/spin_lock.h"
+#include "client/thread_caches.h"
 #include "client/write_tracker.h"
 #include "heap/name_table.h"
 #include "heapd/client.h"
@@ -101,49 +96,14 @@ class HeapImpl final : public Heap {
   bool leases(const void* p) const;
 
  private:
-  struct ThreadCache;
-
   HeapImpl(std::unique_ptr<SessionCalls> calls, std::string name, const AttachOptions& options,
            uint64_t session, int data_fd);
   // Maps the heap and takes what Attach returned.
   absl::Status Start(const v1::AttachResponse& attached, UniqueFd journal);
 
-  ThreadCache* CacheOfThisThread();
-  ThreadCache* NewCacheForThisThread();
-  absl::StatusOr<std::vector<LeaseGrant>> Lease(ThreadCache* cache, uint32_t size_class,
-                                                uint32_t count);
-  void AdoptGrants(ThreadCache* cache, const std::vector<LeaseGrant>& grants);
-  // Applies other threads' frees to `cache`. REQUIRES: inside its gate.
-  void ApplyRemoteFrees(ThreadCache* cache);
-  // A large object: carved from the reserve (topped up first when no run
-  // fits), or from heapd when above kMaxCarvedChunks.
-  absl::StatusOr<uint64_t> AllocateLarge(uint64_t size);
-  // AllocateLarge of heapd: an object of `size` bytes, or with `reserve`
-  // a run of chunks for the reserve, of `min_size` to `size` bytes;
-  // checked, mapped and unprotected.
-  absl::StatusOr<LargePlacement> TakeFromHeapd(uint64_t size, bool reserve, uint64_t min_size);
-  // Hands the reserve's uncarved chunks back to heapd now (the heap is
-  // full: they may be what an allocation needs); true if it held some and
-  // heapd took them. Takes no lock but large_mu_ (safe from a thread
-  // cache's allocation path).
-  bool ReturnReserve() ABSL_LOCKS_EXCLUDED(large_mu_);
-  // `call()`, and once more if the heap was full and ReturnReserve gave
-  // heapd something back.
-  absl::Status WithReserveBack(const std::function<absl::Status()>& call)
-      ABSL_LOCKS_EXCLUDED(large_mu_);
-  // One part of a sync (more=true) that tells heapd of carved objects and
-  // released runs, taken at once (ChunkDirectory::TellReserve).
-  absl::Status TellReserve(absl::Span<const LargePlacement> placed,
-                           absl::Span<const LargePlacement> released);
-  // Tells heapd of the carved objects it does not know yet (before one is
-  // bound to a name), in parts of a sync.
-  absl::Status PlaceUntold() ABSL_LOCKS_EXCLUDED(sync_mu_, large_mu_);
-  // A free of `offset` in this process's reserve: true if it freed an
-  // untold object, false if the reserve does not hold its chunk (heapd
-  // judges it), INVALID_ARGUMENT if it holds it but no object starts there.
-  absl::StatusOr<bool> FreeUntold(uint64_t offset, uint64_t size_hint);
-  absl::Status FreeRemotely(std::vector<v1::ObjectRef> objects);
-  absl::Status FlushFrees();
+  // Leases `count` chunks of `size_class` for a thread cache: checked,
+  // mapped, and unprotected where nothing in them is allocated.
+  absl::StatusOr<std::vector<LeaseGrant>> Lease(uint32_t size_class, uint32_t count);
   // The entry `name` binds (prefetched at attach, else looked up), checked
   // to lie within the heap.
   absl::StatusOr<NameEntry> EntryOf(const std::string& name);
@@ -152,25 +112,11 @@ class HeapImpl final : public Heap {
   // Whether the write tracker let a store through without its pre-image
   // (told to heapd with each sync and the detach).
   bool StoresUnseen() const;
-  // `generation`: the content generation the sync commits (0: none); sent
-  // with the last part only.
-  // A sync's reports and placements but the last kReportsPerSync and
-  // kPlacementsPerPart, as parts heapd holds for the last; `sent` and
-  // `placed_sent` count them.
-  absl::Status SendEarlierParts(const std::vector<LeaseReport>& reports, size_t* sent,
-                                const std::vector<LargePlacement>& placed, size_t* placed_sent);
-  // `released`: reserved runs handed back (with the last part).
-  absl::Status SendSync(const std::vector<LeaseReport>& reports,
-                        const std::vector<LargePlacement>& placed,
-                        const std::vector<LargePlacement>& released, uint64_t generation,
-                        v1::SyncResponse* response);
 
   const std::unique_ptr<SessionCalls> calls_;
   const std::string name_;
   const bool read_only_;
   const uint64_t session_;
-  const uint32_t lease_batch_;
-  const uint64_t serial_;  // tells heaps apart in thread-local lookups
   const int data_fd_;
   // The session's lifeline (its heapd.fd.sock connection), as Start saw it:
   // closed in a forked child without a lock another thread may have held.
@@ -189,23 +135,15 @@ class HeapImpl final : public Heap {
   // Held through a sync: its reports, generation and request parts must
   // reach heapd in the order they were taken.
   absl::Mutex sync_mu_;
-  absl::Mutex caches_mu_;
-  std::map<std::thread::id, std::unique_ptr<ThreadCache>> caches_ ABSL_GUARDED_BY(caches_mu_);
-  // Which thread cache leases each chunk (null: none of this process).
-  std::unique_ptr<std::atomic<ThreadCache*>[]> chunk_owner_;
 
-  // The first rejected free of another thread's object, for sync().
-  absl::Mutex deferred_mu_;
-  absl::Status deferred_error_ ABSL_GUARDED_BY(deferred_mu_);
+  // Each thread's small objects.
+  ThreadCaches caches_;
 
-  // Frees of other processes' objects, sent to heapd in batches.
-  FreeBatch frees_;
+  // Frees of other processes' objects, sent to heapd.
+  RemoteFrees frees_;
 
-  // Chunks reserved for large objects; held across the call that tops the
-  // reserve up. Taken after sync_mu_.
-  mutable absl::Mutex large_mu_ ABSL_ACQUIRED_AFTER(sync_mu_);
-  LargeReserve large_ ABSL_GUARDED_BY(large_mu_);
-  uint32_t next_reserve_chunks_ ABSL_GUARDED_BY(large_mu_);
+  // Objects above 1 MiB; set by Start.
+  std::unique_ptr<LargeObjects> large_;
 
   // Names looked up at attach, served by Find without a call.
   PrefetchedNames prefetched_;

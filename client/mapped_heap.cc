@@ -26,8 +26,6 @@ absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_nam
 MappedHeap::~MappedHeap() { StopGrowth(); }
 
 void MappedHeap::StartGrowth(WriteTracker* tracker) {
-  growing_ = GrowingHeap{
-      base(), max_size(), data_fd_, mapping_->writable(), mapping_->map_sync(), &mapped_bytes_};
   if (tracker != nullptr) {
     growing_.uffd = tracker->fd();
     growing_.fenced = tracker->fencing();

@@ -74,7 +74,9 @@ class MappedHeap {
       : heap_name_(std::move(heap_name)),
         data_fd_(data_fd),
         mapping_(std::move(mapping)),
-        mapped_bytes_(mapping_->size()) {}
+        mapped_bytes_(mapping_->size()),
+        growing_{base(),        max_size(), data_fd_, mapping_->writable(), mapping_->map_sync(),
+                 &mapped_bytes_} {}
 
   const std::string heap_name_;
   const int data_fd_;
@@ -84,7 +86,7 @@ class MappedHeap {
   absl::Mutex mu_;
   const std::unique_ptr<HeapMapping> mapping_;
   std::atomic<uint64_t> mapped_bytes_;
-  GrowingHeap growing_;  // set by StartGrowth
+  GrowingHeap growing_;  // its tracker's parts set by StartGrowth
   int fault_slot_ = -1;  // growing_'s slot with the handler
 };
 

@@ -246,16 +246,16 @@ class Helper {
   // Past that it is left behind: DEADLINE_EXCEEDED. Returns its wait
   // status (the spawner reaps it).
   absl::StatusOr<int> Reap(bool killed) {
-    using run_as_internal::StatusArrived;
-    if (!killed && !StatusArrived(spawned_.status.get(), deadline_)) {
+    using run_as_internal::HelperExited;
+    if (!killed && !HelperExited(spawned_, deadline_)) {
       Kill();
       killed = true;
     }
-    if (killed && !StatusArrived(spawned_.status.get(), absl::Now() + kKilledExitGrace)) {
+    if (killed && !HelperExited(spawned_, absl::Now() + kKilledExitGrace)) {
       return absl::DeadlineExceededError(
           absl::StrCat(options_.what, ": the helper did not exit when killed; it is left behind"));
     }
-    return run_as_internal::ReadWaitStatus(spawned_.status.get(), options_.what);
+    return run_as_internal::ReapedStatus(spawned_, options_.what);
   }
 
  private:
@@ -365,6 +365,19 @@ bool StartedAsRunAsHelper(int argc, char** argv) {
 
 namespace {
 
+// Whether a tracer is attached to this process (or that cannot be read).
+bool Traced() {
+  FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return true;
+  char line[256];
+  long tracer = -1;
+  while (std::fgets(line, sizeof(line), status) != nullptr) {
+    if (std::sscanf(line, "TracerPid: %ld", &tracer) == 1) break;
+  }
+  std::fclose(status);
+  return tracer != 0;
+}
+
 // A helper's whole life, forked by the spawner `spawner`.
 int RunHelper(pid_t spawner) {
   prctl(PR_SET_NAME, "heapd-run-as");
@@ -397,6 +410,9 @@ int RunHelper(pid_t spawner) {
   // before the lent descriptors are taken, so the user can neither trace
   // the helper nor reach them through /proc.
   if (prctl(PR_SET_DUMPABLE, 0) != 0) return kNoCredentials;
+  // With fs.suid_dumpable=1 the user could attach between the switch and
+  // the line above; a tracer stays attached: refuse then.
+  if (Traced()) return kNoCredentials;
   // Killed with the spawner, which dies with heapd: then the work is for
   // no one. It also kills a helper the user stopped.
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != spawner) return kHeapdGone;

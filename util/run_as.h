@@ -11,12 +11,13 @@
 // parent trusts neither beyond what it checks itself (an fd's type and
 // size, every byte parsed with bounds).
 //
-// The helper is this very program, executed afresh: not a fork of a
-// multi-threaded daemon (whose locks another thread may have held), so a
-// job may log, lock and use any library. It is executed from a descriptor of
-// the running executable opened at start, so an upgraded package can never
-// put a helper of another version behind a running heapd. Every program
-// that calls RunAs starts its main() with
+// The helper is never a fork of the multi-threaded daemon (whose locks
+// another thread may have held): this very program, executed once from a
+// descriptor of the running executable opened at start, is a
+// single-threaded spawner that forks each helper (util/run_as_spawner.h).
+// So a job may log, lock and use any library, and an upgraded package can
+// never put a helper of another version behind a running heapd. Every
+// program that calls RunAs starts its main() with
 //
 //   if (StartedAsRunAsHelper(argc, argv)) return RunAsHelperMain();
 //
@@ -26,14 +27,14 @@
 //
 // The helper gets only those descriptors besides 0-2 (the daemon's others
 // are never inherited), and takes them only once it is the user and not
-// dumpable, so the user can neither trace it nor reach the daemon's files
-// through it; the user can only kill it, which fails the operation. It
-// starts with its signals at their defaults (then ignores SIGPIPE and
-// SIGXFSZ: errors, not deaths) in "/". heapd kills and reaps it through a
-// pidfd. If heapd dies the helper dies too: its parent-death signal (every
-// helper is spawned by one thread that lives as long as heapd: a gRPC
-// thread may be retired), and a watchdog thread that ends it when heapd's
-// end of its socket closes.
+// dumpable (and refuses a tracer attached meanwhile), so the user can
+// neither trace it nor reach the daemon's files through it; the user can
+// only kill it, which fails the operation. It starts with its signals at
+// their defaults (then ignores SIGPIPE and SIGXFSZ: errors, not deaths) in
+// "/". heapd kills it through a pidfd; the spawner reaps it and reports its
+// exit. If heapd dies the helper dies too: the spawner dies with heapd, and
+// the helper with the spawner (parent-death signals), and a watchdog
+// thread ends it when heapd's end of its socket closes.
 #ifndef HEAPD_UTIL_RUN_AS_H_
 #define HEAPD_UTIL_RUN_AS_H_
 
@@ -159,12 +160,13 @@ absl::StatusOr<std::vector<ChildMessage>> RunJobHere(const RunAsJob& job, int di
                                                      const std::vector<int>& fds,
                                                      absl::string_view args);
 
-// For main(), first thing: true if this process is a helper RunAs spawned
-// (then return RunAsHelperMain()). Otherwise opens the running executable
-// for later RunAs calls and returns false.
+// For main(), first thing: true if this process was started as RunAs's
+// spawner (then return RunAsHelperMain()). Otherwise opens the running
+// executable for later RunAs calls and returns false.
 bool StartedAsRunAsHelper(int argc, char** argv);
-// A helper's whole life: receives its request, becomes the user, runs the
-// job, sends its result. Returns the exit status.
+// The spawner's whole life: forks a helper for each request (which
+// receives its request, becomes the user, runs the job, sends its result
+// and exits). Never returns.
 int RunAsHelperMain();
 
 }  // namespace heapd

@@ -68,6 +68,18 @@ int PidfdSendSignal(int pidfd, int signal) {
   return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
 }
 
+// True once `fd` is readable (or hung up) before `until`.
+bool Readable(int fd, absl::Time until) {
+  for (;;) {
+    pollfd polled{fd, POLLIN, 0};
+    const int64_t left_ms = absl::ToInt64Milliseconds(until - absl::Now());
+    const int ready = poll(&polled, 1, static_cast<int>(std::clamp<int64_t>(left_ms + 1, 0, 1000)));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return false;
+    if (absl::Now() >= until) return false;
+  }
+}
+
 // ---- The spawner process ----
 
 // Forks a helper for a request's `channel`, answering on `status`. The
@@ -77,8 +89,15 @@ void ForkHelper(UniqueFd channel, UniqueFd status, std::map<pid_t, UniqueFd>* st
   const pid_t spawner = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
+    // Dies with the spawner from here on (until its credentials change,
+    // which clears this; the helper sets it again).
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != spawner) _exit(127);
+    // The channel replaces the control socket (kControlFd): a helper must
+    // never hold it (it could ask for a helper of any uid).
+    static_assert(kHelperChannelFd == kControlFd,
+                  "the channel must take the control socket's place");
     if (dup2(channel.get(), kHelperChannelFd) != kHelperChannelFd) _exit(127);
-    close_range(kHelperChannelFd + 1, ~0U, 0);
+    if (close_range(kHelperChannelFd + 1, ~0U, 0) != 0) _exit(127);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -291,18 +310,18 @@ class SpawnerOfThisProcess {
   }
 
   absl::StatusOr<SpawnedHelper> Spawn(int channel, absl::string_view what) {
-    // A spawner found dead, or dying under the request, is replaced once.
-    absl::Status last;
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    // A spawner found dead before it took the request is replaced once:
+    // the request never reached it, so no helper holds `channel`. One that
+    // dies after taking it fails this call only (its helpers died with it).
+    for (int attempt = 0;; ++attempt) {
       absl::StatusOr<std::shared_ptr<Spawner>> spawner = Running(what);
       if (!spawner.ok()) return spawner.status();
-      bool spawner_broken = false;
-      absl::StatusOr<SpawnedHelper> helper = Ask(**spawner, channel, what, &spawner_broken);
-      if (!spawner_broken) return helper;
-      last = helper.status();
+      bool not_taken = false;
+      absl::StatusOr<SpawnedHelper> helper = Ask(**spawner, channel, what, &not_taken);
+      if (helper.ok() || (*spawner)->Alive()) return helper;
       Replace(*spawner);
+      if (!not_taken || attempt == 1) return helper;
     }
-    return last;
   }
 
  private:
@@ -331,33 +350,43 @@ class SpawnerOfThisProcess {
     spawner_ = nullptr;
   }
 
+  // Kills `spawner` and reaps it once it exited, waiting a bounded time (a
+  // process in uninterruptible sleep dies only when that ends: then it is
+  // left a zombie).
   static void Stop(const Spawner& spawner) {
     PidfdSendSignal(spawner.pidfd.get(), SIGKILL);
+    pollfd exited{spawner.pidfd.get(), POLLIN, 0};
+    if (poll(&exited, 1, static_cast<int>(absl::ToInt64Milliseconds(kSpawnerPatience))) <= 0) {
+      return;
+    }
     siginfo_t info;
-    while (waitid(P_PIDFD, static_cast<id_t>(spawner.pidfd.get()), &info, WEXITED) != 0 &&
+    while (waitid(P_PIDFD, static_cast<id_t>(spawner.pidfd.get()), &info, WEXITED | WNOHANG) != 0 &&
            errno == EINTR) {
     }
   }
 
-  // Sends the request; returns the helper or why not, setting
-  // `spawner_broken` if the spawner is gone or hung.
+  // Sends the request; returns the helper or why not. `not_taken`: the
+  // spawner did not receive the request (it had closed its end).
   static absl::StatusOr<SpawnedHelper> Ask(const Spawner& spawner, int channel,
-                                           absl::string_view what, bool* spawner_broken) {
+                                           absl::string_view what, bool* not_taken) {
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
       return ErrnoStatus(errno, absl::StrCat(what, ": socketpair"));
     }
     SpawnedHelper helper;
     helper.status.reset(pair[0]);
-    const UniqueFd theirs(pair[1]);
-    if (!SendPacket(spawner.control.get(), kForkRequest, "", {channel, theirs.get()}, 0)) {
-      *spawner_broken = true;
-      return absl::UnavailableError(
-          absl::StrCat(what, ": the helpers' spawner took no request: ", std::strerror(errno)));
+    {
+      // Closed once sent: if the spawner dies, the status socket ends.
+      const UniqueFd theirs(pair[1]);
+      if (!SendPacket(spawner.control.get(), kForkRequest, "", {channel, theirs.get()}, 0)) {
+        *not_taken = errno == EPIPE || errno == ECONNRESET;
+        return ErrnoStatus(errno, absl::StrCat(what, ": ask the helpers' spawner for a helper"));
+      }
     }
-    if (!StatusArrived(helper.status.get(), absl::Now() + kSpawnerPatience)) {
-      *spawner_broken = true;
-      return absl::UnavailableError(absl::StrCat(what, ": the helpers' spawner did not answer"));
+    if (!Readable(helper.status.get(), absl::Now() + kSpawnerPatience)) {
+      return absl::UnavailableError(absl::StrCat(what,
+                                                 ": the helpers' spawner did not answer within ",
+                                                 absl::FormatDuration(kSpawnerPatience)));
     }
     std::string packet;
     std::vector<UniqueFd> fds;
@@ -371,7 +400,11 @@ class SpawnerOfThisProcess {
       std::memcpy(&error, packet.data() + 1, sizeof(error));
       return ErrnoStatus(error, absl::StrCat(what, ": fork a helper"));
     }
-    *spawner_broken = true;
+    if (n < 0) {
+      // heapd out of descriptors for the pidfd, say. The helper, if forked,
+      // ends when heapd closes its channel.
+      return ErrnoStatus(errno, absl::StrCat(what, ": receive the helper's pidfd"));
+    }
     return absl::UnavailableError(absl::StrCat(what, ": the helpers' spawner died"));
   }
 
@@ -389,22 +422,18 @@ absl::StatusOr<SpawnedHelper> SpawnHelper(int channel, absl::string_view what) {
 
 void KillHelper(const SpawnedHelper& helper) { PidfdSendSignal(helper.pidfd.get(), SIGKILL); }
 
-bool StatusArrived(int status, absl::Time until) {
-  for (;;) {
-    pollfd arrived{status, POLLIN, 0};
-    const int64_t left_ms = absl::ToInt64Milliseconds(until - absl::Now());
-    const int ready =
-        poll(&arrived, 1, static_cast<int>(std::clamp<int64_t>(left_ms + 1, 0, 1000)));
-    if (ready > 0) return true;
-    if (ready < 0 && errno != EINTR) return false;
-    if (absl::Now() >= until) return false;
-  }
+bool HelperExited(const SpawnedHelper& helper, absl::Time until) {
+  return Readable(helper.pidfd.get(), until);
 }
 
-absl::StatusOr<int> ReadWaitStatus(int status, absl::string_view what) {
+absl::StatusOr<int> ReapedStatus(const SpawnedHelper& helper, absl::string_view what) {
+  if (!Readable(helper.status.get(), absl::Now() + kSpawnerPatience)) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": the helpers' spawner did not report the helper's exit"));
+  }
   std::string packet;
   std::vector<UniqueFd> fds;
-  const ssize_t n = ReceivePacket(status, &packet, &fds, MSG_DONTWAIT);
+  const ssize_t n = ReceivePacket(helper.status.get(), &packet, &fds, MSG_DONTWAIT);
   int wait_status;
   if (n != 1 + static_cast<ssize_t>(sizeof(wait_status)) || packet[0] != kReaped) {
     return absl::UnavailableError(

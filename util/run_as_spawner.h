@@ -45,11 +45,11 @@ absl::StatusOr<SpawnedHelper> SpawnHelper(int channel, absl::string_view what);
 // Sends the helper SIGKILL (nothing if it is gone).
 void KillHelper(const SpawnedHelper& helper);
 
-// Waits until `status` (a SpawnedHelper's) is readable or `until`: true if
-// it is.
-bool StatusArrived(int status, absl::Time until);
-// Reads the helper's wait status (waitpid's) from `status`.
-absl::StatusOr<int> ReadWaitStatus(int status, absl::string_view what);
+// True once `helper` exited, before `until`.
+bool HelperExited(const SpawnedHelper& helper, absl::Time until);
+// The wait status (waitpid's) of `helper`, which exited, once the spawner
+// reaped it; UNAVAILABLE if the spawner died or did not report it in time.
+absl::StatusOr<int> ReapedStatus(const SpawnedHelper& helper, absl::string_view what);
 
 // The running executable: opened by main() through StartedAsRunAsHelper.
 // False if the executable cannot be opened.

@@ -370,26 +370,72 @@ TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
 
 INSTANTIATE_TEST_SUITE_P(RunningOrStopped, HelperOutlivingTest, ::testing::Bool());
 
-// A spawner that dies (killed by root: nothing else may) takes its running
-// helpers with it, failing their calls with a clear error; the next call
-// gets a new spawner, and the old one is reaped.
+pid_t SpawnerPid() {
+  auto messages = RunAsStranger(kSendSpawnerPid);
+  if (!messages.ok() || messages->size() != 1) return -1;
+  return std::stoi((*messages)[0].bytes);
+}
+
+// A spawner that dies (killed by root or the OOM killer: no user may)
+// takes its running helpers with it, failing their calls with a clear
+// error; the next call gets a new spawner, and the old one is reaped.
 TEST_F(RunAsTest, AKilledSpawnerFailsItsRunningCallsAndIsReplaced) {
-  auto first = RunAsStranger(kSendSpawnerPid);
-  ASSERT_TRUE(first.ok()) << first.status();
-  const pid_t spawner = std::stoi((*first)[0].bytes);
-  ASSERT_GT(spawner, 1);
-  ASSERT_NE(spawner, getpid());
+  char dir[] = "/tmp/run-as-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  chmod(dir, 0777);
+  const std::string pid_file = absl::StrCat(dir, "/pid");
+  RunAsOptions options;
+  options.timeout = absl::Seconds(30);  // a lost kill fails, not hangs, the test
   absl::StatusOr<std::vector<ChildMessage>> hung;
-  std::thread hang([&hung] { hung = RunAsStranger(kHang); });
-  usleep(300000);
-  ASSERT_EQ(kill(spawner, SIGKILL), 0);
+  std::thread hang([&] {
+    hung = RunAsStranger(kWritePidAndHang, ArgsWriter().Add(pid_file).Take(), {}, options);
+  });
+  pid_t helper = 0, spawner = 0;
+  for (int i = 0; i < 1000 && helper == 0; ++i) {
+    usleep(10000);
+    if (FILE* file = fopen(pid_file.c_str(), "r"); file != nullptr) {
+      if (fscanf(file, "%d %d", &helper, &spawner) != 2) helper = 0;
+      fclose(file);
+    }
+  }
+  EXPECT_GT(helper, 0);
+  EXPECT_GT(spawner, 1);
+  if (spawner > 1) kill(spawner, SIGKILL);
   hang.join();
   EXPECT_EQ(hung.status().code(), absl::StatusCode::kUnavailable) << hung.status();
-  EXPECT_NE(hung.status().message().find("spawner died"), std::string::npos) << hung.status();
-  auto second = RunAsStranger(kSendSpawnerPid);
-  ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_NE(std::stoi((*second)[0].bytes), spawner);
+  EXPECT_TRUE(absl::StrContains(hung.status().message(),
+                                "the helpers' spawner died before the helper's exit"))
+      << hung.status();
+  bool exited = helper <= 0;
+  for (int i = 0; i < 500 && !exited; ++i) {
+    exited = Exited(helper);
+    if (!exited) usleep(10000);
+  }
+  EXPECT_TRUE(exited) << "helper " << helper << " outlived its spawner";
+  const pid_t next = SpawnerPid();
+  EXPECT_GT(next, 1);
+  EXPECT_NE(next, spawner);
   EXPECT_TRUE(kill(spawner, 0) != 0 && errno == ESRCH) << "spawner " << spawner << " not reaped";
+  unlink(pid_file.c_str());
+  rmdir(dir);
+}
+
+// The spawner's parent-death signal fires when the thread that started it
+// exits: it must be started by a thread that lives as long as the process,
+// not by the caller's (gRPC retires idle threads).
+TEST_F(RunAsTest, TheSpawnerOutlivesTheThreadWhoseCallStartedIt) {
+  const pid_t before = SpawnerPid();
+  ASSERT_GT(before, 1);
+  ASSERT_EQ(kill(before, SIGKILL), 0);  // the next call starts a new one
+  for (int i = 0; i < 500 && !Exited(before); ++i) usleep(10000);
+  pid_t started = -1;
+  std::thread caller([&started] { started = SpawnerPid(); });
+  caller.join();
+  ASSERT_GT(started, 1);
+  ASSERT_NE(started, before);
+  usleep(100000);
+  EXPECT_FALSE(Exited(started)) << "the spawner died with the thread whose call started it";
+  EXPECT_EQ(SpawnerPid(), started);
 }
 
 TEST_F(RunAsTest, TheSameJobRunsInThisProcessToo) {
