@@ -52,6 +52,8 @@ std::unique_ptr<PersistentHeap> NewHeap(const TestDir& dir, uint64_t max_size,
   config.max_size = max_size;
   HeapOptions options;
   options.grow_ahead = grow_ahead;  // heapd's default: true
+  // For callgrind, which has no userfaultfd: HEAPD_BENCH_UNTRACKED=1.
+  if (std::getenv("HEAPD_BENCH_UNTRACKED") != nullptr) options.track_contents = false;
   auto heap = PersistentHeap::Create(dir.Sub("h"), config, options);
   if (!heap.ok()) std::abort();
   return *std::move(heap);
