@@ -1,8 +1,10 @@
 // heapd's C API (heapd/heapd.h) over the C++ client: a heapd_heap is a
 // Client and the Heap attached through it.
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -79,9 +81,24 @@ T Fail(const absl::Status& status, T value) {
 
 absl::Status NoHeap() { return absl::InvalidArgumentError("no heap (NULL, or detached)"); }
 
+// This process's pid without a system call per heapd_malloc (glibc does
+// not cache getpid(), and the call costs ~10x an allocation): taken on
+// first use and again in every child fork() makes. A child made by a raw
+// clone() keeps the parent's, so it calls heapd_forked_child itself.
+std::atomic<pid_t> this_process{0};
+pid_t ThisProcess() {
+  static const bool watching_forks = [] {
+    this_process.store(getpid(), std::memory_order_relaxed);
+    return pthread_atfork(nullptr, nullptr,
+                          [] { this_process.store(getpid(), std::memory_order_relaxed); }) == 0;
+  }();
+  return watching_forks ? this_process.load(std::memory_order_relaxed) : getpid();
+}
+
 // A heap this process inherited with fork(): see heapd_forked_child.
 bool Inherited(heapd_heap* heap) {
-  if (heap != nullptr && !heap->forked && heap->heap != nullptr && heap->attached_by != getpid()) {
+  if (heap != nullptr && !heap->forked && heap->heap != nullptr &&
+      heap->attached_by != ThisProcess()) {
     heap->forked = true;  // a child that did not call heapd_forked_child
   }
   return heap != nullptr && heap->forked;
@@ -153,7 +170,7 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
   attach.mode = given.mode;
   absl::StatusOr<std::unique_ptr<heapd::Heap>> heap = (*client)->Attach(name, attach);
   if (!heap.ok()) return Fail(heap.status(), static_cast<heapd_heap*>(nullptr));
-  return new heapd_heap{*std::move(client), *std::move(heap), getpid()};
+  return new heapd_heap{*std::move(client), *std::move(heap), heapd::ThisProcess()};
 } catch (const std::exception& e) {
   return heapd::Fail(absl::ResourceExhaustedError(absl::StrCat("heapd: ", e.what())),
                      static_cast<heapd_heap*>(nullptr));
@@ -161,7 +178,7 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
 
 int heapd_forked_child(heapd_heap* heap) {
   if (heap == nullptr || heap->heap == nullptr) return Fail(NoHeap(), -1);
-  if (heap->forked && heap->attached_by == getpid()) return 0;  // called twice
+  if (heap->forked && heap->attached_by == heapd::ThisProcess()) return 0;  // called twice
   heap->forked = true;
   const absl::Status kept = heapd::HeapImpl::Of(*heap->heap).KeepPrivatelyAfterFork();
   return kept.ok() ? 0 : Fail(kept, -1);
