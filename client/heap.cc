@@ -110,12 +110,18 @@ HeapImpl::~HeapImpl() {
                    s.ToString().c_str());
     }
   }
+  large_.reset();    // it works with the tracker
   tracker_.reset();  // it watches the lifeline and uses the data fd
   calls_->Close();
   if (data_fd_ >= 0) close(data_fd_);
 }
 
+absl::Status HeapImpl::DetachedError() const {
+  return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
+}
+
 absl::StatusOr<std::vector<LeaseGrant>> HeapImpl::Lease(uint32_t size_class, uint32_t count) {
+  if (detached_) return DetachedError();  // its pools were handed back
   v1::LeaseChunksRequest request;
   request.set_session(session_);
   v1::LeaseWant* want = request.add_wants();
@@ -179,6 +185,7 @@ absl::StatusOr<void*> HeapImpl::allocate(uint64_t size, uint64_t align) {
       return base() + *offset;
     }
   }
+  if (detached_) return DetachedError();
   absl::StatusOr<uint64_t> offset = large_->Allocate(size);
   if (!offset.ok()) return offset.status();
   return base() + *offset;
@@ -212,6 +219,7 @@ absl::Status HeapImpl::deallocate(void* p, uint64_t size_hint) {
           absl::StrCat("heap ", name_, ": ", mine->pool.DescribeNotLive(offset)));
     }
   }
+  if (detached_) return DetachedError();
   if (absl::StatusOr<bool> freed = large_->FreeUntold(offset, size_hint); !freed.ok() || *freed) {
     return freed.status();
   }
@@ -225,6 +233,7 @@ absl::StatusOr<uint64_t> HeapImpl::sync() {
   if (read_only_) {
     return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is attached read-only"));
   }
+  if (detached_) return DetachedError();
   if (absl::Status s = mapped_->Flush(); !s.ok()) return s;
   absl::Status frees = frees_.Flush();
   const std::vector<ThreadCaches::Cache*> caches = caches_.All();
@@ -291,7 +300,7 @@ absl::StatusOr<uint64_t> HeapImpl::sync() {
 }
 
 absl::Status HeapImpl::detach() {
-  if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
+  if (detached_) return DetachedError();
   detached_ = true;
   absl::Status status;
   std::vector<LeaseReport> reports;
@@ -353,6 +362,7 @@ void HeapImpl::prepare_write(void* p, uint64_t size) {
 
 absl::Status HeapImpl::Bind(const std::string& name, const void* object, uint64_t size,
                             const std::string& type_name) {
+  if (detached_) return DetachedError();
   if (const uint64_t offset = offset_of(object); offset % kChunkSize == 0 && !read_only_) {
     // heapd binds only objects it knows (one in flight with a sync: once
     // that sync is over, TellUntold sends whatever is left).
@@ -407,7 +417,7 @@ absl::StatusOr<void*> HeapImpl::Find(const std::string& name, const std::string&
 }
 
 absl::StatusOr<NameEntry> HeapImpl::EntryOf(const std::string& name) {
-  if (detached_) return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
+  if (detached_) return DetachedError();
   std::optional<NameEntry> prefetched = prefetched_.Take(name);
   NameEntry entry;
   if (prefetched.has_value()) {

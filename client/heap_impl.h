@@ -109,6 +109,10 @@ class HeapImpl final : public Heap {
   absl::StatusOr<NameEntry> EntryOf(const std::string& name);
   // The address of `entry`'s object, mapping the heap's growth up to it.
   absl::StatusOr<void*> MapObject(const NameEntry& entry);
+  // FAILED_PRECONDITION: the session was detached (or is a forked child's
+  // private copy). Checked on every path that would reach heapd or the
+  // session's parts; the fast paths reach neither.
+  absl::Status DetachedError() const;
   // Whether the write tracker let a store through without its pre-image
   // (told to heapd with each sync and the detach).
   bool StoresUnseen() const;

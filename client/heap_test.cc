@@ -219,6 +219,21 @@ TEST_F(HeapTest, TheAllocatorThrowsBadAllocWhenTheHeapIsFull) {
   EXPECT_EQ(vector.capacity(), 1u << 10);
 }
 
+// A Heap used after detach() refuses with an error naming it (no crash):
+// its pools, reserve and mapping were handed back.
+TEST_F(HeapTest, CallsAfterDetachFailCleanly) {
+  std::unique_ptr<Heap> heap = Attach();
+  absl::StatusOr<void*> small = heap->allocate(64);
+  ASSERT_TRUE(small.ok()) << small.status();
+  ASSERT_TRUE(heap->detach().ok());
+  for (const absl::Status& status :
+       {heap->allocate(64).status(), heap->allocate(4 << 20).status(), heap->deallocate(*small),
+        heap->sync().status(), heap->Bind("x", *small, 64, "bytes"), heap->detach()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("is detached"), absl::string_view::npos) << status;
+  }
+}
+
 TEST_F(HeapTest, AReadOnlyHeapRefusesToAllocate) {
   { ASSERT_TRUE(Attach()->construct<int>("i")(3).ok()); }
   std::unique_ptr<Heap> heap = Attach(/*read_only=*/true);
