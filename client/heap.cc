@@ -186,7 +186,7 @@ absl::StatusOr<void*> HeapImpl::allocate(uint64_t size, uint64_t align) {
     }
   }
   if (detached_) return DetachedError();
-  absl::StatusOr<uint64_t> offset = large_->Allocate(size);
+  absl::StatusOr<uint64_t> offset = AllocateLarge(size);
   if (!offset.ok()) return offset.status();
   return base() + *offset;
 }
@@ -367,7 +367,7 @@ absl::Status HeapImpl::Bind(const std::string& name, const void* object, uint64_
     // heapd binds only objects it knows (one in flight with a sync: once
     // that sync is over, TellUntold sends whatever is left).
     if (large_->Untold(static_cast<uint32_t>(offset >> kChunkShift))) {
-      if (absl::Status s = large_->TellUntold(); !s.ok()) return s;
+      if (absl::Status s = TellUntold(); !s.ok()) return s;
     }
   }
   v1::BindRequest request;

@@ -113,6 +113,14 @@ class HeapImpl final : public Heap {
   // private copy). Checked on every path that would reach heapd or the
   // session's parts; the fast paths reach neither.
   absl::Status DetachedError() const;
+  // LargeObjects' calls that take sync_mu_ themselves (to top the reserve
+  // up, to tell heapd of untold objects), only through these: the
+  // thread-safety analysis then refuses a call with sync_mu_ held, which
+  // would deadlock.
+  absl::StatusOr<uint64_t> AllocateLarge(uint64_t size) ABSL_LOCKS_EXCLUDED(sync_mu_) {
+    return large_->Allocate(size);
+  }
+  absl::Status TellUntold() ABSL_LOCKS_EXCLUDED(sync_mu_) { return large_->TellUntold(); }
   // Whether the write tracker let a store through without its pre-image
   // (told to heapd with each sync and the detach).
   bool StoresUnseen() const;

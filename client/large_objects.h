@@ -49,7 +49,10 @@ class LargeObjects {
     MappedHeap* mapped = nullptr;
     WriteTracker* tracker = nullptr;  // null: contents not tracked
     RemoteFrees* frees = nullptr;
-    absl::Mutex* sync_mu = nullptr;  // held through the session's syncs
+    // Held through the session's syncs; Allocate and TellUntold take it,
+    // so its owner calls them only without it (HeapImpl's wrappers say so
+    // to the thread-safety analysis).
+    absl::Mutex* sync_mu = nullptr;
   };
 
   explicit LargeObjects(Session session) : session_(std::move(session)) {}

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -15,6 +16,7 @@
 #include "client/mapped_heap.h"
 #include "client/remote_frees.h"
 #include "client/sync_parts.h"
+#include "client/thread_caches.h"
 #include "gtest/gtest.h"
 
 namespace heapd {
@@ -214,6 +216,40 @@ TEST_F(LargeObjectsTest, TellingUntoldObjectsCommitsThemOrKeepsThemForTheNextSyn
   EXPECT_TRUE(calls_.syncs.back().more());
   ASSERT_EQ(calls_.syncs.back().placed_size(), 1);
   EXPECT_EQ(calls_.syncs.back().placed(0).offset(), uint64_t{chunk} * kChunkSize);
+}
+
+TEST(ThreadCachesTest, EachThreadHasOneCacheAndQueuedFreesAreJudgedByItsPool) {
+  ThreadCaches caches("h", 4, [](uint32_t, uint32_t) -> absl::StatusOr<std::vector<LeaseGrant>> {
+    return absl::UnavailableError("no leases in this test");
+  });
+  caches.Start(kMaxChunks);
+  ThreadCaches::Cache* mine = caches.OfThisThread();
+  EXPECT_EQ(caches.OfThisThread(), mine);
+  ThreadCaches::Cache* other = nullptr;
+  std::thread([&] { other = caches.OfThisThread(); }).join();
+  ASSERT_NE(other, nullptr);
+  EXPECT_NE(other, mine);
+  EXPECT_EQ(caches.All().size(), 2u);
+  EXPECT_EQ(caches.OwnerOf(3), nullptr);  // nothing leased
+  // Another thread's free of an offset this pool never leased: queued,
+  // then rejected when the pool applies it, and reported once.
+  ThreadCaches::QueueFree(mine, 3 * kChunkSize);
+  EXPECT_TRUE(mine->has_queued_frees.load());
+  {
+    VisitorScope visit(mine->gate);
+    caches.ApplyQueuedFrees(mine);
+  }
+  EXPECT_FALSE(mine->has_queued_frees.load());
+  const absl::Status rejected = caches.TakeRejected();
+  EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(rejected.message(), "another thread")) << rejected;
+  EXPECT_TRUE(caches.TakeRejected().ok());
+  // Another session's caches are its own, on the same thread.
+  ThreadCaches second("h2", 4, [](uint32_t, uint32_t) -> absl::StatusOr<std::vector<LeaseGrant>> {
+    return absl::UnavailableError("no leases");
+  });
+  second.Start(kMaxChunks);
+  EXPECT_NE(second.OfThisThread(), mine);
 }
 
 TEST(RemoteFreesTest, SmallFreesWaitForAFullBatchLargeOnesGoAtOnce) {
