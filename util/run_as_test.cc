@@ -297,6 +297,29 @@ bool Exited(pid_t pid) {
   return read == 1 && (state == 'Z' || state == 'X');
 }
 
+// Waits up to 5 s for `pid` to exit; true if it did.
+bool WaitUntilExited(pid_t pid) {
+  for (int i = 0; i < 500; ++i) {
+    if (Exited(pid)) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+// Waits up to `seconds` for WritePidAndHang's file at `path`: the helper's
+// pid and its spawner's. False if it did not appear.
+bool ReadHelperPids(const std::string& path, int seconds, pid_t* helper, pid_t* spawner) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    usleep(10000);
+    if (FILE* file = fopen(path.c_str(), "r"); file != nullptr) {
+      const bool read = fscanf(file, "%d %d", helper, spawner) == 2;
+      fclose(file);
+      if (read) return true;
+    }
+  }
+  return false;
+}
+
 // The process that spawns the helper below: this test binary run again
 // (not forked: a fork of a multi-threaded process may not start the
 // spawner thread under TSan) with only this test selected and the pid
@@ -344,22 +367,12 @@ TEST_P(HelperOutlivingTest, AHelperStopsWhenTheProcessThatSpawnedItDies) {
     waitpid(spawner, nullptr, 0);
   };
   pid_t helper = 0, its_spawner = 0;
-  for (int i = 0; i < 3000 && helper == 0; ++i) {
-    usleep(10000);
-    if (FILE* file = fopen(pid_file.c_str(), "r"); file != nullptr) {
-      if (fscanf(file, "%d %d", &helper, &its_spawner) != 2) helper = 0;
-      fclose(file);
-    }
-  }
+  ASSERT_TRUE(ReadHelperPids(pid_file, 30, &helper, &its_spawner));
   ASSERT_GT(helper, 0);
   if (stopped) kill(helper, SIGSTOP);
   std::move(end_spawner).Invoke();
   for (const pid_t pid : {helper, its_spawner}) {
-    bool exited = false;
-    for (int i = 0; i < 500 && !exited; ++i) {
-      exited = Exited(pid);
-      if (!exited) usleep(10000);
-    }
+    const bool exited = WaitUntilExited(pid);
     EXPECT_TRUE(exited) << (pid == helper ? "helper " : "spawner ") << pid
                         << " outlived the process that started it";
     if (!exited) kill(pid, SIGKILL);
@@ -391,13 +404,7 @@ TEST_F(RunAsTest, AKilledSpawnerFailsItsRunningCallsAndIsReplaced) {
     hung = RunAsStranger(kWritePidAndHang, ArgsWriter().Add(pid_file).Take(), {}, options);
   });
   pid_t helper = 0, spawner = 0;
-  for (int i = 0; i < 1000 && helper == 0; ++i) {
-    usleep(10000);
-    if (FILE* file = fopen(pid_file.c_str(), "r"); file != nullptr) {
-      if (fscanf(file, "%d %d", &helper, &spawner) != 2) helper = 0;
-      fclose(file);
-    }
-  }
+  EXPECT_TRUE(ReadHelperPids(pid_file, 10, &helper, &spawner));
   EXPECT_GT(helper, 0);
   EXPECT_GT(spawner, 1);
   if (spawner > 1) kill(spawner, SIGKILL);
@@ -406,12 +413,8 @@ TEST_F(RunAsTest, AKilledSpawnerFailsItsRunningCallsAndIsReplaced) {
   EXPECT_TRUE(absl::StrContains(hung.status().message(),
                                 "the helpers' spawner died before the helper's exit"))
       << hung.status();
-  bool exited = helper <= 0;
-  for (int i = 0; i < 500 && !exited; ++i) {
-    exited = Exited(helper);
-    if (!exited) usleep(10000);
-  }
-  EXPECT_TRUE(exited) << "helper " << helper << " outlived its spawner";
+  EXPECT_TRUE(helper <= 0 || WaitUntilExited(helper))
+      << "helper " << helper << " outlived its spawner";
   const pid_t next = SpawnerPid();
   EXPECT_GT(next, 1);
   EXPECT_NE(next, spawner);
@@ -427,7 +430,7 @@ TEST_F(RunAsTest, TheSpawnerOutlivesTheThreadWhoseCallStartedIt) {
   const pid_t before = SpawnerPid();
   ASSERT_GT(before, 1);
   ASSERT_EQ(kill(before, SIGKILL), 0);  // the next call starts a new one
-  for (int i = 0; i < 500 && !Exited(before); ++i) usleep(10000);
+  WaitUntilExited(before);
   pid_t started = -1;
   std::thread caller([&started] { started = SpawnerPid(); });
   caller.join();
