@@ -417,6 +417,10 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // The helpers' spawner starts while the heaps open (after the mask: its
+  // thread is heapd's): no snapshot call waits for it. Started again on
+  // use if this fails.
+  if (absl::Status s = StartRunAsSpawner(); !s.ok()) spdlog::warn("{}", s.ToString());
 
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
       HeapRegistry::Open(state_dir, HeapOptionsFromFlags(limits), limits);

@@ -32,15 +32,6 @@
 namespace heapd {
 namespace {
 
-using run_as_internal::kHelperChannelFd;
-
-// Packets on a helper's channel (util/run_as_packets.h), both ways.
-constexpr char kPart = 'C';   // a part of a message; more follow
-constexpr char kLast = 'M';   // the last part of a message (may carry fds)
-constexpr char kError = 'E';  // the job failed: status code byte, message
-constexpr char kFds = 'F';    // heapd to helper, after the request: the lent fds
-constexpr size_t kPartBytes = kPacketBodyBytes;
-
 // Exit statuses of a helper that did not get as far as its job.
 constexpr int kHeapdGone = 123;
 constexpr int kBadRequest = 124;
@@ -52,20 +43,40 @@ std::map<std::string, RunAsJob>& Jobs() {
   return *jobs;
 }
 
-// The helper's end: sends each message in parts, blocking.
+// A message as the packet that carries it: its bytes inline if they fit,
+// else in a sealed memfd lent first, then the message's own fd, if any.
+struct MessagePacket {
+  char kind = kInlineMessage;
+  std::string bytes;
+  UniqueFd sealed;
+  std::vector<int> fds;
+};
+
+absl::StatusOr<MessagePacket> PackMessage(const std::vector<absl::string_view>& pieces, int fd) {
+  MessagePacket packet;
+  size_t size = 0;
+  for (absl::string_view piece : pieces) size += piece.size();
+  if (size <= kPacketBodyBytes) {
+    for (absl::string_view piece : pieces) packet.bytes.append(piece.data(), piece.size());
+  } else {
+    packet.kind = kSealedMessage;
+    packet.sealed = SealedBytes(pieces);
+    if (!packet.sealed.valid()) return ErrnoStatus(errno, "put a message in a memfd");
+    packet.fds.push_back(packet.sealed.get());
+  }
+  if (fd >= 0) packet.fds.push_back(fd);
+  return packet;
+}
+
+// The helper's end: sends each message as one packet, blocking.
 class HelperChannel final : public MessageSink {
  public:
   absl::Status Send(absl::string_view bytes, int fd = -1) override {
-    do {
-      const absl::string_view part = bytes.substr(0, kPartBytes);
-      bytes.remove_prefix(part.size());
-      const bool last = bytes.empty();
-      std::vector<int> fds;
-      if (last && fd >= 0) fds.push_back(fd);
-      if (!SendPacket(kHelperChannelFd, last ? kLast : kPart, part, fds, 0)) {
-        return ErrnoStatus(errno, "send to heapd");
-      }
-    } while (!bytes.empty());
+    absl::StatusOr<MessagePacket> packet = PackMessage({bytes}, fd);
+    if (!packet.ok()) return packet.status();
+    if (!SendPacket(kHelperChannelFd, packet->kind, packet->bytes, packet->fds, 0)) {
+      return ErrnoStatus(errno, "send to heapd");
+    }
     return absl::OkStatus();
   }
 };
@@ -81,15 +92,17 @@ bool SwitchCredentials(const Credentials& who) {
 }
 
 // The request as sent to the helper: who, which job, where, then the
-// job's own arguments; the lent descriptors ride with its last part.
-std::string EncodeRequest(const Credentials& who, const RunAsRequest& request) {
+// job's own arguments (as ArgsWriter::Add writes a string: their size, here,
+// then request.args itself, not copied). The lent descriptors follow in a
+// packet of their own.
+std::string RequestHeader(const Credentials& who, const RunAsRequest& request) {
   ArgsWriter writer;
   writer.Add(who.uid).Add(who.gid).Add(who.groups.size());
   for (uint32_t group : who.groups) writer.Add(group);
   writer.Add(request.job->name).Add(request.dir);
   writer.Add(static_cast<uint64_t>(request.forbidden_device));
   writer.Add(static_cast<uint64_t>(request.forbidden_inode));
-  writer.Add(request.args);
+  writer.Add(static_cast<uint64_t>(request.args.size()));
   return writer.Take();
 }
 
@@ -176,21 +189,19 @@ class Helper {
   // Sends the request, then the lent descriptors in a packet of their own
   // (the helper takes them only once it is the user and not dumpable). A
   // helper gone meanwhile is not an error here: its exit status says why.
-  absl::Status SendRequest(absl::string_view bytes, const std::vector<int>& fds) {
-    bool last = false;
-    while (!last) {
-      const absl::string_view part = bytes.substr(0, kPartBytes);
-      last = bytes.size() == part.size();
-      if (absl::Status s = SendPacket(last ? kLast : kPart, part, {}); !s.ok()) return s;
-      bytes.remove_prefix(part.size());
+  absl::Status SendRequest(const std::vector<absl::string_view>& pieces,
+                           const std::vector<int>& fds) {
+    absl::StatusOr<MessagePacket> request = PackMessage(pieces, -1);
+    if (!request.ok()) return request.status();
+    if (absl::Status s = SendPacket(request->kind, request->bytes, request->fds); !s.ok()) {
+      return s;
     }
-    return SendPacket(kFds, "", fds);
+    return SendPacket(kLentFds, "", fds);
   }
 
   // Receives messages until the helper closes its end. `failure` gets the
   // job's error, if it sent one.
   absl::Status Receive(std::vector<ChildMessage>* messages, absl::Status* failure) {
-    ChildMessage current;
     uint64_t received = 0;
     uint64_t budgeted = 0;  // of options_.budget, given back at the end
     absl::Status interruption;
@@ -207,31 +218,38 @@ class Helper {
         interruption = ErrnoStatus(errno, absl::StrCat(options_.what, ": receive from the helper"));
         break;
       }
-      received += static_cast<uint64_t>(n);
-      if (received > options_.max_reply_bytes) {
-        interruption = absl::ResourceExhaustedError(absl::StrCat(
-            options_.what, ": more than ", options_.max_reply_bytes, " bytes to read"));
+      // A sealed message counts with its bytes, checked before they are read.
+      const bool sealed = packet[0] == kSealedMessage;
+      uint64_t sealed_size = 0;
+      if (sealed) {
+        absl::StatusOr<uint64_t> size =
+            fds.empty() ? absl::FailedPreconditionError(
+                              absl::StrCat(options_.what, ": a sealed message without its memfd"))
+                        : SealedSize(fds[0].get(), options_.what);
+        if (interruption = size.status(); !interruption.ok()) break;
+        sealed_size = *size;
+      }
+      if (interruption = Count(static_cast<uint64_t>(n) + sealed_size, &received, &budgeted);
+          !interruption.ok()) {
         break;
       }
-      if (options_.budget != nullptr &&
-          options_.budget->used.fetch_add(static_cast<uint64_t>(n)) + static_cast<uint64_t>(n) >
-              options_.budget->limit) {
-        options_.budget->used.fetch_sub(static_cast<uint64_t>(n));
-        interruption = absl::ResourceExhaustedError(absl::StrCat(
-            options_.what, ": heapd is reading too much for other calls at once; try again"));
-        break;
-      }
-      budgeted += static_cast<uint64_t>(n);
       const absl::string_view body = absl::string_view(packet).substr(1);
-      if (packet[0] == kError && !body.empty()) {
+      if (packet[0] == kJobError && !body.empty()) {
         const int code = static_cast<unsigned char>(body[0]);
         *failure = absl::Status(code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code)
                                                         : absl::StatusCode::kInternal,
                                 body.substr(1));
-      } else if (packet[0] == kPart || packet[0] == kLast) {
-        current.bytes.append(body.data(), body.size());
-        if (!fds.empty()) current.fd = std::move(fds.front());
-        if (packet[0] == kLast) messages->push_back(std::exchange(current, ChildMessage{}));
+      } else if (packet[0] == kInlineMessage || sealed) {
+        ChildMessage message;
+        if (sealed) {
+          interruption = ReadSealedBytes(fds[0].get(), sealed_size, options_.what, &message.bytes);
+          if (!interruption.ok()) break;
+        } else {
+          message.bytes.assign(body.data(), body.size());
+        }
+        const size_t own_fd = sealed ? 1 : 0;  // the message's fd follows its memfd
+        if (fds.size() > own_fd) message.fd = std::move(fds[own_fd]);
+        messages->push_back(std::move(message));
       }
     }
     if (options_.budget != nullptr) options_.budget->used.fetch_sub(budgeted);
@@ -260,6 +278,24 @@ class Helper {
 
  private:
   static constexpr absl::Duration kKilledExitGrace = absl::Seconds(10);
+
+  // Counts `bytes` more received against the call's cap and the heapd-wide
+  // budget (`budgeted`: this call's share, given back when it ends).
+  absl::Status Count(uint64_t bytes, uint64_t* received, uint64_t* budgeted) {
+    *received += bytes;
+    if (*received > options_.max_reply_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(options_.what, ": more than ", options_.max_reply_bytes, " bytes to read"));
+    }
+    if (options_.budget != nullptr &&
+        options_.budget->used.fetch_add(bytes) + bytes > options_.budget->limit) {
+      options_.budget->used.fetch_sub(bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          options_.what, ": heapd is reading too much for other calls at once; try again"));
+    }
+    *budgeted += bytes;
+    return absl::OkStatus();
+  }
 
   absl::Status SendPacket(char kind, absl::string_view bytes, const std::vector<int>& fds) {
     for (;;) {
@@ -338,7 +374,8 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const Ru
   Helper helper(std::move(ours), *std::move(spawned), options);
   std::vector<ChildMessage> messages;
   absl::Status failure;  // set when the job reported an error
-  absl::Status interruption = helper.SendRequest(EncodeRequest(who, request), request.fds);
+  const std::string header = RequestHeader(who, request);
+  absl::Status interruption = helper.SendRequest({header, request.args}, request.fds);
   if (interruption.ok()) interruption = helper.Receive(&messages, &failure);
   if (!interruption.ok()) helper.Kill();
   const absl::StatusOr<int> reaped = helper.Reap(/*killed=*/!interruption.ok());
@@ -355,6 +392,14 @@ absl::StatusOr<std::vector<ChildMessage>> RunAs(const Credentials& who, const Ru
       absl::StrCat(options.what, ": the process working as uid ", who.uid, " ",
                    WIFEXITED(exit) ? absl::StrCat("exited with status ", WEXITSTATUS(exit))
                                    : absl::StrCat("was killed by signal ", WTERMSIG(exit))));
+}
+
+absl::Status StartRunAsSpawner() {
+  if (!run_as_internal::ExecutableOpened()) {
+    return absl::FailedPreconditionError(
+        "this program cannot spawn helpers (its main() does not start with StartedAsRunAsHelper)");
+  }
+  return run_as_internal::StartSpawner("start the helpers' spawner");
 }
 
 bool StartedAsRunAsHelper(int argc, char** argv) {
@@ -389,14 +434,20 @@ int RunHelper(pid_t spawner) {
     close(adj);
   }
   std::string request_bytes;
-  std::vector<UniqueFd> none;
-  for (;;) {
+  {
     std::string packet;
-    if (ReceivePacket(kHelperChannelFd, &packet, &none, 0) <= 0 || !none.empty())
+    std::vector<UniqueFd> sealed;
+    if (ReceivePacket(kHelperChannelFd, &packet, &sealed, 0) <= 0) return kBadRequest;
+    if (packet[0] == kInlineMessage && sealed.empty()) {
+      request_bytes = packet.substr(1);
+    } else if (packet[0] == kSealedMessage && sealed.size() == 1) {
+      const absl::StatusOr<uint64_t> size = SealedSize(sealed[0].get(), "request");
+      if (!size.ok() || !ReadSealedBytes(sealed[0].get(), *size, "request", &request_bytes).ok()) {
+        return kBadRequest;
+      }
+    } else {
       return kBadRequest;
-    request_bytes.append(packet, 1, std::string::npos);
-    if (packet[0] == kLast) break;
-    if (packet[0] != kPart) return kBadRequest;
+    }
   }
   DecodedRequest request;
   if (!DecodeRequest(request_bytes, &request)) return kBadRequest;
@@ -419,7 +470,7 @@ int RunHelper(pid_t spawner) {
   std::vector<UniqueFd> fds;
   std::string packet;
   if (ReceivePacket(kHelperChannelFd, &packet, &fds, 0) <= 0 || packet.size() != 1 ||
-      packet[0] != kFds) {
+      packet[0] != kLentFds) {
     return kBadRequest;
   }
   // A file-size limit (RLIMIT_FSIZE) fails a write with EFBIG, an error
@@ -459,9 +510,9 @@ int RunHelper(pid_t spawner) {
   }
   if (!status.ok()) {
     std::string error(1, static_cast<char>(status.code()));
-    const absl::string_view message = status.message().substr(0, kPartBytes - 2);
+    const absl::string_view message = status.message().substr(0, kPacketBodyBytes - 2);
     error.append(message.data(), message.size());
-    SendPacket(kHelperChannelFd, kError, error, {}, 0);
+    SendPacket(kHelperChannelFd, kJobError, error, {}, 0);
   }
   return status.ok() ? 0 : 1;
 }

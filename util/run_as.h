@@ -160,6 +160,11 @@ absl::StatusOr<std::vector<ChildMessage>> RunJobHere(const RunAsJob& job, int di
                                                      const std::vector<int>& fds,
                                                      absl::string_view args);
 
+// Starts the process that forks RunAs's helpers now rather than in the
+// first RunAs call, which then does not wait the ~6-20 ms it takes to
+// execute (heapd calls this at start). Later calls restart it if it died.
+absl::Status StartRunAsSpawner();
+
 // For main(), first thing: true if this process was started as RunAs's
 // spawner (then return RunAsHelperMain()). Otherwise opens the running
 // executable for later RunAs calls and returns false.

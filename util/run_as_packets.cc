@@ -1,9 +1,18 @@
 #include "util/run_as_packets.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 
@@ -67,6 +76,59 @@ ssize_t ReceivePacket(int socket, std::string* packet, std::vector<UniqueFd>* fd
   }
   packet->resize(static_cast<size_t>(n));
   return n;
+}
+
+namespace {
+constexpr int kSeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+}  // namespace
+
+UniqueFd SealedBytes(const std::vector<absl::string_view>& pieces) {
+  UniqueFd fd(memfd_create("heapd-run-as-message", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return fd;
+  std::vector<iovec> left;
+  for (absl::string_view piece : pieces) {
+    if (!piece.empty()) left.push_back({const_cast<char*>(piece.data()), piece.size()});
+  }
+  size_t first = 0;
+  while (first < left.size()) {
+    const ssize_t n = writev(fd.get(), left.data() + first, static_cast<int>(left.size() - first));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return UniqueFd();
+    }
+    for (size_t done = static_cast<size_t>(n); done > 0;) {
+      const size_t step = std::min(done, left[first].iov_len);
+      left[first].iov_base = static_cast<char*>(left[first].iov_base) + step;
+      left[first].iov_len -= step;
+      done -= step;
+      if (left[first].iov_len == 0) ++first;
+    }
+  }
+  if (fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return UniqueFd();
+  return fd;
+}
+
+absl::StatusOr<uint64_t> SealedSize(int fd, absl::string_view what) {
+  struct stat file;
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals || fstat(fd, &file) != 0 || !S_ISREG(file.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": a message's descriptor is not a sealed memfd"));
+  }
+  return static_cast<uint64_t>(file.st_size);
+}
+
+absl::Status ReadSealedBytes(int fd, uint64_t size, absl::string_view what, std::string* bytes) {
+  bytes->resize(size);
+  for (uint64_t done = 0; done < size;) {
+    const ssize_t n = pread(fd, bytes->data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, absl::StrCat(what, ": read a message"));
+    if (n == 0) return absl::DataLossError(absl::StrCat(what, ": a message ended early"));
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace heapd

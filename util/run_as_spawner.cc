@@ -245,7 +245,7 @@ struct Spawner {
 };
 
 // Starts a spawner (on `thread`): its pidfd and control socket, or an errno.
-int StartSpawner(Spawner* spawner) {
+int ExecuteSpawner(Spawner* spawner) {
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return errno;
   spawner->control.reset(pair[0]);
@@ -324,16 +324,14 @@ class SpawnerOfThisProcess {
     }
   }
 
- private:
-  SpawnerOfThisProcess() : pid_(getpid()) {}
-
+  // The running spawner, started if there is none or it died.
   absl::StatusOr<std::shared_ptr<Spawner>> Running(absl::string_view what) {
     absl::MutexLock lock(&mu_);
     if (spawner_ != nullptr && spawner_->Alive()) return spawner_;
     if (spawner_ != nullptr) Stop(*spawner_);
     auto started = std::make_shared<Spawner>();
     int error = 0;
-    thread_.Run([&] { error = StartSpawner(started.get()); });
+    thread_.Run([&] { error = ExecuteSpawner(started.get()); });
     if (error != 0) {
       spawner_ = nullptr;
       return ErrnoStatus(error, absl::StrCat(what, ": start the helpers' spawner"));
@@ -341,6 +339,9 @@ class SpawnerOfThisProcess {
     spawner_ = started;
     return spawner_;
   }
+
+ private:
+  SpawnerOfThisProcess() : pid_(getpid()) {}
 
   // Stops and reaps `spawner` if it is still this process's current one.
   void Replace(const std::shared_ptr<Spawner>& spawner) {
@@ -415,6 +416,10 @@ class SpawnerOfThisProcess {
 };
 
 }  // namespace
+
+absl::Status StartSpawner(absl::string_view what) {
+  return SpawnerOfThisProcess::Get().Running(what).status();
+}
 
 absl::StatusOr<SpawnedHelper> SpawnHelper(int channel, absl::string_view what) {
   return SpawnerOfThisProcess::Get().Spawn(channel, what);

@@ -29,9 +29,6 @@
 namespace heapd {
 namespace run_as_internal {
 
-// A helper's end of its channel to heapd, as the helper sees it.
-constexpr int kHelperChannelFd = 3;
-
 // A helper the spawner forked.
 struct SpawnedHelper {
   UniqueFd pidfd;   // to kill it
@@ -41,6 +38,10 @@ struct SpawnedHelper {
 // Has this process's spawner fork a helper whose channel is `channel`.
 // `what` names the operation in errors.
 absl::StatusOr<SpawnedHelper> SpawnHelper(int channel, absl::string_view what);
+
+// Starts this process's spawner if it is not running; `what` names the
+// operation in errors.
+absl::Status StartSpawner(absl::string_view what);
 
 // Sends the helper SIGKILL (nothing if it is gone).
 void KillHelper(const SpawnedHelper& helper);

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "util/run_as_packets.h"
 
 extern char** environ;
 
@@ -90,13 +92,40 @@ absl::Status ListDescriptors(JobInput& input, MessageSink& out) {
 }
 HEAPD_RUN_AS_JOB(kListDescriptors, "test.list_fds", ListDescriptors);
 
+// Sends `bytes` x's, with the first lent descriptor if there is one, then
+// "second".
 absl::Status SendLarge(JobInput& input, MessageSink& out) {
   uint64_t bytes = 0;
   if (!input.args.Next(&bytes)) return absl::InternalError("bad args");
-  if (absl::Status s = out.Send(std::string(bytes, 'x')); !s.ok()) return s;
+  const int fd = input.fds.empty() ? -1 : input.fds[0];
+  if (absl::Status s = out.Send(std::string(bytes, 'x'), fd); !s.ok()) return s;
   return out.Send("second");
 }
 HEAPD_RUN_AS_JOB(kSendLarge, "test.large", SendLarge);
+
+// A helper gone rogue, writing straight to its channel: a message said to
+// be sealed in a memfd that is not (`how`: "unsealed", no seals at all;
+// "writable", sealed but for writes; "not_memfd", a /proc file) or that is
+// larger than heapd accepts ("huge", 1 GiB, sparse).
+absl::Status SendForgedSealedMessage(JobInput& input, MessageSink&) {
+  std::string how;
+  if (!input.args.Next(&how)) return absl::InternalError("bad args");
+  UniqueFd fd(how == "not_memfd" ? open("/proc/self/stat", O_RDONLY | O_CLOEXEC)
+                                 : memfd_create("forged", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return Errno("open");
+  if (how != "not_memfd" && write(fd.get(), "abc", 3) != 3) return Errno("write");
+  int seals = 0;
+  if (how == "writable") seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
+  if (how == "huge") {
+    if (ftruncate(fd.get(), off_t{1} << 30) != 0) return Errno("ftruncate");
+    seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+  }
+  if (seals != 0 && fcntl(fd.get(), F_ADD_SEALS, seals) != 0) return Errno("seal");
+  if (!SendPacket(kHelperChannelFd, kSealedMessage, "", {fd.get()}, 0)) return Errno("send");
+  pause();  // heapd gives up on it
+  return absl::OkStatus();
+}
+HEAPD_RUN_AS_JOB(kSendForgedSealedMessage, "test.forged_sealed", SendForgedSealedMessage);
 
 absl::Status Hang(JobInput&, MessageSink&) {
   pause();
@@ -235,17 +264,47 @@ TEST_F(RunAsTest, TheJobsStatusComesBackWithItsCode) {
   EXPECT_EQ(messages.status().message(), "the job says no");
 }
 
-TEST_F(RunAsTest, LargeMessagesArriveWholeAndInOrder) {
-  auto messages = RunAsStranger(kSendLarge, ArgsWriter().Add(uint64_t{300000}).Take());
-  ASSERT_TRUE(messages.ok()) << messages.status();
-  ASSERT_EQ(messages->size(), 2u);
-  EXPECT_EQ((*messages)[0].bytes, std::string(300000, 'x'));
-  EXPECT_EQ((*messages)[1].bytes, "second");
+TEST_F(RunAsTest, LargeMessagesArriveWholeAndInOrderWithTheirDescriptor) {
+  const UniqueFd lent(eventfd(0, EFD_CLOEXEC));
+  struct stat sent;
+  ASSERT_EQ(fstat(lent.get(), &sent), 0);
+  // Around the largest inline message, and far above it (a sealed memfd).
+  for (const uint64_t bytes : {kPacketBodyBytes, kPacketBodyBytes + 1, uint64_t{5} << 20}) {
+    auto messages = RunAsStranger(kSendLarge, ArgsWriter().Add(bytes).Take(), {lent.get()});
+    ASSERT_TRUE(messages.ok()) << messages.status();
+    ASSERT_EQ(messages->size(), 2u);
+    EXPECT_EQ((*messages)[0].bytes, std::string(bytes, 'x'));
+    struct stat received;
+    ASSERT_TRUE((*messages)[0].fd.valid()) << bytes;
+    ASSERT_EQ(fstat((*messages)[0].fd.get(), &received), 0);
+    EXPECT_EQ(received.st_ino, sent.st_ino) << bytes;
+    EXPECT_EQ((*messages)[1].bytes, "second");
+    EXPECT_FALSE((*messages)[1].fd.valid());
+  }
+}
+
+TEST_F(RunAsTest, AForgedSealedMessageIsRefusedUnread) {
+  RunAsOptions::Budget budget;
+  budget.limit = uint64_t{4} << 30;
+  RunAsOptions options;
+  options.budget = &budget;
+  options.what = "forged";
+  for (const char* how : {"unsealed", "writable", "not_memfd"}) {
+    auto messages =
+        RunAsStranger(kSendForgedSealedMessage, ArgsWriter().Add(how).Take(), {}, options);
+    EXPECT_EQ(messages.status().code(), absl::StatusCode::kFailedPrecondition) << how;
+    EXPECT_EQ(messages.status().message(), "forged: a message's descriptor is not a sealed memfd")
+        << how;
+  }
+  auto messages =
+      RunAsStranger(kSendForgedSealedMessage, ArgsWriter().Add("huge").Take(), {}, options);
+  EXPECT_EQ(messages.status().code(), absl::StatusCode::kResourceExhausted) << messages.status();
+  EXPECT_EQ(budget.used.load(), 0u);  // nothing held past the calls
 }
 
 TEST_F(RunAsTest, LargeRequestsArriveWhole) {
   std::string path = "/nonexistent/";
-  path.append(200000, 'p');
+  path.append(5 << 20, 'p');
   auto messages = RunAsStranger(kReadFile, ArgsWriter().Add(path).Take());
   // The helper read the whole path (ENAMETOOLONG, not a malformed request).
   EXPECT_EQ(messages.status().code(), absl::StatusCode::kPermissionDenied) << messages.status();
