@@ -81,7 +81,7 @@ bool SplitNamed(absl::string_view in, std::string* name, absl::string_view* byte
 absl::Status CreateSnapshotJob(JobInput& input, MessageSink& out) {
   std::string name, building, json;
   uint64_t data_bytes = 0;
-  std::map<std::string, std::string> metadata_files;
+  std::map<std::string, absl::string_view> metadata_files;  // in place: megabytes
   std::vector<uint64_t> bounds;  // of the ranges to copy: begin, end, ...
   if (!input.args.Next(&name) || !input.args.Next(&building) || !input.args.Next(&data_bytes) ||
       !input.args.Next(&metadata_files) || !input.args.Next(&json) || !input.args.Next(&bounds) ||

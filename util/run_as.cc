@@ -112,7 +112,7 @@ struct DecodedRequest {
   std::string dir;
   uint64_t forbidden_device = 0;
   uint64_t forbidden_inode = 0;
-  std::string args;
+  absl::string_view args;  // into the request's bytes
 };
 
 bool DecodeRequest(absl::string_view bytes, DecodedRequest* request) {
@@ -433,25 +433,28 @@ int RunHelper(pid_t spawner) {
     (void)!write(adj, "0", 1);
     close(adj);
   }
-  std::string request_bytes;
+  // The request, read in place: the job's arguments are views into it.
+  std::string packet;  // an inline request
+  SealedMapping sealed_request;
+  absl::string_view request_bytes;
   {
-    std::string packet;
     std::vector<UniqueFd> sealed;
     if (ReceivePacket(kHelperChannelFd, &packet, &sealed, 0) <= 0) return kBadRequest;
     if (packet[0] == kInlineMessage && sealed.empty()) {
-      request_bytes = packet.substr(1);
+      request_bytes = absl::string_view(packet).substr(1);
     } else if (packet[0] == kSealedMessage && sealed.size() == 1) {
       const absl::StatusOr<uint64_t> size = SealedSize(sealed[0].get(), "request");
-      if (!size.ok() || !ReadSealedBytes(sealed[0].get(), *size, "request", &request_bytes).ok()) {
-        return kBadRequest;
-      }
+      if (!size.ok()) return kBadRequest;
+      absl::StatusOr<SealedMapping> mapped = SealedMapping::Map(sealed[0].get(), *size, "request");
+      if (!mapped.ok()) return kBadRequest;
+      sealed_request = *std::move(mapped);
+      request_bytes = sealed_request.bytes();
     } else {
       return kBadRequest;
     }
   }
   DecodedRequest request;
   if (!DecodeRequest(request_bytes, &request)) return kBadRequest;
-  request_bytes = std::string();
   umask(077);
   // heapd's working directory may be one the user cannot reach; the helper
   // must not start there (a target of /proc/self/cwd would lead into it).
@@ -468,9 +471,9 @@ int RunHelper(pid_t spawner) {
   // no one. It also kills a helper the user stopped.
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != spawner) return kHeapdGone;
   std::vector<UniqueFd> fds;
-  std::string packet;
-  if (ReceivePacket(kHelperChannelFd, &packet, &fds, 0) <= 0 || packet.size() != 1 ||
-      packet[0] != kLentFds) {
+  std::string fds_packet;
+  if (ReceivePacket(kHelperChannelFd, &fds_packet, &fds, 0) <= 0 || fds_packet.size() != 1 ||
+      fds_packet[0] != kLentFds) {
     return kBadRequest;
   }
   // A file-size limit (RLIMIT_FSIZE) fails a write with EFBIG, an error

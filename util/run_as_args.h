@@ -60,11 +60,18 @@ class ArgsReader {
     rest_.remove_prefix(sizeof(*value));
     return true;
   }
-  bool Next(std::string* value) {
+  // A string's bytes in place: valid as long as the bytes read.
+  bool Next(absl::string_view* value) {
     uint64_t size = 0;
     if (!Next(&size) || size > rest_.size()) return ok_ = false;
-    value->assign(rest_.data(), size);
+    *value = rest_.substr(0, size);
     rest_.remove_prefix(size);
+    return true;
+  }
+  bool Next(std::string* value) {
+    absl::string_view view;
+    if (!Next(&view)) return false;
+    value->assign(view.data(), view.size());
     return true;
   }
   bool Next(std::vector<uint64_t>* values) {
@@ -74,7 +81,10 @@ class ArgsReader {
     for (uint64_t& value : *values) Next(&value);
     return ok_;
   }
-  bool Next(std::map<std::string, std::string>* files) {
+  // Files by name, their bytes copied (std::string) or in place
+  // (absl::string_view, valid as long as the bytes read).
+  template <typename Bytes>
+  bool Next(std::map<std::string, Bytes>* files) {
     uint64_t count = 0;
     if (!Next(&count)) return false;
     for (uint64_t i = 0; i < count; ++i) {

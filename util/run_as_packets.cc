@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "util/errno_status.h"
@@ -129,6 +130,32 @@ absl::Status ReadSealedBytes(int fd, uint64_t size, absl::string_view what, std:
     done += static_cast<uint64_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SealedMapping> SealedMapping::Map(int fd, uint64_t size, absl::string_view what) {
+  SealedMapping mapping;
+  if (size == 0) return mapping;
+  void* data = mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (data == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat(what, ": map a message"));
+  mapping.data_ = static_cast<const char*>(data);
+  mapping.size_ = size;
+  return mapping;
+}
+
+SealedMapping::SealedMapping(SealedMapping&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+SealedMapping& SealedMapping::operator=(SealedMapping&& other) noexcept {
+  if (this != &other) {
+    this->~SealedMapping();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+SealedMapping::~SealedMapping() {
+  if (data_ != nullptr) munmap(const_cast<char*>(data_), size_);
 }
 
 }  // namespace heapd
