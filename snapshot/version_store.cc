@@ -254,7 +254,7 @@ absl::Status StoreMetadataBlocks(int root, const BlockStoreOptions& options,
                                  const PartSource& source, v1::StoreRecipe* recipe, Tally* tally) {
   absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
   if (!blocks.ok()) return blocks.status();
-  for (const auto& [name, bytes] : *source.metadata_files) {
+  for (const auto& [name, bytes] : source.metadata_files) {
     v1::StoreFile& stored = *recipe->add_metadata();
     stored.set_name(name);
     stored.set_bytes(bytes.size());
@@ -401,7 +401,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     return s;
   }
   usage.set_logical_bytes(source.data_bytes);
-  for (const auto& [name, bytes] : *source.metadata_files) {
+  for (const auto& [name, bytes] : source.metadata_files) {
     usage.set_logical_bytes(usage.logical_bytes() + bytes.size());
   }
   for (const Tally& each : tallies) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "heap/content_undo.h"
 #include "proto/heapd.pb.h"
@@ -47,7 +48,9 @@ struct PartSource {
   int data_fd = -1;  // read only at the blocks of used chunks
   uint64_t data_bytes = 0;
   std::vector<bool> used_chunks;  // by 2 MiB chunk; unused: a hole, not read
-  const std::map<std::string, std::string>* metadata_files = nullptr;
+  // Their bytes live elsewhere (heapd's copy; a helper's mapped request)
+  // as long as the PartSource.
+  std::map<std::string, absl::string_view> metadata_files;
   uint32_t block_bytes = kDefaultBlockBytes;
   int zstd_level = 1;
   int threads = 2;  // workers reading, hashing and compressing

@@ -46,7 +46,7 @@ class VersionStoreTest : public ::testing::Test {
     source.data_fd = data_.get();
     source.data_bytes = 2 * kChunkSize;
     source.used_chunks = std::move(used);
-    source.metadata_files = &metadata_;
+    for (const auto& [file, bytes] : metadata_) source.metadata_files[file] = bytes;
     source.block_bytes = kBlock;
     source.threads = 1;
     source.changes = ChunkChanges{"heap-life", mark, std::move(changed_at), 0};

@@ -35,7 +35,8 @@ class ArgsWriter {
     for (uint64_t value : values) Add(value);
     return *this;
   }
-  ArgsWriter& Add(const std::map<std::string, std::string>& files) {
+  template <typename Bytes>  // std::string, absl::string_view
+  ArgsWriter& Add(const std::map<std::string, Bytes>& files) {
     Add(static_cast<uint64_t>(files.size()));
     for (const auto& [name, bytes] : files) Add(name).Add(bytes);
     return *this;
