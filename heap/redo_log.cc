@@ -1,0 +1,400 @@
+#include "heap/redo_log.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "util/errno_status.h"
+
+namespace heapd {
+namespace {
+
+constexpr char kFileMagic[8] = {'H', 'E', 'A', 'P', 'D', 'R', 'D', 'O'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kRecordMagic = 0x31525248;  // "HRR1"
+
+// Block 0.
+struct FileHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t block_bytes;
+  uint64_t blocks;  // in the file, this one included
+  uint64_t pass;    // records of other passes are stale
+  uint32_t crc;     // of this struct with crc 0
+  uint32_t reserved;
+};
+
+// A record's first block; its pages follow.
+struct RecordHeader {
+  uint32_t magic;
+  uint32_t pages;
+  uint64_t pass;
+  uint64_t sequence;
+  uint64_t epoch;
+  uint32_t data_crc;    // of the pages
+  uint32_t header_crc;  // of the whole block with this field 0
+  uint64_t offsets[(kRedoBlockBytes - 40) / sizeof(uint64_t)];
+};
+static_assert(sizeof(RecordHeader) <= kRedoBlockBytes, "a record header is one block");
+constexpr uint64_t kPagesPerRecord = sizeof(RecordHeader::offsets) / sizeof(uint64_t);
+
+uint32_t Crc(const void* bytes, uint64_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* at = static_cast<const Bytef*>(bytes);
+  while (size > 0) {
+    const uInt step = static_cast<uInt>(std::min<uint64_t>(size, uint64_t{1} << 30));
+    crc = crc32(crc, at, step);
+    at += step;
+    size -= step;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+uint32_t HeaderCrc(const char* block) {
+  char copy[kRedoBlockBytes];
+  std::memcpy(copy, block, kRedoBlockBytes);
+  reinterpret_cast<RecordHeader*>(copy)->header_crc = 0;
+  return Crc(copy, kRedoBlockBytes);
+}
+
+uint32_t FileHeaderCrc(FileHeader header) {
+  header.crc = 0;
+  return Crc(&header, sizeof(header));
+}
+
+uint64_t NewPass() {
+  std::random_device random;
+  return (uint64_t{random()} << 32) ^ random();
+}
+
+// Memory aligned for O_DIRECT (a page, which every file system asks at
+// most in practice; checked against statx at open).
+struct AlignedBuffer {
+  explicit AlignedBuffer(uint64_t bytes) {
+    void* memory = nullptr;
+    if (posix_memalign(&memory, kRedoBlockBytes, bytes) == 0) data = static_cast<char*>(memory);
+  }
+  ~AlignedBuffer() { free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  char* data = nullptr;
+};
+
+// Whether the file `name` in `dir` takes O_DIRECT I/O in whole blocks from
+// block-aligned memory.
+bool DirectIoFits(int dir, const std::string& name) {
+  struct statx info {};
+  if (statx(dir, name.c_str(), AT_SYMLINK_NOFOLLOW, STATX_DIOALIGN, &info) != 0) return false;
+  return (info.stx_mask & STATX_DIOALIGN) != 0 && info.stx_dio_offset_align != 0 &&
+         kRedoBlockBytes % info.stx_dio_offset_align == 0 && info.stx_dio_mem_align != 0 &&
+         kRedoBlockBytes % info.stx_dio_mem_align == 0;
+}
+
+// A valid record as read: its header block and its pages.
+struct ReadRecord {
+  const RecordHeader* header;
+  const char* pages;
+};
+
+}  // namespace
+
+uint64_t RedoLog::PagesPerRecord() { return kPagesPerRecord; }
+
+uint64_t RedoLog::BytesFor(uint64_t pages) {
+  const uint64_t records = (pages + kPagesPerRecord - 1) / kPagesPerRecord;
+  return (records + pages) * kRedoBlockBytes;
+}
+
+RedoLog::RedoLog(UniqueFd fd, std::string path, uint64_t blocks, bool direct)
+    : fd_(std::move(fd)), path_(std::move(path)), blocks_(blocks), direct_(direct) {}
+
+RedoLog::~RedoLog() = default;
+
+absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::string& name,
+                                                         uint64_t capacity,
+                                                         const std::string& path) {
+  const uint64_t blocks = 1 + (capacity + kRedoBlockBytes - 1) / kRedoBlockBytes;
+  UniqueFd fd(openat(dir, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create redo log ", path));
+  auto fail = [&](absl::Status status) {
+    unlinkat(dir, name.c_str(), 0);
+    return status;
+  };
+  if (const int error = posix_fallocate(fd.get(), 0, static_cast<off_t>(blocks * kRedoBlockBytes));
+      error != 0) {
+    return fail(ErrnoStatus(error, absl::StrCat("reserve ", blocks * kRedoBlockBytes,
+                                                " bytes for redo log ", path)));
+  }
+  // Written through once: an unwritten extent would make every later
+  // fdatasync journal its conversion.
+  const std::string zeros(uint64_t{1} << 20, '\0');
+  for (uint64_t at = 0; at < blocks * kRedoBlockBytes;) {
+    const uint64_t step = std::min<uint64_t>(zeros.size(), blocks * kRedoBlockBytes - at);
+    const ssize_t n = pwrite(fd.get(), zeros.data(), step, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail(ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path)));
+    at += static_cast<uint64_t>(n);
+  }
+  RedoLog log(std::move(fd), path, blocks, /*direct=*/false);
+  log.pass_ = NewPass();
+  if (absl::Status s = log.WriteHeader(); !s.ok()) return fail(s);
+  return Open(dir, name, path);
+}
+
+absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Open(int dir, const std::string& name,
+                                                       const std::string& path) {
+  const bool direct = DirectIoFits(dir, name);
+  UniqueFd fd(
+      openat(dir, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0)));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open redo log ", path));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  if (!S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(2 * kRedoBlockBytes) ||
+      st.st_size % kRedoBlockBytes != 0) {
+    return absl::DataLossError(absl::StrCat("redo log ", path, " is not a redo log (", st.st_size,
+                                            " bytes)"));
+  }
+  std::unique_ptr<RedoLog> log(new RedoLog(
+      std::move(fd), path, static_cast<uint64_t>(st.st_size) / kRedoBlockBytes, direct));
+  if (absl::Status s = log->ReadHeader(); !s.ok()) return s;
+  if (absl::Status s = log->Scan(); !s.ok()) return s;
+  return log;
+}
+
+absl::Status RedoLog::ReadHeader() {
+  AlignedBuffer block(kRedoBlockBytes);
+  if (block.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo log block");
+  if (absl::Status s = ReadBlocks(0, block.data, 1); !s.ok()) return s;
+  FileHeader header;
+  std::memcpy(&header, block.data, sizeof(header));
+  if (std::memcmp(header.magic, kFileMagic, sizeof(kFileMagic)) != 0 ||
+      header.crc != FileHeaderCrc(header)) {
+    return absl::DataLossError(absl::StrCat("redo log ", path_, ": its header is damaged"));
+  }
+  if (header.version != kFormatVersion || header.block_bytes != kRedoBlockBytes ||
+      header.blocks != blocks_) {
+    return absl::DataLossError(absl::StrCat("redo log ", path_, ": format ", header.version,
+                                            ", blocks of ", header.block_bytes, " bytes, ",
+                                            header.blocks, " blocks; this heapd reads format ",
+                                            kFormatVersion, " of this file's ", blocks_, " blocks"));
+  }
+  pass_ = header.pass;
+  return absl::OkStatus();
+}
+
+absl::Status RedoLog::WriteHeader() {
+  AlignedBuffer block(kRedoBlockBytes);
+  if (block.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo log block");
+  std::memset(block.data, 0, kRedoBlockBytes);
+  FileHeader header{};
+  std::memcpy(header.magic, kFileMagic, sizeof(kFileMagic));
+  header.version = kFormatVersion;
+  header.block_bytes = kRedoBlockBytes;
+  header.blocks = blocks_;
+  header.pass = pass_;
+  header.crc = FileHeaderCrc(header);
+  std::memcpy(block.data, &header, sizeof(header));
+  if (absl::Status s = WriteBlocks(0, block.data, 1); !s.ok()) return s;
+  if (fdatasync(fd_.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fdatasync ", path_));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Calls `visit` for each valid record of `pass` from block 1 on, in order:
+// each has a higher sequence number than the one before (an older record
+// after a newer one is what a rewind left: the end). Returns where the
+// next record would go.
+template <typename Visit>
+absl::StatusOr<RedoLog::Position> ForEachRecord(
+    uint64_t pass, uint64_t blocks,
+    const std::function<absl::Status(uint64_t, char*, uint64_t)>& read, Visit visit) {
+  RedoLog::Position end;
+  AlignedBuffer buffer((1 + kPagesPerRecord) * kRedoBlockBytes);
+  if (buffer.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo record");
+  bool first = true;
+  while (end.block < blocks) {
+    if (absl::Status s = read(end.block, buffer.data, 1); !s.ok()) return s;
+    const auto* header = reinterpret_cast<const RecordHeader*>(buffer.data);
+    if (header->magic != kRecordMagic || header->pass != pass || header->pages == 0 ||
+        header->pages > kPagesPerRecord || end.block + 1 + header->pages > blocks ||
+        (!first && header->sequence < end.sequence) || header->header_crc != HeaderCrc(buffer.data)) {
+      break;
+    }
+    if (absl::Status s = read(end.block + 1, buffer.data + kRedoBlockBytes, header->pages);
+        !s.ok()) {
+      return s;
+    }
+    if (header->data_crc != Crc(buffer.data + kRedoBlockBytes, header->pages * kRedoBlockBytes)) {
+      break;
+    }
+    if (absl::Status s = visit(ReadRecord{header, buffer.data + kRedoBlockBytes}); !s.ok()) {
+      return s;
+    }
+    end.block += 1 + header->pages;
+    end.sequence = header->sequence + 1;
+    end.last_epoch = header->epoch;
+    first = false;
+  }
+  return end;
+}
+
+}  // namespace
+
+absl::Status RedoLog::Scan() {
+  absl::StatusOr<Position> end = ForEachRecord(
+      pass_, blocks_,
+      [this](uint64_t block, char* into, uint64_t count) { return ReadBlocks(block, into, count); },
+      [](const ReadRecord&) { return absl::OkStatus(); });
+  if (!end.ok()) return end.status();
+  next_ = *end;
+  return absl::OkStatus();
+}
+
+absl::Status RedoLog::Replay(
+    uint64_t committed_epoch,
+    const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply) {
+  Position committed;  // the end of the committed records
+  committed.sequence = next_.sequence;
+  bool past = false;  // a record of an epoch not committed was seen
+  absl::StatusOr<Position> end = ForEachRecord(
+      pass_, next_.block,
+      [this](uint64_t block, char* into, uint64_t count) { return ReadBlocks(block, into, count); },
+      [&](const ReadRecord& record) {
+        past = past || record.header->epoch > committed_epoch;
+        if (past) return absl::OkStatus();
+        for (uint32_t i = 0; i < record.header->pages; ++i) {
+          const absl::string_view page(record.pages + i * kRedoBlockBytes, kRedoBlockBytes);
+          if (absl::Status s = apply(record.header->offsets[i], page); !s.ok()) return s;
+        }
+        committed.block += 1 + record.header->pages;
+        committed.last_epoch = record.header->epoch;
+        return absl::OkStatus();
+      });
+  if (!end.ok()) return end.status();
+  RewindTo(committed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
+                                                  const std::vector<uint64_t>& offsets,
+                                                  int source) {
+  for (uint64_t offset : offsets) {
+    if (offset % kRedoBlockBytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("redo log ", path_, ": offset ", offset,
+                                                     " is not a multiple of ", kRedoBlockBytes));
+    }
+  }
+  if (epoch < next_.last_epoch) {
+    return absl::InvalidArgumentError(absl::StrCat("redo log ", path_, ": epoch ", epoch,
+                                                   " comes after epoch ", next_.last_epoch));
+  }
+  const uint64_t needed = BytesFor(offsets.size());
+  if (needed > capacity() - used_bytes()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("redo log ", path_, ": ", offsets.size(), " pages need ", needed,
+                     " bytes; ", capacity() - used_bytes(), " of its ", capacity(), " are left"));
+  }
+  const Position start = next_;
+  AlignedBuffer buffer((1 + kPagesPerRecord) * kRedoBlockBytes);
+  if (buffer.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo record");
+  Position at = next_;
+  absl::Status status;
+  for (size_t first = 0; first < offsets.size() && status.ok();) {
+    const size_t pages = std::min<size_t>(kPagesPerRecord, offsets.size() - first);
+    std::memset(buffer.data, 0, kRedoBlockBytes);
+    auto* header = reinterpret_cast<RecordHeader*>(buffer.data);
+    char* data = buffer.data + kRedoBlockBytes;
+    // Consecutive pages are read in one call.
+    for (size_t i = 0; i < pages && status.ok();) {
+      size_t run = 1;
+      while (i + run < pages && offsets[first + i + run] == offsets[first + i] + run * kRedoBlockBytes) {
+        ++run;
+      }
+      const uint64_t bytes = run * kRedoBlockBytes;
+      for (uint64_t done = 0; done < bytes;) {
+        const ssize_t n = pread(source, data + i * kRedoBlockBytes + done, bytes - done,
+                                static_cast<off_t>(offsets[first + i] + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          status = n < 0 ? ErrnoStatus(errno, absl::StrCat("read page ", offsets[first + i] + done,
+                                                           " for redo log ", path_))
+                         : absl::OutOfRangeError(absl::StrCat(
+                               "redo log ", path_, ": page ", offsets[first + i] + done,
+                               " is past the end of the heap's data"));
+          break;
+        }
+        done += static_cast<uint64_t>(n);
+      }
+      i += run;
+    }
+    if (!status.ok()) break;
+    header->magic = kRecordMagic;
+    header->pages = static_cast<uint32_t>(pages);
+    header->pass = pass_;
+    header->sequence = at.sequence;
+    header->epoch = epoch;
+    std::copy(offsets.begin() + first, offsets.begin() + first + pages, header->offsets);
+    header->data_crc = Crc(data, pages * kRedoBlockBytes);
+    header->header_crc = HeaderCrc(buffer.data);
+    status = WriteBlocks(at.block, buffer.data, 1 + pages);
+    at.block += 1 + pages;
+    ++at.sequence;  // used even if the write failed: never reused
+    first += pages;
+  }
+  if (status.ok() && fdatasync(fd_.get()) != 0) {
+    status = ErrnoStatus(errno, absl::StrCat("fdatasync redo log ", path_));
+  }
+  if (!status.ok()) {
+    next_.sequence = at.sequence;  // the block goes back, the numbers stay used
+    return status;
+  }
+  at.last_epoch = offsets.empty() ? next_.last_epoch : epoch;
+  next_ = at;
+  return start;
+}
+
+void RedoLog::RewindTo(Position start) {
+  next_.block = start.block;  // sequence numbers keep increasing
+  next_.last_epoch = start.last_epoch;
+}
+
+absl::Status RedoLog::Reset() {
+  pass_ = NewPass();
+  next_ = Position();
+  return WriteHeader();
+}
+
+absl::Status RedoLog::WriteBlocks(uint64_t block, const char* bytes, uint64_t count) {
+  for (uint64_t done = 0; done < count * kRedoBlockBytes;) {
+    const ssize_t n = pwrite(fd_.get(), bytes + done, count * kRedoBlockBytes - done,
+                             static_cast<off_t>(block * kRedoBlockBytes + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write redo log ", path_));
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RedoLog::ReadBlocks(uint64_t block, char* bytes, uint64_t count) const {
+  for (uint64_t done = 0; done < count * kRedoBlockBytes;) {
+    const ssize_t n = pread(fd_.get(), bytes + done, count * kRedoBlockBytes - done,
+                            static_cast<off_t>(block * kRedoBlockBytes + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, absl::StrCat("read redo log ", path_));
+    if (n == 0) return absl::DataLossError(absl::StrCat("redo log ", path_, " ends early"));
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace heapd

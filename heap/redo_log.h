@@ -1,0 +1,138 @@
+// RedoLog: the pages a sync changed, made durable before the sync's epoch
+// commits, so that a heap whose durable image is on a block device or
+// fs-dax (NVMe, persistent memory) reads as its last acknowledged sync
+// after any crash (issue 21; docs/consistency.md).
+//
+// The protocol it serves, per sync of epoch E:
+//   1. Append(E, pages): the pages as the working image holds them, written
+//      to the log and made durable (fdatasync) before Append returns;
+//   2. the epoch record commits E (heap/metadata_store.h);
+//   3. later, the pages are written in place into the durable image, which
+//      is made durable; then Reset() empties the log.
+// After a crash, Replay(committed epoch) hands back, oldest first, every
+// page of the records whose epoch is committed; writing them in place (the
+// last one of a page wins) brings the durable image to that epoch whatever
+// step the crash cut. Replay also takes back the records after them (a
+// sync that never committed), and a sync that failed after Append and
+// before its commit is taken back with RewindTo: no later epoch of the
+// same number can pick up their pages. Epochs only go forward in a pass.
+//
+// The file ("redo" in the heap directory, docs/on-disk-format.md) is
+// preallocated and written through once with zeros at Create, so a sync's
+// fdatasync flushes data only, never extent metadata. Written with
+// O_DIRECT where the file system allows it (aligned as statx's
+// STATX_DIOALIGN says), so the log's pages do not sit in the page cache a
+// second time; O_DIRECT alone is not durability: Append still ends with
+// fdatasync. Layout, in blocks of kRedoBlockBytes:
+//   block 0        the header: magic, format version, capacity, and the
+//                  pass id (random, new at every Reset)
+//   then records   one header block (magic, pass id, sequence, epoch, page
+//                  count, the pages' offsets, checksums of both) followed
+//                  by its pages
+// Sequence numbers strictly increase within a pass and are never reused;
+// a reader stops at the first record that is torn, of another pass, or
+// whose sequence does not increase (what a rewind left behind).
+//
+// Not thread-safe: one sync at a time (the heap's persist lock).
+#ifndef HEAPD_HEAP_REDO_LOG_H_
+#define HEAPD_HEAP_REDO_LOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "util/unique_fd.h"
+
+namespace heapd {
+
+inline constexpr uint64_t kRedoBlockBytes = 4096;  // a page, and the log's block
+inline constexpr char kRedoLogFileName[] = "redo";
+
+class RedoLog {
+ public:
+  // Where the next record goes: what RewindTo takes back to.
+  struct Position {
+    uint64_t block = 1;       // the next record's first block
+    uint64_t sequence = 0;    // the next record's sequence number
+    uint64_t last_epoch = 0;  // of the record before it (0: none)
+  };
+
+  // Creates the log `name` in `dir` (which must not exist) with room for
+  // `capacity` bytes of records (rounded up to whole blocks), written
+  // through with zeros and made durable. `path` names it in errors.
+  static absl::StatusOr<std::unique_ptr<RedoLog>> Create(int dir, const std::string& name,
+                                                         uint64_t capacity,
+                                                         const std::string& path);
+  // Opens an existing log and finds the end of its current pass. Replay
+  // comes next, before any Append. DATA_LOSS if its header is not a redo
+  // log's.
+  static absl::StatusOr<std::unique_ptr<RedoLog>> Open(int dir, const std::string& name,
+                                                       const std::string& path);
+
+  ~RedoLog();
+  RedoLog(const RedoLog&) = delete;
+  RedoLog& operator=(const RedoLog&) = delete;
+
+  // Appends `offsets` (page-aligned offsets in the heap's data, each once)
+  // as `epoch`'s, their bytes read from `source` (the working image) at the
+  // same offsets, and makes them durable. Returns where the records start
+  // (for RewindTo). RESOURCE_EXHAUSTED if they do not fit in what is left
+  // (nothing is written then: apply and Reset first); INVALID_ARGUMENT for
+  // an offset that is not page-aligned or an epoch below the last one
+  // appended. On any error the log reads as before.
+  absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets,
+                                  int source);
+
+  // Takes back every record from `start` on (a sync whose commit failed):
+  // the next Append writes there, and its records' higher sequence numbers
+  // end any reading before what is left of the old ones.
+  void RewindTo(Position start);
+
+  // Calls `apply(offset, page)` for every page of the records whose epoch
+  // is at most `committed_epoch`, oldest first (a later record of the same
+  // page comes later), then takes back the records after them: the next
+  // Append goes there. Stops at the first error `apply` returns.
+  absl::Status Replay(
+      uint64_t committed_epoch,
+      const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply);
+
+  // Empties the log: a new pass, its header made durable. REQUIRES: every
+  // committed page it held is durable in the heap's image.
+  absl::Status Reset();
+
+  // Bytes of records written in this pass, and room for records in all.
+  uint64_t used_bytes() const { return (next_.block - 1) * kRedoBlockBytes; }
+  uint64_t capacity() const { return (blocks_ - 1) * kRedoBlockBytes; }
+  // Pages one record holds (each record costs one more block).
+  static uint64_t PagesPerRecord();
+  // Bytes of log `pages` pages take, headers included.
+  static uint64_t BytesFor(uint64_t pages);
+  // Whether the log is written with O_DIRECT.
+  bool direct() const { return direct_; }
+
+ private:
+  RedoLog(UniqueFd fd, std::string path, uint64_t blocks, bool direct);
+
+  absl::Status ReadHeader();
+  absl::Status WriteHeader();
+  // Finds the end of the current pass: next_.
+  absl::Status Scan();
+  absl::Status WriteBlocks(uint64_t block, const char* bytes, uint64_t count);
+  absl::Status ReadBlocks(uint64_t block, char* bytes, uint64_t count) const;
+
+  const UniqueFd fd_;
+  const std::string path_;
+  const uint64_t blocks_;  // in the file, the header's included
+  const bool direct_;
+  uint64_t pass_ = 0;
+  Position next_;
+};
+
+}  // namespace heapd
+
+#endif  // HEAPD_HEAP_REDO_LOG_H_

@@ -1,0 +1,231 @@
+// RedoLog on a real file in a temporary directory (a block file system in
+// CI, where O_DIRECT is used), pages read from a real working image file.
+#include "heap/redo_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "heap/test_dir.h"
+
+namespace heapd {
+namespace {
+
+constexpr uint64_t kPage = kRedoBlockBytes;
+
+// A working image of `pages` pages whose contents tests set page by page.
+class Image {
+ public:
+  explicit Image(const TestDir& dir, uint64_t pages)
+      : fd_(open(dir.Sub("image").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    EXPECT_EQ(ftruncate(fd_.get(), static_cast<off_t>(pages * kPage)), 0);
+  }
+  // Fills page `index` with `fill`.
+  void Set(uint64_t index, char fill) {
+    const std::string page(kPage, fill);
+    ASSERT_EQ(pwrite(fd_.get(), page.data(), kPage, static_cast<off_t>(index * kPage)),
+              static_cast<ssize_t>(kPage));
+  }
+  int fd() const { return fd_.get(); }
+
+ private:
+  UniqueFd fd_;
+};
+
+std::vector<uint64_t> Offsets(std::initializer_list<uint64_t> indexes) {
+  std::vector<uint64_t> offsets;
+  for (uint64_t index : indexes) offsets.push_back(index * kPage);
+  return offsets;
+}
+
+// Replays `log` up to `committed`: page index -> the fill of its last image.
+std::map<uint64_t, char> Replayed(RedoLog& log, uint64_t committed) {
+  std::map<uint64_t, char> pages;
+  const absl::Status status = log.Replay(committed, [&](uint64_t offset, absl::string_view page) {
+    EXPECT_EQ(page.size(), kPage);
+    EXPECT_EQ(page.find_first_not_of(page[0]), absl::string_view::npos) << "a torn page";
+    pages[offset / kPage] = page[0];
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  return pages;
+}
+
+class RedoLogTest : public ::testing::Test {
+ protected:
+  RedoLogTest() : image_(dir_, 4096), dir_fd_(open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY)) {}
+
+  std::unique_ptr<RedoLog> Create(uint64_t capacity = uint64_t{64} << 20) {
+    absl::StatusOr<std::unique_ptr<RedoLog>> log =
+        RedoLog::Create(dir_fd_.get(), kRedoLogFileName, capacity, dir_.Sub("redo"));
+    EXPECT_TRUE(log.ok()) << log.status();
+    return log.ok() ? *std::move(log) : nullptr;
+  }
+  std::unique_ptr<RedoLog> Reopen() {
+    absl::StatusOr<std::unique_ptr<RedoLog>> log =
+        RedoLog::Open(dir_fd_.get(), kRedoLogFileName, dir_.Sub("redo"));
+    EXPECT_TRUE(log.ok()) << log.status();
+    return log.ok() ? *std::move(log) : nullptr;
+  }
+
+  TestDir dir_;
+  Image image_;
+  UniqueFd dir_fd_;
+};
+
+TEST_F(RedoLogTest, ReplayGivesTheCommittedEpochsPagesInOrder) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  image_.Set(2, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1, 2}), image_.fd()).ok());
+  image_.Set(2, 'b');
+  image_.Set(7, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({2, 7}), image_.fd()).ok());
+
+  log = Reopen();  // as after a crash
+  EXPECT_EQ(Replayed(*log, 1), (std::map<uint64_t, char>{{1, 'a'}, {2, 'a'}}));
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{1, 'a'}, {2, 'b'}, {7, 'b'}}));
+  EXPECT_EQ(Replayed(*log, 0), (std::map<uint64_t, char>{}));
+}
+
+TEST_F(RedoLogTest, RecordsOfAnEpochNeverCommittedAreTakenBackByReplay) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  // Epoch 2's sync wrote its pages, then died before its commit.
+  image_.Set(1, 'x');
+  image_.Set(3, 'x');
+  image_.Set(4, 'x');
+  ASSERT_TRUE(log->Append(2, Offsets({1, 3, 4}), image_.fd()).ok());
+
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 1), (std::map<uint64_t, char>{{1, 'a'}}));
+  // The reopened heap's next sync is epoch 2 again, with other pages.
+  image_.Set(5, 'c');
+  ASSERT_TRUE(log->Append(2, Offsets({5}), image_.fd()).ok());
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{1, 'a'}, {5, 'c'}}));
+}
+
+TEST_F(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumber) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  // Epoch 2: three records' worth of pages, then its commit failed.
+  std::vector<uint64_t> many;
+  for (uint64_t i = 10; i < 10 + 3 * RedoLog::PagesPerRecord(); ++i) {
+    image_.Set(i, 'x');
+    many.push_back(i * kPage);
+  }
+  absl::StatusOr<RedoLog::Position> failed = log->Append(2, many, image_.fd());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  log->RewindTo(*failed);
+  // Its retry, exactly as long as the first record it overwrites, then
+  // committed.
+  std::vector<uint64_t> retry;
+  for (uint64_t i = 0; i < RedoLog::PagesPerRecord(); ++i) {
+    image_.Set(2000 + i, 'r');
+    retry.push_back((2000 + i) * kPage);
+  }
+  ASSERT_TRUE(log->Append(2, retry, image_.fd()).ok());
+
+  log = Reopen();
+  const std::map<uint64_t, char> pages = Replayed(*log, 2);
+  EXPECT_EQ(pages.size(), 1 + RedoLog::PagesPerRecord());
+  for (uint64_t i = 10; i < 10 + 3 * RedoLog::PagesPerRecord(); ++i) {
+    ASSERT_EQ(pages.count(i), 0u) << "page " << i << " of the taken-back sync";
+  }
+}
+
+TEST_F(RedoLogTest, ATornRecordEndsTheLog) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  image_.Set(2, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({2}), image_.fd()).ok());
+  image_.Set(3, 'c');
+  ASSERT_TRUE(log->Append(3, Offsets({3}), image_.fd()).ok());
+  log.reset();
+  // Epoch 2's page half written: block 1 is epoch 1's header, 2 its page,
+  // 3 epoch 2's header, 4 its page.
+  const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_EQ(pwrite(raw.get(), "zz", 2, 4 * kPage + 100), 2);
+
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 3), (std::map<uint64_t, char>{{1, 'a'}}));
+}
+
+TEST_F(RedoLogTest, ResetStartsAnEmptyPassThatIgnoresTheOldRecords) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  image_.Set(2, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1, 2}), image_.fd()).ok());
+  EXPECT_GT(log->used_bytes(), 0u);
+  ASSERT_TRUE(log->Reset().ok());
+  EXPECT_EQ(log->used_bytes(), 0u);
+  image_.Set(3, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({3}), image_.fd()).ok());
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{3, 'b'}}));
+  ASSERT_TRUE(log->Reset().ok());
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{}));
+}
+
+TEST_F(RedoLogTest, AnAppendThatDoesNotFitWritesNothing) {
+  // Room for a record of 3 pages and one of 1 (each with its header).
+  std::unique_ptr<RedoLog> log = Create(RedoLog::BytesFor(3) + RedoLog::BytesFor(1));
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1, 2, 3}), image_.fd()).ok());
+  const absl::StatusOr<RedoLog::Position> full = log->Append(2, Offsets({4, 5}), image_.fd());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  EXPECT_NE(full.status().message().find("2 pages need"), std::string::npos) << full.status();
+  ASSERT_TRUE(log->Append(2, Offsets({4}), image_.fd()).ok());  // what is left
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2).size(), 4u);
+}
+
+TEST_F(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(2, Offsets({1}), image_.fd()).ok());
+  const uint64_t used = log->used_bytes();
+  EXPECT_EQ(log->Append(3, {kPage + 1}, image_.fd()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, Offsets({1}), image_.fd()).status().code(),
+            absl::StatusCode::kInvalidArgument);  // an epoch going back
+  // A page past the end of the working image, after a good one.
+  EXPECT_EQ(log->Append(3, Offsets({2, 5000}), image_.fd()).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(log->used_bytes(), used);
+  image_.Set(2, 'b');
+  ASSERT_TRUE(log->Append(3, Offsets({2}), image_.fd()).ok());
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 3), (std::map<uint64_t, char>{{1, 'a'}, {2, 'b'}}));
+}
+
+TEST_F(RedoLogTest, ADamagedHeaderIsDataLossNamingTheFile) {
+  Create().reset();
+  const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_EQ(pwrite(raw.get(), "x", 1, 20), 1);
+  absl::StatusOr<std::unique_ptr<RedoLog>> log =
+      RedoLog::Open(dir_fd_.get(), kRedoLogFileName, dir_.Sub("redo"));
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(log.status().message().find(dir_.Sub("redo")), std::string::npos) << log.status();
+}
+
+TEST_F(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
+  Create().reset();
+  absl::StatusOr<std::unique_ptr<RedoLog>> again =
+      RedoLog::Create(dir_fd_.get(), kRedoLogFileName, kPage, dir_.Sub("redo"));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(RedoLog::Open(dir_fd_.get(), kRedoLogFileName, dir_.Sub("redo")).ok());
+}
+
+}  // namespace
+}  // namespace heapd
