@@ -127,8 +127,8 @@ int Run() {
   std::vector<uint64_t> all(image_pages);
   for (uint64_t i = 0; i < image_pages; ++i) all[i] = i * kPage;
   uint64_t epoch = 0;
-  for (const uint64_t pages : {uint64_t{1}, uint64_t{16}, uint64_t{256}, uint64_t{4096},
-                               uint64_t{65536}}) {
+  for (const uint64_t pages :
+       {uint64_t{1}, uint64_t{16}, uint64_t{256}, uint64_t{4096}, uint64_t{65536}}) {
     if (pages > image_pages / 4) break;
     std::vector<double> append, apply;
     for (int rep = 0; rep < reps; ++rep) {

@@ -131,8 +131,8 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
   };
   if (const int error = posix_fallocate(fd.get(), 0, static_cast<off_t>(blocks * kRedoBlockBytes));
       error != 0) {
-    return fail(ErrnoStatus(error, absl::StrCat("reserve ", blocks * kRedoBlockBytes,
-                                                " bytes for redo log ", path)));
+    return fail(ErrnoStatus(
+        error, absl::StrCat("reserve ", blocks * kRedoBlockBytes, " bytes for redo log ", path)));
   }
   // Written through once: an unwritten extent would make every later
   // fdatasync journal its conversion.
@@ -153,15 +153,14 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
 absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Open(int dir, const std::string& name,
                                                        const std::string& path) {
   const bool direct = DirectIoFits(dir, name);
-  UniqueFd fd(
-      openat(dir, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0)));
+  UniqueFd fd(openat(dir, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0)));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open redo log ", path));
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
   if (!S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(2 * kRedoBlockBytes) ||
       st.st_size % kRedoBlockBytes != 0) {
-    return absl::DataLossError(absl::StrCat("redo log ", path, " is not a redo log (", st.st_size,
-                                            " bytes)"));
+    return absl::DataLossError(
+        absl::StrCat("redo log ", path, " is not a redo log (", st.st_size, " bytes)"));
   }
   std::unique_ptr<RedoLog> log(new RedoLog(
       std::move(fd), path, static_cast<uint64_t>(st.st_size) / kRedoBlockBytes, direct));
@@ -182,10 +181,10 @@ absl::Status RedoLog::ReadHeader() {
   }
   if (header.version != kFormatVersion || header.block_bytes != kRedoBlockBytes ||
       header.blocks != blocks_) {
-    return absl::DataLossError(absl::StrCat("redo log ", path_, ": format ", header.version,
-                                            ", blocks of ", header.block_bytes, " bytes, ",
-                                            header.blocks, " blocks; this heapd reads format ",
-                                            kFormatVersion, " of this file's ", blocks_, " blocks"));
+    return absl::DataLossError(absl::StrCat(
+        "redo log ", path_, ": format ", header.version, ", blocks of ", header.block_bytes,
+        " bytes, ", header.blocks, " blocks; this heapd reads format ", kFormatVersion,
+        " of this file's ", blocks_, " blocks"));
   }
   pass_ = header.pass;
   return absl::OkStatus();
@@ -227,7 +226,8 @@ absl::StatusOr<RedoLog::Position> ForEachRecord(
     const auto* header = reinterpret_cast<const RecordHeader*>(buffer.data);
     if (header->magic != kRecordMagic || header->pass != pass || header->pages == 0 ||
         header->pages > kPagesPerRecord || end.block + 1 + header->pages > blocks ||
-        (!first && header->sequence < end.sequence) || header->header_crc != HeaderCrc(buffer.data)) {
+        (!first && header->sequence < end.sequence) ||
+        header->header_crc != HeaderCrc(buffer.data)) {
       break;
     }
     if (absl::Status s = read(end.block + 1, buffer.data + kRedoBlockBytes, header->pages);
@@ -301,8 +301,8 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
   const uint64_t needed = BytesFor(offsets.size());
   if (needed > capacity() - used_bytes()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("redo log ", path_, ": ", offsets.size(), " pages need ", needed,
-                     " bytes; ", capacity() - used_bytes(), " of its ", capacity(), " are left"));
+        absl::StrCat("redo log ", path_, ": ", offsets.size(), " pages need ", needed, " bytes; ",
+                     capacity() - used_bytes(), " of its ", capacity(), " are left"));
   }
   const Position start = next_;
   AlignedBuffer buffer((1 + kPagesPerRecord) * kRedoBlockBytes);
@@ -317,7 +317,8 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
     // Consecutive pages are read in one call.
     for (size_t i = 0; i < pages && status.ok();) {
       size_t run = 1;
-      while (i + run < pages && offsets[first + i + run] == offsets[first + i] + run * kRedoBlockBytes) {
+      while (i + run < pages &&
+             offsets[first + i + run] == offsets[first + i] + run * kRedoBlockBytes) {
         ++run;
       }
       const uint64_t bytes = run * kRedoBlockBytes;

@@ -85,8 +85,7 @@ class RedoLog {
   // (nothing is written then: apply and Reset first); INVALID_ARGUMENT for
   // an offset that is not page-aligned or an epoch below the last one
   // appended. On any error the log reads as before.
-  absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets,
-                                  int source);
+  absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets, int source);
 
   // Takes back every record from `start` on (a sync whose commit failed):
   // the next Append writes there, and its records' higher sequence numbers

@@ -810,20 +810,31 @@ TEST_F(HostileUserTest, AWriterTruncatingTheDataFileIsRepairedNotFatal) {
   EXPECT_TRUE(RunChild(As(kOtherUser, Worker("t", {"put", "after", "1"}))).Exited(0));
 }
 
-// The pids of heapd's children (its snapshot workers) running as `uid`.
+// The pids of heapd's snapshot workers running as `uid`: the children of
+// heapd's children (RunAs helpers are forked by heapd's spawner).
 std::vector<pid_t> WorkersOf(pid_t heapd, uint32_t uid) {
-  std::vector<pid_t> pids;
+  struct Process {
+    pid_t parent = -1;
+    uint32_t uid = 0;
+  };
+  std::map<pid_t, Process> processes;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string status = ReadAll(entry.path().string() + "/status");
-    int ppid = -1;
-    uint32_t real_uid = 0;
-    for (absl::string_view line : absl::StrSplit(status, '\n')) {
-      std::sscanf(std::string(line).c_str(), "PPid: %d", &ppid);
-      std::sscanf(std::string(line).c_str(), "Uid: %u", &real_uid);
+    Process process;
+    for (absl::string_view line :
+         absl::StrSplit(ReadAll(entry.path().string() + "/status"), '\n')) {
+      std::sscanf(std::string(line).c_str(), "PPid: %d", &process.parent);
+      std::sscanf(std::string(line).c_str(), "Uid: %u", &process.uid);
     }
-    if (ppid == heapd && real_uid == uid) pids.push_back(std::stoi(name));
+    processes[std::stoi(name)] = process;
+  }
+  std::vector<pid_t> pids;
+  for (const auto& [pid, process] : processes) {
+    const auto parent = processes.find(process.parent);
+    if (process.uid == uid && parent != processes.end() && parent->second.parent == heapd) {
+      pids.push_back(pid);
+    }
   }
   return pids;
 }

@@ -433,8 +433,7 @@ bool Traced() {
 int RunHelper(pid_t spawner) {
   prctl(PR_SET_NAME, "heapd-run-as");
   // The helper works for the user: it must not keep heapd's shelter from
-  // the OOM killer (--oom_score_adj), so memory it takes, its request
-  // first, is the user's.
+  // the OOM killer (--oom_score_adj), so memory it takes is the user's.
   if (const int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
     (void)!write(adj, "0", 1);
     close(adj);

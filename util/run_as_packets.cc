@@ -81,10 +81,18 @@ ssize_t ReceivePacket(int socket, std::string* packet, std::vector<UniqueFd>* fd
 
 namespace {
 constexpr int kSeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+// MFD_NOEXEC_SEAL (Linux 6.3), which Debian 12's headers lack.
+constexpr unsigned kMemfdNoExecSeal = 0x0008U;
 }  // namespace
 
 UniqueFd SealedBytes(const std::vector<absl::string_view>& pieces) {
-  UniqueFd fd(memfd_create("heapd-run-as-message", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  // Not executable (vm.memfd_noexec=2 requires saying so); kernels before
+  // 6.3 do not know the flag.
+  UniqueFd fd(
+      memfd_create("heapd-run-as-message", MFD_CLOEXEC | MFD_ALLOW_SEALING | kMemfdNoExecSeal));
+  if (!fd.valid() && errno == EINVAL) {
+    fd.reset(memfd_create("heapd-run-as-message", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  }
   if (!fd.valid()) return fd;
   std::vector<iovec> left;
   for (absl::string_view piece : pieces) {
@@ -121,21 +129,19 @@ absl::StatusOr<uint64_t> SealedSize(int fd, absl::string_view what) {
 }
 
 absl::Status ReadSealedBytes(int fd, uint64_t size, absl::string_view what, std::string* bytes) {
-  bytes->resize(size);
-  for (uint64_t done = 0; done < size;) {
-    const ssize_t n = pread(fd, bytes->data() + done, size - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, absl::StrCat(what, ": read a message"));
-    if (n == 0) return absl::DataLossError(absl::StrCat(what, ": a message ended early"));
-    done += static_cast<uint64_t>(n);
-  }
+  // Mapped and copied once (a resize would write every byte first).
+  absl::StatusOr<SealedMapping> mapped = SealedMapping::Map(fd, size, what);
+  if (!mapped.ok()) return mapped.status();
+  bytes->assign(mapped->bytes().data(), mapped->bytes().size());
   return absl::OkStatus();
 }
 
 absl::StatusOr<SealedMapping> SealedMapping::Map(int fd, uint64_t size, absl::string_view what) {
   SealedMapping mapping;
   if (size == 0) return mapping;
-  void* data = mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Private: before Linux 6.7 a shared mapping of a write-sealed memfd is
+  // refused even read-only. Never written, so its pages stay the memfd's.
+  void* data = mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat(what, ": map a message"));
   mapping.data_ = static_cast<const char*>(data);
   mapping.size_ = size;
@@ -147,15 +153,17 @@ SealedMapping::SealedMapping(SealedMapping&& other) noexcept
 
 SealedMapping& SealedMapping::operator=(SealedMapping&& other) noexcept {
   if (this != &other) {
-    this->~SealedMapping();
+    Unmap();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
 
-SealedMapping::~SealedMapping() {
+void SealedMapping::Unmap() {
   if (data_ != nullptr) munmap(const_cast<char*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
 }
 
 }  // namespace heapd

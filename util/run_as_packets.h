@@ -65,11 +65,13 @@ class SealedMapping {
   SealedMapping() = default;
   SealedMapping(SealedMapping&& other) noexcept;
   SealedMapping& operator=(SealedMapping&& other) noexcept;
-  ~SealedMapping();
+  ~SealedMapping() { Unmap(); }
 
   absl::string_view bytes() const { return absl::string_view(data_, size_); }
 
  private:
+  void Unmap();
+
   const char* data_ = nullptr;
   size_t size_ = 0;
 };

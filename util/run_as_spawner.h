@@ -13,7 +13,8 @@
 // lends the helper's channel and a status socket; the spawner answers on
 // the status socket with the helper's pidfd (heapd kills through it), then,
 // once it reaped the helper, its wait status. The spawner is started on
-// first use, and again if it died; it dies with the process that started
+// first use (or before: StartSpawner, which heapd calls as it starts), and
+// again if it died; it dies with the process that started
 // it (its parent-death signal, from a thread that lives as long as that
 // process; and the end of its control socket), and its helpers die with it.
 #ifndef HEAPD_UTIL_RUN_AS_SPAWNER_H_
