@@ -37,6 +37,7 @@
 #ifndef HEAPD_HEAP_REDO_LOG_H_
 #define HEAPD_HEAP_REDO_LOG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -121,7 +122,11 @@ class RedoLog {
   absl::Status WriteHeader();
   // Finds the end of the current pass: next_.
   absl::Status Scan();
-  absl::Status WriteBlocks(uint64_t block, const char* bytes, uint64_t count);
+  // Reads `pages` pages at `offsets` from `source` into a record's buffer
+  // (kRedoBlockBytes-aligned, 1 + pages blocks) behind its header.
+  absl::Status FillRecord(uint64_t epoch, uint64_t sequence, const uint64_t* offsets, size_t pages,
+                          int source, char* buffer) const;
+  absl::Status WriteBlocks(uint64_t block, const char* bytes, uint64_t count) const;
   absl::Status ReadBlocks(uint64_t block, char* bytes, uint64_t count) const;
 
   const UniqueFd fd_;
