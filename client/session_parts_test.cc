@@ -79,8 +79,14 @@ class LargeObjectsTest : public ::testing::Test {
     mapped_ = *std::move(mapped);
     calls_.allocate_large = [this](const v1::AllocateLargeRequest& request,
                                    v1::AllocateLargeResponse* response) {
-      const uint64_t chunks = (request.size() + kChunkSize - 1) / kChunkSize;
-      if (next_chunk_ + chunks > free_below_) return absl::ResourceExhaustedError("heap full");
+      // As much as asked, else as much as there is room for down to
+      // min_size (a reserve), else "full".
+      const uint64_t room = free_below_ - next_chunk_;
+      uint64_t chunks = (request.size() + kChunkSize - 1) / kChunkSize;
+      if (chunks > room && request.reserve()) chunks = room;
+      if (chunks == 0 || chunks > room || chunks * kChunkSize < request.min_size()) {
+        return absl::ResourceExhaustedError("heap full");
+      }
       response->set_offset(next_chunk_ * kChunkSize);
       response->set_size(chunks * kChunkSize);
       next_chunk_ += chunks;
@@ -190,6 +196,47 @@ TEST_F(LargeObjectsTest, AFullHeapGetsTheUnusedReserveBackAndTheCallIsRetried) {
   EXPECT_TRUE(large_->Allocate((kMaxCarvedChunks + 1) * kChunkSize).ok());
 }
 
+// heapd takes back a run at the top of what it handed out: room again.
+void TakeBackTopRuns(const v1::SyncRequest& request, uint64_t* next_chunk) {
+  for (const v1::LargePlacement& run : request.released()) {
+    const uint64_t chunk = run.offset() / kChunkSize;
+    if (chunk + run.chunks() == *next_chunk) *next_chunk = chunk;
+  }
+}
+
+TEST_F(LargeObjectsTest, AReserveGivenBackMakesTheRoomTheRetriedCallTakes) {
+  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunks 1-4, carves chunk 1
+  free_below_ = next_chunk_ + 1;                   // room for one chunk more
+  calls_.sync = [this](const v1::SyncRequest& request) {
+    TakeBackTopRuns(request, &next_chunk_);
+    return absl::OkStatus();
+  };
+  // 4 chunks: not in the reserve's 3 unused, nor in heapd's 1; after the 3
+  // went back, heapd has 4.
+  absl::StatusOr<uint64_t> object = large_->Allocate(4 * kChunkSize);
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_EQ(*object, 2 * kChunkSize);
+  ASSERT_EQ(calls_.syncs.size(), 1u);
+  EXPECT_EQ(calls_.syncs[0].released(0).chunks(), 3u);
+  EXPECT_EQ(calls_.allocations.size(), 3u);  // the first reserve, then twice
+}
+
+TEST_F(LargeObjectsTest, PendingFreesSentMakeTheRoomTheRetriedCallTakes) {
+  ASSERT_TRUE(frees_.Free(12345 * 8, 64).ok());  // another process's object: batched
+  ASSERT_TRUE(frees_.pending());
+  free_below_ = next_chunk_;  // heapd is full until those frees arrive
+  calls_.free = [this](const v1::FreeRequest&) {
+    free_below_ = kMaxChunks;  // the freed objects emptied chunks
+    return absl::OkStatus();
+  };
+  absl::StatusOr<uint64_t> object = large_->Allocate((kMaxCarvedChunks + 1) * kChunkSize);
+  ASSERT_TRUE(object.ok()) << object.status();
+  ASSERT_EQ(calls_.frees.size(), 1u);
+  EXPECT_EQ(calls_.frees[0].objects(0).offset(), 12345u * 8);
+  EXPECT_FALSE(frees_.pending());
+  EXPECT_EQ(calls_.allocations.size(), 2u);
+}
+
 TEST_F(LargeObjectsTest, AnAnswerOutsideTheHeapIsAnErrorNotAnObject) {
   calls_.allocate_large = [](const v1::AllocateLargeRequest&, v1::AllocateLargeResponse* response) {
     response->set_offset(kMaxSize);  // past the heap
@@ -293,6 +340,7 @@ TEST(SyncPartsTest, EarlierPartsAreHeldAndTheLastCarriesTheRest) {
   std::vector<LeaseReport> reports(2500);
   for (size_t i = 0; i < reports.size(); ++i) reports[i].chunk = static_cast<uint32_t>(i);
   std::vector<LargePlacement> placed(20000);
+  for (size_t i = 0; i < placed.size(); ++i) placed[i] = {static_cast<uint32_t>(i), 1, false};
   ScriptedCalls calls;
   SyncParts parts(reports, placed);
   ASSERT_TRUE(parts.SendEarlier(calls, 7).ok());
@@ -305,6 +353,11 @@ TEST(SyncPartsTest, EarlierPartsAreHeldAndTheLastCarriesTheRest) {
   }
   EXPECT_EQ(calls.syncs[0].placed_size(), 16384);
   EXPECT_EQ(calls.syncs[1].placed_size(), 3616);
+  // Each placement once, in order.
+  EXPECT_EQ(calls.syncs[0].placed(0).offset(), 0u);
+  EXPECT_EQ(calls.syncs[0].placed(16383).offset(), 16383 * kChunkSize);
+  EXPECT_EQ(calls.syncs[1].placed(0).offset(), 16384 * kChunkSize);
+  EXPECT_EQ(calls.syncs[1].placed(3615).offset(), 19999 * kChunkSize);
   v1::DetachRequest last;
   parts.FillLast(&last);
   EXPECT_EQ(last.reports_size(), 2500 - 2048);
