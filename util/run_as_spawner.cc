@@ -304,6 +304,7 @@ class SpawnerOfThisProcess {
     static SpawnerOfThisProcess* current = nullptr;
     absl::MutexLock lock(&mu);
     if (current == nullptr || current->pid_ != getpid()) {
+      if (current != nullptr) current->CloseInheritedDescriptors();
       current = new SpawnerOfThisProcess();  // never freed: its thread runs on
     }
     return *current;
@@ -342,6 +343,16 @@ class SpawnerOfThisProcess {
 
  private:
   SpawnerOfThisProcess() : pid_(getpid()) {}
+
+  // In a forked child: the parent's spawner is not this process's; its
+  // descriptors go. Its lock is not taken: the thread that held it at the
+  // fork, if any, does not exist here, and nothing else reaches this
+  // object any more.
+  void CloseInheritedDescriptors() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (spawner_ == nullptr) return;
+    spawner_->control.reset();
+    spawner_->pidfd.reset();
+  }
 
   // Stops and reaps `spawner` if it is still this process's current one.
   void Replace(const std::shared_ptr<Spawner>& spawner) {

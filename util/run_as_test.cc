@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -498,6 +499,40 @@ TEST_F(RunAsTest, TheSpawnerOutlivesTheThreadWhoseCallStartedIt) {
   usleep(100000);
   EXPECT_FALSE(Exited(started)) << "the spawner died with the thread whose call started it";
   EXPECT_EQ(SpawnerPid(), started);
+}
+
+// The pidfds this process holds.
+int PidfdsOpen() {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (std::filesystem::read_symlink(entry.path(), error).string() == "anon_inode:[pidfd]") {
+      ++count;
+    }
+  }
+  return count;
+}
+
+TEST_F(RunAsTest, AForkedChildGetsItsOwnSpawnerAndKeepsNoneOfTheParents) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
+#endif
+#endif
+  auto parents = RunAsStranger(kSendSpawnerPid);  // this process's spawner runs
+  ASSERT_TRUE(parents.ok()) << parents.status();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto own = RunAsStranger(kSendSpawnerPid);
+    // Its own spawner's pidfd only (the helper's is closed once reaped).
+    _exit(own.ok() && (*own)[0].bytes != (*parents)[0].bytes && PidfdsOpen() == 1 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 TEST_F(RunAsTest, TheSameJobRunsInThisProcessToo) {
