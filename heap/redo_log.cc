@@ -1,6 +1,7 @@
 #include "heap/redo_log.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <future>
 #include <random>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,15 +24,21 @@ namespace {
 constexpr char kFileMagic[8] = {'H', 'E', 'A', 'P', 'D', 'R', 'D', 'O'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr uint32_t kRecordMagic = 0x31525248;  // "HRR1"
+// Where block 0 holds its two header slots: different sectors, so one
+// torn write cannot damage both.
+constexpr uint64_t kSlotOffsets[2] = {0, kRedoBlockBytes / 2};
+// The most a log holds (a petabyte): keeps every offset a valid off_t.
+constexpr uint64_t kMaxCapacity = uint64_t{1} << 50;
 
-// Block 0.
-struct FileHeader {
+// One header slot in block 0.
+struct HeaderSlot {
   char magic[8];
   uint32_t version;
   uint32_t block_bytes;
-  uint64_t blocks;  // in the file, this one included
-  uint64_t pass;    // records of other passes are stale
-  uint32_t crc;     // of this struct with crc 0
+  uint64_t blocks;      // in the file, block 0 included
+  uint64_t pass;        // records of other passes are stale
+  uint64_t generation;  // the slot with the higher one is the header
+  uint32_t crc;         // of this struct with crc 0
   uint32_t reserved;
 };
 
@@ -39,11 +47,13 @@ struct RecordHeader {
   uint32_t magic;
   uint32_t pages;
   uint64_t pass;
-  uint64_t sequence;
+  uint64_t append_id;  // random per Append
   uint64_t epoch;
-  uint32_t data_crc;    // of the pages
-  uint32_t header_crc;  // of the whole block with this field 0
-  uint64_t offsets[(kRedoBlockBytes - 40) / sizeof(uint64_t)];
+  uint32_t previous_crc;  // header_crc of the record before (the first: ChainStart)
+  uint32_t data_crc;      // of the pages
+  uint32_t header_crc;    // of the whole block with this field 0
+  uint32_t reserved;
+  uint64_t offsets[(kRedoBlockBytes - 48) / sizeof(uint64_t)];
 };
 static_assert(sizeof(RecordHeader) <= kRedoBlockBytes, "a record header is one block");
 constexpr uint64_t kPagesPerRecord = sizeof(RecordHeader::offsets) / sizeof(uint64_t);
@@ -67,18 +77,20 @@ uint32_t HeaderCrc(const char* block) {
   return Crc(copy, kRedoBlockBytes);
 }
 
-uint32_t FileHeaderCrc(FileHeader header) {
-  header.crc = 0;
-  return Crc(&header, sizeof(header));
+uint32_t SlotCrc(HeaderSlot slot) {
+  slot.crc = 0;
+  return Crc(&slot, sizeof(slot));
 }
 
-uint64_t NewPass() {
+// What the first record of `pass` names as the record before it.
+uint32_t ChainStart(uint64_t pass) { return Crc(&pass, sizeof(pass)); }
+
+uint64_t Random64() {
   std::random_device random;
   return (uint64_t{random()} << 32) ^ random();
 }
 
-// Memory aligned for O_DIRECT (a page, which every file system asks at
-// most in practice; checked against statx at open).
+// Memory aligned for O_DIRECT (a block; DirectIoFits checks it is enough).
 struct AlignedBuffer {
   explicit AlignedBuffer(uint64_t bytes) {
     void* memory = nullptr;
@@ -123,11 +135,24 @@ RedoLog::~RedoLog() = default;
 absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::string& name,
                                                          uint64_t capacity,
                                                          const std::string& path) {
+  if (capacity == 0 || capacity > kMaxCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("redo log ", path, ": a capacity of ", capacity,
+                                                   " bytes; it holds 1 to ", kMaxCapacity));
+  }
+  struct stat st;
+  if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("redo log ", path, " already exists"));
+  }
+  // Built under a temporary name (a crash leaves only that, cleared by the
+  // next Create) and renamed into place when whole.
+  const std::string building = name + ".new";
+  unlinkat(dir, building.c_str(), 0);
   const uint64_t blocks = 1 + (capacity + kRedoBlockBytes - 1) / kRedoBlockBytes;
-  UniqueFd fd(openat(dir, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  UniqueFd fd(
+      openat(dir, building.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create redo log ", path));
   auto fail = [&](absl::Status status) {
-    unlinkat(dir, name.c_str(), 0);
+    unlinkat(dir, building.c_str(), 0);
     return status;
   };
   if (const int error = posix_fallocate(fd.get(), 0, static_cast<off_t>(blocks * kRedoBlockBytes));
@@ -145,10 +170,18 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
     if (n <= 0) return fail(ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path)));
     at += static_cast<uint64_t>(n);
   }
-  RedoLog log(std::move(fd), path, blocks, /*direct=*/false);
-  log.pass_ = NewPass();
-  if (absl::Status s = log.WriteHeader(); !s.ok()) return fail(s);
-  return Open(dir, name, path);
+  {
+    RedoLog log(std::move(fd), path, blocks, /*direct=*/false);
+    log.next_.pass = Random64();
+    if (absl::Status s = log.WriteHeader(); !s.ok()) return fail(s);  // ends with fdatasync
+  }
+  if (renameat2(dir, building.c_str(), dir, name.c_str(), RENAME_NOREPLACE) != 0) {
+    return fail(ErrnoStatus(errno, absl::StrCat("rename redo log ", path, " into place")));
+  }
+  if (fsync(dir) != 0) return ErrnoStatus(errno, absl::StrCat("fsync the directory of ", path));
+  absl::StatusOr<std::unique_ptr<RedoLog>> log = Open(dir, name, path);
+  if (log.ok()) (*log)->replayed_ = true;  // nothing to replay in a new log
+  return log;
 }
 
 absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Open(int dir, const std::string& name,
@@ -174,35 +207,49 @@ absl::Status RedoLog::ReadHeader() {
   AlignedBuffer block(kRedoBlockBytes);
   if (block.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo log block");
   if (absl::Status s = ReadBlocks(0, block.data, 1); !s.ok()) return s;
-  FileHeader header;
-  std::memcpy(&header, block.data, sizeof(header));
-  if (std::memcmp(header.magic, kFileMagic, sizeof(kFileMagic)) != 0 ||
-      header.crc != FileHeaderCrc(header)) {
-    return absl::DataLossError(absl::StrCat("redo log ", path_, ": its header is damaged"));
+  bool found = false;
+  std::string refused;
+  for (const uint64_t offset : kSlotOffsets) {
+    HeaderSlot slot;
+    std::memcpy(&slot, block.data + offset, sizeof(slot));
+    if (std::memcmp(slot.magic, kFileMagic, sizeof(kFileMagic)) != 0 || slot.crc != SlotCrc(slot)) {
+      continue;  // torn, or never written
+    }
+    if (slot.version != kFormatVersion || slot.block_bytes != kRedoBlockBytes ||
+        slot.blocks != blocks_) {
+      refused = absl::StrCat("format ", slot.version, ", blocks of ", slot.block_bytes, " bytes, ",
+                             slot.blocks, " blocks; this heapd reads format ", kFormatVersion,
+                             " of this file's ", blocks_, " blocks");
+      continue;
+    }
+    if (!found || slot.generation > generation_) {
+      found = true;
+      generation_ = slot.generation;
+      next_.pass = slot.pass;
+    }
   }
-  if (header.version != kFormatVersion || header.block_bytes != kRedoBlockBytes ||
-      header.blocks != blocks_) {
-    return absl::DataLossError(absl::StrCat(
-        "redo log ", path_, ": format ", header.version, ", blocks of ", header.block_bytes,
-        " bytes, ", header.blocks, " blocks; this heapd reads format ", kFormatVersion,
-        " of this file's ", blocks_, " blocks"));
+  if (!found) {
+    return absl::DataLossError(absl::StrCat("redo log ", path_, ": ",
+                                            refused.empty() ? "its header is damaged" : refused));
   }
-  pass_ = header.pass;
   return absl::OkStatus();
 }
 
 absl::Status RedoLog::WriteHeader() {
+  // The block as it is, the slot of generation_ rewritten: the other slot's
+  // bytes are written unchanged.
   AlignedBuffer block(kRedoBlockBytes);
   if (block.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo log block");
-  std::memset(block.data, 0, kRedoBlockBytes);
-  FileHeader header{};
-  std::memcpy(header.magic, kFileMagic, sizeof(kFileMagic));
-  header.version = kFormatVersion;
-  header.block_bytes = kRedoBlockBytes;
-  header.blocks = blocks_;
-  header.pass = pass_;
-  header.crc = FileHeaderCrc(header);
-  std::memcpy(block.data, &header, sizeof(header));
+  if (absl::Status s = ReadBlocks(0, block.data, 1); !s.ok()) return s;
+  HeaderSlot slot{};
+  std::memcpy(slot.magic, kFileMagic, sizeof(kFileMagic));
+  slot.version = kFormatVersion;
+  slot.block_bytes = kRedoBlockBytes;
+  slot.blocks = blocks_;
+  slot.pass = next_.pass;
+  slot.generation = generation_;
+  slot.crc = SlotCrc(slot);
+  std::memcpy(block.data + kSlotOffsets[generation_ % 2], &slot, sizeof(slot));
   if (absl::Status s = WriteBlocks(0, block.data, 1); !s.ok()) return s;
   if (fdatasync(fd_.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fdatasync ", path_));
   return absl::OkStatus();
@@ -210,25 +257,24 @@ absl::Status RedoLog::WriteHeader() {
 
 namespace {
 
-// Calls `visit` for each valid record of `pass` from block 1 on, in order:
-// each has a higher sequence number than the one before (an older record
-// after a newer one is what a rewind left: the end). Returns where the
-// next record would go.
+// Calls `visit` for each record of the chain of `pass` from block 1 on, in
+// order, up to `blocks`: each names the checksum of the one before it
+// (the first, ChainStart). Returns where the next record would go.
 template <typename Visit>
 absl::StatusOr<RedoLog::Position> ForEachRecord(
     uint64_t pass, uint64_t blocks,
     const std::function<absl::Status(uint64_t, char*, uint64_t)>& read, Visit visit) {
   RedoLog::Position end;
+  end.pass = pass;
+  end.last_crc = ChainStart(pass);
   AlignedBuffer buffer((1 + kPagesPerRecord) * kRedoBlockBytes);
   if (buffer.data == nullptr) return absl::ResourceExhaustedError("no memory for a redo record");
-  bool first = true;
   while (end.block < blocks) {
     if (absl::Status s = read(end.block, buffer.data, 1); !s.ok()) return s;
     const auto* header = reinterpret_cast<const RecordHeader*>(buffer.data);
     if (header->magic != kRecordMagic || header->pass != pass || header->pages == 0 ||
-        header->pages > kPagesPerRecord || end.block + 1 + header->pages > blocks ||
-        (!first && header->sequence < end.sequence) ||
-        header->header_crc != HeaderCrc(buffer.data)) {
+        header->pages > kPagesPerRecord || header->pages >= blocks - end.block ||
+        header->previous_crc != end.last_crc || header->header_crc != HeaderCrc(buffer.data)) {
       break;
     }
     if (absl::Status s = read(end.block + 1, buffer.data + kRedoBlockBytes, header->pages);
@@ -242,9 +288,8 @@ absl::StatusOr<RedoLog::Position> ForEachRecord(
       return s;
     }
     end.block += 1 + header->pages;
-    end.sequence = header->sequence + 1;
     end.last_epoch = header->epoch;
-    first = false;
+    end.last_crc = header->header_crc;
   }
   return end;
 }
@@ -253,7 +298,7 @@ absl::StatusOr<RedoLog::Position> ForEachRecord(
 
 absl::Status RedoLog::Scan() {
   absl::StatusOr<Position> end = ForEachRecord(
-      pass_, blocks_,
+      next_.pass, blocks_,
       [this](uint64_t block, char* into, uint64_t count) { return ReadBlocks(block, into, count); },
       [](const ReadRecord&) { return absl::OkStatus(); });
   if (!end.ok()) return end.status();
@@ -264,35 +309,50 @@ absl::Status RedoLog::Scan() {
 absl::Status RedoLog::Replay(
     uint64_t committed_epoch,
     const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply) {
+  replayed_ = false;
   Position committed;  // the end of the committed records
-  committed.sequence = next_.sequence;
+  committed.pass = next_.pass;
+  committed.last_crc = ChainStart(next_.pass);
   bool past = false;  // a record of an epoch not committed was seen
   absl::StatusOr<Position> end = ForEachRecord(
-      pass_, next_.block,
+      next_.pass, next_.block,
       [this](uint64_t block, char* into, uint64_t count) { return ReadBlocks(block, into, count); },
       [&](const ReadRecord& record) {
         past = past || record.header->epoch > committed_epoch;
         if (past) return absl::OkStatus();
         for (uint32_t i = 0; i < record.header->pages; ++i) {
+          const uint64_t offset = record.header->offsets[i];
+          if (offset % kRedoBlockBytes != 0) {
+            return absl::DataLossError(absl::StrCat("redo log ", path_, ": a record names offset ",
+                                                    offset, ", not a page's"));
+          }
           const absl::string_view page(record.pages + i * kRedoBlockBytes, kRedoBlockBytes);
-          if (absl::Status s = apply(record.header->offsets[i], page); !s.ok()) return s;
+          if (absl::Status s = apply(offset, page); !s.ok()) return s;
         }
         committed.block += 1 + record.header->pages;
         committed.last_epoch = record.header->epoch;
+        committed.last_crc = record.header->header_crc;
         return absl::OkStatus();
       });
   if (!end.ok()) return end.status();
-  RewindTo(committed);
+  next_ = committed;
+  replayed_ = true;
   return absl::OkStatus();
 }
 
 absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
                                                   const std::vector<uint64_t>& offsets,
                                                   int source) {
+  if (!broken_.ok()) return broken_;
+  if (!replayed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("redo log ", path_, ": replay it before appending"));
+  }
   for (uint64_t offset : offsets) {
-    if (offset % kRedoBlockBytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("redo log ", path_, ": offset ", offset,
-                                                     " is not a multiple of ", kRedoBlockBytes));
+    if (offset % kRedoBlockBytes != 0 ||
+        offset > static_cast<uint64_t>(INT64_MAX) - kRedoBlockBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("redo log ", path_, ": offset ", offset, " is not a page's"));
     }
   }
   if (epoch < next_.last_epoch) {
@@ -305,7 +365,7 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
         absl::StrCat("redo log ", path_, ": ", offsets.size(), " pages need ", needed, " bytes; ",
                      capacity() - used_bytes(), " of its ", capacity(), " are left"));
   }
-  const Position start = next_;
+  const uint64_t append_id = Random64();
   // Two records' buffers: one is filled while the other is written (a
   // thread per record: ~50 us against a 2 MiB write).
   AlignedBuffer buffers[2] = {AlignedBuffer((1 + kPagesPerRecord) * kRedoBlockBytes),
@@ -319,31 +379,38 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
   for (size_t first = 0, record = 0; first < offsets.size(); ++record) {
     const size_t pages = std::min<size_t>(kPagesPerRecord, offsets.size() - first);
     char* const buffer = buffers[record % 2].data;
-    status = FillRecord(epoch, at.sequence, &offsets[first], pages, source, buffer);
+    status = FillRecord(epoch, append_id, at.last_crc, &offsets[first], pages, source, buffer);
     if (writing.valid()) status.Update(writing.get());
     if (!status.ok()) break;
-    writing = std::async(std::launch::async, [this, block = at.block, buffer, pages] {
-      return WriteBlocks(block, buffer, 1 + pages);
-    });
+    try {
+      writing = std::async(std::launch::async, [this, block = at.block, buffer, pages] {
+        return WriteBlocks(block, buffer, 1 + pages);
+      });
+    } catch (const std::system_error& error) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("redo log ", path_, ": no thread to write with: ", error.what()));
+      break;
+    }
     at.block += 1 + pages;
-    ++at.sequence;  // used even if the write fails: never reused
+    at.last_crc = reinterpret_cast<const RecordHeader*>(buffer)->header_crc;
     first += pages;
   }
   if (writing.valid()) status.Update(writing.get());
   if (status.ok() && fdatasync(fd_.get()) != 0) {
     status = ErrnoStatus(errno, absl::StrCat("fdatasync redo log ", path_));
   }
-  if (!status.ok()) {
-    next_.sequence = at.sequence;  // the block goes back, the numbers stay used
-    return status;
-  }
-  at.last_epoch = offsets.empty() ? next_.last_epoch : epoch;
+  // On failure the next Append writes here again; what this one wrote
+  // names its own records and never continues the chain.
+  if (!status.ok()) return status;
+  const Position start = next_;
+  if (!offsets.empty()) at.last_epoch = epoch;
   next_ = at;
   return start;
 }
 
-absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t sequence, const uint64_t* offsets,
-                                 size_t pages, int source, char* buffer) const {
+absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t append_id, uint32_t previous_crc,
+                                 const uint64_t* offsets, size_t pages, int source,
+                                 char* buffer) const {
   std::memset(buffer, 0, kRedoBlockBytes);
   char* const data = buffer + kRedoBlockBytes;
   // Consecutive pages are read in one call.
@@ -370,24 +437,44 @@ absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t sequence, const uint64
   auto* header = reinterpret_cast<RecordHeader*>(buffer);
   header->magic = kRecordMagic;
   header->pages = static_cast<uint32_t>(pages);
-  header->pass = pass_;
-  header->sequence = sequence;
+  header->pass = next_.pass;
+  header->append_id = append_id;
   header->epoch = epoch;
+  header->previous_crc = previous_crc;
   std::copy(offsets, offsets + pages, header->offsets);
   header->data_crc = Crc(data, pages * kRedoBlockBytes);
   header->header_crc = HeaderCrc(buffer);
   return absl::OkStatus();
 }
 
-void RedoLog::RewindTo(Position start) {
-  next_.block = start.block;  // sequence numbers keep increasing
-  next_.last_epoch = start.last_epoch;
+absl::Status RedoLog::RewindTo(const Position& start) {
+  if (start.pass != next_.pass || start.block > next_.block) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("redo log ", path_, ": cannot rewind to block ", start.block, " of pass ",
+                     start.pass, " (now block ", next_.block, " of pass ", next_.pass, ")"));
+  }
+  next_ = start;
+  return absl::OkStatus();
 }
 
 absl::Status RedoLog::Reset() {
-  pass_ = NewPass();
+  // The new pass goes into the slot not in use; until it is durable the
+  // old one stays the header. A failure leaves either on disk: Append
+  // refuses until a Reset succeeds.
+  const Position before = next_;
+  const uint64_t generation = generation_;
   next_ = Position();
-  return WriteHeader();
+  next_.pass = Random64();
+  next_.last_crc = ChainStart(next_.pass);
+  ++generation_;
+  if (absl::Status s = WriteHeader(); !s.ok()) {
+    next_ = before;
+    generation_ = generation;
+    broken_ = s;
+    return s;
+  }
+  broken_ = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 absl::Status RedoLog::WriteBlocks(uint64_t block, const char* bytes, uint64_t count) const {

@@ -24,14 +24,18 @@
 // STATX_DIOALIGN says), so the log's pages do not sit in the page cache a
 // second time; O_DIRECT alone is not durability: Append still ends with
 // fdatasync. Layout, in blocks of kRedoBlockBytes:
-//   block 0        the header: magic, format version, capacity, and the
-//                  pass id (random, new at every Reset)
-//   then records   one header block (magic, pass id, sequence, epoch, page
-//                  count, the pages' offsets, checksums of both) followed
-//                  by its pages
-// Sequence numbers strictly increase within a pass and are never reused;
-// a reader stops at the first record that is torn, of another pass, or
-// whose sequence does not increase (what a rewind left behind).
+//   block 0        two header slots (magic, format, size, the pass and its
+//                  generation); Reset writes the slot not in use, so a torn
+//                  header write leaves the other one
+//   then records   one header block (magic, pass, the id of the Append that
+//                  wrote it, epoch, the previous record's checksum, page
+//                  count, offsets, checksums) followed by its pages
+// Records form a chain: each names the checksum of the one before it (the
+// first, its pass). A reader follows the chain from block 1 and stops at
+// the first record that does not continue it: torn, of another pass, or
+// written after a different record than the one now before it (what a
+// rewind or a crash left behind). Each Append draws a random id, so no
+// two Appends write the same record, even of the same epoch and pages.
 //
 // Not thread-safe: one sync at a time (the heap's persist lock).
 #ifndef HEAPD_HEAP_REDO_LOG_H_
@@ -58,20 +62,22 @@ class RedoLog {
  public:
   // Where the next record goes: what RewindTo takes back to.
   struct Position {
+    uint64_t pass = 0;
     uint64_t block = 1;       // the next record's first block
-    uint64_t sequence = 0;    // the next record's sequence number
     uint64_t last_epoch = 0;  // of the record before it (0: none)
+    uint32_t last_crc = 0;    // its header's checksum (the chain's link)
   };
 
   // Creates the log `name` in `dir` (which must not exist) with room for
   // `capacity` bytes of records (rounded up to whole blocks), written
-  // through with zeros and made durable. `path` names it in errors.
+  // through with zeros under a temporary name, made durable and renamed into
+  // place (`dir` fsynced). `path` names it in errors.
   static absl::StatusOr<std::unique_ptr<RedoLog>> Create(int dir, const std::string& name,
                                                          uint64_t capacity,
                                                          const std::string& path);
   // Opens an existing log and finds the end of its current pass. Replay
-  // comes next, before any Append. DATA_LOSS if its header is not a redo
-  // log's.
+  // comes next: Append refuses until it succeeded. DATA_LOSS if neither
+  // header slot is a redo log's.
   static absl::StatusOr<std::unique_ptr<RedoLog>> Open(int dir, const std::string& name,
                                                        const std::string& path);
 
@@ -85,24 +91,26 @@ class RedoLog {
   // (for RewindTo). RESOURCE_EXHAUSTED if they do not fit in what is left
   // (nothing is written then: apply and Reset first); INVALID_ARGUMENT for
   // an offset that is not page-aligned or an epoch below the last one
-  // appended. On any error the log reads as before.
+  // appended; FAILED_PRECONDITION before Replay or after a failed Reset.
+  // On any error the log reads as before.
   absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets, int source);
 
-  // Takes back every record from `start` on (a sync whose commit failed):
-  // the next Append writes there, and its records' higher sequence numbers
-  // end any reading before what is left of the old ones.
-  void RewindTo(Position start);
+  // Takes back every record from `start` on (a sync whose commit failed).
+  // FAILED_PRECONDITION for a position of another pass or past the end.
+  absl::Status RewindTo(const Position& start);
 
   // Calls `apply(offset, page)` for every page of the records whose epoch
   // is at most `committed_epoch`, oldest first (a later record of the same
   // page comes later), then takes back the records after them: the next
-  // Append goes there. Stops at the first error `apply` returns.
+  // Append goes there. Stops at the first error `apply` returns (Append
+  // still refuses then).
   absl::Status Replay(
       uint64_t committed_epoch,
       const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply);
 
-  // Empties the log: a new pass, its header made durable. REQUIRES: every
-  // committed page it held is durable in the heap's image.
+  // Empties the log: a new pass in the header slot not in use, made
+  // durable. REQUIRES: every committed page it held is durable in the
+  // heap's image. If it fails, Append refuses until a Reset succeeds.
   absl::Status Reset();
 
   // Bytes of records written in this pass, and room for records in all.
@@ -124,17 +132,19 @@ class RedoLog {
   absl::Status Scan();
   // Reads `pages` pages at `offsets` from `source` into a record's buffer
   // (kRedoBlockBytes-aligned, 1 + pages blocks) behind its header.
-  absl::Status FillRecord(uint64_t epoch, uint64_t sequence, const uint64_t* offsets, size_t pages,
-                          int source, char* buffer) const;
+  absl::Status FillRecord(uint64_t epoch, uint64_t append_id, uint32_t previous_crc,
+                          const uint64_t* offsets, size_t pages, int source, char* buffer) const;
   absl::Status WriteBlocks(uint64_t block, const char* bytes, uint64_t count) const;
   absl::Status ReadBlocks(uint64_t block, char* bytes, uint64_t count) const;
 
   const UniqueFd fd_;
   const std::string path_;
-  const uint64_t blocks_;  // in the file, the header's included
+  const uint64_t blocks_;  // in the file, block 0 included
   const bool direct_;
-  uint64_t pass_ = 0;
+  uint64_t generation_ = 0;  // of the header slot in use: generation_ % 2
   Position next_;
+  bool replayed_ = false;  // Append is allowed
+  absl::Status broken_;    // a Reset failed: the header may name either pass
 };
 
 }  // namespace heapd

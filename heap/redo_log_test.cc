@@ -124,7 +124,7 @@ TEST_F(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumb
   }
   absl::StatusOr<RedoLog::Position> failed = log->Append(2, many, image_.fd());
   ASSERT_TRUE(failed.ok()) << failed.status();
-  log->RewindTo(*failed);
+  ASSERT_TRUE(log->RewindTo(*failed).ok());
   // Its retry, exactly as long as the first record it overwrites, then
   // committed.
   std::vector<uint64_t> retry;
@@ -209,14 +209,100 @@ TEST_F(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
   EXPECT_EQ(Replayed(*log, 3), (std::map<uint64_t, char>{{1, 'a'}, {2, 'b'}}));
 }
 
-TEST_F(RedoLogTest, ADamagedHeaderIsDataLossNamingTheFile) {
+TEST_F(RedoLogTest, AHeaderTornInAResetLeavesTheOtherSlot) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  ASSERT_TRUE(log->Reset().ok());  // the second slot now
+  image_.Set(2, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({2}), image_.fd()).ok());
+  log.reset();
+  // The next Reset's write into the first slot, torn.
+  const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_EQ(pwrite(raw.get(), "torn", 4, 20), 4);
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{2, 'b'}}));
+}
+
+TEST_F(RedoLogTest, BothHeaderSlotsDamagedIsDataLossNamingTheFile) {
   Create().reset();
   const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
-  ASSERT_EQ(pwrite(raw.get(), "x", 1, 20), 1);
+  ASSERT_EQ(pwrite(raw.get(), "x", 1, 20), 1);  // slot 0; slot 1 was never written
   absl::StatusOr<std::unique_ptr<RedoLog>> log =
       RedoLog::Open(dir_fd_.get(), kRedoLogFileName, dir_.Sub("redo"));
   EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(log.status().message().find(dir_.Sub("redo")), std::string::npos) << log.status();
+}
+
+TEST_F(RedoLogTest, AnOpenedLogTakesNoAppendBeforeItsReplay) {
+  Create().reset();
+  std::unique_ptr<RedoLog> log = Reopen();
+  image_.Set(1, 'a');
+  EXPECT_EQ(log->Append(1, Offsets({1}), image_.fd()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(log->Replay(1, [](uint64_t, absl::string_view) { return absl::OkStatus(); }).ok());
+  EXPECT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  // A replay whose apply fails leaves it refusing.
+  log = Reopen();
+  EXPECT_EQ(
+      log->Replay(1, [](uint64_t, absl::string_view) { return absl::InternalError("no"); }).code(),
+      absl::StatusCode::kInternal);
+  EXPECT_EQ(log->Append(2, Offsets({1}), image_.fd()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A stale record whose sequence a crash made look new again (found by a
+// review): epoch 2 appended as two records, taken back; its retry torn by
+// a crash; after the restart a shorter retry of epoch 2 commits. The
+// second record of the first attempt must not join it.
+TEST_F(RedoLogTest, ARecordOfATakenBackAttemptNeverJoinsALaterChain) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());  // blocks 1-2
+  std::vector<uint64_t> first_attempt;
+  for (uint64_t i = 10; i < 10 + 2 * RedoLog::PagesPerRecord(); ++i) {
+    image_.Set(i, 'x');
+    first_attempt.push_back(i * kPage);
+  }
+  absl::StatusOr<RedoLog::Position> taken_back = log->Append(2, first_attempt, image_.fd());
+  ASSERT_TRUE(taken_back.ok()) << taken_back.status();
+  ASSERT_TRUE(log->RewindTo(*taken_back).ok());
+  log.reset();
+  // The retry's crash: one page of its first record landed (block 4), not
+  // its header (block 3).
+  {
+    const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
+    const std::string page(kPage, 'y');
+    ASSERT_EQ(pwrite(raw.get(), page.data(), kPage, 4 * kPage), static_cast<ssize_t>(kPage));
+  }
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 1), (std::map<uint64_t, char>{{1, 'a'}}));
+  // The shorter retry, exactly one record long (over the first attempt's
+  // first record), committed.
+  std::vector<uint64_t> retry;
+  for (uint64_t i = 0; i < RedoLog::PagesPerRecord(); ++i) {
+    image_.Set(2000 + i, 'r');
+    retry.push_back((2000 + i) * kPage);
+  }
+  ASSERT_TRUE(log->Append(2, retry, image_.fd()).ok());
+  log = Reopen();
+  const std::map<uint64_t, char> pages = Replayed(*log, 2);
+  EXPECT_EQ(pages.size(), 1 + RedoLog::PagesPerRecord());
+  for (uint64_t i = 10; i < 10 + 2 * RedoLog::PagesPerRecord(); ++i) {
+    ASSERT_EQ(pages.count(i), 0u) << "page " << i << " of the taken-back attempt";
+  }
+}
+
+TEST_F(RedoLogTest, RewindRefusesAPositionOfAnotherPassOrPastTheEnd) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  absl::StatusOr<RedoLog::Position> at = log->Append(1, Offsets({1}), image_.fd());
+  ASSERT_TRUE(at.ok());
+  RedoLog::Position past = *at;
+  past.block += 100;
+  EXPECT_EQ(log->RewindTo(past).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(log->Reset().ok());
+  EXPECT_EQ(log->RewindTo(*at).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
@@ -225,6 +311,20 @@ TEST_F(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
       RedoLog::Create(dir_fd_.get(), kRedoLogFileName, kPage, dir_.Sub("redo"));
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(RedoLog::Open(dir_fd_.get(), kRedoLogFileName, dir_.Sub("redo")).ok());
+}
+
+TEST_F(RedoLogTest, CreateReplacesWhatAnInterruptedCreateLeftAndRefusesBadSizes) {
+  // A crash midway left the temporary file; nothing under the real name.
+  const UniqueFd partial(open(dir_.Sub("redo.new").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  ASSERT_TRUE(partial.valid());
+  EXPECT_EQ(RedoLog::Create(dir_fd_.get(), kRedoLogFileName, 0, dir_.Sub("redo")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RedoLog::Create(dir_fd_.get(), kRedoLogFileName, uint64_t{1} << 62, dir_.Sub("redo"))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_NE(Create(), nullptr);
+  EXPECT_NE(access(dir_.Sub("redo.new").c_str(), F_OK), 0);
 }
 
 }  // namespace
