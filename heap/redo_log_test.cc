@@ -30,11 +30,29 @@ class Image {
     ASSERT_EQ(pwrite(fd_.get(), page.data(), kPage, static_cast<off_t>(index * kPage)),
               static_cast<ssize_t>(kPage));
   }
+  // Fills pages [first, first + count) with `fill`; returns their offsets.
+  std::vector<uint64_t> SetRun(uint64_t first, uint64_t count, char fill) {
+    std::vector<uint64_t> offsets;
+    for (uint64_t i = first; i < first + count; ++i) {
+      Set(i, fill);
+      offsets.push_back(i * kPage);
+    }
+    return offsets;
+  }
   int fd() const { return fd_.get(); }
 
  private:
   UniqueFd fd_;
 };
+
+// Expects the replayed `pages` to be page 1 and one record's worth of a
+// retry, and none of the taken-back attempt's pages [first, first + count).
+void ExpectRetryOnly(const std::map<uint64_t, char>& pages, uint64_t first, uint64_t count) {
+  EXPECT_EQ(pages.size(), 1 + RedoLog::PagesPerRecord());
+  for (uint64_t i = first; i < first + count; ++i) {
+    ASSERT_EQ(pages.count(i), 0u) << "page " << i << " of the taken-back attempt";
+  }
+}
 
 std::vector<uint64_t> Offsets(std::initializer_list<uint64_t> indexes) {
   std::vector<uint64_t> offsets;
@@ -117,29 +135,16 @@ TEST_F(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumb
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
   // Epoch 2: three records' worth of pages, then its commit failed.
-  std::vector<uint64_t> many;
-  for (uint64_t i = 10; i < 10 + 3 * RedoLog::PagesPerRecord(); ++i) {
-    image_.Set(i, 'x');
-    many.push_back(i * kPage);
-  }
+  const std::vector<uint64_t> many = image_.SetRun(10, 3 * RedoLog::PagesPerRecord(), 'x');
   absl::StatusOr<RedoLog::Position> failed = log->Append(2, many, image_.fd());
   ASSERT_TRUE(failed.ok()) << failed.status();
   ASSERT_TRUE(log->RewindTo(*failed).ok());
   // Its retry, exactly as long as the first record it overwrites, then
   // committed.
-  std::vector<uint64_t> retry;
-  for (uint64_t i = 0; i < RedoLog::PagesPerRecord(); ++i) {
-    image_.Set(2000 + i, 'r');
-    retry.push_back((2000 + i) * kPage);
-  }
-  ASSERT_TRUE(log->Append(2, retry, image_.fd()).ok());
-
+  ASSERT_TRUE(
+      log->Append(2, image_.SetRun(2000, RedoLog::PagesPerRecord(), 'r'), image_.fd()).ok());
   log = Reopen();
-  const std::map<uint64_t, char> pages = Replayed(*log, 2);
-  EXPECT_EQ(pages.size(), 1 + RedoLog::PagesPerRecord());
-  for (uint64_t i = 10; i < 10 + 3 * RedoLog::PagesPerRecord(); ++i) {
-    ASSERT_EQ(pages.count(i), 0u) << "page " << i << " of the taken-back sync";
-  }
+  ExpectRetryOnly(Replayed(*log, 2), 10, 3 * RedoLog::PagesPerRecord());
 }
 
 TEST_F(RedoLogTest, ATornRecordEndsTheLog) {
@@ -259,12 +264,8 @@ TEST_F(RedoLogTest, ARecordOfATakenBackAttemptNeverJoinsALaterChain) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());  // blocks 1-2
-  std::vector<uint64_t> first_attempt;
-  for (uint64_t i = 10; i < 10 + 2 * RedoLog::PagesPerRecord(); ++i) {
-    image_.Set(i, 'x');
-    first_attempt.push_back(i * kPage);
-  }
-  absl::StatusOr<RedoLog::Position> taken_back = log->Append(2, first_attempt, image_.fd());
+  absl::StatusOr<RedoLog::Position> taken_back =
+      log->Append(2, image_.SetRun(10, 2 * RedoLog::PagesPerRecord(), 'x'), image_.fd());
   ASSERT_TRUE(taken_back.ok()) << taken_back.status();
   ASSERT_TRUE(log->RewindTo(*taken_back).ok());
   log.reset();
@@ -279,18 +280,10 @@ TEST_F(RedoLogTest, ARecordOfATakenBackAttemptNeverJoinsALaterChain) {
   EXPECT_EQ(Replayed(*log, 1), (std::map<uint64_t, char>{{1, 'a'}}));
   // The shorter retry, exactly one record long (over the first attempt's
   // first record), committed.
-  std::vector<uint64_t> retry;
-  for (uint64_t i = 0; i < RedoLog::PagesPerRecord(); ++i) {
-    image_.Set(2000 + i, 'r');
-    retry.push_back((2000 + i) * kPage);
-  }
-  ASSERT_TRUE(log->Append(2, retry, image_.fd()).ok());
+  ASSERT_TRUE(
+      log->Append(2, image_.SetRun(2000, RedoLog::PagesPerRecord(), 'r'), image_.fd()).ok());
   log = Reopen();
-  const std::map<uint64_t, char> pages = Replayed(*log, 2);
-  EXPECT_EQ(pages.size(), 1 + RedoLog::PagesPerRecord());
-  for (uint64_t i = 10; i < 10 + 2 * RedoLog::PagesPerRecord(); ++i) {
-    ASSERT_EQ(pages.count(i), 0u) << "page " << i << " of the taken-back attempt";
-  }
+  ExpectRetryOnly(Replayed(*log, 2), 10, 2 * RedoLog::PagesPerRecord());
 }
 
 TEST_F(RedoLogTest, RewindRefusesAPositionOfAnotherPassOrPastTheEnd) {
