@@ -366,24 +366,31 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
                      capacity() - used_bytes(), " of its ", capacity(), " are left"));
   }
   const uint64_t append_id = Random64();
-  // Two records' buffers: one is filled while the other is written (a
-  // thread per record: ~50 us against a 2 MiB write).
-  AlignedBuffer buffers[2] = {AlignedBuffer((1 + kPagesPerRecord) * kRedoBlockBytes),
-                              AlignedBuffer((1 + kPagesPerRecord) * kRedoBlockBytes)};
-  if (buffers[0].data == nullptr || buffers[1].data == nullptr) {
-    return absl::ResourceExhaustedError("no memory for redo records");
-  }
-  std::future<absl::Status> writing;  // the record before, being written
+  // Records are filled into kBuffers buffers in turn, while up to
+  // kBuffers - 1 are written, each by a thread of its own (~50 us against
+  // a 2 MiB write); a buffer is filled again once its write ended.
+  constexpr size_t kBuffers = 3;
+  std::unique_ptr<AlignedBuffer> buffers[kBuffers];
+  std::future<absl::Status> writes[kBuffers];
   Position at = next_;
   absl::Status status;
   for (size_t first = 0, record = 0; first < offsets.size(); ++record) {
     const size_t pages = std::min<size_t>(kPagesPerRecord, offsets.size() - first);
-    char* const buffer = buffers[record % 2].data;
+    const size_t slot = record % kBuffers;
+    if (writes[slot].valid()) status.Update(writes[slot].get());
+    if (!status.ok()) break;
+    if (buffers[slot] == nullptr) {
+      buffers[slot] = std::make_unique<AlignedBuffer>((1 + kPagesPerRecord) * kRedoBlockBytes);
+    }
+    char* const buffer = buffers[slot]->data;
+    if (buffer == nullptr) {
+      status = absl::ResourceExhaustedError("no memory for a redo record");
+      break;
+    }
     status = FillRecord(epoch, append_id, at.last_crc, &offsets[first], pages, source, buffer);
-    if (writing.valid()) status.Update(writing.get());
     if (!status.ok()) break;
     try {
-      writing = std::async(std::launch::async, [this, block = at.block, buffer, pages] {
+      writes[slot] = std::async(std::launch::async, [this, block = at.block, buffer, pages] {
         return WriteBlocks(block, buffer, 1 + pages);
       });
     } catch (const std::system_error& error) {
@@ -395,7 +402,9 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
     at.last_crc = reinterpret_cast<const RecordHeader*>(buffer)->header_crc;
     first += pages;
   }
-  if (writing.valid()) status.Update(writing.get());
+  for (std::future<absl::Status>& write : writes) {
+    if (write.valid()) status.Update(write.get());
+  }
   if (status.ok() && fdatasync(fd_.get()) != 0) {
     status = ErrnoStatus(errno, absl::StrCat("fdatasync redo log ", path_));
   }
