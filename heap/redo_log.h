@@ -28,10 +28,10 @@
 //                  generation); Reset writes the slot not in use, so a torn
 //                  header write leaves the other one
 //   then records   one header block (magic, pass, the id of the Append that
-//                  wrote it, epoch, the previous record's checksum, page
-//                  count, offsets, checksums) followed by its pages
-// Records form a chain: each names the checksum of the one before it (the
-// first, its pass). A reader follows the chain from block 1 and stops at
+//                  wrote it, epoch, the previous record's hash, page
+//                  count, hashes, offsets) followed by its pages
+// Records form a chain: each names the hash (XXH3, 64 bits) of the one
+// before it (the first, its pass's). A reader follows the chain from block 1 and stops at
 // the first record that does not continue it: torn, of another pass, or
 // written after a different record than the one now before it (what a
 // rewind or a crash left behind). Each Append draws a random id, so no
@@ -65,7 +65,7 @@ class RedoLog {
     uint64_t pass = 0;
     uint64_t block = 1;       // the next record's first block
     uint64_t last_epoch = 0;  // of the record before it (0: none)
-    uint32_t last_crc = 0;    // its header's checksum (the chain's link)
+    uint64_t last_hash = 0;   // its header's hash (the chain's link)
   };
 
   // Creates the log `name` in `dir` (which must not exist) with room for
@@ -132,7 +132,7 @@ class RedoLog {
   absl::Status Scan();
   // Reads `pages` pages at `offsets` from `source` into a record's buffer
   // (kRedoBlockBytes-aligned, 1 + pages blocks) behind its header.
-  absl::Status FillRecord(uint64_t epoch, uint64_t append_id, uint32_t previous_crc,
+  absl::Status FillRecord(uint64_t epoch, uint64_t append_id, uint64_t previous_hash,
                           const uint64_t* offsets, size_t pages, int source, char* buffer) const;
   absl::Status WriteBlocks(uint64_t block, const char* bytes, uint64_t count) const;
   absl::Status ReadBlocks(uint64_t block, char* bytes, uint64_t count) const;

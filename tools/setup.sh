@@ -11,7 +11,7 @@ packages=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libboost1.81-dev
-  zlib1g-dev libzstd-dev libssl-dev util-linux xfsprogs e2fsprogs prometheus python3 slurm-wlm munge
+  zlib1g-dev libzstd-dev libssl-dev libxxhash-dev util-linux xfsprogs e2fsprogs prometheus python3 slurm-wlm munge
   clang-14 libclang-rt-14-dev llvm-14 clang-format-14
   # Programs outside the Bazel tree (tools/install.sh, tests/consumers):
   # C, CMake, pkg-config, Fortran, Python with numpy, Open MPI.
