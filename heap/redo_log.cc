@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <map>
 #include <random>
 #include <system_error>
 #include <utility>
@@ -253,11 +254,14 @@ namespace {
 
 // Calls `visit` for each record of the chain of `pass` from block 1 on, in
 // order, up to `blocks`: each names the checksum of the one before it
-// (the first, ChainStart). Returns where the next record would go.
+// (the first, ChainStart). Returns where the next record would go. Without
+// `with_pages`, only headers are read (pages null, their hash unchecked):
+// for records read whole once already.
 template <typename Visit>
 absl::StatusOr<RedoLog::Position> ForEachRecord(
     uint64_t pass, uint64_t blocks,
-    const std::function<absl::Status(uint64_t, char*, uint64_t)>& read, Visit visit) {
+    const std::function<absl::Status(uint64_t, char*, uint64_t)>& read, Visit visit,
+    bool with_pages = true) {
   RedoLog::Position end;
   end.pass = pass;
   end.last_hash = ChainStart(pass);
@@ -271,14 +275,19 @@ absl::StatusOr<RedoLog::Position> ForEachRecord(
         header->previous_hash != end.last_hash || header->header_hash != HeaderHash(buffer.data)) {
       break;
     }
-    if (absl::Status s = read(end.block + 1, buffer.data + kRedoBlockBytes, header->pages);
+    if (with_pages) {
+      if (absl::Status s = read(end.block + 1, buffer.data + kRedoBlockBytes, header->pages);
+          !s.ok()) {
+        return s;
+      }
+      if (header->data_hash !=
+          Hash(buffer.data + kRedoBlockBytes, header->pages * kRedoBlockBytes)) {
+        break;
+      }
+    }
+    if (absl::Status s =
+            visit(ReadRecord{header, with_pages ? buffer.data + kRedoBlockBytes : nullptr});
         !s.ok()) {
-      return s;
-    }
-    if (header->data_hash != Hash(buffer.data + kRedoBlockBytes, header->pages * kRedoBlockBytes)) {
-      break;
-    }
-    if (absl::Status s = visit(ReadRecord{header, buffer.data + kRedoBlockBytes}); !s.ok()) {
       return s;
     }
     end.block += 1 + header->pages;
@@ -300,10 +309,9 @@ absl::Status RedoLog::Scan() {
   return absl::OkStatus();
 }
 
-absl::Status RedoLog::Replay(
-    uint64_t committed_epoch,
-    const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply) {
-  replayed_ = false;
+absl::StatusOr<RedoLog::Position> RedoLog::WalkCommitted(
+    uint64_t committed_epoch, bool with_pages,
+    const std::function<absl::Status(uint64_t offset, absl::string_view page)>& page) const {
   Position committed;  // the end of the committed records
   committed.pass = next_.pass;
   committed.last_hash = ChainStart(next_.pass);
@@ -320,18 +328,96 @@ absl::Status RedoLog::Replay(
             return absl::DataLossError(absl::StrCat("redo log ", path_, ": a record names offset ",
                                                     offset, ", not a page's"));
           }
-          const absl::string_view page(record.pages + i * kRedoBlockBytes, kRedoBlockBytes);
-          if (absl::Status s = apply(offset, page); !s.ok()) return s;
+          const absl::string_view bytes =
+              with_pages ? absl::string_view(record.pages + i * kRedoBlockBytes, kRedoBlockBytes)
+                         : absl::string_view();
+          if (absl::Status s = page(offset, bytes); !s.ok()) return s;
         }
         committed.block += 1 + record.header->pages;
         committed.last_epoch = record.header->epoch;
         committed.last_hash = record.header->header_hash;
         return absl::OkStatus();
-      });
+      },
+      with_pages);
   if (!end.ok()) return end.status();
-  next_ = committed;
+  return committed;
+}
+
+absl::Status RedoLog::Replay(
+    uint64_t committed_epoch,
+    const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply) {
+  replayed_ = false;
+  absl::StatusOr<Position> committed = WalkCommitted(committed_epoch, /*with_pages=*/true, apply);
+  if (!committed.ok()) return committed.status();
+  next_ = *committed;
   replayed_ = true;
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> RedoLog::ApplyTo(int image, uint64_t committed_epoch) {
+  // Pages are numbered in log order. The headers alone (the records were
+  // read whole when the log was opened or written) say each offset's last
+  // copy and where the committed records end; then those records are read
+  // whole, in order, each writing the pages that are last copies: the log
+  // is read once, every page written once, consecutive pages in one write.
+  replayed_ = false;
+  std::map<uint64_t, uint64_t> last;  // offset -> number of its last copy
+  uint64_t number = 0;
+  absl::StatusOr<Position> committed =
+      WalkCommitted(committed_epoch, /*with_pages=*/false, [&](uint64_t offset, absl::string_view) {
+        last[offset] = number++;
+        return absl::OkStatus();
+      });
+  if (!committed.ok()) return committed.status();
+  const auto read_blocks = [this](uint64_t block, char* into, uint64_t count) {
+    return ReadBlocks(block, into, count);
+  };
+  uint64_t written = 0;
+  number = 0;
+  absl::StatusOr<Position> walked = ForEachRecord(
+      next_.pass, committed->block, read_blocks, [&](const ReadRecord& record) -> absl::Status {
+        const uint64_t* offsets = record.header->offsets;
+        const uint32_t pages = record.header->pages;
+        for (uint32_t i = 0; i < pages;) {
+          // A run of last copies at consecutive offsets.
+          uint32_t run = 0;
+          while (i + run < pages && last[offsets[i + run]] == number + i + run &&
+                 offsets[i + run] == offsets[i] + uint64_t{run} * kRedoBlockBytes) {
+            ++run;
+          }
+          if (run == 0) {
+            ++i;
+            continue;
+          }
+          const char* bytes = record.pages + uint64_t{i} * kRedoBlockBytes;
+          const uint64_t length = uint64_t{run} * kRedoBlockBytes;
+          for (uint64_t done = 0; done < length;) {
+            const ssize_t n =
+                pwrite(image, bytes + done, length - done, static_cast<off_t>(offsets[i] + done));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+              return ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write page ", offsets[i] + done,
+                                                                   " from redo log ", path_));
+            }
+            done += static_cast<uint64_t>(n);
+          }
+          written += run;
+          i += run;
+        }
+        number += pages;
+        return absl::OkStatus();
+      });
+  if (!walked.ok()) return walked.status();
+  if (walked->block != committed->block) {
+    return absl::DataLossError(absl::StrCat("redo log ", path_, ": the record at block ",
+                                            walked->block, " no longer reads back as written"));
+  }
+  if (fdatasync(image) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("fdatasync the image of redo log ", path_));
+  }
+  next_ = *committed;
+  replayed_ = true;
+  return written;
 }
 
 absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,

@@ -108,6 +108,13 @@ class RedoLog {
       uint64_t committed_epoch,
       const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply);
 
+  // Writes into `image` (the heap's durable image) the pages of the
+  // records Replay would give for `committed_epoch`, each page once (its
+  // last copy), then makes `image` durable (fdatasync). Takes back the
+  // records after them, as Replay. Returns how many pages it wrote. Reset
+  // may follow.
+  absl::StatusOr<uint64_t> ApplyTo(int image, uint64_t committed_epoch);
+
   // Empties the log: a new pass in the header slot not in use, made
   // durable. REQUIRES: every committed page it held is durable in the
   // heap's image. If it fails, Append refuses until a Reset succeeds.
@@ -126,6 +133,13 @@ class RedoLog {
  private:
   RedoLog(UniqueFd fd, std::string path, uint64_t blocks, bool direct);
 
+  // Walks the records of epochs up to `committed_epoch` (to the first of a
+  // later one), calling `page` for each of their pages (empty bytes
+  // without `with_pages`: headers only, for records read whole once
+  // already); returns where they end.
+  absl::StatusOr<Position> WalkCommitted(
+      uint64_t committed_epoch, bool with_pages,
+      const std::function<absl::Status(uint64_t offset, absl::string_view page)>& page) const;
   absl::Status ReadHeader();
   absl::Status WriteHeader();
   // Finds the end of the current pass: next_.

@@ -147,6 +147,51 @@ TEST_F(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumb
   ExpectRetryOnly(Replayed(*log, 2), 10, 3 * RedoLog::PagesPerRecord());
 }
 
+TEST_F(RedoLogTest, ApplyWritesEachCommittedPageOnceAsItsLastRecordHasIt) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.SetRun(1, 3, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1, 2, 3}), image_.fd()).ok());
+  image_.Set(2, 'b');
+  image_.Set(5, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({2, 5}), image_.fd()).ok());
+  image_.Set(7, 'x');
+  ASSERT_TRUE(log->Append(3, Offsets({7}), image_.fd()).ok());  // never committed
+
+  const UniqueFd durable(open(dir_.Sub("durable").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  ASSERT_EQ(ftruncate(durable.get(), 16 * kPage), 0);
+  log = Reopen();
+  absl::StatusOr<uint64_t> written = log->ApplyTo(durable.get(), 2);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, 4u);  // pages 1, 2, 3 and 5; page 2 once
+  const std::string expected[8] = {"", "a", "b", "a", "", "b", "", ""};
+  for (uint64_t i = 0; i < 8; ++i) {
+    std::string page(kPage, '?');
+    ASSERT_EQ(pread(durable.get(), page.data(), kPage, static_cast<off_t>(i * kPage)),
+              static_cast<ssize_t>(kPage));
+    const char fill = expected[i].empty() ? '\0' : expected[i][0];
+    EXPECT_EQ(page, std::string(kPage, fill)) << "page " << i;
+  }
+  // Epoch 3 was taken back: the log goes on from epoch 2.
+  EXPECT_TRUE(log->Append(3, Offsets({7}), image_.fd()).ok());
+}
+
+TEST_F(RedoLogTest, ApplyRefusesACommittedRecordThatNoLongerReadsBack) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  image_.Set(2, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({2}), image_.fd()).ok());
+  log = Reopen();  // read whole here
+  // Then the disk returns other bytes for epoch 2's page (block 4).
+  const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_EQ(pwrite(raw.get(), "rot", 3, 4 * kPage + 9), 3);
+  const UniqueFd durable(open(dir_.Sub("durable").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  const absl::StatusOr<uint64_t> written = log->ApplyTo(durable.get(), 2);
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kDataLoss) << written.status();
+  EXPECT_EQ(log->Append(3, Offsets({1}), image_.fd()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(RedoLogTest, ATornRecordEndsTheLog) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
