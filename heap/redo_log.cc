@@ -42,7 +42,10 @@ struct HeaderSlot {
   uint64_t blocks;      // in the file, block 0 included
   uint64_t pass;        // records of other passes are stale
   uint64_t generation;  // the slot with the higher one is the header
-  uint64_t hash;        // of this struct with hash 0
+  // The heap's epoch whose pages the image held when this pass began:
+  // the committed epoch, if no record of a later one follows.
+  uint64_t applied_epoch;
+  uint64_t hash;  // of this struct with hash 0
 };
 
 // A record's first block; its pages follow.
@@ -117,7 +120,8 @@ struct ReadRecord {
 uint64_t RedoLog::PagesPerRecord() { return kPagesPerRecord; }
 
 uint64_t RedoLog::BytesFor(uint64_t pages) {
-  const uint64_t records = (pages + kPagesPerRecord - 1) / kPagesPerRecord;
+  // At least one record: an epoch without pages still writes its header.
+  const uint64_t records = std::max<uint64_t>(1, (pages + kPagesPerRecord - 1) / kPagesPerRecord);
   return (records + pages) * kRedoBlockBytes;
 }
 
@@ -174,7 +178,10 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
   }
   if (fsync(dir) != 0) return ErrnoStatus(errno, absl::StrCat("fsync the directory of ", path));
   absl::StatusOr<std::unique_ptr<RedoLog>> log = Open(dir, name, path);
-  if (log.ok()) (*log)->replayed_ = true;  // nothing to replay in a new log
+  if (log.ok()) {  // nothing to replay or apply in a new log
+    (*log)->replayed_ = true;
+    (*log)->applied_block_ = (*log)->next_.block;
+  }
   return log;
 }
 
@@ -220,6 +227,7 @@ absl::Status RedoLog::ReadHeader() {
     if (!found || slot.generation > generation_) {
       found = true;
       generation_ = slot.generation;
+      applied_epoch_ = slot.applied_epoch;
       next_.pass = slot.pass;
     }
   }
@@ -243,6 +251,7 @@ absl::Status RedoLog::WriteHeader() {
   slot.blocks = blocks_;
   slot.pass = next_.pass;
   slot.generation = generation_;
+  slot.applied_epoch = applied_epoch_;
   slot.hash = SlotHash(slot);
   std::memcpy(block.data + kSlotOffsets[generation_ % 2], &slot, sizeof(slot));
   if (absl::Status s = WriteBlocks(0, block.data, 1); !s.ok()) return s;
@@ -270,9 +279,9 @@ absl::StatusOr<RedoLog::Position> ForEachRecord(
   while (end.block < blocks) {
     if (absl::Status s = read(end.block, buffer.data, 1); !s.ok()) return s;
     const auto* header = reinterpret_cast<const RecordHeader*>(buffer.data);
-    if (header->magic != kRecordMagic || header->pass != pass || header->pages == 0 ||
-        header->pages > kPagesPerRecord || header->pages >= blocks - end.block ||
-        header->previous_hash != end.last_hash || header->header_hash != HeaderHash(buffer.data)) {
+    if (header->magic != kRecordMagic || header->pass != pass || header->pages > kPagesPerRecord ||
+        header->pages >= blocks - end.block || header->previous_hash != end.last_hash ||
+        header->header_hash != HeaderHash(buffer.data)) {
       break;
     }
     if (with_pages) {
@@ -340,6 +349,14 @@ absl::StatusOr<RedoLog::Position> RedoLog::WalkCommitted(
       },
       with_pages);
   if (!end.ok()) return end.status();
+  // Every committed epoch wrote a record (or was applied before the pass
+  // began): one missing is a committed record that no longer reads back.
+  const uint64_t reached = committed.block == 1 ? applied_epoch_ : committed.last_epoch;
+  if (reached != committed_epoch) {
+    return absl::DataLossError(absl::StrCat("redo log ", path_, ": epoch ", committed_epoch,
+                                            " is committed, but the log reaches epoch ", reached,
+                                            " only"));
+  }
   return committed;
 }
 
@@ -347,9 +364,11 @@ absl::Status RedoLog::Replay(
     uint64_t committed_epoch,
     const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply) {
   replayed_ = false;
+  last_append_.reset();
   absl::StatusOr<Position> committed = WalkCommitted(committed_epoch, /*with_pages=*/true, apply);
   if (!committed.ok()) return committed.status();
   next_ = *committed;
+  committed_epoch_ = std::max(committed_epoch_, committed_epoch);
   replayed_ = true;
   return absl::OkStatus();
 }
@@ -361,6 +380,7 @@ absl::StatusOr<uint64_t> RedoLog::ApplyTo(int image, uint64_t committed_epoch) {
   // whole, in order, each writing the pages that are last copies: the log
   // is read once, every page written once, consecutive pages in one write.
   replayed_ = false;
+  last_append_.reset();
   std::map<uint64_t, uint64_t> last;  // offset -> number of its last copy
   uint64_t number = 0;
   absl::StatusOr<Position> committed =
@@ -416,6 +436,8 @@ absl::StatusOr<uint64_t> RedoLog::ApplyTo(int image, uint64_t committed_epoch) {
     return ErrnoStatus(errno, absl::StrCat("fdatasync the image of redo log ", path_));
   }
   next_ = *committed;
+  committed_epoch_ = std::max(committed_epoch_, committed_epoch);
+  applied_block_ = next_.block;
   replayed_ = true;
   return written;
 }
@@ -435,9 +457,11 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
           absl::StrCat("redo log ", path_, ": offset ", offset, " is not a page's"));
     }
   }
-  if (epoch < next_.last_epoch) {
+  last_append_.reset();  // only the last successful Append can be taken back
+  if (epoch <= std::max(next_.last_epoch, committed_epoch_)) {
     return absl::InvalidArgumentError(absl::StrCat("redo log ", path_, ": epoch ", epoch,
-                                                   " comes after epoch ", next_.last_epoch));
+                                                   " is not after epoch ",
+                                                   std::max(next_.last_epoch, committed_epoch_)));
   }
   const uint64_t needed = BytesFor(offsets.size());
   if (needed > capacity() - used_bytes()) {
@@ -454,7 +478,7 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
   std::future<absl::Status> writes[kBuffers];
   Position at = next_;
   absl::Status status;
-  for (size_t first = 0, record = 0; first < offsets.size(); ++record) {
+  for (size_t first = 0, record = 0; first < offsets.size() || record == 0; ++record) {
     const size_t pages = std::min<size_t>(kPagesPerRecord, offsets.size() - first);
     const size_t slot = record % kBuffers;
     if (writes[slot].valid()) status.Update(writes[slot].get());
@@ -467,7 +491,8 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
       status = absl::ResourceExhaustedError("no memory for a redo record");
       break;
     }
-    status = FillRecord(epoch, append_id, at.last_hash, &offsets[first], pages, source, buffer);
+    status =
+        FillRecord(epoch, append_id, at.last_hash, offsets.data() + first, pages, source, buffer);
     if (!status.ok()) break;
     try {
       writes[slot] = std::async(std::launch::async, [this, block = at.block, buffer, pages] {
@@ -492,8 +517,9 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
   // names its own records and never continues the chain.
   if (!status.ok()) return status;
   const Position start = next_;
-  if (!offsets.empty()) at.last_epoch = epoch;
+  at.last_epoch = epoch;
   next_ = at;
+  last_append_ = start;
   return start;
 }
 
@@ -537,21 +563,31 @@ absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t append_id, uint64_t pr
 }
 
 absl::Status RedoLog::RewindTo(const Position& start) {
-  if (start.pass != next_.pass || start.block > next_.block) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("redo log ", path_, ": cannot rewind to block ", start.block, " of pass ",
-                     start.pass, " (now block ", next_.block, " of pass ", next_.pass, ")"));
+  const Position* last = last_append_ ? &*last_append_ : nullptr;
+  if (last == nullptr || last->pass != start.pass || last->block != start.block ||
+      last->last_epoch != start.last_epoch || last->last_hash != start.last_hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "redo log ", path_, ": only the last Append can be taken back, once (asked: block ",
+        start.block, " of pass ", start.pass, ")"));
   }
   next_ = start;
+  last_append_.reset();
   return absl::OkStatus();
 }
 
 absl::Status RedoLog::Reset() {
+  if (applied_block_ != next_.block) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("redo log ", path_, ": reset before its records were applied (ApplyTo)"));
+  }
+  last_append_.reset();
   // The new pass goes into the slot not in use; until it is durable the
   // old one stays the header. A failure leaves either on disk: Append
   // refuses until a Reset succeeds.
   const Position before = next_;
   const uint64_t generation = generation_;
+  const uint64_t applied_epoch = applied_epoch_;
+  applied_epoch_ = committed_epoch_;
   next_ = Position();
   next_.pass = Random64();
   next_.last_hash = ChainStart(next_.pass);
@@ -559,10 +595,12 @@ absl::Status RedoLog::Reset() {
   if (absl::Status s = WriteHeader(); !s.ok()) {
     next_ = before;
     generation_ = generation;
+    applied_epoch_ = applied_epoch;
     broken_ = s;
     return s;
   }
   broken_ = absl::OkStatus();
+  applied_block_ = next_.block;
   return absl::OkStatus();
 }
 

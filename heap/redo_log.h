@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,23 +88,29 @@ class RedoLog {
 
   // Appends `offsets` (page-aligned offsets in the heap's data, each once)
   // as `epoch`'s, their bytes read from `source` (the working image) at the
-  // same offsets, and makes them durable. Returns where the records start
-  // (for RewindTo). RESOURCE_EXHAUSTED if they do not fit in what is left
-  // (nothing is written then: apply and Reset first); INVALID_ARGUMENT for
-  // an offset that is not page-aligned or an epoch below the last one
-  // appended; FAILED_PRECONDITION before Replay or after a failed Reset.
-  // On any error the log reads as before.
+  // same offsets, and makes them durable. Every epoch the heap commits is
+  // appended, even one without pages (a record of its header alone): it
+  // overwrites whatever a taken-back Append left after the end. Returns
+  // where the records start (for RewindTo). RESOURCE_EXHAUSTED if they do
+  // not fit in what is left (nothing is written then: apply and Reset
+  // first); INVALID_ARGUMENT for an offset that is not page-aligned or an
+  // epoch not after both the last one appended and the last one Replay or
+  // ApplyTo was told is committed; FAILED_PRECONDITION before Replay or
+  // after a failed Reset. On any error the log reads as before.
   absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets, int source);
 
-  // Takes back every record from `start` on (a sync whose commit failed).
-  // FAILED_PRECONDITION for a position of another pass or past the end.
+  // Takes back the last successful Append, which returned `start` (its
+  // sync's commit failed, and is known not to be durable), once.
+  // FAILED_PRECONDITION for any other position.
   absl::Status RewindTo(const Position& start);
 
   // Calls `apply(offset, page)` for every page of the records whose epoch
   // is at most `committed_epoch`, oldest first (a later record of the same
   // page comes later), then takes back the records after them: the next
   // Append goes there. Stops at the first error `apply` returns (Append
-  // still refuses then).
+  // still refuses then). DATA_LOSS if the records do not reach
+  // `committed_epoch` (every committed epoch wrote one, or was applied
+  // before the last Reset).
   absl::Status Replay(
       uint64_t committed_epoch,
       const std::function<absl::Status(uint64_t offset, absl::string_view page)>& apply);
@@ -116,8 +123,9 @@ class RedoLog {
   absl::StatusOr<uint64_t> ApplyTo(int image, uint64_t committed_epoch);
 
   // Empties the log: a new pass in the header slot not in use, made
-  // durable. REQUIRES: every committed page it held is durable in the
-  // heap's image. If it fails, Append refuses until a Reset succeeds.
+  // durable. FAILED_PRECONDITION unless ApplyTo wrote every record it holds
+  // into the heap's image. If it fails, Append refuses until a Reset
+  // succeeds.
   absl::Status Reset();
 
   // Bytes of records written in this pass, and room for records in all.
@@ -155,10 +163,19 @@ class RedoLog {
   const std::string path_;
   const uint64_t blocks_;  // in the file, block 0 included
   const bool direct_;
-  uint64_t generation_ = 0;  // of the header slot in use: generation_ % 2
+  uint64_t generation_ = 0;     // of the header slot in use: generation_ % 2
+  uint64_t applied_epoch_ = 0;  // its applied epoch (docs/on-disk-format.md)
   Position next_;
   bool replayed_ = false;  // Append is allowed
   absl::Status broken_;    // a Reset failed: the header may name either pass
+  // The highest epoch Replay or ApplyTo was told is committed: Append
+  // takes only later ones.
+  uint64_t committed_epoch_ = 0;
+  // The end of what ApplyTo wrote into the image (0: nothing known):
+  // Reset only when it is the end of the log.
+  uint64_t applied_block_ = 0;
+  // Where the last successful Append started: what RewindTo takes back.
+  std::optional<Position> last_append_;
 };
 
 }  // namespace heapd

@@ -90,6 +90,13 @@ class RedoLogTest : public ::testing::Test {
     return log.ok() ? *std::move(log) : nullptr;
   }
 
+  // Writes the log's records up to `committed` into a durable image.
+  void ApplyAll(RedoLog& log, uint64_t committed) {
+    const UniqueFd durable(open(dir_.Sub("durable").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    const absl::StatusOr<uint64_t> applied = log.ApplyTo(durable.get(), committed);
+    ASSERT_TRUE(applied.ok()) << applied.status();
+  }
+
   TestDir dir_;
   Image image_;
   UniqueFd dir_fd_;
@@ -192,22 +199,28 @@ TEST_F(RedoLogTest, ApplyRefusesACommittedRecordThatNoLongerReadsBack) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(RedoLogTest, ATornRecordEndsTheLog) {
+TEST_F(RedoLogTest, ATornRecordEndsTheLogAndACommittedOneTornIsDataLoss) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
   image_.Set(2, 'b');
   ASSERT_TRUE(log->Append(2, Offsets({2}), image_.fd()).ok());
-  image_.Set(3, 'c');
-  ASSERT_TRUE(log->Append(3, Offsets({3}), image_.fd()).ok());
   log.reset();
   // Epoch 2's page half written: block 1 is epoch 1's header, 2 its page,
   // 3 epoch 2's header, 4 its page.
   const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_EQ(pwrite(raw.get(), "zz", 2, 4 * kPage + 100), 2);
 
+  log = Reopen();  // the sync of epoch 2 died writing: 1 is committed
+  EXPECT_EQ(Replayed(*log, 1), (std::map<uint64_t, char>{{1, 'a'}}));
+  // Had epoch 2 committed, its record would have been whole.
   log = Reopen();
-  EXPECT_EQ(Replayed(*log, 3), (std::map<uint64_t, char>{{1, 'a'}}));
+  const absl::Status lost =
+      log->Replay(2, [](uint64_t, absl::string_view) { return absl::OkStatus(); });
+  EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss) << lost;
+  EXPECT_NE(lost.message().find("epoch 2 is committed, but the log reaches epoch 1 only"),
+            std::string::npos)
+      << lost;
 }
 
 TEST_F(RedoLogTest, ResetStartsAnEmptyPassThatIgnoresTheOldRecords) {
@@ -216,12 +229,17 @@ TEST_F(RedoLogTest, ResetStartsAnEmptyPassThatIgnoresTheOldRecords) {
   image_.Set(2, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1, 2}), image_.fd()).ok());
   EXPECT_GT(log->used_bytes(), 0u);
+  // Not before its records reached the image.
+  EXPECT_EQ(log->Reset().code(), absl::StatusCode::kFailedPrecondition);
+  ApplyAll(*log, 1);
   ASSERT_TRUE(log->Reset().ok());
   EXPECT_EQ(log->used_bytes(), 0u);
   image_.Set(3, 'b');
   ASSERT_TRUE(log->Append(2, Offsets({3}), image_.fd()).ok());
   log = Reopen();
   EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{3, 'b'}}));
+  EXPECT_EQ(log->Reset().code(), absl::StatusCode::kFailedPrecondition);
+  ApplyAll(*log, 2);
   ASSERT_TRUE(log->Reset().ok());
   log = Reopen();
   EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{}));
@@ -249,6 +267,8 @@ TEST_F(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(log->Append(1, Offsets({1}), image_.fd()).status().code(),
             absl::StatusCode::kInvalidArgument);  // an epoch going back
+  EXPECT_EQ(log->Append(2, Offsets({1}), image_.fd()).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the same epoch again
   // A page past the end of the working image, after a good one.
   EXPECT_EQ(log->Append(3, Offsets({2, 5000}), image_.fd()).status().code(),
             absl::StatusCode::kOutOfRange);
@@ -263,6 +283,7 @@ TEST_F(RedoLogTest, AHeaderTornInAResetLeavesTheOtherSlot) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  ApplyAll(*log, 1);
   ASSERT_TRUE(log->Reset().ok());  // the second slot now
   image_.Set(2, 'b');
   ASSERT_TRUE(log->Append(2, Offsets({2}), image_.fd()).ok());
@@ -290,14 +311,17 @@ TEST_F(RedoLogTest, AnOpenedLogTakesNoAppendBeforeItsReplay) {
   image_.Set(1, 'a');
   EXPECT_EQ(log->Append(1, Offsets({1}), image_.fd()).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(log->Replay(1, [](uint64_t, absl::string_view) { return absl::OkStatus(); }).ok());
-  EXPECT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  ASSERT_TRUE(log->Replay(0, [](uint64_t, absl::string_view) { return absl::OkStatus(); }).ok());
+  // Only epochs after the one replayed as committed.
+  EXPECT_EQ(log->Append(0, Offsets({1}), image_.fd()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(log->Append(2, Offsets({1}), image_.fd()).ok());
   // A replay whose apply fails leaves it refusing.
   log = Reopen();
   EXPECT_EQ(
-      log->Replay(1, [](uint64_t, absl::string_view) { return absl::InternalError("no"); }).code(),
+      log->Replay(2, [](uint64_t, absl::string_view) { return absl::InternalError("no"); }).code(),
       absl::StatusCode::kInternal);
-  EXPECT_EQ(log->Append(2, Offsets({1}), image_.fd()).status().code(),
+  EXPECT_EQ(log->Append(3, Offsets({1}), image_.fd()).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -339,8 +363,32 @@ TEST_F(RedoLogTest, RewindRefusesAPositionOfAnotherPassOrPastTheEnd) {
   RedoLog::Position past = *at;
   past.block += 100;
   EXPECT_EQ(log->RewindTo(past).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(log->Reset().ok());
+  // Only the last Append, once.
+  image_.Set(2, 'b');
+  ASSERT_TRUE(log->Append(2, Offsets({2}), image_.fd()).ok());
   EXPECT_EQ(log->RewindTo(*at).code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<RedoLog::Position> second = log->Append(3, Offsets({2}), image_.fd());
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(log->RewindTo(*second).ok());
+  EXPECT_EQ(log->RewindTo(*second).code(), absl::StatusCode::kFailedPrecondition);
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{1, 'a'}, {2, 'b'}}));
+}
+
+// A sync taken back, then its epoch committed without pages (found by a
+// review): the epoch's record of its header alone ends the chain before
+// the taken-back pages.
+TEST_F(RedoLogTest, AnEpochWithoutPagesStillEndsWhatATakenBackAppendLeft) {
+  std::unique_ptr<RedoLog> log = Create();
+  image_.Set(1, 'a');
+  ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
+  image_.Set(5, 'x');
+  absl::StatusOr<RedoLog::Position> taken_back = log->Append(2, Offsets({5}), image_.fd());
+  ASSERT_TRUE(taken_back.ok());
+  ASSERT_TRUE(log->RewindTo(*taken_back).ok());
+  ASSERT_TRUE(log->Append(2, {}, image_.fd()).ok());  // committed
+  log = Reopen();
+  EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{1, 'a'}}));
 }
 
 TEST_F(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
