@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 
 // XXH3 inlined from the header: no library to load at run time.
@@ -161,12 +162,11 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
   // Written through once: an unwritten extent would make every later
   // fdatasync journal its conversion.
   const std::string zeros(uint64_t{1} << 20, '\0');
-  for (uint64_t at = 0; at < blocks * kRedoBlockBytes;) {
+  for (uint64_t at = 0; at < blocks * kRedoBlockBytes; at += zeros.size()) {
     const uint64_t step = std::min<uint64_t>(zeros.size(), blocks * kRedoBlockBytes - at);
-    const ssize_t n = pwrite(fd.get(), zeros.data(), step, static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail(ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path)));
-    at += static_cast<uint64_t>(n);
+    if (!WriteAllAt(fd.get(), absl::string_view(zeros.data(), step), at)) {
+      return fail(ErrnoStatus(errno, absl::StrCat("write zeros through redo log ", path)));
+    }
   }
   {
     RedoLog log(std::move(fd), path, blocks, /*direct=*/false);
@@ -409,17 +409,11 @@ absl::StatusOr<uint64_t> RedoLog::ApplyTo(int image, uint64_t committed_epoch) {
             ++i;
             continue;
           }
-          const char* bytes = record.pages + uint64_t{i} * kRedoBlockBytes;
-          const uint64_t length = uint64_t{run} * kRedoBlockBytes;
-          for (uint64_t done = 0; done < length;) {
-            const ssize_t n =
-                pwrite(image, bytes + done, length - done, static_cast<off_t>(offsets[i] + done));
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) {
-              return ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write page ", offsets[i] + done,
-                                                                   " from redo log ", path_));
-            }
-            done += static_cast<uint64_t>(n);
+          const absl::string_view bytes(record.pages + uint64_t{i} * kRedoBlockBytes,
+                                        uint64_t{run} * kRedoBlockBytes);
+          if (!WriteAllAt(image, bytes, offsets[i])) {
+            return ErrnoStatus(errno, absl::StrCat("write ", run, " pages at ", offsets[i],
+                                                   " from redo log ", path_, " into its image"));
           }
           written += run;
           i += run;
@@ -445,19 +439,28 @@ absl::StatusOr<uint64_t> RedoLog::ApplyTo(int image, uint64_t committed_epoch) {
 absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
                                                   const std::vector<uint64_t>& offsets,
                                                   int source) {
+  last_append_.reset();  // only the last successful Append can be taken back
   if (!broken_.ok()) return broken_;
   if (!replayed_) {
     return absl::FailedPreconditionError(
         absl::StrCat("redo log ", path_, ": replay it before appending"));
   }
+  struct stat data;
+  if (fstat(source, &data) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("stat the heap's data for redo log ", path_));
+  }
   for (uint64_t offset : offsets) {
-    if (offset % kRedoBlockBytes != 0 ||
-        offset > static_cast<uint64_t>(INT64_MAX) - kRedoBlockBytes) {
+    if (offset % kRedoBlockBytes != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("redo log ", path_, ": offset ", offset, " is not a page's"));
     }
+    const uint64_t size = static_cast<uint64_t>(data.st_size);
+    if (offset > size || size - offset < kRedoBlockBytes) {
+      return absl::OutOfRangeError(absl::StrCat("redo log ", path_, ": page ", offset,
+                                                " is past the end of the heap's data (",
+                                                data.st_size, " bytes)"));
+    }
   }
-  last_append_.reset();  // only the last successful Append can be taken back
   if (epoch <= std::max(next_.last_epoch, committed_epoch_)) {
     return absl::InvalidArgumentError(absl::StrCat("redo log ", path_, ": epoch ", epoch,
                                                    " is not after epoch ",
@@ -532,20 +535,9 @@ absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t append_id, uint64_t pr
   for (size_t i = 0; i < pages;) {
     size_t run = 1;
     while (i + run < pages && offsets[i + run] == offsets[i] + run * kRedoBlockBytes) ++run;
-    const uint64_t bytes = run * kRedoBlockBytes;
-    for (uint64_t done = 0; done < bytes;) {
-      const ssize_t n = pread(source, data + i * kRedoBlockBytes + done, bytes - done,
-                              static_cast<off_t>(offsets[i] + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        return ErrnoStatus(errno,
-                           absl::StrCat("read page ", offsets[i] + done, " for redo log ", path_));
-      }
-      if (n == 0) {
-        return absl::OutOfRangeError(absl::StrCat("redo log ", path_, ": page ", offsets[i] + done,
-                                                  " is past the end of the heap's data"));
-      }
-      done += static_cast<uint64_t>(n);
+    if (!ReadAllAt(source, data + i * kRedoBlockBytes, run * kRedoBlockBytes, offsets[i])) {
+      return ErrnoStatus(errno, absl::StrCat("read ", run, " pages at ", offsets[i],
+                                             " of the heap's data for redo log ", path_));
     }
     i += run;
   }
@@ -605,24 +597,18 @@ absl::Status RedoLog::Reset() {
 }
 
 absl::Status RedoLog::WriteBlocks(uint64_t block, const char* bytes, uint64_t count) const {
-  for (uint64_t done = 0; done < count * kRedoBlockBytes;) {
-    const ssize_t n = pwrite(fd_.get(), bytes + done, count * kRedoBlockBytes - done,
-                             static_cast<off_t>(block * kRedoBlockBytes + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoStatus(n < 0 ? errno : EIO, absl::StrCat("write redo log ", path_));
-    done += static_cast<uint64_t>(n);
+  if (!WriteAllAt(fd_.get(), absl::string_view(bytes, count * kRedoBlockBytes),
+                  block * kRedoBlockBytes)) {
+    return ErrnoStatus(
+        errno, absl::StrCat("write ", count, " blocks at block ", block, " of redo log ", path_));
   }
   return absl::OkStatus();
 }
 
 absl::Status RedoLog::ReadBlocks(uint64_t block, char* bytes, uint64_t count) const {
-  for (uint64_t done = 0; done < count * kRedoBlockBytes;) {
-    const ssize_t n = pread(fd_.get(), bytes + done, count * kRedoBlockBytes - done,
-                            static_cast<off_t>(block * kRedoBlockBytes + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, absl::StrCat("read redo log ", path_));
-    if (n == 0) return absl::DataLossError(absl::StrCat("redo log ", path_, " ends early"));
-    done += static_cast<uint64_t>(n);
+  if (!ReadAllAt(fd_.get(), bytes, count * kRedoBlockBytes, block * kRedoBlockBytes)) {
+    return ErrnoStatus(
+        errno, absl::StrCat("read ", count, " blocks at block ", block, " of redo log ", path_));
   }
   return absl::OkStatus();
 }

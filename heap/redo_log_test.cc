@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,9 +74,14 @@ std::map<uint64_t, char> Replayed(RedoLog& log, uint64_t committed) {
   return pages;
 }
 
-class RedoLogTest : public ::testing::Test {
+// Each test on the test directory's file system (a block file system in
+// CI: O_DIRECT) and on /dev/shm (tmpfs: no STATX_DIOALIGN, buffered).
+class RedoLogTest : public ::testing::TestWithParam<const char*> {
  protected:
-  RedoLogTest() : image_(dir_, 4096), dir_fd_(open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY)) {}
+  RedoLogTest()
+      : dir_(GetParam()),
+        image_(dir_, 4096),
+        dir_fd_(open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY)) {}
 
   std::unique_ptr<RedoLog> Create(uint64_t capacity = uint64_t{64} << 20) {
     absl::StatusOr<std::unique_ptr<RedoLog>> log =
@@ -102,7 +108,7 @@ class RedoLogTest : public ::testing::Test {
   UniqueFd dir_fd_;
 };
 
-TEST_F(RedoLogTest, ReplayGivesTheCommittedEpochsPagesInOrder) {
+TEST_P(RedoLogTest, ReplayGivesTheCommittedEpochsPagesInOrder) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   image_.Set(2, 'a');
@@ -118,7 +124,7 @@ TEST_F(RedoLogTest, ReplayGivesTheCommittedEpochsPagesInOrder) {
   EXPECT_EQ(Replayed(*log, 0), (std::map<uint64_t, char>{}));
 }
 
-TEST_F(RedoLogTest, RecordsOfAnEpochNeverCommittedAreTakenBackByReplay) {
+TEST_P(RedoLogTest, RecordsOfAnEpochNeverCommittedAreTakenBackByReplay) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
@@ -137,7 +143,7 @@ TEST_F(RedoLogTest, RecordsOfAnEpochNeverCommittedAreTakenBackByReplay) {
   EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{1, 'a'}, {5, 'c'}}));
 }
 
-TEST_F(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumber) {
+TEST_P(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumber) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
@@ -154,7 +160,7 @@ TEST_F(RedoLogTest, ARewoundAppendLeavesNothingBehindForALaterEpochOfTheSameNumb
   ExpectRetryOnly(Replayed(*log, 2), 10, 3 * RedoLog::PagesPerRecord());
 }
 
-TEST_F(RedoLogTest, ApplyWritesEachCommittedPageOnceAsItsLastRecordHasIt) {
+TEST_P(RedoLogTest, ApplyWritesEachCommittedPageOnceAsItsLastRecordHasIt) {
   std::unique_ptr<RedoLog> log = Create();
   image_.SetRun(1, 3, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1, 2, 3}), image_.fd()).ok());
@@ -182,7 +188,7 @@ TEST_F(RedoLogTest, ApplyWritesEachCommittedPageOnceAsItsLastRecordHasIt) {
   EXPECT_TRUE(log->Append(3, Offsets({7}), image_.fd()).ok());
 }
 
-TEST_F(RedoLogTest, ApplyRefusesACommittedRecordThatNoLongerReadsBack) {
+TEST_P(RedoLogTest, ApplyRefusesACommittedRecordThatNoLongerReadsBack) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
@@ -199,7 +205,7 @@ TEST_F(RedoLogTest, ApplyRefusesACommittedRecordThatNoLongerReadsBack) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(RedoLogTest, ATornRecordEndsTheLogAndACommittedOneTornIsDataLoss) {
+TEST_P(RedoLogTest, ATornRecordEndsTheLogAndACommittedOneTornIsDataLoss) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
@@ -223,7 +229,7 @@ TEST_F(RedoLogTest, ATornRecordEndsTheLogAndACommittedOneTornIsDataLoss) {
       << lost;
 }
 
-TEST_F(RedoLogTest, ResetStartsAnEmptyPassThatIgnoresTheOldRecords) {
+TEST_P(RedoLogTest, ResetStartsAnEmptyPassThatIgnoresTheOldRecords) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   image_.Set(2, 'a');
@@ -245,7 +251,7 @@ TEST_F(RedoLogTest, ResetStartsAnEmptyPassThatIgnoresTheOldRecords) {
   EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{}));
 }
 
-TEST_F(RedoLogTest, AnAppendThatDoesNotFitWritesNothing) {
+TEST_P(RedoLogTest, AnAppendThatDoesNotFitWritesNothing) {
   // Room for a record of 3 pages and one of 1 (each with its header).
   std::unique_ptr<RedoLog> log = Create(RedoLog::BytesFor(3) + RedoLog::BytesFor(1));
   image_.Set(1, 'a');
@@ -258,7 +264,7 @@ TEST_F(RedoLogTest, AnAppendThatDoesNotFitWritesNothing) {
   EXPECT_EQ(Replayed(*log, 2).size(), 4u);
 }
 
-TEST_F(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
+TEST_P(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(2, Offsets({1}), image_.fd()).ok());
@@ -272,6 +278,8 @@ TEST_F(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
   // A page past the end of the working image, after a good one.
   EXPECT_EQ(log->Append(3, Offsets({2, 5000}), image_.fd()).status().code(),
             absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(log->Append(3, {~uint64_t{0} - kPage + 1}, image_.fd()).status().code(),
+            absl::StatusCode::kOutOfRange);  // one that wraps around
   EXPECT_EQ(log->used_bytes(), used);
   image_.Set(2, 'b');
   ASSERT_TRUE(log->Append(3, Offsets({2}), image_.fd()).ok());
@@ -279,7 +287,7 @@ TEST_F(RedoLogTest, BadAppendsAreRefusedAndChangeNothing) {
   EXPECT_EQ(Replayed(*log, 3), (std::map<uint64_t, char>{{1, 'a'}, {2, 'b'}}));
 }
 
-TEST_F(RedoLogTest, AHeaderTornInAResetLeavesTheOtherSlot) {
+TEST_P(RedoLogTest, AHeaderTornInAResetLeavesTheOtherSlot) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
@@ -295,7 +303,7 @@ TEST_F(RedoLogTest, AHeaderTornInAResetLeavesTheOtherSlot) {
   EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{2, 'b'}}));
 }
 
-TEST_F(RedoLogTest, BothHeaderSlotsDamagedIsDataLossNamingTheFile) {
+TEST_P(RedoLogTest, BothHeaderSlotsDamagedIsDataLossNamingTheFile) {
   Create().reset();
   const UniqueFd raw(open(dir_.Sub("redo").c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_EQ(pwrite(raw.get(), "x", 1, 20), 1);  // slot 0; slot 1 was never written
@@ -305,7 +313,7 @@ TEST_F(RedoLogTest, BothHeaderSlotsDamagedIsDataLossNamingTheFile) {
   EXPECT_NE(log.status().message().find(dir_.Sub("redo")), std::string::npos) << log.status();
 }
 
-TEST_F(RedoLogTest, AnOpenedLogTakesNoAppendBeforeItsReplay) {
+TEST_P(RedoLogTest, AnOpenedLogTakesNoAppendBeforeItsReplay) {
   Create().reset();
   std::unique_ptr<RedoLog> log = Reopen();
   image_.Set(1, 'a');
@@ -329,7 +337,7 @@ TEST_F(RedoLogTest, AnOpenedLogTakesNoAppendBeforeItsReplay) {
 // review): epoch 2 appended as two records, taken back; its retry torn by
 // a crash; after the restart a shorter retry of epoch 2 commits. The
 // second record of the first attempt must not join it.
-TEST_F(RedoLogTest, ARecordOfATakenBackAttemptNeverJoinsALaterChain) {
+TEST_P(RedoLogTest, ARecordOfATakenBackAttemptNeverJoinsALaterChain) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());  // blocks 1-2
@@ -355,7 +363,7 @@ TEST_F(RedoLogTest, ARecordOfATakenBackAttemptNeverJoinsALaterChain) {
   ExpectRetryOnly(Replayed(*log, 2), 10, 2 * RedoLog::PagesPerRecord());
 }
 
-TEST_F(RedoLogTest, RewindRefusesAPositionOfAnotherPassOrPastTheEnd) {
+TEST_P(RedoLogTest, RewindRefusesAPositionOfAnotherPassOrPastTheEnd) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   absl::StatusOr<RedoLog::Position> at = log->Append(1, Offsets({1}), image_.fd());
@@ -378,7 +386,7 @@ TEST_F(RedoLogTest, RewindRefusesAPositionOfAnotherPassOrPastTheEnd) {
 // A sync taken back, then its epoch committed without pages (found by a
 // review): the epoch's record of its header alone ends the chain before
 // the taken-back pages.
-TEST_F(RedoLogTest, AnEpochWithoutPagesStillEndsWhatATakenBackAppendLeft) {
+TEST_P(RedoLogTest, AnEpochWithoutPagesStillEndsWhatATakenBackAppendLeft) {
   std::unique_ptr<RedoLog> log = Create();
   image_.Set(1, 'a');
   ASSERT_TRUE(log->Append(1, Offsets({1}), image_.fd()).ok());
@@ -391,7 +399,7 @@ TEST_F(RedoLogTest, AnEpochWithoutPagesStillEndsWhatATakenBackAppendLeft) {
   EXPECT_EQ(Replayed(*log, 2), (std::map<uint64_t, char>{{1, 'a'}}));
 }
 
-TEST_F(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
+TEST_P(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
   Create().reset();
   absl::StatusOr<std::unique_ptr<RedoLog>> again =
       RedoLog::Create(dir_fd_.get(), kRedoLogFileName, kPage, dir_.Sub("redo"));
@@ -399,7 +407,7 @@ TEST_F(RedoLogTest, CreateRefusesAnExistingFileAndLeavesItAlone) {
   EXPECT_TRUE(RedoLog::Open(dir_fd_.get(), kRedoLogFileName, dir_.Sub("redo")).ok());
 }
 
-TEST_F(RedoLogTest, CreateReplacesWhatAnInterruptedCreateLeftAndRefusesBadSizes) {
+TEST_P(RedoLogTest, CreateReplacesWhatAnInterruptedCreateLeftAndRefusesBadSizes) {
   // A crash midway left the temporary file; nothing under the real name.
   const UniqueFd partial(open(dir_.Sub("redo.new").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   ASSERT_TRUE(partial.valid());
@@ -412,6 +420,16 @@ TEST_F(RedoLogTest, CreateReplacesWhatAnInterruptedCreateLeftAndRefusesBadSizes)
   ASSERT_NE(Create(), nullptr);
   EXPECT_NE(access(dir_.Sub("redo.new").c_str(), F_OK), 0);
 }
+
+// Which write path each directory takes is the file system's to say;
+// both are exercised either way.
+TEST_P(RedoLogTest, ItsWritePathIsTheFileSystems) {
+  std::unique_ptr<RedoLog> log = Create();
+  if (std::string(GetParam()) == "/dev/shm") EXPECT_FALSE(log->direct());
+  std::printf("%s: %s\n", dir_.path().c_str(), log->direct() ? "O_DIRECT" : "buffered");
+}
+
+INSTANTIATE_TEST_SUITE_P(TestDirAndTmpfs, RedoLogTest, ::testing::Values("", "/dev/shm"));
 
 }  // namespace
 }  // namespace heapd

@@ -67,7 +67,10 @@ absl::StatusOr<MessagePacket> PackMessage(const std::vector<absl::string_view>& 
   } else {
     packet.kind = kSealedMessage;
     packet.sealed = SealedBytes(pieces);
-    if (!packet.sealed.valid()) return ErrnoStatus(errno, "put a message in a memfd");
+    if (!packet.sealed.valid()) {
+      return ErrnoStatus(errno,
+                         absl::StrCat("put a message of ", size, " bytes in a sealed memfd"));
+    }
     packet.fds.push_back(packet.sealed.get());
   }
   if (fd >= 0) packet.fds.push_back(fd);
