@@ -117,12 +117,13 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::Open(const std::string
                                                                const DataFile* data, uint64_t epoch,
                                                                UndoCounts* recovered,
                                                                uint64_t compact_at_bytes) {
-  return OpenAt(AT_FDCWD, undo_dir, undo_dir, data, epoch, recovered, compact_at_bytes);
+  return OpenAt(AT_FDCWD, undo_dir, undo_dir, data, epoch, recovered, /*put_back=*/true,
+                compact_at_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::OpenAt(
     int parent, const std::string& name, const std::string& undo_dir, const DataFile* data,
-    uint64_t epoch, UndoCounts* recovered, uint64_t compact_at_bytes) {
+    uint64_t epoch, UndoCounts* recovered, bool put_back, uint64_t compact_at_bytes) {
   if (mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("create ", undo_dir));
   }
@@ -170,10 +171,10 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::OpenAt(
     // Its void pre-images were punched out (Committed): they read as zeros
     // up to the first record that was not, whose magic starts nonzero.
     journal.read_to = journal.punched = PunchedPrefix(journal.fd.get());
-    undo->RefreshLocked(id, journal);
+    if (put_back) undo->RefreshLocked(id, journal);
     undo->journals_.emplace(id, std::move(journal));
   }
-  undo->RecoverAllLocked();
+  undo->RecoverAllLocked(put_back);
   if (recovered != nullptr) *recovered = undo->counts_;
   return undo;
 }
@@ -399,11 +400,16 @@ absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {
   return AppendLocked(ClearOf(page), "");
 }
 
-absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch) {
+absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch,
+                                        CommitPages* committed) {
   absl::MutexLock lock(&mu_);
   AdoptNewJournalsLocked();
   auto journal = journals_.find(session);
-  if (journal == journals_.end()) return absl::OkStatus();  // not tracked
+  if (journal == journals_.end()) {  // not tracked: it may have written anything
+    if (committed != nullptr) committed->all = true;
+    return absl::OkStatus();
+  }
+  if (committed != nullptr) committed->all = journal->second.unseen || journal->second.broken;
   // A sync's earlier parts carry no generation: contents commit with its
   // last part only.
   if (generation == 0) return absl::OkStatus();
@@ -415,6 +421,18 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   pages.insert(pages.end(), journal->second.adopted.begin(), journal->second.adopted.end());
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  if (committed != nullptr) {
+    committed->all = committed->all || journal->second.broken;  // the refresh may break it
+    committed->pages = pages;
+    for (const Journal::Fresh& f : journal->second.fresh) {
+      for (uint64_t page = f.offset; page < f.offset + f.length; page += kUndoPageBytes) {
+        committed->pages.push_back(page);
+      }
+    }
+    std::sort(committed->pages.begin(), committed->pages.end());
+    committed->pages.erase(std::unique(committed->pages.begin(), committed->pages.end()),
+                           committed->pages.end());
+  }
   for (uint64_t page : pages) {
     auto it = index_.find(page);
     if (it == index_.end()) continue;
@@ -706,8 +724,9 @@ void ContentUndo::UnlockLiveJournalsLocked(ClientId except) {
   }
 }
 
-void ContentUndo::RecoverAllLocked() {
+void ContentUndo::RecoverAllLocked(bool put_back) {
   for (const auto& [page, entries] : index_) {
+    if (!put_back) break;
     const Entry* target = TargetLocked(entries);
     if (target == nullptr) continue;
     absl::StatusOr<std::string> image = ReadImageLocked(*target);

@@ -100,11 +100,15 @@ class ContentUndo {
                                                            UndoCounts* recovered,
                                                            uint64_t compact_at_bytes = 16 << 20);
   // Open, for the directory `name` in the directory `parent` (made if
-  // missing, never through a symlink); `path` names it in messages.
+  // missing, never through a symlink); `path` names it in messages. With
+  // !put_back the journals found are removed unread: `data` was loaded
+  // from the last commit (a working image, heap/heap.h), so nothing in it
+  // needs putting back.
   static absl::StatusOr<std::unique_ptr<ContentUndo>> OpenAt(int parent, const std::string& name,
                                                              const std::string& path,
                                                              const DataFile* data, uint64_t epoch,
                                                              UndoCounts* recovered,
+                                                             bool put_back = true,
                                                              uint64_t compact_at_bytes = 16 << 20);
   ~ContentUndo() = default;
   ContentUndo(const ContentUndo&) = delete;
@@ -114,11 +118,22 @@ class ContentUndo {
   // descriptor (opened for appending), which goes to the client.
   absl::StatusOr<UniqueFd> OpenJournal(ClientId session);
 
+  // The pages a sync commits (a redo log writes them; heap/redo_log.h).
+  struct CommitPages {
+    std::vector<uint64_t> pages;  // page offsets, ascending, each once
+    // The session stored without pre-images (StoresUnseen): which pages it
+    // wrote is not known, so every page is committed.
+    bool all = false;
+  };
   // Before epoch `epoch` is persisted by a sync of `session` that commits
   // its generations up to `generation` (the heap's persist lock held):
   // writes commit images of its pages that other records also name, then
-  // the generation end.
-  absl::Status PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch);
+  // the generation end. With `committed`, says which pages the sync
+  // commits: those the session took pre-images of in those generations,
+  // those handed over to it, and the memory handed to it free that it may
+  // have written without pre-images.
+  absl::Status PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch,
+                             CommitPages* committed = nullptr);
   // After epoch `epoch` was persisted: drops what it made void.
   void Committed(uint64_t epoch);
 
@@ -240,8 +255,9 @@ class ContentUndo {
   // pre-images after the cut; per session still named, its newest
   // committed generation end and those not yet committed.
   absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts every page back and starts empty: no session is alive.
-  void RecoverAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts every page back (unless !put_back) and starts empty: no session
+  // is alive.
+  void RecoverAllLocked(bool put_back = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJournalLocked(ClientId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stamps the chunks of [offset, offset + length) with mark `stamp`
   // (the next one for what was learned now), keeping a later stamp.

@@ -4,6 +4,7 @@
 #include <linux/fs.h>
 #include <linux/magic.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -75,6 +76,22 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::OpenAt(int dir, const std::s
 absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Adopt(const std::string& label, int fd,
                                                           uint64_t size) {
   return std::unique_ptr<DataFile>(new DataFile(label, fd, size, DetectBacking(fd)));
+}
+
+absl::StatusOr<std::unique_ptr<DataFile>> DataFile::CreateMemory(const std::string& label,
+                                                                 uint64_t size) {
+  const int fd = memfd_create("heapd-working-image", MFD_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", label));
+  std::unique_ptr<DataFile> file(new DataFile(label, fd, 0, BackingKind::kTmpfs));
+  if (absl::Status s = file->Grow(size); !s.ok()) return s;
+  return file;
+}
+
+absl::StatusOr<int> DataFile::Reopen(bool writable) const {
+  const std::string self = absl::StrCat("/proc/self/fd/", fd_);
+  const int fd = open(self.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path_, " again"));
+  return fd;
 }
 
 DataFile::~DataFile() { close(fd_); }

@@ -35,6 +35,12 @@ class DataFile {
   // through a symlink); `path` names it in messages.
   static absl::StatusOr<std::unique_ptr<DataFile>> OpenAt(int dir, const std::string& name,
                                                           const std::string& path);
+  // Creates a working image (heap/heap.h): `size` bytes of shared memory
+  // (a memfd, tmpfs), reserved as Grow reserves; `label` names it. It lives
+  // as long as a descriptor or mapping of it: a heapd that dies takes it
+  // along once its clients let go.
+  static absl::StatusOr<std::unique_ptr<DataFile>> CreateMemory(const std::string& label,
+                                                                uint64_t size);
   // Takes `fd`, an open regular file of `size` bytes named `label` in
   // errors (a snapshot's data, read-only): no growth, no repair.
   static absl::StatusOr<std::unique_ptr<DataFile>> Adopt(const std::string& label, int fd,
@@ -57,6 +63,11 @@ class DataFile {
   // reserved again (what was cut off reads as zeros). Returns whether it had
   // to. Not thread-safe against Grow.
   absl::StatusOr<bool> Repair();
+
+  // A new descriptor of the file, read-only unless `writable`, of its own
+  // open file description (through /proc/self/fd: for a working image,
+  // which has no name).
+  absl::StatusOr<int> Reopen(bool writable) const;
 
   int fd() const { return fd_; }
   // The size heapd made the file (Create, Grow); thread-safe.

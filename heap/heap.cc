@@ -113,6 +113,15 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Create(const std
   if (!store.ok()) return store.status();
   store->reset();
   data->reset();
+  if (config.image == ImageMode::kWorkingImage) {
+    absl::StatusOr<UniqueFd> log_dir = (*building)->DupDirFd();
+    if (!log_dir.ok()) return log_dir.status();
+    if (absl::Status s =
+            DurableImage::CreateLog(log_dir->get(), (*building)->path(), options.redo_log_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
   FaultPoint("create.before_rename");
   if (absl::Status s = (*building)->Commit(BaseName(dir)); !s.ok()) return s;
   return Open(dir, options);
@@ -142,12 +151,25 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
   absl::StatusOr<std::unique_ptr<DataFile>> data =
       DataFile::OpenAt(dir_fd.get(), kDataFileName, absl::StrCat(dir, "/", kDataFileName));
   if (!data.ok()) return data.status();
+  std::unique_ptr<DurableImage> durable;
+  if (recovered.state.config.image == ImageMode::kWorkingImage) {
+    // The data file at the committed epoch, then the working image from it:
+    // whatever a working image held before (a heapd that died, a node that
+    // rebooted) is not read.
+    absl::StatusOr<std::unique_ptr<DurableImage>> opened = DurableImage::Open(
+        dir_fd.get(), dir, *std::move(data), recovered.state.epoch, options.redo_log_bytes);
+    if (!opened.ok()) return opened.status();
+    durable = *std::move(opened);
+    data = durable->LoadWorkingImage(absl::StrCat("the working image of heap ", dir));
+    if (!data.ok()) return data.status();
+  }
   const uint64_t log_bytes = (*store)->log_bytes();
   const int64_t committed_unix_ns = (*store)->recovered_commit_unix_ns();
   std::unique_ptr<PersistentHeap> heap(new PersistentHeap(dir, recovered.state.config, options));
   heap->dir_fd_ = std::move(dir_fd);
   heap->lock_fd_ = std::move(lock_fd);  // closing it releases the lock
   heap->data_ = *std::move(data);
+  heap->durable_ = std::move(durable);
   heap->store_ = *std::move(store);
   absl::MutexLock lock(&heap->mu_);
   if (absl::Status s = heap->LoadLocked(dir, recovered.state, heap->data_->size()); !s.ok()) {
@@ -161,9 +183,12 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
   const std::string undo_dir = absl::StrCat(dir, "/", kUndoDirName);
   struct stat undo_st;
   if (track || fstatat(heap->dir_fd_.get(), kUndoDirName, &undo_st, AT_SYMLINK_NOFOLLOW) == 0) {
+    // A working image was just loaded at the committed epoch: nothing in
+    // it goes back.
     absl::StatusOr<std::unique_ptr<ContentUndo>> undo =
         ContentUndo::OpenAt(heap->dir_fd_.get(), kUndoDirName, undo_dir, heap->data_.get(),
-                            heap->epoch_, &heap->recovered_);
+                            heap->epoch_, &heap->recovered_,
+                            /*put_back=*/heap->durable_ == nullptr);
     if (!undo.ok()) return undo.status();
     if (track) heap->undo_ = *std::move(undo);
   }
@@ -267,8 +292,16 @@ absl::StatusOr<int> PersistentHeap::OpenDataFile(bool writable) const {
     if (fd < 0) return ErrnoStatus(errno, absl::StrCat("duplicate the fd of ", data_->path()));
     return fd;
   }
+  if (durable_ != nullptr) return data_->Reopen(writable);
   const int fd =
       openat(dir_fd_.get(), kDataFileName, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir_, "/", kDataFileName));
+  return fd;
+}
+
+absl::StatusOr<int> PersistentHeap::OpenCommittedData() const {
+  if (durable_ == nullptr) return OpenDataFile(/*writable=*/false);
+  const int fd = openat(dir_fd_.get(), kDataFileName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir_, "/", kDataFileName));
   return fd;
 }
@@ -347,6 +380,12 @@ absl::Status PersistentHeap::Grow(uint32_t chunks, uint32_t capacity_seen) {
     }
   }
   // fallocate with only grow_mu_ held: leases, frees and lookups go on.
+  // The data file first: the disk's room decides.
+  if (durable_ != nullptr) {
+    if (absl::Status s = durable_->Grow(target * kChunkSize); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));
+    }
+  }
   if (absl::Status s = data_->Grow(target * kChunkSize); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("heap ", dir_, ": ", s.message()));
   }
@@ -525,19 +564,55 @@ std::vector<NameEntry> PersistentHeap::ListNames(absl::string_view prefix, size_
   return names_.List(prefix, limit);
 }
 
-absl::Status PersistentHeap::FlushDataLocked() {
+absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_t> pages,
+                                             bool all_pages) {
+  uint64_t size;
   {
     absl::MutexLock grow_lock(&grow_mu_);
     if (absl::Status s = RepairDataFileLocked(); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
     }
+    size = data_->size();
+  }
+  if (durable_ != nullptr) {
+    all_pages = all_pages || unlogged_all_;
+    if (all_pages) {
+      pages.clear();
+      for (uint64_t page = 0; page < size; page += kRedoBlockBytes) pages.push_back(page);
+    } else if (!unlogged_pages_.empty()) {
+      std::vector<uint64_t> merged;
+      std::set_union(pages.begin(), pages.end(), unlogged_pages_.begin(), unlogged_pages_.end(),
+                     std::back_inserter(merged));
+      pages = std::move(merged);
+    }
+    uint64_t committed;
+    {
+      absl::MutexLock lock(&mu_);
+      committed = epoch_;
+    }
+    absl::Status logged = durable_->MakeRoom(pages.size(), committed);
+    if (logged.ok()) logged = durable_->Log(epoch, pages, data_->fd());
+    if (logged.ok()) {
+      unlogged_pages_.clear();
+      unlogged_all_ = false;
+      return logged;
+    }
+    // The log reads as before; the epoch that commits this sync's
+    // generation end logs them.
+    unlogged_pages_ = std::move(pages);
+    unlogged_all_ = all_pages;
+    return absl::Status(logged.code(), absl::StrCat("sync of heap ", dir_, ": ", logged.message()));
   }
   absl::Status flushed = data_->Flush();
   if (flushed.ok()) return flushed;
   // Never retried: the pages that failed may be clean now and lost.
   absl::MutexLock lock(&mu_);
+  return BreakLocked(flushed.message());
+}
+
+absl::Status PersistentHeap::BreakLocked(absl::string_view what) {
   broken_ = absl::DataLossError(absl::StrCat(
-      "heap ", dir_, " is broken: ", flushed.message(),
+      "heap ", dir_, " is broken: ", what,
       "; no sync can commit after a failed flush (restart heapd to reopen it at epoch ", epoch_,
       ")"));
   return broken_;
@@ -596,8 +671,14 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   // once that is written: a free (a cleared slot) never commits without
   // the stores that unlinked its object, nor a store without the
   // allocation it points to.
+  // With a working image: what the sync logs. Without content tracking,
+  // which pages changed is not known: all of them.
+  ContentUndo::CommitPages committed;
+  committed.all = undo_ == nullptr;
   if (undo_ != nullptr) {
-    if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch); !s.ok()) {
+    if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch,
+                                              durable_ != nullptr ? &committed : nullptr);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
     }
   }
@@ -641,7 +722,8 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   }
   // Object contents before metadata: a name must never reach disk before
   // its object.
-  if (absl::Status s = FlushDataLocked(); !s.ok()) {
+  if (absl::Status s = FlushDataLocked(result.epoch, std::move(committed.pages), committed.all);
+      !s.ok()) {
     checkpoint_next_ = true;
     return s;
   }
@@ -650,6 +732,13 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       full ? store_->WriteCheckpoint(std::move(checkpoint)) : store_->Append(record);
   if (!status.ok()) {
     checkpoint_next_ = true;
+    if (durable_ != nullptr) {
+      // The redo log holds this epoch's pages, and whether its epoch record
+      // is durable is not known: no later epoch may take its number.
+      absl::MutexLock lock(&mu_);
+      return BreakLocked(absl::StrCat("a sync's epoch record failed after its pages were logged: ",
+                                      status.message()));
+    }
     return absl::Status(status.code(), absl::StrCat("sync of heap ", dir_, ": ", status.message()));
   }
   checkpoint_next_ = false;
@@ -718,7 +807,7 @@ absl::Status PersistentHeap::PersistPendingLocked() {
     checkpoint.names = names_.List("");
   }
   const uint64_t epoch = checkpoint.epoch;
-  absl::Status status = FlushDataLocked();
+  absl::Status status = FlushDataLocked(epoch, {}, false);
   if (status.ok()) status = store_->WriteCheckpoint(std::move(checkpoint));
   absl::MutexLock lock(&mu_);
   if (!status.ok()) {
@@ -778,11 +867,19 @@ absl::Status PersistentHeap::WithCommittedState(
       return absl::Status(s.code(), absl::StrCat("snapshot of heap ", dir_, ": ", s.message()));
     }
   }
+  // With a working image the copy reads the data file, brought to the
+  // committed epoch: no store made since reaches it.
+  if (durable_ != nullptr) {
+    if (absl::Status s = durable_->Apply(state.epoch); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("snapshot of heap ", dir_, ": ", s.message()));
+    }
+  }
+  const DataFile& committed = durable_ != nullptr ? durable_->data() : *data_;
   absl::StatusOr<std::map<std::string, std::string>> files = store_->ReadCommittedFiles();
   if (!files.ok()) return files.status();
   state.metadata_files = *std::move(files);
-  state.data_fd = data_->fd();
-  state.data_bytes = data_->size();
+  state.data_fd = committed.fd();
+  state.data_bytes = committed.size();
   if (undo_ != nullptr) {
     state.changes = undo_->MarkChanges();
     absl::StrAppend(&state.changes->source, "/", data_file_repairs());
@@ -808,7 +905,8 @@ HeapStats PersistentHeap::Stats() const {
   }
   stats.read_only = read_only();
   stats.data_file_repairs = data_file_repairs_.load(std::memory_order_relaxed);
-  stats.backing = data_->backing();
+  stats.backing = durable_ != nullptr ? durable_->data().backing() : data_->backing();
+  stats.image = config_.image;
   absl::MutexLock lock(&mu_);
   stats.epoch = epoch_;
   stats.broken = std::string(broken_.message());

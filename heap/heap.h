@@ -9,6 +9,13 @@
 // or when it binds a name to them; when a client dies, Reclaim returns its
 // leases at their last reported state and frees its uncommitted large runs.
 //
+// A heap with a working image (HeapConfig::image, heap/durable_image.h):
+// clients map a copy of the data in memory; a sync logs the pages it
+// commits (the session's pre-imaged pages, memory handed to it free,
+// pages handed over to it) to the redo log, durable, instead of flushing
+// the data file; the log is applied to the data file later. Open loads the
+// working image from the data file at the committed epoch.
+//
 // A heap whose data file failed to flush is broken: after a failed
 // fdatasync the kernel may have dropped the pages it could not write, so no
 // later sync may commit on top of them. Every later sync and allocation
@@ -47,6 +54,7 @@
 #include "allocator/lease_types.h"
 #include "heap/content_undo.h"
 #include "heap/data_file.h"
+#include "heap/durable_image.h"
 #include "heap/grow_ahead.h"
 #include "heap/metadata_format.h"
 #include "heap/metadata_store.h"
@@ -73,6 +81,7 @@ struct HeapStats {
   bool content_rollback = false;
   std::string content_rollback_note;
   UndoCounts undo;
+  ImageMode image = ImageMode::kDirect;
 };
 
 // Tunables of an open heap.
@@ -93,6 +102,9 @@ struct HeapOptions {
   // seldom waits for fallocate (which on tmpfs allocates and zeroes every
   // page). Chunks are still handed out only after Grow reserved them.
   bool grow_ahead = false;
+  // Heaps with a working image: the room of a new redo log (it grows to
+  // the largest sync).
+  uint64_t redo_log_bytes = uint64_t{16} << 20;
 };
 
 // Why a heap on `backing` cannot roll object contents back; empty if it
@@ -289,9 +301,13 @@ class PersistentHeap {
   const HeapConfig& config() const { return config_; }
   bool read_only() const { return store_ == nullptr; }
   int data_fd() const { return data_->fd(); }
-  // Opens the data file anew (read-only unless `writable`) for a client;
-  // the caller owns the fd.
+  // Opens what clients map anew (read-only unless `writable`): the data
+  // file, or the working image; the caller owns the fd.
   absl::StatusOr<int> OpenDataFile(bool writable) const;
+  // Within WithCommittedState's `copy`: a read-only fd of the data as the
+  // committed epoch left it (the data file, the redo log applied; or what
+  // clients map, on heaps without a working image). The caller owns it.
+  absl::StatusOr<int> OpenCommittedData() const;
   uint64_t capacity_bytes() const;
   uint64_t epoch() const;
 
@@ -318,7 +334,12 @@ class PersistentHeap {
   // Fails unless the heap may change: not read-only, not broken.
   absl::Status CheckWritableLocked(const char* what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Flushes the data file (repaired first); a failure breaks the heap.
-  absl::Status FlushDataLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+  // With a working image: logs `pages` (with those of a failed sync before
+  // it) as `epoch`'s instead; all of them if `all_pages`.
+  absl::Status FlushDataLocked(uint64_t epoch, std::vector<uint64_t> pages, bool all_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+  // Breaks the heap (see above): `what` failed. Returns the error.
+  absl::Status BreakLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync and Detach: record the reports, staged and `last` (ending the
   // leases with `release`), commit the client's large runs, persist an
   // epoch.
@@ -342,8 +363,13 @@ class PersistentHeap {
   // (content undo's journals through undo/, opened through it once). None
   // for a snapshot.
   UniqueFd dir_fd_;
-  UniqueFd lock_fd_;                // flocked while the heap is open; none for a snapshot
-  std::unique_ptr<DataFile> data_;  // set at open; the file's size under grow_mu_
+  UniqueFd lock_fd_;  // flocked while the heap is open; none for a snapshot
+  // What clients map: the data file, or the working image. Set at open;
+  // the file's size under grow_mu_.
+  std::unique_ptr<DataFile> data_;
+  // With a working image: the data file and the redo log (its log under
+  // persist_mu_, its size under grow_mu_); null otherwise.
+  std::unique_ptr<DurableImage> durable_;
 
   mutable absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(grow_mu_, mu_);
   std::unique_ptr<MetadataStore> store_ ABSL_PT_GUARDED_BY(persist_mu_);  // null: read-only
@@ -351,6 +377,11 @@ class PersistentHeap {
   // full checkpoint, and Reclaim persists first (see there). Written under
   // persist_mu_; Reclaim reads it without, to take that lock only then.
   std::atomic<bool> checkpoint_next_{false};
+  // With a working image: pages of a sync that failed after its generation
+  // end was written, not logged; the next epoch logs them (it commits that
+  // generation end).
+  std::vector<uint64_t> unlogged_pages_ ABSL_GUARDED_BY(persist_mu_);
+  bool unlogged_all_ ABSL_GUARDED_BY(persist_mu_) = false;
 
   mutable absl::Mutex grow_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 

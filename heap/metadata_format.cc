@@ -156,9 +156,9 @@ uint32_t FrameCrc(absl::string_view header_tail, absl::string_view payload) {
   return static_cast<uint32_t>(crc);
 }
 
-std::string Frame(FrameKind kind, const std::string& payload) {
+std::string Frame(FrameKind kind, const std::string& payload, uint16_t version = kFormatVersion) {
   ByteWriter tail;
-  tail.Put<uint16_t>(kFormatVersion);
+  tail.Put<uint16_t>(version);
   tail.Put<uint16_t>(static_cast<uint16_t>(kind));
   tail.Put<uint32_t>(static_cast<uint32_t>(payload.size()));
   ByteWriter frame;
@@ -185,7 +185,9 @@ std::string EncodeCheckpoint(const Checkpoint& cp) {
   for (const ChunkRecord& c : cp.chunks) PutChunk(w, c);
   w.Put<uint32_t>(static_cast<uint32_t>(cp.names.size()));
   for (const NameEntry& e : cp.names) PutName(w, e);
-  return Frame(FrameKind::kCheckpoint, w.out());
+  if (cp.config.image == ImageMode::kDirect) return Frame(FrameKind::kCheckpoint, w.out());
+  w.Put<uint32_t>(static_cast<uint32_t>(cp.config.image));
+  return Frame(FrameKind::kCheckpoint, w.out(), kWorkingImageFormatVersion);
 }
 
 std::string EncodeEpochRecord(const EpochRecord& record) {
@@ -199,6 +201,10 @@ std::string EncodeEpochRecord(const EpochRecord& record) {
   w.Put<uint32_t>(static_cast<uint32_t>(record.names.unbound.size()));
   for (const std::string& name : record.names.unbound) w.PutString(name);
   return Frame(FrameKind::kEpoch, w.out());
+}
+
+const char* ImageModeName(ImageMode mode) {
+  return mode == ImageMode::kWorkingImage ? "working image" : "direct";
 }
 
 absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_view file) {
@@ -217,9 +223,10 @@ absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_v
     return absl::DataLossError(
         absl::StrCat("metadata file ", file, ": bad magic 0x", absl::Hex(magic)));
   }
-  if (version != kFormatVersion) {
+  if (version != kFormatVersion && version != kWorkingImageFormatVersion) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": format version ", version,
-                                            ", this heapd reads ", kFormatVersion));
+                                            ", this heapd reads ", kFormatVersion, " and ",
+                                            kWorkingImageFormatVersion));
   }
   if (bytes.size() - kFrameHeaderSize < length) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": frame of ", length,
@@ -234,10 +241,11 @@ absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_v
       kind != static_cast<uint16_t>(FrameKind::kEpoch)) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": unknown frame kind ", kind));
   }
-  return DecodedFrame{static_cast<FrameKind>(kind), payload, kFrameHeaderSize + length};
+  return DecodedFrame{static_cast<FrameKind>(kind), version, payload, kFrameHeaderSize + length};
 }
 
-absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::string_view file) {
+absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::string_view file,
+                                            uint16_t version) {
   ByteReader r(payload, file);
   Checkpoint cp;
   cp.config.max_size = r.Get<uint64_t>();
@@ -250,6 +258,14 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::str
   cp.capacity_chunks = r.Get<uint32_t>();
   cp.chunks = GetList<ChunkRecord>(r, GetChunk);
   cp.names = GetList<NameEntry>(r, GetName);
+  if (version == kWorkingImageFormatVersion) {
+    const uint32_t image = r.Get<uint32_t>();
+    if (r.ok() && image != static_cast<uint32_t>(ImageMode::kWorkingImage)) {
+      return absl::DataLossError(
+          absl::StrCat("metadata file ", file, ": unknown image mode ", image));
+    }
+    cp.config.image = ImageMode::kWorkingImage;
+  }
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return cp;
 }

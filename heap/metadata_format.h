@@ -20,10 +20,28 @@
 namespace heapd {
 
 inline constexpr uint32_t kFrameMagic = 0x50414548;  // "HEAP"
+// Version 1: a heap whose clients map its data file (ImageMode::kDirect).
+// Version 2: checkpoints of a heap with a working image, which carry its
+// image mode; a heapd that reads only version 1 refuses such a heap rather
+// than open its data file without the redo log's pages. Epoch records stay
+// version 1: a checkpoint is always read first.
 inline constexpr uint16_t kFormatVersion = 1;
+inline constexpr uint16_t kWorkingImageFormatVersion = 2;
 inline constexpr size_t kFrameHeaderSize = 16;
 
 enum class FrameKind : uint16_t { kCheckpoint = 1, kEpoch = 2 };
+
+// What clients map (docs/consistency.md "Durable images").
+enum class ImageMode : uint32_t {
+  // The data file itself: object contents roll back only where it is on
+  // tmpfs.
+  kDirect = 0,
+  // A working image in memory that clients map; the data file is the
+  // durable image, which only syncs write, through the redo log
+  // (heap/redo_log.h).
+  kWorkingImage = 1,
+};
+const char* ImageModeName(ImageMode mode);
 
 // Settings fixed at creation.
 struct HeapConfig {
@@ -32,10 +50,11 @@ struct HeapConfig {
   uint32_t owner_gid = 0;
   uint32_t mode = 0600;
   int64_t created_unix_ns = 0;
+  ImageMode image = ImageMode::kDirect;
 
   bool operator==(const HeapConfig& o) const {
     return max_size == o.max_size && owner_uid == o.owner_uid && owner_gid == o.owner_gid &&
-           mode == o.mode && created_unix_ns == o.created_unix_ns;
+           mode == o.mode && created_unix_ns == o.created_unix_ns && image == o.image;
   }
 };
 
@@ -64,12 +83,15 @@ std::string EncodeEpochRecord(const EpochRecord& record);
 // errors. DATA_LOSS on a bad magic, version, checksum or length.
 struct DecodedFrame {
   FrameKind kind;
+  uint16_t version;
   absl::string_view payload;
   size_t frame_size;  // header + payload
 };
 absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_view file);
 
-absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::string_view file);
+// `version`: the frame's (DecodedFrame::version).
+absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::string_view file,
+                                            uint16_t version = kFormatVersion);
 absl::StatusOr<EpochRecord> DecodeEpochRecord(absl::string_view payload, absl::string_view file);
 
 }  // namespace heapd

@@ -150,7 +150,7 @@ absl::StatusOr<Checkpoint> DecodeCheckpointFile(absl::string_view bytes, absl::s
     return absl::DataLossError(
         absl::StrCat("metadata file ", file, " is not a single checkpoint frame"));
   }
-  return DecodeCheckpoint(frame->payload, file);
+  return DecodeCheckpoint(frame->payload, file, frame->version);
 }
 
 absl::StatusOr<RecoveredMetadata> ReplayLog(Checkpoint checkpoint, absl::string_view log_bytes,

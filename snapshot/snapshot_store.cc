@@ -451,7 +451,7 @@ absl::StatusOr<v1::SnapshotManifest> SnapshotStore::Create(
     absl::StatusOr<std::vector<ByteRange>> needed = UsedRanges(verified->metadata.state);
     if (!needed.ok()) return needed.status();
     // The helper gets only a read-only descriptor of the heap's data.
-    absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
+    absl::StatusOr<int> data = heap.OpenCommittedData();
     if (!data.ok()) return data.status();
     UniqueFd data_fd(*data);
     const int from = data_fd.get();

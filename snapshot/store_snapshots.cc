@@ -548,7 +548,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     if (!used.ok()) return used.status();
     stored.used_chunks = *std::move(used);
     // The helper gets only a read-only descriptor of the heap's data.
-    absl::StatusOr<int> data = heap.OpenDataFile(/*writable=*/false);
+    absl::StatusOr<int> data = heap.OpenCommittedData();
     if (!data.ok()) return data.status();
     UniqueFd data_fd(*data);
     stored.data_fd = data_fd.get();

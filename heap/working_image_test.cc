@@ -1,0 +1,251 @@
+// Heaps with a working image (ImageMode::kWorkingImage) on a block file
+// system (the test directory, ext4 here): clients map memory; the data
+// file changes only through syncs' redo log; a heapd that dies (the heap
+// closed without anything more) comes back at the last sync, every byte.
+#include <fcntl.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <linux/magic.h>
+
+#include "gtest/gtest.h"
+#include "heap/heap.h"
+#include "heap/metadata_format.h"
+#include "heap/test_dir.h"
+#include "testing/in_process.h"
+
+namespace heapd {
+namespace {
+
+HeapConfig WorkingImageConfig(uint64_t chunks) {
+  HeapConfig config;
+  config.max_size = chunks * kChunkSize;
+  config.owner_uid = 1000;
+  config.owner_gid = 1000;
+  config.mode = 0640;
+  config.image = ImageMode::kWorkingImage;
+  return config;
+}
+
+std::unique_ptr<Heap> Attach(PersistentHeap* heap, ClientId id,
+                             InProcessSessionCalls** calls = nullptr) {
+  absl::StatusOr<std::unique_ptr<Heap>> session =
+      AttachInProcess(heap, id, {}, [calls](std::unique_ptr<InProcessSessionCalls> c) {
+        if (calls != nullptr) *calls = c.get();
+        return c;
+      });
+  EXPECT_TRUE(session.ok()) << session.status();
+  return session.ok() ? *std::move(session) : nullptr;
+}
+
+uint64_t Allocate(Heap& session, uint64_t size) {
+  absl::StatusOr<void*> object = session.allocate(size);
+  EXPECT_TRUE(object.ok()) << object.status();
+  return object.ok() ? session.offset_of(*object) : 0;
+}
+
+// `size` bytes at `offset` of the file `path`.
+std::string ReadFile(const std::string& path, uint64_t offset, uint64_t size) {
+  std::string bytes(size, '\0');
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(fd, 0) << path;
+  EXPECT_EQ(pread(fd, bytes.data(), size, static_cast<off_t>(offset)),
+            static_cast<ssize_t>(size));
+  close(fd);
+  return bytes;
+}
+
+std::string ReadFd(int fd, uint64_t offset, uint64_t size) {
+  std::string bytes(size, '\0');
+  EXPECT_EQ(pread(fd, bytes.data(), size, static_cast<off_t>(offset)),
+            static_cast<ssize_t>(size));
+  return bytes;
+}
+
+class WorkingImageTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    struct statfs fs;
+    ASSERT_EQ(statfs(dir_.path().c_str(), &fs), 0);
+    if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << dir_.path() << " is on tmpfs";
+  }
+  TestDir dir_;
+  const std::string path_ = dir_.Sub("h");
+};
+
+TEST_F(WorkingImageTest, ClientsMapMemoryAndContentsRollBack) {
+  auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_TRUE((*heap)->content_rollback()) << (*heap)->content_rollback_note();
+  const HeapStats stats = (*heap)->Stats();
+  EXPECT_EQ(stats.image, ImageMode::kWorkingImage);
+  EXPECT_EQ(stats.backing, BackingKind::kFile);  // the data file's
+  absl::StatusOr<int> mapped = (*heap)->OpenDataFile(/*writable=*/false);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  struct statfs fs;
+  ASSERT_EQ(fstatfs(*mapped, &fs), 0);
+  EXPECT_EQ(fs.f_type, TMPFS_MAGIC);  // clients map memory
+  close(*mapped);
+}
+
+// A heapd that dies after a sync: the heap reopens at the sync, whatever
+// the working image held, and whether or not the log was applied.
+TEST_F(WorkingImageTest, ReopensAtTheLastSyncEveryByte) {
+  uint64_t kept = 0, late = 0, stray_at = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls = nullptr;
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+    ASSERT_NE(session, nullptr);
+    kept = Allocate(*session, 4096);
+    std::memset(session->at<char>(kept), 's', 4096);
+    ASSERT_TRUE((*heap)->Bind(1, {"root", kept, 4096, "blob", 1000, 1}).ok());
+    ASSERT_TRUE(session->sync().ok());
+    // The sync's pages are in the redo log, not yet in the data file.
+    EXPECT_NE(ReadFile(path_ + "/data", kept, 4096), std::string(4096, 's'));
+    // Stores after the sync, and a store no client tracked (as a working
+    // image that outlived heapd would hold): none reaches the data file.
+    std::memset(session->at<char>(kept), 'u', 100);
+    late = Allocate(*session, 100);
+    std::memset(session->at<char>(late), 'u', 100);
+    const std::string stray(4096, 'x');
+    stray_at = (*heap)->capacity_bytes() - 4096;
+    ASSERT_EQ(pwrite((*heap)->data_fd(), stray.data(), stray.size(), static_cast<off_t>(stray_at)),
+              4096);
+    calls->Close();
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->epoch(), 1u);
+  // Replayed into the data file at open.
+  EXPECT_EQ(ReadFile(path_ + "/data", kept, 4096), std::string(4096, 's'));
+  EXPECT_EQ(ReadFd((*heap)->data_fd(), kept, 4096), std::string(4096, 's'));
+  EXPECT_EQ(ReadFd((*heap)->data_fd(), stray_at, 4096), std::string(4096, '\0'));
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 1u);
+  std::unique_ptr<Heap> session = Attach(heap->get(), 2);
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(std::string(session->at<char>(kept), 4096), std::string(4096, 's'));
+  (void)late;
+}
+
+// docs/consistency.md: a page two sessions write is committed as it is by
+// whichever syncs first; the other session's own pages are not.
+TEST_F(WorkingImageTest, ASyncCommitsItsPagesAsTheyAre) {
+  uint64_t mine = 0, theirs = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls1 = nullptr;
+    InProcessSessionCalls* calls2 = nullptr;
+    std::unique_ptr<Heap> one = Attach(heap->get(), 1, &calls1);
+    std::unique_ptr<Heap> two = Attach(heap->get(), 2, &calls2);
+    ASSERT_NE(one, nullptr);
+    ASSERT_NE(two, nullptr);
+    mine = Allocate(*one, 4096);
+    theirs = Allocate(*two, 4096);
+    std::memset(one->at<char>(mine), '1', 4096);
+    std::memset(two->at<char>(theirs), '2', 4096);
+    ASSERT_TRUE(one->sync().ok());
+    ASSERT_TRUE(two->sync().ok());
+    // Both write one's object; two writes its own too; only one syncs.
+    std::memset(one->at<char>(mine), 'a', 100);
+    std::memset(two->at<char>(mine) + 200, 'b', 100);
+    std::memset(two->at<char>(theirs), 'c', 100);
+    ASSERT_TRUE(one->sync().ok());
+    calls1->Close();
+    calls2->Close();
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  const std::string page = ReadFd((*heap)->data_fd(), mine, 4096);
+  EXPECT_EQ(page.substr(0, 100), std::string(100, 'a'));
+  EXPECT_EQ(page.substr(100, 100), std::string(100, '1'));
+  EXPECT_EQ(page.substr(200, 100), std::string(100, 'b'));  // committed as it was
+  EXPECT_EQ(ReadFd((*heap)->data_fd(), theirs, 4096), std::string(4096, '2'));
+}
+
+// A sync larger than the log: the log is applied and a larger one takes
+// its place.
+TEST_F(WorkingImageTest, ASyncLargerThanTheLogGrowsIt) {
+  HeapOptions options;
+  options.redo_log_bytes = 64 << 10;
+  const uint64_t size = 3 * kChunkSize;
+  uint64_t big = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16), options);
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls = nullptr;
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+    ASSERT_NE(session, nullptr);
+    big = Allocate(*session, size);
+    for (uint64_t i = 0; i < size; i += 4096) session->at<char>(big)[i] = static_cast<char>(i >> 12);
+    ASSERT_TRUE(session->sync().ok());
+    for (uint64_t i = 0; i < size; i += 4096) session->at<char>(big)[i] = 'z';
+    calls->Close();
+  }
+  struct stat st;
+  ASSERT_EQ(stat((path_ + "/redo").c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_size), size);
+  EXPECT_NE(access((path_ + "/redo.larger").c_str(), F_OK), 0);
+  auto heap = PersistentHeap::Open(path_, options);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  const std::string data = ReadFd((*heap)->data_fd(), big, size);
+  for (uint64_t i = 0; i < size; i += 4096) {
+    ASSERT_EQ(data[i], static_cast<char>(i >> 12)) << "page " << (i >> 12);
+  }
+}
+
+// A snapshot reads the committed epoch: stores since the last sync do not
+// reach it.
+TEST_F(WorkingImageTest, SnapshotsReadTheCommittedEpoch) {
+  auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  InProcessSessionCalls* calls = nullptr;
+  std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+  ASSERT_NE(session, nullptr);
+  const uint64_t object = Allocate(*session, 4096);
+  std::memset(session->at<char>(object), 's', 4096);
+  ASSERT_TRUE(session->sync().ok());
+  std::memset(session->at<char>(object), 'u', 4096);
+  ASSERT_TRUE((*heap)
+                  ->WithCommittedState([&](const CommittedState& state) {
+                    EXPECT_EQ(state.epoch, 1u);
+                    EXPECT_EQ(ReadFd(state.data_fd, object, 4096), std::string(4096, 's'));
+                    absl::StatusOr<int> fd = (*heap)->OpenCommittedData();
+                    EXPECT_TRUE(fd.ok()) << fd.status();
+                    if (fd.ok()) {
+                      EXPECT_EQ(ReadFd(*fd, object, 4096), std::string(4096, 's'));
+                      close(*fd);
+                    }
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(session->detach().ok());
+}
+
+// The on-disk format: a heap with a working image writes checkpoints of
+// format version 2 (a heapd that reads only version 1 refuses it); a
+// direct heap stays at version 1, and reopens direct.
+TEST_F(WorkingImageTest, CheckpointsSayWhichImage) {
+  auto version_of = [](const std::string& dir) {
+    const std::string header = ReadFile(dir + "/checkpoint", 0, kFrameHeaderSize);
+    uint16_t version = 0;
+    std::memcpy(&version, header.data() + 4, 2);
+    return version;
+  };
+  HeapConfig direct = WorkingImageConfig(16);
+  direct.image = ImageMode::kDirect;
+  ASSERT_TRUE(PersistentHeap::Create(dir_.Sub("direct"), direct).ok());
+  ASSERT_TRUE(PersistentHeap::Create(path_, WorkingImageConfig(16)).ok());
+  EXPECT_EQ(version_of(dir_.Sub("direct")), kFormatVersion);
+  EXPECT_EQ(version_of(path_), kWorkingImageFormatVersion);
+  auto reopened = PersistentHeap::Open(dir_.Sub("direct"));
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->Stats().image, ImageMode::kDirect);
+  EXPECT_FALSE((*reopened)->content_rollback());
+}
+
+}  // namespace
+}  // namespace heapd
