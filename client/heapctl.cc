@@ -210,6 +210,18 @@ int HeapStat(const Call& call) {
   PrintHeapHeader();
   PrintHeapRow(stats.info());
   std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
+  std::printf("clients map: %s\n", stats.info().image() == v1::IMAGE_WORKING
+                                       ? "a working image in memory (the data file changes "
+                                         "only at syncs)"
+                                       : "the data file");
+  if (stats.info().content_rollback()) {
+    std::printf("after a crash: object contents go back to the last sync\n");
+  } else {
+    std::printf(
+        "after a crash: allocations and names go back to the last sync; object "
+        "contents do not: %s\n",
+        stats.info().content_rollback_note().c_str());
+  }
   std::printf(
       "chunks: %u reserved, %u free, %u small (%u leased), %u in %llu large objects, %u held "
       "for sessions' large objects; %llu live objects; metadata log %s\n",

@@ -199,8 +199,10 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(Reservation reservation,
                                                                  const HeapConfig& config) {
   // Built on disk with no lock held: Get and List go on meanwhile.
+  HeapConfig chosen = config;
+  chosen.image = ImageModeFor(heaps_dir_, options_);
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", reservation.name()), config, options_);
+      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", reservation.name()), chosen, options_);
   if (!heap.ok()) return heap.status();
   return Add(std::move(reservation), *std::move(heap));
 }

@@ -77,6 +77,12 @@ ABSL_FLAG(bool, track_contents, true,
           "Roll object contents back to the last sync after a crash (clients keep pre-images "
           "of the pages they write; tmpfs heaps only, see docs/consistency.md). false: only "
           "allocations and names roll back, and attach and stats say so.");
+ABSL_FLAG(bool, working_images, true,
+          "Heaps created on a block file system or fs-dax get a working image: clients map a "
+          "copy in memory (the heap's capacity, counted against --tmpfs_reserve_bytes), and the "
+          "data file changes only at syncs, through a redo log, so contents roll back to the "
+          "last sync after any crash (docs/consistency.md). false: clients map the data file; "
+          "only allocations and names roll back. Heaps keep what they were created with.");
 ABSL_FLAG(bool, grow_ahead, true,
           "Grow a heap's data file in the background when fewer than a sixteenth of its chunks "
           "are free, so that allocations seldom wait for its space to be reserved (space is "
@@ -259,6 +265,7 @@ HeapOptions HeapOptionsFromFlags(const UserLimits& limits) {
   options.tmpfs_reserve_bytes = absl::GetFlag(FLAGS_tmpfs_reserve_bytes).bytes;
   options.track_contents = absl::GetFlag(FLAGS_track_contents);
   options.grow_ahead = absl::GetFlag(FLAGS_grow_ahead);
+  options.working_images = absl::GetFlag(FLAGS_working_images);
   return options;
 }
 

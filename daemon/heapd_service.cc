@@ -131,6 +131,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_clients(static_cast<uint32_t>(sessions_->CountOn(served.name)));
   info->set_content_rollback(served.heap->content_rollback());
   info->set_content_rollback_note(served.heap->content_rollback_note());
+  info->set_image(config.image == ImageMode::kWorkingImage ? v1::IMAGE_WORKING : v1::IMAGE_DIRECT);
   if (!with_usage) {
     info->set_capacity_bytes(served.heap->capacity_bytes());
     info->set_epoch(served.heap->epoch());

@@ -75,6 +75,10 @@ class HeapStateCollector : public prometheus::Collectable {
         f.Gauge("heapd_heap_content_rollback",
                 "1 if the heap's object contents go back to the last sync after a crash; 0 if "
                 "only allocations and names do (the backing cannot, or --track_contents=false).");
+    auto& working_image =
+        f.Gauge("heapd_heap_working_image",
+                "1 if the heap's clients map a working image in memory and its data file "
+                "changes only at syncs (through its redo log); 0 if they map the data file.");
     auto& undo_pages = f.Gauge("heapd_heap_undo_pages",
                                "Pages of the heap put back to their last commit (restored) or "
                                "left to a live session that wrote them too (handed_over) since "
@@ -106,6 +110,7 @@ class HeapStateCollector : public prometheus::Collectable {
       Add(last_sync, {{"heap", h}}, stats.last_sync_unix_ns / 1e9);
       Add(repairs, {{"heap", h}}, static_cast<double>(stats.data_file_repairs));
       Add(content_rollback, {{"heap", h}}, stats.content_rollback ? 1 : 0);
+      Add(working_image, {{"heap", h}}, stats.image == ImageMode::kWorkingImage ? 1 : 0);
       Add(undo_pages, {{"heap", h}, {"kind", "restored"}},
           static_cast<double>(stats.undo.pages_restored));
       Add(undo_pages, {{"heap", h}, {"kind", "handed_over"}},

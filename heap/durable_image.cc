@@ -28,7 +28,8 @@ bool AllZero(const char* bytes, uint64_t size) {
 }  // namespace
 
 absl::Status DurableImage::CreateLog(int dir, const std::string& path, uint64_t log_bytes) {
-  return RedoLog::Create(dir, kRedoLogFileName, log_bytes, absl::StrCat(path, "/", kRedoLogFileName))
+  return RedoLog::Create(dir, kRedoLogFileName, log_bytes,
+                         absl::StrCat(path, "/", kRedoLogFileName))
       .status();
 }
 
@@ -44,7 +45,7 @@ absl::StatusOr<std::unique_ptr<DurableImage>> DurableImage::Open(int dir, const 
   absl::StatusOr<std::unique_ptr<RedoLog>> redo =
       fstatat(dir, kRedoLogFileName, &st, AT_SYMLINK_NOFOLLOW) == 0
           ? RedoLog::Open(dir, kRedoLogFileName, log_path)
-          : RedoLog::Create(dir, kRedoLogFileName, log_bytes, log_path);
+          : RedoLog::Create(dir, kRedoLogFileName, log_bytes, log_path, committed_epoch);
   if (!redo.ok()) return redo.status();
   std::unique_ptr<DurableImage> image(
       new DurableImage(dir, path, std::move(data), *std::move(redo)));
@@ -84,7 +85,7 @@ absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
   const std::string log_path = absl::StrCat(path_, "/", kRedoLogFileName);
   unlinkat(dir_, kLargerLogName, 0);
   absl::StatusOr<std::unique_ptr<RedoLog>> larger =
-      RedoLog::Create(dir_, kLargerLogName, capacity, log_path);
+      RedoLog::Create(dir_, kLargerLogName, capacity, log_path, committed_epoch);
   if (!larger.ok()) {
     unlinkat(dir_, kLargerLogName, 0);
     return absl::Status(larger.status().code(),

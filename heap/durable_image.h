@@ -45,9 +45,9 @@ class DurableImage {
   // an empty one of `log_bytes`. DATA_LOSS if the log does not reach the
   // epoch.
   static absl::StatusOr<std::unique_ptr<DurableImage>> Open(int dir, const std::string& path,
-                                                             std::unique_ptr<DataFile> data,
-                                                             uint64_t committed_epoch,
-                                                             uint64_t log_bytes);
+                                                            std::unique_ptr<DataFile> data,
+                                                            uint64_t committed_epoch,
+                                                            uint64_t log_bytes);
 
   // A working image loaded from the data file (named `label`).
   absl::StatusOr<std::unique_ptr<DataFile>> LoadWorkingImage(const std::string& label) const;

@@ -1,8 +1,10 @@
 #include "heap/heap.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +63,13 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
     return absl::OkStatus();
   }
   return absl::OkStatus();  // no MemAvailable to go by
+}
+
+ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options) {
+  if (!options.working_images || !options.track_contents) return ImageMode::kDirect;
+  struct statfs fs;
+  if (statfs(parent.c_str(), &fs) != 0 || fs.f_type == TMPFS_MAGIC) return ImageMode::kDirect;
+  return ImageMode::kWorkingImage;
 }
 
 std::string ContentRollbackNote(BackingKind backing, bool track_contents) {

@@ -105,7 +105,15 @@ struct HeapOptions {
   // Heaps with a working image: the room of a new redo log (it grows to
   // the largest sync).
   uint64_t redo_log_bytes = uint64_t{16} << 20;
+  // New heaps on a block file system or fs-dax get a working image, where
+  // contents track (ImageModeFor); false: their clients map the data file.
+  bool working_images = true;
 };
+
+// The image a new heap in the directory `parent` gets: a working image
+// where the heap's contents could not roll back otherwise (not on tmpfs;
+// content tracking on; options.working_images), else direct.
+ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options);
 
 // Why a heap on `backing` cannot roll object contents back; empty if it
 // can (tmpfs: clients write-protect its pages with userfaultfd).

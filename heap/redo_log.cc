@@ -132,8 +132,8 @@ RedoLog::RedoLog(UniqueFd fd, std::string path, uint64_t blocks, bool direct)
 RedoLog::~RedoLog() = default;
 
 absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::string& name,
-                                                         uint64_t capacity,
-                                                         const std::string& path) {
+                                                         uint64_t capacity, const std::string& path,
+                                                         uint64_t applied_epoch) {
   if (capacity == 0 || capacity > kMaxCapacity) {
     return absl::InvalidArgumentError(absl::StrCat("redo log ", path, ": a capacity of ", capacity,
                                                    " bytes; it holds 1 to ", kMaxCapacity));
@@ -171,6 +171,7 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
   {
     RedoLog log(std::move(fd), path, blocks, /*direct=*/false);
     log.next_.pass = Random64();
+    log.applied_epoch_ = applied_epoch;
     if (absl::Status s = log.WriteHeader(); !s.ok()) return fail(s);  // ends with fdatasync
   }
   if (renameat2(dir, building.c_str(), dir, name.c_str(), RENAME_NOREPLACE) != 0) {

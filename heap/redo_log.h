@@ -72,10 +72,12 @@ class RedoLog {
   // Creates the log `name` in `dir` (which must not exist) with room for
   // `capacity` bytes of records (rounded up to whole blocks), written
   // through with zeros under a temporary name, made durable and renamed into
-  // place (`dir` fsynced). `path` names it in errors.
+  // place (`dir` fsynced). `path` names it in errors. `applied_epoch`:
+  // the epoch the heap's image holds already (a log made for a heap
+  // restored from a snapshot).
   static absl::StatusOr<std::unique_ptr<RedoLog>> Create(int dir, const std::string& name,
-                                                         uint64_t capacity,
-                                                         const std::string& path);
+                                                         uint64_t capacity, const std::string& path,
+                                                         uint64_t applied_epoch = 0);
   // Opens an existing log and finds the end of its current pass. Replay
   // comes next: Append refuses until it succeeded. DATA_LOSS if neither
   // header slot is a redo log's.

@@ -3,11 +3,11 @@
 // file changes only through syncs' redo log; a heapd that dies (the heap
 // closed without anything more) comes back at the last sync, every byte.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <linux/magic.h>
 
 #include "gtest/gtest.h"
 #include "heap/heap.h"
@@ -50,16 +50,14 @@ std::string ReadFile(const std::string& path, uint64_t offset, uint64_t size) {
   std::string bytes(size, '\0');
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   EXPECT_GE(fd, 0) << path;
-  EXPECT_EQ(pread(fd, bytes.data(), size, static_cast<off_t>(offset)),
-            static_cast<ssize_t>(size));
+  EXPECT_EQ(pread(fd, bytes.data(), size, static_cast<off_t>(offset)), static_cast<ssize_t>(size));
   close(fd);
   return bytes;
 }
 
 std::string ReadFd(int fd, uint64_t offset, uint64_t size) {
   std::string bytes(size, '\0');
-  EXPECT_EQ(pread(fd, bytes.data(), size, static_cast<off_t>(offset)),
-            static_cast<ssize_t>(size));
+  EXPECT_EQ(pread(fd, bytes.data(), size, static_cast<off_t>(offset)), static_cast<ssize_t>(size));
   return bytes;
 }
 
@@ -180,7 +178,8 @@ TEST_F(WorkingImageTest, ASyncLargerThanTheLogGrowsIt) {
     std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
     ASSERT_NE(session, nullptr);
     big = Allocate(*session, size);
-    for (uint64_t i = 0; i < size; i += 4096) session->at<char>(big)[i] = static_cast<char>(i >> 12);
+    for (uint64_t i = 0; i < size; i += 4096)
+      session->at<char>(big)[i] = static_cast<char>(i >> 12);
     ASSERT_TRUE(session->sync().ok());
     for (uint64_t i = 0; i < size; i += 4096) session->at<char>(big)[i] = 'z';
     calls->Close();

@@ -1,8 +1,11 @@
-// Object contents go back to the last sync, end to end: a real
-// heapd with its heaps on tmpfs, real client processes (heap_worker)
-// killed after storing into an object they synced before, heapd killed
-// under a writer. And where contents cannot roll back (a heap on ext4, or
-// --track_contents=false), attach and StatHeap say so.
+// Object contents go back to the last sync, end to end: a real heapd with
+// its heaps on tmpfs (clients map the data file), and on a block file
+// system (the test directory, ext4 here: clients map a working image and
+// the data file changes only at syncs), real client processes
+// (heap_worker) killed after storing into an object they synced before,
+// heapd killed under a writer. And where contents cannot roll back
+// (--track_contents=false, --working_images=false on ext4), attach and
+// StatHeap say so.
 #include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -41,8 +44,17 @@ v1::HeapStats Stats(const TestDaemon& daemon) {
   return stats.ok() ? *stats : v1::HeapStats();
 }
 
-TEST(ContentRollbackTest, AStoreAfterTheLastSyncGoesBackWhenItsWriterDies) {
-  TestDaemon daemon({}, "/dev/shm");
+// The parent of heapd's state directory: /dev/shm (tmpfs), or "" (the
+// test directory).
+class ContentRollbackOn : public testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(Storage, ContentRollbackOn, testing::Values("/dev/shm", ""),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? "TestDir" : "Tmpfs";
+                         });
+
+TEST_P(ContentRollbackOn, AStoreAfterTheLastSyncGoesBackWhenItsWriterDies) {
+  TestDaemon daemon({}, GetParam());
   daemon.Start();
   ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
   const ChildResult died = Work(daemon, {"store-and-die", "x", "22"});
@@ -77,8 +89,8 @@ TEST(ContentRollbackTest, ASyncKilledBetweenItsPartsCommitsNothing) {
   }
 }
 
-TEST(ContentRollbackTest, HeapdKilledUnderAWriterRecoversAndFencesIt) {
-  TestDaemon daemon({}, "/dev/shm");
+TEST_P(ContentRollbackOn, HeapdKilledUnderAWriterRecoversAndFencesIt) {
+  TestDaemon daemon({}, GetParam());
   daemon.Start();
   ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
   Child writer({Runfile(kWorker), daemon.socket(), "h", "store-and-wait", "x", "22"});
@@ -98,8 +110,8 @@ TEST(ContentRollbackTest, HeapdKilledUnderAWriterRecoversAndFencesIt) {
 
 // Journals left by a crash are recovered by a heapd started with tracking
 // off, too.
-TEST(ContentRollbackTest, TurningTrackingOffAcrossACrashStillRecovers) {
-  TestDaemon daemon({}, "/dev/shm");
+TEST_P(ContentRollbackOn, TurningTrackingOffAcrossACrashStillRecovers) {
+  TestDaemon daemon({}, GetParam());
   daemon.Start();
   ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
   Child writer({Runfile(kWorker), daemon.socket(), "h", "store-and-wait", "x", "22"});
@@ -113,8 +125,8 @@ TEST(ContentRollbackTest, TurningTrackingOffAcrossACrashStillRecovers) {
   EXPECT_FALSE(Stats(daemon).info().content_rollback());
 }
 
-TEST(ContentRollbackTest, ASyncCommitsTheStore) {
-  TestDaemon daemon({}, "/dev/shm");
+TEST_P(ContentRollbackOn, ASyncCommitsTheStore) {
+  TestDaemon daemon({}, GetParam());
   daemon.Start();
   ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
   Child writer({Runfile(kWorker), daemon.socket(), "h", "hold", "1"});
@@ -139,14 +151,23 @@ TEST(ContentRollbackTest, TurnedOffItSaysSo) {
       << stats.info().content_rollback_note();
 }
 
-TEST(ContentRollbackTest, OnAFileSystemHeapItSaysWhyNot) {
-  TestDaemon daemon;  // state under /tmp: not tmpfs here
+TEST(ContentRollbackTest, AFileSystemHeapGetsAWorkingImage) {
+  TestDaemon daemon;  // state in the test directory: not tmpfs here
   daemon.Start();
   ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
   const v1::HeapStats stats = Stats(daemon);
-  if (stats.info().backing() == v1::BACKING_TMPFS) {
-    GTEST_SKIP() << "/tmp is tmpfs on this machine";
-  }
+  if (stats.info().backing() == v1::BACKING_TMPFS) GTEST_SKIP() << "the test directory is tmpfs";
+  EXPECT_EQ(stats.info().image(), v1::IMAGE_WORKING);
+  EXPECT_TRUE(stats.info().content_rollback()) << stats.info().content_rollback_note();
+}
+
+TEST(ContentRollbackTest, AFileSystemHeapWithoutAWorkingImageSaysWhyNot) {
+  TestDaemon daemon({"--working_images=false"});
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  const v1::HeapStats stats = Stats(daemon);
+  if (stats.info().backing() == v1::BACKING_TMPFS) GTEST_SKIP() << "the test directory is tmpfs";
+  EXPECT_EQ(stats.info().image(), v1::IMAGE_DIRECT);
   EXPECT_FALSE(stats.info().content_rollback());
   EXPECT_TRUE(absl::StrContains(stats.info().content_rollback_note(), "contents do not"))
       << stats.info().content_rollback_note();

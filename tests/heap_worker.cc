@@ -566,7 +566,10 @@ int FindDataFd(const std::string& heap_name) {
     char link[512] = {};
     const std::string proc = "/proc/self/fd/" + std::to_string(fd);
     const ssize_t n = readlink(proc.c_str(), link, sizeof(link) - 1);
-    if (n > 0 && std::string(link).find("/heaps/" + heap_name + "/data") != std::string::npos) {
+    // The data file, or a working image (memory, docs/consistency.md).
+    const std::string target(link);
+    if (n > 0 && (target.find("/heaps/" + heap_name + "/data") != std::string::npos ||
+                  target.find("memfd:heapd-working-image") != std::string::npos)) {
       return fd;
     }
   }

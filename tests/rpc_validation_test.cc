@@ -94,7 +94,10 @@ class RpcValidationTest : public ::testing::Test {
     EXPECT_NE(status.message().find(says), absl::string_view::npos) << status;
   }
 
-  TestDaemon daemon_{{"--attach_token_seconds=1"}};
+  // Heaps without content rollback (clients map the data file): a free of
+  // another session's object applies at once (on heaps that roll contents
+  // back it waits for the next sync; content_rollback_test covers those).
+  TestDaemon daemon_{{"--attach_token_seconds=1", "--working_images=false"}};
   std::unique_ptr<Client> client_;
 };
 

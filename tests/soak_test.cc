@@ -138,10 +138,11 @@ ABSL_FLAG(int, restarts, 1, "how many times heapd is restarted, from --restart_a
 ABSL_FLAG(uint64_t, seed, 0, "random seed (0: from the clock)");
 ABSL_FLAG(int, drain_timeout_s, 300, "seconds the workers get to drain and detach");
 ABSL_FLAG(std::string, state_parent, "",
-          "where heapd's heaps live (empty: under /tmp, a file system, where object contents "
-          "do not roll back). The protocol below assumes they do not: on tmpfs (/dev/shm) a "
-          "worker's steps after its sync (moving heads and tails) roll back when it or heapd "
-          "dies, which the protocol does not expect yet");
+          "where heapd's heaps live (empty: under /tmp, a file system, where heapd runs with "
+          "--working_images=false so that object contents do not roll back). The protocol "
+          "below assumes they do not: on tmpfs (/dev/shm) a worker's steps after its sync "
+          "(moving heads and tails) roll back when it or heapd dies, which the protocol does "
+          "not expect yet");
 
 namespace heapd {
 namespace {
@@ -233,7 +234,8 @@ TEST(SoakTest, WorkersKilledAndHeapdRestartedLeaveNothingBehind) {
       restart_at * 100, seed);
   std::mt19937_64 rng(seed);
 
-  TestDaemon daemon({}, absl::GetFlag(FLAGS_state_parent));
+  // Contents that do not roll back (see --state_parent).
+  TestDaemon daemon({"--working_images=false"}, absl::GetFlag(FLAGS_state_parent));
   daemon.Start();
   struct KeepOnFailure {
     const TestDaemon& daemon;
