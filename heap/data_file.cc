@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Adopt(const std::string& lab
 
 absl::StatusOr<std::unique_ptr<DataFile>> DataFile::CreateMemory(const std::string& label,
                                                                  uint64_t size) {
+  // Without MFD_ALLOW_SEALING the memfd is sealed against seals: no client
+  // holding it can keep heapd from growing it (F_SEAL_GROW) or writing it.
   const int fd = memfd_create("heapd-working-image", MFD_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", label));
   std::unique_ptr<DataFile> file(new DataFile(label, fd, 0, BackingKind::kTmpfs));
