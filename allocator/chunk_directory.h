@@ -234,6 +234,10 @@ class ChunkDirectory {
 
   DirectoryStats Stats() const;
 
+  // Chunk `chunk` as a crash now would recover it (free, small with its
+  // bitmap, or a committed large run's head). REQUIRES: within capacity.
+  ChunkRecord PersistedRecord(uint32_t chunk) const { return Persisted(chunk); }
+
   // Leases held by `client`.
   size_t LeaseCount(ClientId client) const;
   // The client leasing the small chunk that holds `offset`, the one that

@@ -424,14 +424,23 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   if (committed != nullptr) {
     committed->all = committed->all || journal->second.broken;  // the refresh may break it
     committed->pages = pages;
+    committed->fresh.clear();
     for (const Journal::Fresh& f : journal->second.fresh) {
-      for (uint64_t page = f.offset; page < f.offset + f.length; page += kUndoPageBytes) {
-        committed->pages.push_back(page);
+      committed->fresh.emplace_back(f.offset, f.length);
+      // Pages that may be logged get commit images where others hold
+      // records of them, so that a rollback puts them back to what the log
+      // holds, not to older bytes.
+      for (auto it = index_.lower_bound(f.offset);
+           it != index_.end() && it->first < f.offset + f.length; ++it) {
+        pages.push_back(it->first);
       }
     }
-    std::sort(committed->pages.begin(), committed->pages.end());
-    committed->pages.erase(std::unique(committed->pages.begin(), committed->pages.end()),
-                           committed->pages.end());
+    if (committed->all) {
+      pages.clear();
+      for (const auto& [page, entries] : index_) pages.push_back(page);
+    }
+    std::sort(pages.begin(), pages.end());
+    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   }
   for (uint64_t page : pages) {
     auto it = index_.find(page);
@@ -754,14 +763,27 @@ void ContentUndo::RecoverAllLocked(bool put_back) {
 absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t length) {
   absl::MutexLock lock(&mu_);
   AdoptNewJournalsLocked();
+  // The range is `session`'s alone now: every other entry (this session's
+  // earlier one too) is cut out of it. A session that gave the memory back
+  // no longer writes it, and its syncs must not take another's stores there
+  // for its own (a redo log logs fresh memory whole). Entries never overlap,
+  // so they stay within the heap's chunks.
+  const uint64_t end = offset + length;
+  for (auto& [id, journal] : journals_) {
+    std::vector<Journal::Fresh> kept;
+    for (const Journal::Fresh& f : journal.fresh) {
+      const uint64_t f_end = f.offset + f.length;
+      if (f_end <= offset || f.offset >= end) {
+        kept.push_back(f);
+        continue;
+      }
+      if (f.offset < offset) kept.push_back(Journal::Fresh{f.offset, offset - f.offset, f.commits});
+      if (f_end > end) kept.push_back(Journal::Fresh{end, f_end - end, f.commits});
+    }
+    journal.fresh = std::move(kept);
+  }
   if (auto journal = journals_.find(session); journal != journals_.end()) {
-    // One entry per range (a chunk leased again replaces its entry): the
-    // list stays within the heap's chunks.
-    std::vector<Journal::Fresh>& fresh = journal->second.fresh;
-    fresh.erase(std::remove_if(fresh.begin(), fresh.end(),
-                               [&](const Journal::Fresh& f) { return f.offset == offset; }),
-                fresh.end());
-    fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
+    journal->second.fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
   }
   ChangedLocked(offset, length, marks_ + 1);
   RefreshAllLocked();

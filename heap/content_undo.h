@@ -121,6 +121,9 @@ class ContentUndo {
   // The pages a sync commits (a redo log writes them; heap/redo_log.h).
   struct CommitPages {
     std::vector<uint64_t> pages;  // page offsets, ascending, each once
+    // Memory handed to the session free, still open to its stores without
+    // pre-images: (offset, length). Only its live objects need logging.
+    std::vector<std::pair<uint64_t, uint64_t>> fresh;
     // The session stored without pre-images (StoresUnseen): which pages it
     // wrote is not known, so every page is committed.
     bool all = false;
@@ -131,7 +134,8 @@ class ContentUndo {
   // the generation end. With `committed`, says which pages the sync
   // commits: those the session took pre-images of in those generations,
   // those handed over to it, and the memory handed to it free that it may
-  // have written without pre-images.
+  // have written without pre-images (each of those pages that another
+  // record names gets a commit image too).
   absl::Status PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch,
                              CommitPages* committed = nullptr);
   // After epoch `epoch` was persisted: drops what it made void.

@@ -85,6 +85,9 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::CreateMemory(const std::stri
   const int fd = memfd_create("heapd-working-image", MFD_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", label));
   std::unique_ptr<DataFile> file(new DataFile(label, fd, 0, BackingKind::kTmpfs));
+  // A memfd is made 0777: anyone holding a read-only descriptor could open
+  // it again writable through /proc/self/fd. Only heapd's user may.
+  if (fchmod(fd, 0600) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", label));
   if (absl::Status s = file->Grow(size); !s.ok()) return s;
   return file;
 }

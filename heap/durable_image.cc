@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "heap/fault_point.h"
 #include "util/dir_files.h"
 #include "util/errno_status.h"
 
@@ -41,6 +42,7 @@ absl::StatusOr<std::unique_ptr<DurableImage>> DurableImage::Open(int dir, const 
   // A larger log that a crash kept from replacing the log: the log it was
   // to replace was empty, and is still in place.
   unlinkat(dir, kLargerLogName, 0);
+  unlinkat(dir, absl::StrCat(kLargerLogName, ".new").c_str(), 0);
   struct stat st;
   absl::StatusOr<std::unique_ptr<RedoLog>> redo =
       fstatat(dir, kRedoLogFileName, &st, AT_SYMLINK_NOFOLLOW) == 0
@@ -92,6 +94,7 @@ absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
                         absl::StrCat("a sync of ", pages, " pages needs a redo log of ", needed,
                                      " bytes: ", larger.status().message()));
   }
+  FaultPoint("redo.larger.before_rename");
   if (renameat(dir_, kLargerLogName, dir_, kRedoLogFileName) != 0 || fsync(dir_) != 0) {
     const int error = errno;
     unlinkat(dir_, kLargerLogName, 0);
@@ -102,12 +105,14 @@ absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
 }
 
 absl::Status DurableImage::Log(uint64_t epoch, const std::vector<uint64_t>& pages, int working) {
+  FaultPoint("redo.before_append");
   return redo_->Append(epoch, pages, working).status();
 }
 
 absl::Status DurableImage::Apply(uint64_t committed_epoch) {
   absl::StatusOr<uint64_t> written = redo_->ApplyTo(data_->fd(), committed_epoch);
   if (!written.ok()) return written.status();
+  FaultPoint("redo.apply.before_reset");
   return redo_->Reset();
 }
 

@@ -55,8 +55,8 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
     const uint64_t available = kib << 10;
     if (available < reserve || available - reserve < bytes) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("heap ", heap, " is on tmpfs (memory): growing it by ", bytes,
-                       " bytes would leave less than the reserve of ", reserve,
+          absl::StrCat("heap ", heap, " lives in memory (on tmpfs, or a working image): ", bytes,
+                       " more bytes would leave less than the reserve of ", reserve,
                        " bytes (--tmpfs_reserve_bytes) of the node's ", available,
                        " bytes of available memory"));
     }
@@ -169,6 +169,15 @@ absl::StatusOr<std::unique_ptr<PersistentHeap>> PersistentHeap::Open(const std::
         dir_fd.get(), dir, *std::move(data), recovered.state.epoch, options.redo_log_bytes);
     if (!opened.ok()) return opened.status();
     durable = *std::move(opened);
+    // The working image takes the heap's capacity in memory, as growth
+    // would.
+    if (options.tmpfs_reserve_bytes != 0) {
+      if (absl::Status s =
+              CheckMemoryForTmpfs(durable->data().size(), options.tmpfs_reserve_bytes, dir);
+          !s.ok()) {
+        return s;
+      }
+    }
     data = durable->LoadWorkingImage(absl::StrCat("the working image of heap ", dir));
     if (!data.ok()) return data.status();
   }
@@ -579,44 +588,72 @@ absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_
   {
     absl::MutexLock grow_lock(&grow_mu_);
     if (absl::Status s = RepairDataFileLocked(); !s.ok()) {
+      if (durable_ != nullptr) {  // as a failed log below
+        absl::MutexLock lock(&mu_);
+        return BreakLocked(s.message());
+      }
       return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
     }
     size = data_->size();
   }
   if (durable_ != nullptr) {
-    all_pages = all_pages || unlogged_all_;
     if (all_pages) {
       pages.clear();
       for (uint64_t page = 0; page < size; page += kRedoBlockBytes) pages.push_back(page);
-    } else if (!unlogged_pages_.empty()) {
-      std::vector<uint64_t> merged;
-      std::set_union(pages.begin(), pages.end(), unlogged_pages_.begin(), unlogged_pages_.end(),
-                     std::back_inserter(merged));
-      pages = std::move(merged);
     }
-    uint64_t committed;
-    {
-      absl::MutexLock lock(&mu_);
-      committed = epoch_;
-    }
-    absl::Status logged = durable_->MakeRoom(pages.size(), committed);
+    // Epochs follow each other: the committed one is the one before.
+    absl::Status logged = durable_->MakeRoom(pages.size(), epoch - 1);
     if (logged.ok()) logged = durable_->Log(epoch, pages, data_->fd());
-    if (logged.ok()) {
-      unlogged_pages_.clear();
-      unlogged_all_ = false;
-      return logged;
-    }
-    // The log reads as before; the epoch that commits this sync's
-    // generation end logs them.
-    unlogged_pages_ = std::move(pages);
-    unlogged_all_ = all_pages;
-    return absl::Status(logged.code(), absl::StrCat("sync of heap ", dir_, ": ", logged.message()));
+    if (logged.ok()) return logged;
+    absl::MutexLock lock(&mu_);
+    // This sync's generation end is written: the next epoch would commit
+    // it without these pages, and logged later they could hold the
+    // session's next stores. The heap stops here; reopened, it is at its
+    // last epoch.
+    return BreakLocked(absl::StrCat("its redo log failed: ", logged.message()));
   }
   absl::Status flushed = data_->Flush();
   if (flushed.ok()) return flushed;
   // Never retried: the pages that failed may be clean now and lost.
   absl::MutexLock lock(&mu_);
   return BreakLocked(flushed.message());
+}
+
+void PersistentHeap::AddLivePagesLocked(uint64_t offset, uint64_t length,
+                                        std::vector<uint64_t>* pages) const {
+  const uint64_t end =
+      std::min(offset + length, uint64_t{directory_->capacity_chunks()} * kChunkSize);
+  std::vector<uint64_t> live;
+  auto add = [&](uint64_t begin, uint64_t stop) {
+    begin = std::max(begin, offset) & ~(kRedoBlockBytes - 1);
+    stop = std::min(stop, end);
+    for (uint64_t page = begin; page < stop; page += kRedoBlockBytes) {
+      if (live.empty() || live.back() != page) live.push_back(page);
+    }
+  };
+  for (uint64_t chunk = offset / kChunkSize; chunk * kChunkSize < end;) {
+    const ChunkRecord record = directory_->PersistedRecord(static_cast<uint32_t>(chunk));
+    const uint64_t base = chunk * kChunkSize;
+    if (record.kind == ChunkKind::kLargeHead) {
+      add(base, base + uint64_t{record.run_chunks} * kChunkSize);
+      chunk += record.run_chunks;
+      continue;
+    }
+    if (record.kind == ChunkKind::kSmall) {
+      const uint64_t slot_bytes = ClassSize(record.size_class);
+      const uint32_t slots = SlotsPerChunk(record.size_class);
+      for (uint32_t slot = 0; slot < slots; ++slot) {
+        if ((record.words[slot >> 6] >> (slot & 63) & 1) == 0) continue;
+        add(base + slot * slot_bytes, base + (slot + 1) * slot_bytes);
+      }
+    }
+    ++chunk;
+  }
+  std::vector<uint64_t> merged;
+  merged.reserve(pages->size() + live.size());
+  std::set_union(pages->begin(), pages->end(), live.begin(), live.end(),
+                 std::back_inserter(merged));
+  *pages = std::move(merged);
 }
 
 absl::Status PersistentHeap::BreakLocked(absl::string_view what) {
@@ -713,6 +750,13 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     result.corrections = std::move(reported->corrections);
     result.rejected_frees = std::move(reported->rejected_frees);
     directory_->Commit(client);
+    // Of the memory handed to the session free, what this epoch commits
+    // live: the rest is free, its bytes never read.
+    if (durable_ != nullptr && !committed.all) {
+      for (const auto& [offset, length] : committed.fresh) {
+        AddLivePagesLocked(offset, length, &committed.pages);
+      }
+    }
     // What this epoch persists, taken now; later changes go to the next.
     if (full) {
       directory_->TakeDirtyRecords();

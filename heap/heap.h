@@ -342,10 +342,14 @@ class PersistentHeap {
   // Fails unless the heap may change: not read-only, not broken.
   absl::Status CheckWritableLocked(const char* what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Flushes the data file (repaired first); a failure breaks the heap.
-  // With a working image: logs `pages` (with those of a failed sync before
-  // it) as `epoch`'s instead; all of them if `all_pages`.
+  // With a working image: logs `pages` as `epoch`'s instead (all of them
+  // if `all_pages`); any failure breaks the heap.
   absl::Status FlushDataLocked(uint64_t epoch, std::vector<uint64_t> pages, bool all_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+  // Adds to `pages` (ascending, each once) the pages of [offset, offset +
+  // length) that live objects use, as the directory would persist them now.
+  void AddLivePagesLocked(uint64_t offset, uint64_t length, std::vector<uint64_t>* pages) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Breaks the heap (see above): `what` failed. Returns the error.
   absl::Status BreakLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync and Detach: record the reports, staged and `last` (ending the
@@ -385,11 +389,6 @@ class PersistentHeap {
   // full checkpoint, and Reclaim persists first (see there). Written under
   // persist_mu_; Reclaim reads it without, to take that lock only then.
   std::atomic<bool> checkpoint_next_{false};
-  // With a working image: pages of a sync that failed after its generation
-  // end was written, not logged; the next epoch logs them (it commits that
-  // generation end).
-  std::vector<uint64_t> unlogged_pages_ ABSL_GUARDED_BY(persist_mu_);
-  bool unlogged_all_ ABSL_GUARDED_BY(persist_mu_) = false;
 
   mutable absl::Mutex grow_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/statfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "heap/heap.h"
 #include "heap/metadata_format.h"
 #include "heap/test_dir.h"
+#include "heap/undo_record.h"
 #include "testing/in_process.h"
 
 namespace heapd {
@@ -164,6 +166,56 @@ TEST_F(WorkingImageTest, ASyncCommitsItsPagesAsTheyAre) {
   EXPECT_EQ(ReadFd((*heap)->data_fd(), theirs, 4096), std::string(4096, '2'));
 }
 
+// Memory a session was handed free, gave back and another session was
+// handed free: the first session's sync no longer logs it, so the
+// second's stores after its own sync are not committed by it (found by a
+// review: fresh memory is logged whole, and was logged by whoever had it
+// free last, with another's unsynced stores in it).
+TEST_F(WorkingImageTest, FreshMemoryGivenBackIsNotLoggedByItsFormerHolder) {
+  std::string synced(4096, 't'), unsynced(4096, 'u');
+  uint64_t page = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    PersistentHeap& h = **heap;
+    auto journal1 = h.OpenUndoJournal(1);
+    auto journal2 = h.OpenUndoJournal(2);
+    ASSERT_TRUE(journal1.ok() && journal2.ok());
+    auto first = h.LeaseChunks(1, 3, 1);
+    ASSERT_TRUE(first.ok()) << first.status();
+    page = uint64_t{(*first)[0].chunk} * kChunkSize;
+    const std::string mine(4096, 's');
+    ASSERT_EQ(pwrite(h.data_fd(), mine.data(), mine.size(), static_cast<off_t>(page)), 4096);
+    ASSERT_TRUE(h.ReturnLeases(1, {LeaseReport{(*first)[0].chunk, (*first)[0].words}}).ok());
+    auto second = h.LeaseChunks(2, 3, 1);
+    ASSERT_TRUE(second.ok()) << second.status();
+    ASSERT_EQ((*second)[0].chunk, (*first)[0].chunk) << "the chunk given back is leased again";
+    ASSERT_EQ(pwrite(h.data_fd(), synced.data(), synced.size(), static_cast<off_t>(page)), 4096);
+    LeaseReport allocated{(*second)[0].chunk, (*second)[0].words};
+    allocated.words[0] |= 1;  // an object at the chunk's start
+    ASSERT_TRUE(h.Sync(2, {allocated}, 1).ok());
+    // Session 2's next store to the page, with its pre-image, not synced.
+    UndoRecordHeader pre;
+    pre.kind = static_cast<uint32_t>(UndoKind::kPreImage);
+    pre.page = page;
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pre.time_ns =
+        static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+    pre.generation = 2;
+    const std::string record = EncodeUndoRecord(pre, synced);
+    ASSERT_EQ(write(journal2->get(), record.data(), record.size()),
+              static_cast<ssize_t>(record.size()));
+    ASSERT_EQ(pwrite(h.data_fd(), unsynced.data(), unsynced.size(), static_cast<off_t>(page)),
+              4096);
+    ASSERT_TRUE(h.Sync(1, {}, 1).ok());
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_TRUE(ReadFd((*heap)->data_fd(), page, 4096) == synced)
+      << "the page reads '" << ReadFd((*heap)->data_fd(), page, 1) << "...'";
+}
+
 // A sync larger than the log: the log is applied and a larger one takes
 // its place.
 TEST_F(WorkingImageTest, ASyncLargerThanTheLogGrowsIt) {
@@ -194,6 +246,23 @@ TEST_F(WorkingImageTest, ASyncLargerThanTheLogGrowsIt) {
   for (uint64_t i = 0; i < size; i += 4096) {
     ASSERT_EQ(data[i], static_cast<char>(i >> 12)) << "page " << (i >> 12);
   }
+}
+
+// Opening loads the working image: refused, saying why, where it would
+// leave less than the reserve of the node's memory.
+TEST_F(WorkingImageTest, OpenLeavesTheMemoryReserve) {
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    ASSERT_TRUE((*heap)->LeaseChunks(1, 3, 1).ok());
+  }
+  HeapOptions options;
+  options.tmpfs_reserve_bytes = uint64_t{1} << 50;  // more than any node has
+  auto refused = PersistentHeap::Open(path_, options);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("--tmpfs_reserve_bytes"), std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(PersistentHeap::Open(path_).ok());
 }
 
 // A snapshot reads the committed epoch: stores since the last sync do not

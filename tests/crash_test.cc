@@ -27,17 +27,22 @@ constexpr int kKillRuns = 300;
 constexpr int kMaxSteps = 600;
 constexpr int kSyncsPerMille = 50;
 
-// With content rollback (the heaps are on tmpfs): the client in the killed
-// process takes pre-images as through heapd.
+// With content rollback: the client in the killed process takes
+// pre-images as through heapd. The heaps are on tmpfs (direct), or in the
+// test directory (a file system) with a working image.
 HeapOptions Options() {
   HeapOptions options;
   options.checkpoint_log_bytes = 96 << 10;  // checkpoints every few syncs
+  options.redo_log_bytes = 64 << 10;        // applied, and grown, every few syncs
   return options;
 }
+
+ImageMode g_image = ImageMode::kDirect;
 
 HeapConfig Config() {
   HeapConfig config;
   config.max_size = 1024 * kChunkSize;
+  config.image = g_image;
   return config;
 }
 
@@ -113,8 +118,19 @@ std::string Bytes(const PersistentHeap& heap, const NameEntry& entry) {
   return bytes;
 }
 
-TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
-  TestDir root(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "");
+// The parent of the heaps: /dev/shm (tmpfs, direct), or "" (the test
+// directory, with a working image).
+class CrashTest : public testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(Storage, CrashTest, testing::Values("/dev/shm", ""),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? "WorkingImage" : "Tmpfs";
+                         });
+
+TEST_P(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
+  if (!GetParam().empty() && access(GetParam().c_str(), W_OK) != 0) GTEST_SKIP() << "no /dev/shm";
+  TestDir root(GetParam());
+  g_image = GetParam().empty() ? ImageMode::kWorkingImage : ImageMode::kDirect;
   std::map<std::string, int> kills_by_point;
   for (int run = 0; run < kKillRuns; ++run) {
     const uint64_t seed = 7000 + run;
@@ -204,6 +220,12 @@ TEST(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
         "log.after_sync", "checkpoint.torn", "checkpoint.before_rename", "checkpoint.after_rename",
         "checkpoint.new_log"}) {
     EXPECT_GT(kills_by_point[point], 0) << point;
+  }
+  if (g_image == ImageMode::kWorkingImage) {
+    for (const char* point :
+         {"redo.before_append", "redo.apply.before_reset", "redo.larger.before_rename"}) {
+      EXPECT_GT(kills_by_point[point], 0) << point;
+    }
   }
 }
 

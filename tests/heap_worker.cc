@@ -37,6 +37,10 @@
 //                                               is a multiple of 3, sync; print "step I
 //                                               epoch E" after each
 //   heap_worker SOCKET HEAP ro-write NAME       read-only: store into NAME's uint64_t
+//   heap_worker SOCKET HEAP ro-reopen NAME      read-only: open the heap's descriptor
+//                                               again writable (/proc/self/fd) and
+//                                               store into NAME's uint64_t through it;
+//                                               print "refused ..." or "reopened"
 //   heap_worker SOCKET HEAP attach ro|rw        attach, print "ok" or the status
 //   heap_worker SOCKET HEAP raw-attach          Attach only; print the fd token,
 //                                               hold the session until stdin closes
@@ -58,12 +62,14 @@
 //                                               the data file it holds to 0 bytes,
 //                                               allocate and sync again; print each
 //                                               step's status
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -274,6 +280,30 @@ int ReadOnlyWrite(Client& client, const std::string& heap_name, const std::strin
   std::fflush(stdout);
   *const_cast<volatile uint64_t*>(object) = 0xdead;  // must fault
   std::printf("error the store did not fault\n");
+  return 3;
+}
+
+int FindDataFd(const std::string& heap_name);
+
+int ReadOnlyReopen(Client& client, const std::string& heap_name, const std::string& name) {
+  auto found = FindReadOnly(client, heap_name, name);
+  if (!found.ok()) return Fail(found.status());
+  const uint64_t offset = found->first->offset_of(found->second);
+  const int fd = FindDataFd(heap_name);
+  if (fd < 0) {
+    std::printf("error no descriptor of the heap found\n");
+    return 3;
+  }
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const int writable = open(self.c_str(), O_RDWR | O_CLOEXEC);
+  if (writable < 0) {
+    std::printf("refused %s\n", std::strerror(errno));
+    return 0;
+  }
+  const uint64_t value = 0xdead;
+  const bool stored = pwrite(writable, &value, sizeof(value), static_cast<off_t>(offset)) ==
+                      static_cast<ssize_t>(sizeof(value));
+  std::printf("reopened writable%s\n", stored ? ", stored" : "");
   return 3;
 }
 
@@ -636,6 +666,7 @@ int Main(int argc, char** argv) {
     return AllocForever(*client, heap, id, /*idle=*/true);
   }
   if (mode == "ro-write") return ReadOnlyWrite(*client, heap, arg);
+  if (mode == "ro-reopen") return ReadOnlyReopen(*client, heap, arg);
   if (mode == "put") {
     uint64_t value = 0;
     if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;

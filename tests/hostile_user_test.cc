@@ -810,6 +810,26 @@ TEST_F(HostileUserTest, AWriterTruncatingTheDataFileIsRepairedNotFatal) {
   EXPECT_TRUE(RunChild(As(kOtherUser, Worker("t", {"put", "after", "1"}))).Exited(0));
 }
 
+// A user allowed to read a heap opens its read-only descriptor again,
+// writable, through /proc/self/fd (a memfd's mode would let anyone): heapd
+// refuses, and the heap is unchanged.
+TEST_F(HostileUserTest, AReaderCannotReopenTheHeapWritable) {
+  ASSERT_TRUE(Ctl(kOtherUser, {"heap", "create", "shared", "--max_size=268435456", "--mode=0644"})
+                  .Exited(0));
+  ASSERT_TRUE(RunChild(As(kOtherUser, Worker("shared", {"put", "x", "11"}))).Exited(0));
+  const ChildResult stat = RunChild(
+      {Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "shared"});
+  ASSERT_TRUE(stat.Exited(0)) << stat.output;
+  v1::HeapStats stats;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok());
+  EXPECT_EQ(stats.info().image(), v1::IMAGE_WORKING) << "the state directory is on tmpfs";
+  const ChildResult attack = RunChild(As(kAttacker, Worker("shared", {"ro-reopen", "x"})));
+  EXPECT_TRUE(attack.Exited(0)) << attack.output;
+  EXPECT_NE(attack.output.find("refused"), std::string::npos) << attack.output;
+  const ChildResult got = RunChild(As(kOtherUser, Worker("shared", {"get", "x"})));
+  EXPECT_EQ(got.output, "value 11\n");
+}
+
 // The pids of heapd's snapshot workers running as `uid`: the children of
 // heapd's children (RunAs helpers are forked by heapd's spawner).
 std::vector<pid_t> WorkersOf(pid_t heapd, uint32_t uid) {
