@@ -55,6 +55,9 @@
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(int, reps, 5, "runs of each figure; medians are printed");
 ABSL_FLAG(std::string, only, "b2,b3,b4,b5,b11", "which benchmarks");
+ABSL_FLAG(std::string, state_parent, "/dev/shm",
+          "where the heapds keep their heaps: tmpfs, or a file system's directory (tracking "
+          "then gives a working image, --track_contents=false a heap mapped from its file)");
 ABSL_FLAG(std::string, b3_track_contents, "both",
           "B3 against a heapd with content tracking (true), one with --track_contents=false "
           "(false), or both in every rep (both)");
@@ -613,7 +616,9 @@ int Main() {
     return 1;
   }
   // heapd as it runs by default (contents tracked), for every benchmark.
-  absl::StatusOr<std::unique_ptr<HeapdProcess>> daemon = HeapdProcess::Start(heapd, {});
+  const std::string parent = absl::GetFlag(FLAGS_state_parent);
+  absl::StatusOr<std::unique_ptr<HeapdProcess>> daemon =
+      HeapdProcess::Start(heapd, {}, /*huge_pages=*/false, parent);
   if (!daemon.ok()) Die("heapd", daemon.status());
   Client& client = (*daemon)->client();
   const bool b11 = only.find("b11") != std::string::npos;
@@ -621,7 +626,8 @@ int Main() {
   // comparisons; a third on a tmpfs with 2 MiB pages for B11's (root only).
   std::unique_ptr<HeapdProcess> untracked;
   if ((b3 && b3_mode != "true") || b11) {
-    untracked = Check(HeapdProcess::Start(heapd, {"--track_contents=false"}), "heapd untracked");
+    untracked = Check(HeapdProcess::Start(heapd, {"--track_contents=false"}, false, parent),
+                      "heapd untracked");
   }
   std::unique_ptr<HeapdProcess> huge;
   if (b11) {

@@ -21,15 +21,16 @@ extern char** environ;
 namespace heapd {
 
 absl::StatusOr<std::unique_ptr<HeapdProcess>> HeapdProcess::Start(
-    const std::string& binary, const std::vector<std::string>& flags, bool huge_pages) {
+    const std::string& binary, const std::vector<std::string>& flags, bool huge_pages,
+    const std::string& parent) {
   std::unique_ptr<HeapdProcess> process(new HeapdProcess());
-  char pattern[] = "/dev/shm/heapd-bench-XXXXXX";
-  if (mkdtemp(pattern) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp /dev/shm: ", std::strerror(errno)));
+  std::string pattern = parent + "/heapd-bench-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", parent, ": ", std::strerror(errno)));
   }
   process->dir_ = pattern;
   if (huge_pages) {
-    if (mount("tmpfs", pattern, "tmpfs", 0, "huge=within_size,size=16g,mode=0700") != 0) {
+    if (mount("tmpfs", pattern.c_str(), "tmpfs", 0, "huge=within_size,size=16g,mode=0700") != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("mount a huge-page tmpfs on ", pattern, ": ", std::strerror(errno)));
     }

@@ -18,13 +18,16 @@ namespace heapd {
 class HeapdProcess {
  public:
   // Starts `binary` with --state_dir and --runtime_dir in a new directory
-  // /dev/shm/heapd-bench-XXXXXX, --log_level=warn and `flags`, and waits
-  // (up to 4 s) until it answers on its socket. With `huge_pages`, the
-  // directory is a tmpfs of its own mounted huge=within_size (2 MiB pages;
-  // needs root), unmounted when this is destroyed.
+  // `parent`/heapd-bench-XXXXXX (tmpfs by default; a file system's
+  // directory gives heaps with a working image), --log_level=warn and
+  // `flags`, and waits (up to 4 s) until it answers on its socket. With
+  // `huge_pages`, the directory is a tmpfs of its own mounted
+  // huge=within_size (2 MiB pages; needs root), unmounted when this is
+  // destroyed.
   static absl::StatusOr<std::unique_ptr<HeapdProcess>> Start(const std::string& binary,
                                                              const std::vector<std::string>& flags,
-                                                             bool huge_pages = false);
+                                                             bool huge_pages = false,
+                                                             const std::string& parent = "/dev/shm");
   // Closes the client, stops heapd (SIGTERM), waits for it and removes the
   // directory. Heaps attached through client() must be gone by then.
   ~HeapdProcess();

@@ -61,6 +61,9 @@ ABSL_FLAG(int64_t, object_bytes, 4096, "size of each object");
 ABSL_FLAG(double, update_fraction, 0.1, "fraction of the objects updated per round");
 ABSL_FLAG(int64_t, write_bytes, 64, "bytes of each update (aligned to its size in the object)");
 ABSL_FLAG(std::string, track_contents, "both", "both, true or false");
+ABSL_FLAG(std::string, state_parent, "/dev/shm",
+          "where the heapds keep their heaps: tmpfs, or a file system's directory (tracking "
+          "then gives a working image, --track_contents=false a heap mapped from its file)");
 ABSL_FLAG(bool, print_rounds, true, "print every round's figures as it ends");
 ABSL_FLAG(bool, components, true,
           "also time, alone in this process, the steps a dirty page costs (write-protect "
@@ -118,7 +121,8 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
 
   std::unique_ptr<HeapdProcess> daemon =
       Check(HeapdProcess::Start(absl::GetFlag(FLAGS_heapd),
-                                {tracked ? "--track_contents=true" : "--track_contents=false"}),
+                                {tracked ? "--track_contents=true" : "--track_contents=false"},
+                                /*huge_pages=*/false, absl::GetFlag(FLAGS_state_parent)),
             "start heapd");
   AttachOptions create;
   create.create_if_missing = true;

@@ -80,7 +80,9 @@ kill -9 "$W2"
 wait "$W2" 2>/dev/null
 for _ in $(seq 400); do
   scrape >"$DIR/metrics.txt"
-  [ "$(value 'heapd_heap_clients{heap="h"}')" = "1" ] && break
+  # The killed client's end is reaped in the background.
+  [ "$(value 'heapd_heap_clients{heap="h"}')" = "1" ] &&
+    [ "$(value 'heapd_sessions_reclaimed_total{reason="connection_closed"}')" = "1" ] && break
   sleep 0.05
 done
 
