@@ -60,6 +60,11 @@ absl::StatusOr<std::unique_ptr<HeapdProcess>> HeapdProcess::Start(
   if (process->client_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(binary, " does not answer on ", process->socket()));
   }
+  // It answers: from now on, calls get the client's usual deadline (a sync
+  // logging a GiB to a working image's redo log takes seconds).
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(process->socket());
+  if (!client.ok()) return client.status();
+  process->client_ = *std::move(client);
   return process;
 }
 

@@ -24,10 +24,9 @@ class HeapdProcess {
   // `huge_pages`, the directory is a tmpfs of its own mounted
   // huge=within_size (2 MiB pages; needs root), unmounted when this is
   // destroyed.
-  static absl::StatusOr<std::unique_ptr<HeapdProcess>> Start(const std::string& binary,
-                                                             const std::vector<std::string>& flags,
-                                                             bool huge_pages = false,
-                                                             const std::string& parent = "/dev/shm");
+  static absl::StatusOr<std::unique_ptr<HeapdProcess>> Start(
+      const std::string& binary, const std::vector<std::string>& flags, bool huge_pages = false,
+      const std::string& parent = "/dev/shm");
   // Closes the client, stops heapd (SIGTERM), waits for it and removes the
   // directory. Heaps attached through client() must be gone by then.
   ~HeapdProcess();

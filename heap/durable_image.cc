@@ -78,7 +78,9 @@ absl::StatusOr<std::unique_ptr<DataFile>> DurableImage::LoadWorkingImage(
 
 absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
   const uint64_t needed = RedoLog::BytesFor(pages);
-  if (redo_->used_bytes() + needed <= redo_->capacity()) return absl::OkStatus();
+  if (!apply_failed_ && redo_->used_bytes() + needed <= redo_->capacity()) {
+    return absl::OkStatus();
+  }
   if (absl::Status s = Apply(committed_epoch); !s.ok()) return s;
   if (needed <= redo_->capacity()) return absl::OkStatus();
   // The log is empty (applied): a larger one replaces it. A crash between
@@ -111,9 +113,13 @@ absl::Status DurableImage::Log(uint64_t epoch, const std::vector<uint64_t>& page
 
 absl::Status DurableImage::Apply(uint64_t committed_epoch) {
   absl::StatusOr<uint64_t> written = redo_->ApplyTo(data_->fd(), committed_epoch);
-  if (!written.ok()) return written.status();
-  FaultPoint("redo.apply.before_reset");
-  return redo_->Reset();
+  absl::Status status = written.status();
+  if (status.ok()) {
+    FaultPoint("redo.apply.before_reset");
+    status = redo_->Reset();
+  }
+  apply_failed_ = !status.ok();
+  return status;
 }
 
 absl::Status DurableImage::Grow(uint64_t size) {

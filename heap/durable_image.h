@@ -53,7 +53,8 @@ class DurableImage {
   absl::StatusOr<std::unique_ptr<DataFile>> LoadWorkingImage(const std::string& label) const;
 
   // Makes room in the log for one sync of `pages` pages: applies what it
-  // holds up to `committed_epoch` if they do not fit after it, and
+  // holds up to `committed_epoch` if they do not fit after it (or the last
+  // Apply failed), and
   // replaces the emptied log with one twice as large, or as large as they
   // need, if they do not fit in it at all. RESOURCE_EXHAUSTED naming the
   // bytes if the file system has no room for that.
@@ -85,6 +86,9 @@ class DurableImage {
   const std::string path_;
   const std::unique_ptr<DataFile> data_;
   std::unique_ptr<RedoLog> redo_;
+  // The last Apply failed: the log takes no record until one succeeds
+  // (RedoLog::Append), so the next MakeRoom applies first.
+  bool apply_failed_ = false;
 };
 
 }  // namespace heapd

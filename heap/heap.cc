@@ -657,10 +657,10 @@ void PersistentHeap::AddLivePagesLocked(uint64_t offset, uint64_t length,
 }
 
 absl::Status PersistentHeap::BreakLocked(absl::string_view what) {
-  broken_ = absl::DataLossError(absl::StrCat(
-      "heap ", dir_, " is broken: ", what,
-      "; no sync can commit after a failed flush (restart heapd to reopen it at epoch ", epoch_,
-      ")"));
+  broken_ = absl::DataLossError(
+      absl::StrCat("heap ", dir_, " is broken: ", what,
+                   "; no sync can commit after this failure (restart heapd to reopen it at epoch ",
+                   epoch_, ")"));
   return broken_;
 }
 

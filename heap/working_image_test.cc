@@ -4,13 +4,16 @@
 // closed without anything more) comes back at the last sync, every byte.
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/mount.h>
 #include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "gtest/gtest.h"
+#include "heap/fault_point.h"
 #include "heap/heap.h"
 #include "heap/metadata_format.h"
 #include "heap/test_dir.h"
@@ -214,6 +217,93 @@ TEST_F(WorkingImageTest, FreshMemoryGivenBackIsNotLoggedByItsFormerHolder) {
   ASSERT_TRUE(heap.ok()) << heap.status();
   EXPECT_TRUE(ReadFd((*heap)->data_fd(), page, 4096) == synced)
       << "the page reads '" << ReadFd((*heap)->data_fd(), page, 1) << "...'";
+}
+
+// Makes the redo log's descriptor refer to /dev/null, read-only, when a
+// sync is about to append: its writes fail.
+void FailRedoWrites(const char* point) {
+  if (std::strcmp(point, "redo.before_append") != 0) return;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (error || target.size() < 5 || target.substr(target.size() - 5) != "/redo") continue;
+    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    dup2(null, std::stoi(fd.path().filename().string()));
+    close(null);
+  }
+}
+
+// A sync whose pages cannot be logged fails, and the heap refuses every
+// later sync, saying why; reopened (a restart), it is at its last sync,
+// every byte.
+TEST_F(WorkingImageTest, ALogThatFailsBreaksTheHeapUntilItReopens) {
+  uint64_t object = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls = nullptr;
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+    ASSERT_NE(session, nullptr);
+    object = Allocate(*session, 4096);
+    std::memset(session->at<char>(object), 's', 4096);
+    ASSERT_TRUE(session->sync().ok());
+    std::memset(session->at<char>(object), 'u', 4096);
+    SetFaultHandler(FailRedoWrites);
+    const absl::Status failed = session->sync().status();
+    SetFaultHandler(nullptr);
+    EXPECT_FALSE(failed.ok());
+    EXPECT_NE((*heap)->broken().message().find("redo log"), absl::string_view::npos)
+        << (*heap)->broken();
+    EXPECT_FALSE((*heap)->Sync(1, {}, 3).ok());
+    calls->Close();
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->epoch(), 1u);
+  EXPECT_TRUE(ReadFd((*heap)->data_fd(), object, 4096) == std::string(4096, 's'));
+  EXPECT_TRUE((*heap)->broken().ok());
+}
+
+// No room on the file system for the larger log a sync needs: the sync
+// fails naming the bytes, and the heap reopens at its last sync.
+TEST_F(WorkingImageTest, NoRoomForTheLogFailsTheSyncAndLosesNothing) {
+  TestDir small;
+  if (mount("tmpfs", small.path().c_str(), "tmpfs", 0, "size=24m,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{small.path()};
+  const std::string path = small.Sub("h");
+  HeapOptions options;
+  options.redo_log_bytes = 64 << 10;
+  uint64_t kept = 0;
+  {
+    auto heap = PersistentHeap::Create(path, WorkingImageConfig(16), options);
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls = nullptr;
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+    ASSERT_NE(session, nullptr);
+    kept = Allocate(*session, 4096);
+    std::memset(session->at<char>(kept), 's', 4096);
+    ASSERT_TRUE(session->sync().ok());
+    // 8 MiB to log: the file system holds the 16 MiB data file, not a log
+    // that large besides.
+    const uint64_t big = Allocate(*session, 4 * kChunkSize);
+    std::memset(session->at<char>(big), 'b', 4 * kChunkSize);
+    std::memset(session->at<char>(kept), 'u', 4096);
+    const absl::Status failed = session->sync().status();
+    EXPECT_FALSE(failed.ok());
+    EXPECT_NE((*heap)->broken().message().find("needs a redo log of"), absl::string_view::npos)
+        << (*heap)->broken();
+    calls->Close();
+  }
+  auto heap = PersistentHeap::Open(path, options);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->epoch(), 1u);
+  EXPECT_TRUE(ReadFd((*heap)->data_fd(), kept, 4096) == std::string(4096, 's'));
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 1u);
 }
 
 // A sync larger than the log: the log is applied and a larger one takes
