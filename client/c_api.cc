@@ -168,6 +168,21 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
   attach.read_only = given.read_only != 0;
   attach.max_size = given.max_size;
   attach.mode = given.mode;
+  switch (given.image) {
+    case HEAPD_IMAGE_DEFAULT:
+      break;
+    case HEAPD_IMAGE_DIRECT:
+      attach.image = heapd::HeapImage::kDirect;
+      break;
+    case HEAPD_IMAGE_WORKING:
+      attach.image = heapd::HeapImage::kWorking;
+      break;
+    default:
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "heapd_attach_options.image ", given.image,
+                      " is none of HEAPD_IMAGE_DEFAULT, HEAPD_IMAGE_DIRECT, HEAPD_IMAGE_WORKING")),
+                  static_cast<heapd_heap*>(nullptr));
+  }
   absl::StatusOr<std::unique_ptr<heapd::Heap>> heap = (*client)->Attach(name, attach);
   if (!heap.ok()) return Fail(heap.status(), static_cast<heapd_heap*>(nullptr));
   return new heapd_heap{*std::move(client), *std::move(heap), heapd::ThisProcess()};

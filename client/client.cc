@@ -214,6 +214,8 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
   request.set_create_if_missing(options.create_if_missing);
   request.set_create_max_size(options.max_size);
   request.set_create_mode(options.mode);
+  if (options.image == HeapImage::kDirect) request.set_create_image(v1::IMAGE_DIRECT);
+  if (options.image == HeapImage::kWorking) request.set_create_image(v1::IMAGE_WORKING);
   for (const std::string& lookup : options.prefetch_names) request.add_lookup(lookup);
   request.set_snapshot(options.snapshot);
   request.set_snapshot_dir(options.snapshot_dir);

@@ -164,6 +164,9 @@ int HeapCreate(const Call& call) {
   request.set_name(call.operand(0));
   request.set_max_size(call.args.Number("max_size"));
   request.set_mode(static_cast<uint32_t>(call.args.Number("mode")));
+  const std::string image = call.args.String("image");
+  if (image == "direct") request.set_image(v1::IMAGE_DIRECT);
+  if (image == "working") request.set_image(v1::IMAGE_WORKING);
   v1::HeapInfo info;
   grpc::ClientContext context;
   if (absl::Status s = FromGrpc(call.stub.CreateHeap(&context, request, &info)); !s.ok()) {

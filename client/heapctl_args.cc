@@ -66,6 +66,11 @@ std::string CheckValue(const FlagSpec& flag, const std::string& value) {
       }
       return "";
     }
+    case FlagKind::kImage:
+      if (value != "direct" && value != "working") {
+        return given + ": direct (clients map the data file) or working (a working image)";
+      }
+      return "";
     case FlagKind::kUint: {
       uint64_t number;
       if (!absl::SimpleAtoi(value, &number) || absl::StartsWith(value, "-") ||
@@ -90,6 +95,10 @@ const std::vector<FlagSpec>& HeapctlFlags() {
        "maximum size: bytes, or with a unit (64G = 64GiB); default: heapd's --default_max_size"},
       {"mode", FlagKind::kMode, "MODE",
        "permission bits, octal, as a file's (default 0600; 0060: the group only)"},
+      {"image", FlagKind::kImage, "direct|working",
+       "what clients map: working (a working image in memory; the data file changes only at "
+       "syncs) or direct (the data file; on a file system contents do not roll back). Default: "
+       "heapd's (working on a file system, unless --working_images=false)"},
       {"owner", FlagKind::kUint, "UID", "only heaps of this uid"},
       {"quiet", FlagKind::kBool, "",
        "names only (heap ls), 'SNAPSHOT HEAP' or 'VERSION NODE HEAP' lines (snapshot ls)"},
@@ -126,7 +135,7 @@ const std::vector<CommandSpec>& HeapctlCommands() {
        "NAME",
        1,
        1,
-       {"max_size", "mode"},
+       {"max_size", "mode", "image"},
        {},
        "create a heap"},
       {Command::kHeapLs, "heap ls", "", 0, 0, {"owner", "quiet"}, {}, "list the heaps"},

@@ -25,6 +25,7 @@ enum class FlagKind {
   kSize,    // bytes with an optional unit (util/byte_size.h)
   kMode,    // octal permission bits up to 0777
   kUint,    // a non-negative integer
+  kImage,   // what a heap's clients map: direct or working
 };
 
 struct FlagSpec {

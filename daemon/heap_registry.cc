@@ -196,13 +196,32 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
   return served;
 }
 
+absl::StatusOr<ImageMode> HeapRegistry::ChooseImage(const std::string& name,
+                                                    std::optional<ImageMode> asked) const {
+  if (!asked.has_value()) return ImageModeFor(heaps_dir_, options_);
+  if (*asked == ImageMode::kDirect) return ImageMode::kDirect;
+  if (!options_.track_contents) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("heap ", name,
+                     ": a working image needs content tracking, and heapd runs "
+                     "with --track_contents=false"));
+  }
+  HeapOptions forced = options_;
+  forced.working_images = true;
+  if (ImageModeFor(heaps_dir_, forced) != ImageMode::kWorkingImage) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("heap ", name, ": heapd keeps its heaps on tmpfs (", heaps_dir_,
+                     "), where contents roll back without a working image; one would hold the "
+                     "heap in memory twice"));
+  }
+  return ImageMode::kWorkingImage;
+}
+
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(Reservation reservation,
                                                                  const HeapConfig& config) {
   // Built on disk with no lock held: Get and List go on meanwhile.
-  HeapConfig chosen = config;
-  chosen.image = ImageModeFor(heaps_dir_, options_);
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", reservation.name()), chosen, options_);
+      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", reservation.name()), config, options_);
   if (!heap.ok()) return heap.status();
   return Add(std::move(reservation), *std::move(heap));
 }

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,7 +116,14 @@ class HeapRegistry {
   absl::StatusOr<Reservation> Reserve(const std::string& name, uint32_t owner_uid,
                                       uint64_t max_size, bool replacing = false);
 
-  // Creates the reserved heap.
+  // What a new heap `name` maps: `asked`, else the default (ImageModeFor
+  // the heaps directory). FAILED_PRECONDITION, saying why, for a working
+  // image where heapd cannot keep one: content tracking off, or heaps on
+  // tmpfs (a working image would hold the heap in memory twice).
+  absl::StatusOr<ImageMode> ChooseImage(const std::string& name,
+                                        std::optional<ImageMode> asked) const;
+
+  // Creates the reserved heap (config.image as ChooseImage said).
   absl::StatusOr<std::shared_ptr<ServedHeap>> Create(Reservation reservation,
                                                      const HeapConfig& config);
 

@@ -164,7 +164,7 @@ grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
                                       const v1::CreateHeapRequest* request, v1::HeapInfo* info) {
   return Serve(context, "CreateHeap", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
-        NewHeap(request->name(), request->max_size(), request->mode(), caller);
+        NewHeap(request->name(), request->max_size(), request->mode(), request->image(), caller);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
     return absl::OkStatus();
@@ -173,6 +173,7 @@ grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::string& name,
                                                                   uint64_t max_size, uint32_t mode,
+                                                                  v1::ImageKind image,
                                                                   const Caller& caller) {
   if (max_size == 0) max_size = options_.default_max_size;
   if (max_size > kMaxHeapBytes) {
@@ -185,13 +186,19 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
   config.owner_gid = caller.gid;
   config.mode = mode == 0 ? 0600 : mode;
   if (absl::Status s = ValidateHeapConfig(config); !s.ok()) return s;
+  std::optional<ImageMode> asked;
+  if (image == v1::IMAGE_DIRECT) asked = ImageMode::kDirect;
+  if (image == v1::IMAGE_WORKING) asked = ImageMode::kWorkingImage;
+  absl::StatusOr<ImageMode> chosen = heaps_->ChooseImage(name, asked);
+  if (!chosen.ok()) return chosen.status();
+  config.image = *chosen;
   absl::StatusOr<HeapRegistry::Reservation> reserved =
       heaps_->Reserve(name, caller.uid, config.max_size);
   if (!reserved.ok()) return CountIfLimited(reserved.status());
   absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Create(*std::move(reserved), config);
   if (served.ok()) {
-    spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}", name,
-                 caller.ToString(), config.max_size, config.mode);
+    spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}, {}", name,
+                 caller.ToString(), config.max_size, config.mode, ImageModeName(config.image));
   }
   return served;
 }
@@ -325,8 +332,8 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       served = heaps_->GetMade(request->heap(), kWaitForCreation);
       if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
           request->create_if_missing()) {
-        served =
-            NewHeap(request->heap(), request->create_max_size(), request->create_mode(), caller);
+        served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
+                         request->create_image(), caller);
         created = served.ok();
         if (served.status().code() == absl::StatusCode::kAlreadyExists) {
           // Another call was first: use the heap it makes.

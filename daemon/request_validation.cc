@@ -83,6 +83,14 @@ absl::Status CheckCreateSettings(absl::string_view size_field, uint64_t max_size
   return absl::OkStatus();
 }
 
+absl::Status CheckImage(absl::string_view field, int image) {
+  if (!v1::ImageKind_IsValid(image)) {
+    return Invalid(field, absl::StrCat("image kind ", image,
+                                       " is none of IMAGE_UNKNOWN, IMAGE_DIRECT, IMAGE_WORKING"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::LeaseWant>& wants) {
   if (wants.size() > static_cast<int>(kNumSizeClasses)) {
     return Invalid(field, absl::StrCat(wants.size(), " lease requests in one call; at most ",
@@ -108,6 +116,7 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
 
 absl::Status ValidateRequest(const v1::CreateHeapRequest& request) {
   if (absl::Status s = CheckHeapName("name", request.name()); !s.ok()) return s;
+  if (absl::Status s = CheckImage("image", request.image()); !s.ok()) return s;
   return CheckCreateSettings("max_size", request.max_size(), "mode", request.mode());
 }
 
@@ -128,6 +137,7 @@ absl::Status ValidateRequest(const v1::AttachRequest& request) {
     if (absl::Status s = CheckHeapName("heap", request.heap()); !s.ok()) return s;
   }
   if (absl::Status s = CheckWants("leases", request.leases()); !s.ok()) return s;
+  if (absl::Status s = CheckImage("create_image", request.create_image()); !s.ok()) return s;
   if (request.read_only() && request.leases_size() != 0) {
     return Invalid("leases", "a read-only attach cannot lease chunks");
   }

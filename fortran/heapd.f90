@@ -51,6 +51,7 @@ module heapd
     integer(c_int) :: read_only
     integer(c_int64_t) :: max_size
     integer(c_int32_t) :: mode
+    integer(c_int32_t) :: image  ! HEAPD_IMAGE_DEFAULT (0): heapd's choice
   end type attach_options
 
   type, bind(C) :: array_info

@@ -405,14 +405,18 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   absl::MutexLock lock(&mu_);
   AdoptNewJournalsLocked();
   auto journal = journals_.find(session);
-  if (journal == journals_.end()) {  // not tracked: it may have written anything
-    if (committed != nullptr) committed->all = true;
-    return absl::OkStatus();
-  }
+  // Not a session that writes (heapd's own syncs, client 0).
+  if (journal == journals_.end()) return absl::OkStatus();
   if (committed != nullptr) committed->all = journal->second.unseen || journal->second.broken;
   // A sync's earlier parts carry no generation: contents commit with its
-  // last part only.
-  if (generation == 0) return absl::OkStatus();
+  // last part only. A last part without one commits none of the session's
+  // stores; where a log must carry what the sync commits, that is refused
+  // (the session's own client always sends one).
+  if (generation == 0) {
+    if (committed == nullptr) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", session, " synced without a content generation; its client tracks stores"));
+  }
   RefreshAllLocked();
   std::vector<uint64_t> pages;
   for (const Journal::Written& w : journal->second.written) {
@@ -425,7 +429,9 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     committed->all = committed->all || journal->second.broken;  // the refresh may break it
     committed->pages = pages;
     committed->fresh.clear();
-    for (const Journal::Fresh& f : journal->second.fresh) {
+    std::vector<Journal::Fresh> ranges = journal->second.fresh;
+    ranges.insert(ranges.end(), journal->second.expired.begin(), journal->second.expired.end());
+    for (const Journal::Fresh& f : ranges) {
       committed->fresh.emplace_back(f.offset, f.length);
       // Pages that may be logged get commit images where others hold
       // records of them, so that a rollback puts them back to what the log
@@ -481,9 +487,11 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
   Journal& j = journal->second;
   j.adopted.clear();
   ++j.commits;
-  j.fresh.erase(std::remove_if(j.fresh.begin(), j.fresh.end(),
-                               [&](const Journal::Fresh& f) { return j.commits >= f.commits + 2; }),
-                j.fresh.end());
+  const auto closed =
+      std::stable_partition(j.fresh.begin(), j.fresh.end(),
+                            [&](const Journal::Fresh& f) { return j.commits < f.commits + 2; });
+  j.expired.assign(closed, j.fresh.end());
+  j.fresh.erase(closed, j.fresh.end());
   return absl::OkStatus();
 }
 
@@ -628,6 +636,7 @@ void ContentUndo::RemoveJournalLocked(ClientId session) {
 void ContentUndo::EndSession(ClientId session) {
   absl::MutexLock lock(&mu_);
   AdoptNewJournalsLocked();
+  pending_fresh_.erase(session);
   if (journals_.count(session) == 0) return;
   RemoveJournalLocked(session);
 }
@@ -635,6 +644,7 @@ void ContentUndo::EndSession(ClientId session) {
 UndoCounts ContentUndo::RollBack(ClientId session) {
   absl::MutexLock lock(&mu_);
   AdoptNewJournalsLocked();
+  pending_fresh_.erase(session);
   const UndoCounts before = counts_;
   auto journal = journals_.find(session);
   if (journal == journals_.end()) return {};
@@ -700,7 +710,13 @@ UndoCounts ContentUndo::RollBack(ClientId session) {
 
 void ContentUndo::AdoptNewJournalsLocked() {
   absl::MutexLock lock(&new_journals_mu_);
-  for (auto& [session, journal] : new_journals_) journals_.emplace(session, std::move(journal));
+  for (auto& [session, journal] : new_journals_) {
+    if (auto pending = pending_fresh_.find(session); pending != pending_fresh_.end()) {
+      journal.fresh = std::move(pending->second);
+      pending_fresh_.erase(pending);
+    }
+    journals_.emplace(session, std::move(journal));
+  }
   new_journals_.clear();
 }
 
@@ -769,9 +785,9 @@ absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t len
   // for its own (a redo log logs fresh memory whole). Entries never overlap,
   // so they stay within the heap's chunks.
   const uint64_t end = offset + length;
-  for (auto& [id, journal] : journals_) {
+  auto cut = [&](std::vector<Journal::Fresh>& ranges) {
     std::vector<Journal::Fresh> kept;
-    for (const Journal::Fresh& f : journal.fresh) {
+    for (const Journal::Fresh& f : ranges) {
       const uint64_t f_end = f.offset + f.length;
       if (f_end <= offset || f.offset >= end) {
         kept.push_back(f);
@@ -780,10 +796,18 @@ absl::Status ContentUndo::Forget(ClientId session, uint64_t offset, uint64_t len
       if (f.offset < offset) kept.push_back(Journal::Fresh{f.offset, offset - f.offset, f.commits});
       if (f_end > end) kept.push_back(Journal::Fresh{end, f_end - end, f.commits});
     }
-    journal.fresh = std::move(kept);
+    ranges = std::move(kept);
+  };
+  for (auto& [id, journal] : journals_) {
+    cut(journal.fresh);
+    cut(journal.expired);
   }
+  for (auto& [id, ranges] : pending_fresh_) cut(ranges);
   if (auto journal = journals_.find(session); journal != journals_.end()) {
     journal->second.fresh.push_back(Journal::Fresh{offset, length, journal->second.commits});
+  } else {
+    // Leased in the attach call, before the session's journal was made.
+    pending_fresh_[session].push_back(Journal::Fresh{offset, length, 0});
   }
   ChangedLocked(offset, length, marks_ + 1);
   RefreshAllLocked();

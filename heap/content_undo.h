@@ -122,7 +122,8 @@ class ContentUndo {
   struct CommitPages {
     std::vector<uint64_t> pages;  // page offsets, ascending, each once
     // Memory handed to the session free, still open to its stores without
-    // pre-images: (offset, length). Only its live objects need logging.
+    // pre-images or just closed to them: (offset, length). Only its live
+    // objects need logging.
     std::vector<std::pair<uint64_t, uint64_t>> fresh;
     // The session stored without pre-images (StoresUnseen): which pages it
     // wrote is not known, so every page is committed.
@@ -206,6 +207,11 @@ class ContentUndo {
       uint64_t commits;
     };
     std::vector<Fresh> fresh;
+    // Fresh memory whose window closed at the last sync: objects the
+    // client allocated there just before that sync are reported only with
+    // the next one (it takes its reports before it protects), so that sync
+    // still logs its live pages (CommitPages::fresh).
+    std::vector<Fresh> expired;
     // Pages a dead session handed over to it because it wrote them fresh:
     // its next sync writes their commit images; its death puts them back.
     std::set<uint64_t> adopted;
@@ -284,6 +290,9 @@ class ContentUndo {
   uint64_t compact_at_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t compacted_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // heap.undo's size after the last rewrite
   std::map<ClientId, Journal> journals_ ABSL_GUARDED_BY(mu_);  // live sessions'
+  // Memory handed out free to sessions whose journal is not made yet (chunks
+  // leased in the attach call itself): theirs once it is adopted.
+  std::map<ClientId, std::vector<Journal::Fresh>> pending_fresh_ ABSL_GUARDED_BY(mu_);
   // Journals OpenJournal made, until the next call holding mu_ adopts them.
   // Taken under mu_, never the other way round.
   absl::Mutex new_journals_mu_ ABSL_ACQUIRED_AFTER(mu_);

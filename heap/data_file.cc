@@ -80,11 +80,14 @@ absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Adopt(const std::string& lab
 
 absl::StatusOr<std::unique_ptr<DataFile>> DataFile::CreateMemory(const std::string& label,
                                                                  uint64_t size) {
-  // Without MFD_ALLOW_SEALING the memfd is sealed against seals: no client
-  // holding it can keep heapd from growing it (F_SEAL_GROW) or writing it.
-  const int fd = memfd_create("heapd-working-image", MFD_CLOEXEC);
+  const int fd = memfd_create("heapd-working-image", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", label));
   std::unique_ptr<DataFile> file(new DataFile(label, fd, 0, BackingKind::kTmpfs));
+  // Sealed against seals, whatever the kernel's memfd defaults: no client
+  // holding it can keep heapd from growing it (F_SEAL_GROW) or writing it.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("seal ", label));
+  }
   // A memfd is made 0777: anyone holding a read-only descriptor could open
   // it again writable through /proc/self/fd. Only heapd's user may.
   if (fchmod(fd, 0600) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", label));

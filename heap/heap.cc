@@ -76,10 +76,11 @@ std::string ContentRollbackNote(BackingKind backing, bool track_contents) {
   if (!track_contents) return "content tracking is off (--track_contents=false)";
   if (backing != BackingKind::kTmpfs) {
     return absl::StrCat(
-        "the heap is on ", BackingKindName(backing),
-        ", where clients cannot take pre-images of pages (userfaultfd write-protection "
+        "clients map the heap's data file, on ", BackingKindName(backing),
+        ", where they cannot take pre-images of pages (userfaultfd write-protection "
         "works on tmpfs only): allocations and names roll back to the last sync, object "
-        "contents do not");
+        "contents do not (a heap created with a working image would: --image=working, the "
+        "default unless heapd runs with --working_images=false)");
   }
   return "";
 }
@@ -619,41 +620,41 @@ absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_
   return BreakLocked(flushed.message());
 }
 
-void PersistentHeap::AddLivePagesLocked(uint64_t offset, uint64_t length,
-                                        std::vector<uint64_t>* pages) const {
-  const uint64_t end =
-      std::min(offset + length, uint64_t{directory_->capacity_chunks()} * kChunkSize);
+std::vector<uint64_t> PersistentHeap::LivePagesLocked(
+    const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
+  const uint64_t capacity = uint64_t{directory_->capacity_chunks()} * kChunkSize;
   std::vector<uint64_t> live;
-  auto add = [&](uint64_t begin, uint64_t stop) {
-    begin = std::max(begin, offset) & ~(kRedoBlockBytes - 1);
-    stop = std::min(stop, end);
-    for (uint64_t page = begin; page < stop; page += kRedoBlockBytes) {
-      if (live.empty() || live.back() != page) live.push_back(page);
-    }
-  };
-  for (uint64_t chunk = offset / kChunkSize; chunk * kChunkSize < end;) {
-    const ChunkRecord record = directory_->PersistedRecord(static_cast<uint32_t>(chunk));
-    const uint64_t base = chunk * kChunkSize;
-    if (record.kind == ChunkKind::kLargeHead) {
-      add(base, base + uint64_t{record.run_chunks} * kChunkSize);
-      chunk += record.run_chunks;
-      continue;
-    }
-    if (record.kind == ChunkKind::kSmall) {
-      const uint64_t slot_bytes = ClassSize(record.size_class);
-      const uint32_t slots = SlotsPerChunk(record.size_class);
-      for (uint32_t slot = 0; slot < slots; ++slot) {
-        if ((record.words[slot >> 6] >> (slot & 63) & 1) == 0) continue;
-        add(base + slot * slot_bytes, base + (slot + 1) * slot_bytes);
+  for (const auto& [offset, length] : ranges) {
+    const uint64_t end = std::min(offset + length, capacity);
+    // The pages of [begin, stop) within the range.
+    auto add = [&](uint64_t begin, uint64_t stop) {
+      begin = std::max(begin, offset) & ~(kRedoBlockBytes - 1);
+      for (uint64_t page = begin; page < std::min(stop, end); page += kRedoBlockBytes) {
+        live.push_back(page);
       }
+    };
+    for (uint64_t chunk = offset / kChunkSize; chunk * kChunkSize < end;) {
+      const ChunkRecord record = directory_->PersistedRecord(static_cast<uint32_t>(chunk));
+      const uint64_t base = chunk * kChunkSize;
+      if (record.kind == ChunkKind::kLargeHead) {
+        add(base, base + uint64_t{record.run_chunks} * kChunkSize);
+        chunk += record.run_chunks;
+        continue;
+      }
+      if (record.kind == ChunkKind::kSmall) {
+        const uint64_t slot_bytes = ClassSize(record.size_class);
+        const uint32_t slots = SlotsPerChunk(record.size_class);
+        for (uint32_t slot = 0; slot < slots; ++slot) {
+          if ((record.words[slot >> 6] >> (slot & 63) & 1) == 0) continue;
+          add(base + slot * slot_bytes, base + (slot + 1) * slot_bytes);
+        }
+      }
+      ++chunk;
     }
-    ++chunk;
   }
-  std::vector<uint64_t> merged;
-  merged.reserve(pages->size() + live.size());
-  std::set_union(pages->begin(), pages->end(), live.begin(), live.end(),
-                 std::back_inserter(merged));
-  *pages = std::move(merged);
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  return live;
 }
 
 absl::Status PersistentHeap::BreakLocked(absl::string_view what) {
@@ -752,10 +753,13 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     directory_->Commit(client);
     // Of the memory handed to the session free, what this epoch commits
     // live: the rest is free, its bytes never read.
-    if (durable_ != nullptr && !committed.all) {
-      for (const auto& [offset, length] : committed.fresh) {
-        AddLivePagesLocked(offset, length, &committed.pages);
-      }
+    if (durable_ != nullptr && !committed.all && !committed.fresh.empty()) {
+      const std::vector<uint64_t> live = LivePagesLocked(committed.fresh);
+      std::vector<uint64_t> merged;
+      merged.reserve(committed.pages.size() + live.size());
+      std::set_union(committed.pages.begin(), committed.pages.end(), live.begin(), live.end(),
+                     std::back_inserter(merged));
+      committed.pages = std::move(merged);
     }
     // What this epoch persists, taken now; later changes go to the next.
     if (full) {

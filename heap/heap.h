@@ -346,10 +346,10 @@ class PersistentHeap {
   // if `all_pages`); any failure breaks the heap.
   absl::Status FlushDataLocked(uint64_t epoch, std::vector<uint64_t> pages, bool all_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
-  // Adds to `pages` (ascending, each once) the pages of [offset, offset +
-  // length) that live objects use, as the directory would persist them now.
-  void AddLivePagesLocked(uint64_t offset, uint64_t length, std::vector<uint64_t>* pages) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The pages of `ranges` ((offset, length) each) that live objects use,
+  // as the directory would persist them now; ascending, each once.
+  std::vector<uint64_t> LivePagesLocked(const std::vector<std::pair<uint64_t, uint64_t>>& ranges)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Breaks the heap (see above): `what` failed. Returns the error.
   absl::Status BreakLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync and Detach: record the reports, staged and `last` (ending the

@@ -219,6 +219,60 @@ TEST_F(WorkingImageTest, FreshMemoryGivenBackIsNotLoggedByItsFormerHolder) {
       << "the page reads '" << ReadFd((*heap)->data_fd(), page, 1) << "...'";
 }
 
+// An object allocated in fresh memory just before the sync that closes
+// that memory to stores without pre-images is reported only with the next
+// sync (a client takes its reports before it protects): that sync still
+// logs it (found by a review: its bytes never reached the data file).
+TEST_F(WorkingImageTest, AnObjectReportedASyncLateInFreshMemoryIsLogged) {
+  const std::string late(4096, 'l');
+  uint64_t page = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    PersistentHeap& h = **heap;
+    auto journal = h.OpenUndoJournal(1);
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    auto grants = h.LeaseChunks(1, 3, 1);
+    ASSERT_TRUE(grants.ok()) << grants.status();
+    page = uint64_t{(*grants)[0].chunk} * kChunkSize;
+    ASSERT_TRUE(h.Sync(1, {}, 1).ok());
+    // Stored while the chunk is still fresh, reported only after the sync
+    // that closes it.
+    ASSERT_EQ(pwrite(h.data_fd(), late.data(), late.size(), static_cast<off_t>(page)), 4096);
+    ASSERT_TRUE(h.Sync(1, {}, 2).ok());
+    LeaseReport allocated{(*grants)[0].chunk, (*grants)[0].words};
+    allocated.words[0] |= 1;
+    ASSERT_TRUE(h.Sync(1, {allocated}, 3).ok());
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 1u);
+  EXPECT_TRUE(ReadFd((*heap)->data_fd(), page, 4096) == late)
+      << "the page reads '" << ReadFd((*heap)->data_fd(), page, 1) << "...'";
+}
+
+// A sync with no content generation from a session that tracks its
+// stores commits none of them: refused on a working image, where the log
+// must carry what the sync commits; nothing changes.
+TEST_F(WorkingImageTest, ASyncWithoutAGenerationIsRefused) {
+  auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  auto journal = (*heap)->OpenUndoJournal(1);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  auto grants = (*heap)->LeaseChunks(1, 3, 1);
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  LeaseReport allocated{(*grants)[0].chunk, (*grants)[0].words};
+  allocated.words[0] |= 1;
+  const absl::Status refused = (*heap)->Sync(1, {allocated}, 0).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ((*heap)->epoch(), 0u);
+  EXPECT_TRUE((*heap)->broken().ok());
+  EXPECT_TRUE((*heap)->Sync(1, {allocated}, 1).ok());
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 1u);
+  // heapd's own syncs (no session) log nothing and need no generation.
+  EXPECT_TRUE((*heap)->Sync(0, {}).ok());
+}
+
 // Makes the redo log's descriptor refer to /dev/null, read-only, when a
 // sync is about to append: its writes fail.
 void FailRedoWrites(const char* point) {

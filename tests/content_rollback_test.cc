@@ -161,6 +161,39 @@ TEST(ContentRollbackTest, AFileSystemHeapGetsAWorkingImage) {
   EXPECT_TRUE(stats.info().content_rollback()) << stats.info().content_rollback_note();
 }
 
+// The image is chosen per heap when it is made: direct on a file system
+// (contents do not roll back, and the heap says why); a working image on
+// tmpfs is refused, saying why.
+TEST(ContentRollbackTest, EachHeapChoosesItsImage) {
+  TestDaemon daemon;
+  daemon.Start();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  AttachOptions direct;
+  direct.create_if_missing = true;
+  direct.image = HeapImage::kDirect;
+  absl::StatusOr<std::unique_ptr<Heap>> heap = (*client)->Attach("h", direct);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  const v1::HeapStats stats = Stats(daemon);
+  if (stats.info().backing() == v1::BACKING_TMPFS) GTEST_SKIP() << "the test directory is tmpfs";
+  EXPECT_EQ(stats.info().image(), v1::IMAGE_DIRECT);
+  EXPECT_FALSE((*heap)->content_rollback());
+  EXPECT_TRUE(absl::StrContains((*heap)->content_rollback_note(), "--image=working"))
+      << (*heap)->content_rollback_note();
+  ASSERT_TRUE((*heap)->detach().ok());
+
+  TestDaemon on_tmpfs({}, "/dev/shm");
+  on_tmpfs.Start();
+  absl::StatusOr<std::unique_ptr<Client>> tmpfs_client = Client::Connect(on_tmpfs.socket());
+  ASSERT_TRUE(tmpfs_client.ok()) << tmpfs_client.status();
+  AttachOptions working;
+  working.create_if_missing = true;
+  working.image = HeapImage::kWorking;
+  const absl::Status refused = (*tmpfs_client)->Attach("w", working).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "tmpfs")) << refused;
+}
+
 TEST(ContentRollbackTest, AFileSystemHeapWithoutAWorkingImageSaysWhyNot) {
   TestDaemon daemon({"--working_images=false"});
   daemon.Start();

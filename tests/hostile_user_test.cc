@@ -822,7 +822,9 @@ TEST_F(HostileUserTest, AReaderCannotReopenTheHeapWritable) {
   ASSERT_TRUE(stat.Exited(0)) << stat.output;
   v1::HeapStats stats;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok());
-  EXPECT_EQ(stats.info().image(), v1::IMAGE_WORKING) << "the state directory is on tmpfs";
+  if (stats.info().image() != v1::IMAGE_WORKING) {
+    GTEST_SKIP() << "heaps here have no working image (the state directory is on tmpfs)";
+  }
   const ChildResult attack = RunChild(As(kAttacker, Worker("shared", {"ro-reopen", "x"})));
   EXPECT_TRUE(attack.Exited(0)) << attack.output;
   EXPECT_NE(attack.output.find("refused"), std::string::npos) << attack.output;

@@ -114,6 +114,21 @@ TEST_F(RpcValidationTest, HeapCalls) {
   create.set_max_size(0);
   create.set_mode(01777);
   ExpectError(Call(&v1::Heapd::Stub::CreateHeap, create), StatusCode::kInvalidArgument, "mode");
+  create.set_mode(0);
+  create.set_image(static_cast<v1::ImageKind>(7));
+  ExpectError(Call(&v1::Heapd::Stub::CreateHeap, create), StatusCode::kInvalidArgument,
+              "image kind 7");
+  // Asked for, a heap gets a working image even where heapd's default
+  // (--working_images=false here) would not give one.
+  create.set_name("working");
+  create.set_image(v1::IMAGE_WORKING);
+  v1::HeapInfo made;
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::CreateHeap, create, &made).ok());
+  EXPECT_EQ(made.image(), v1::IMAGE_WORKING);
+  EXPECT_TRUE(made.content_rollback()) << made.content_rollback_note();
+  v1::RemoveHeapRequest remove_made;
+  remove_made.set_heap("working");
+  ASSERT_TRUE(Call(&v1::Heapd::Stub::RemoveHeap, remove_made).ok());
   v1::StatHeapRequest stat;
   stat.set_heap("missing");
   ExpectError(Call(&v1::Heapd::Stub::StatHeap, stat), StatusCode::kNotFound, "missing");

@@ -20,11 +20,21 @@
 
 namespace heapd {
 
+// What a heap's clients map, chosen when it is created
+// (docs/consistency.md, "Durable images").
+enum class HeapImage {
+  kDefault,  // heapd's: a working image on a file system (unless it runs
+             // with --working_images=false), the data file on tmpfs
+  kDirect,   // the data file (on a file system, contents do not roll back)
+  kWorking,  // a working image in memory; the data file changes only at syncs
+};
+
 struct AttachOptions {
   bool read_only = false;
   bool create_if_missing = false;
-  uint64_t max_size = 0;  // when creating; 0: the daemon's default
-  uint32_t mode = 0;      // when creating; 0: 0600
+  uint64_t max_size = 0;                  // when creating; 0: the daemon's default
+  uint32_t mode = 0;                      // when creating; 0: 0600
+  HeapImage image = HeapImage::kDefault;  // when creating
   // Chunks a thread leases at a time, per size class.
   uint32_t lease_batch = 4;
   // Frees of objects this process does not lease sent to heapd in one call

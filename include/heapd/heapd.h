@@ -60,7 +60,17 @@ typedef struct heapd_attach_options {
   int read_only;         /* map it read-only: allocation fails, stores fault */
   uint64_t max_size;     /* bytes, when creating; 0: heapd's default */
   uint32_t mode;         /* permission bits, when creating; 0: 0600 */
+  /* What its clients map, when creating: HEAPD_IMAGE_DEFAULT (heapd's
+   * choice: a working image on a file system), HEAPD_IMAGE_DIRECT (the data
+   * file) or HEAPD_IMAGE_WORKING (docs/consistency.md, "Durable images"). */
+  uint32_t image;
 } heapd_attach_options;
+
+enum {
+  HEAPD_IMAGE_DEFAULT = 0,
+  HEAPD_IMAGE_DIRECT = 1,
+  HEAPD_IMAGE_WORKING = 2,
+};
 
 void heapd_attach_options_init(heapd_attach_options* options);
 
