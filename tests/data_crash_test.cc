@@ -2,9 +2,9 @@
 // sync — allocations, names and every byte of object contents.
 //
 // A real heapd keeps its heaps on tmpfs (a state directory under /dev/shm;
-// clients map the data file), and, with a fifth of the rounds, in the test
-// directory (a file system, ext4 here: clients map a working image and the
-// data file changes only at syncs, through the redo log).
+// clients map the data file), and in the test directory (a file system,
+// ext4 here: clients map a working image and the data file changes only at
+// syncs, through the redo log; a fifth of ClientKilled's rounds).
 // Worker processes (tests/data_crash_worker.cc) change a vector, a hash map
 // and a linked list of variable-size nodes in a heap, step by step, from a
 // deterministic stream of operations, and sync every K steps, printing
@@ -185,9 +185,10 @@ class DataCrashTest : public ::testing::TestWithParam<std::string> {
         daemon_({"--state_dir=" + shm_.Sub("state"), "--attach_token_seconds=3"}) {}
 
   bool on_tmpfs() const { return !GetParam().empty(); }
-  // The rounds a flag asks for: a fifth of them on a working image (each
-  // sync there is an fdatasync on a disk).
-  int Rounds(int flag) const { return on_tmpfs() ? flag : std::max(1, flag / 5); }
+  // ClientKilled's rounds: a fifth of them on a working image (each sync
+  // there is an fdatasync on a disk); heapd's kills, the rarer case, get
+  // them all on both.
+  int ClientRounds(int flag) const { return on_tmpfs() ? flag : std::max(1, flag / 5); }
 
   void SetUp() override {
     struct statfs fs;
@@ -400,18 +401,17 @@ INSTANTIATE_TEST_SUITE_P(Storage, DataCrashTest, testing::Values("/dev/shm", "")
 
 TEST_P(DataCrashTest, ClientKilled) {
   RunStructureRounds("ClientKilled", Kill::kClient,
-                     Rounds(absl::GetFlag(FLAGS_client_kill_rounds)));
+                     ClientRounds(absl::GetFlag(FLAGS_client_kill_rounds)));
 }
 
 // SIGKILL heapd while a worker runs; restart it once the worker is gone.
 TEST_P(DataCrashTest, DaemonKilled) {
-  RunStructureRounds("DaemonKilled", Kill::kDaemon,
-                     Rounds(absl::GetFlag(FLAGS_daemon_kill_rounds)));
+  RunStructureRounds("DaemonKilled", Kill::kDaemon, absl::GetFlag(FLAGS_daemon_kill_rounds));
 }
 
 // SIGKILL both, in either order.
 TEST_P(DataCrashTest, BothKilled) {
-  RunStructureRounds("BothKilled", Kill::kBoth, Rounds(absl::GetFlag(FLAGS_both_kill_rounds)));
+  RunStructureRounds("BothKilled", Kill::kBoth, absl::GetFlag(FLAGS_both_kill_rounds));
 }
 
 // Two sessions write the same pages: an owner process keeps "ts.shared", a
@@ -442,7 +442,7 @@ TEST_P(DataCrashTest, TwoSessionsSamePages) {
   uint64_t cowriter_step = 0;
   uint64_t cowriter_max = 0;
   Tally tally;
-  for (int round = 0; round < Rounds(absl::GetFlag(FLAGS_shared_rounds)); ++round) {
+  for (int round = 0; round < absl::GetFlag(FLAGS_shared_rounds); ++round) {
     Child owner(
         WorkerArgs(heap, owner_seed,
                    {"--mode=owner", "--name_prefix=ts", absl::StrCat("--start_step=", owner_step),
