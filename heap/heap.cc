@@ -624,8 +624,9 @@ std::vector<uint64_t> PersistentHeap::LivePagesLocked(
     const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
   const uint64_t capacity = uint64_t{directory_->capacity_chunks()} * kChunkSize;
   std::vector<uint64_t> live;
-  for (const auto& [offset, length] : ranges) {
-    const uint64_t end = std::min(offset + length, capacity);
+  for (const std::pair<uint64_t, uint64_t>& range : ranges) {
+    const uint64_t offset = range.first;
+    const uint64_t end = std::min(offset + range.second, capacity);
     // The pages of [begin, stop) within the range.
     auto add = [&](uint64_t begin, uint64_t stop) {
       begin = std::max(begin, offset) & ~(kRedoBlockBytes - 1);

@@ -24,6 +24,8 @@ namespace heapd {
 namespace {
 
 constexpr int kKillRuns = 300;
+// On a working image every sync is an fdatasync on a disk.
+constexpr int kWorkingImageKillRuns = 150;
 constexpr int kMaxSteps = 600;
 constexpr int kSyncsPerMille = 50;
 
@@ -49,10 +51,11 @@ HeapConfig Config() {
 // Child side: the fault point countdown and where to report the kill.
 int g_hits_left = 0;
 int g_report_fd = -1;
-bool g_checkpoints_only = false;  // count only checkpoint fault points
+// Count only the fault points whose names start with this (empty: all).
+std::string g_only;
 
 void KillAtHit(const char* point) {
-  if (g_checkpoints_only && std::strncmp(point, "checkpoint.", 11) != 0) return;
+  if (!g_only.empty() && std::strncmp(point, g_only.data(), g_only.size()) != 0) return;
   if (--g_hits_left != 0) return;
   const std::string line = absl::StrCat(point, "\n");
   (void)!write(g_report_fd, line.data(), line.size());
@@ -60,14 +63,14 @@ void KillAtHit(const char* point) {
 }
 
 [[noreturn]] void RunChild(const std::string& path, uint64_t seed, int kill_hit,
-                           bool checkpoints_only, int kill_step, int report_fd) {
+                           const std::string& only, int kill_step, int report_fd) {
   auto heap = PersistentHeap::Open(path, Options());
   if (!heap.ok()) _exit(2);
   auto workload = RandomWorkload::Start(heap->get(), seed, 1, 300, kSyncsPerMille);
   if (!workload.ok()) _exit(3);
   g_report_fd = report_fd;
   g_hits_left = kill_hit;
-  g_checkpoints_only = checkpoints_only;
+  g_only = only;
   SetFaultHandler(KillAtHit);
   for (int step = 1; step <= kMaxSteps; ++step) {
     if (absl::Status s = (*workload)->Step(); !s.ok()) {
@@ -132,12 +135,20 @@ TEST_P(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
   TestDir root(GetParam());
   g_image = GetParam().empty() ? ImageMode::kWorkingImage : ImageMode::kDirect;
   std::map<std::string, int> kills_by_point;
-  for (int run = 0; run < kKillRuns; ++run) {
+  const int runs = g_image == ImageMode::kWorkingImage ? kWorkingImageKillRuns : kKillRuns;
+  for (int run = 0; run < runs; ++run) {
     const uint64_t seed = 7000 + run;
     std::mt19937_64 rng(seed);
-    // A third of the runs aim at checkpoints, which are rarer than syncs.
-    const bool checkpoints_only = run % 3 == 2;
-    const int kill_hit = 1 + static_cast<int>(rng() % (checkpoints_only ? 12 : 160));
+    // A third of the runs aim at checkpoints, which are rarer than syncs;
+    // on a working image, a sixth at applying the redo log and a sixth at
+    // replacing it with a larger one (rarer still).
+    std::string only;
+    if (run % 3 == 2) only = "checkpoint.";
+    if (g_image == ImageMode::kWorkingImage && run % 6 == 1) only = "redo.apply.";
+    if (g_image == ImageMode::kWorkingImage && run % 6 == 4) only = "redo.larger.";
+    const int kill_hit = 1 + static_cast<int>(rng() % (only.empty()            ? 160
+                                                       : only == "checkpoint." ? 12
+                                                                               : 2));
     const int kill_step = 1 + static_cast<int>(rng() % kMaxSteps);
     const std::string where =
         absl::StrCat("run ", run, " (seed ", seed, ", hit ", kill_hit, ", step ", kill_step, ")");
@@ -150,7 +161,7 @@ TEST_P(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
     ASSERT_GE(child, 0);
     if (child == 0) {
       close(report[0]);
-      RunChild(path, seed, kill_hit, checkpoints_only, kill_step, report[1]);
+      RunChild(path, seed, kill_hit, only, kill_step, report[1]);
     }
     close(report[1]);
     const std::string point = ReadAll(report[0]);
