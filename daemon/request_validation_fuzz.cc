@@ -90,8 +90,11 @@ bool LabelsOk(const google::protobuf::Map<std::string, std::string>& labels) {
   return true;
 }
 
+// An image kind: IMAGE_UNKNOWN (heapd's default), IMAGE_DIRECT or
+// IMAGE_WORKING.
+bool ImageOk(int image) { return image >= 0 && image <= 2; }
 bool Model(const v1::CreateHeapRequest& r) {
-  return HeapNameOk(r.name()) && CreateSettingsOk(r.max_size(), r.mode());
+  return HeapNameOk(r.name()) && ImageOk(r.image()) && CreateSettingsOk(r.max_size(), r.mode());
 }
 bool Model(const v1::ListHeapsRequest&) { return true; }
 bool Model(const v1::StatHeapRequest& r) { return HeapNameOk(r.heap()); }
@@ -100,6 +103,7 @@ bool Model(const v1::AttachRequest& r) {
   const bool snapshot = !r.snapshot().empty();
   if (!snapshot && !HeapNameOk(r.heap())) return false;
   if (!WantsOk(r.leases()) || (r.read_only() && r.leases_size() > 0)) return false;
+  if (!ImageOk(r.create_image())) return false;
   if (r.lookup_size() > 64) return false;
   for (const std::string& name : r.lookup()) {
     if (!NameOk(name)) return false;
