@@ -86,15 +86,22 @@ def _parse_size(max_size):
     return int(number) << units.get(unit, 0)
 
 
-def attach(name, create=False, max_size=None, read_only=False, socket=None, mode=0):
+_IMAGES = {None: 0, "direct": 1, "working": 2}
+
+
+def attach(name, create=False, max_size=None, read_only=False, socket=None, mode=0, image=None):
     """Attaches heap `name` and maps it: a Heap, to use as a context manager.
 
     create: make the heap if there is none (max_size: bytes or "64G", else
-    heapd's default; mode: its permission bits, else 0o600). socket: heapd's
-    socket, else $HEAPD_SOCKET or heapd's default.
+    heapd's default; mode: its permission bits, else 0o600; image: what its
+    clients map, "working" (a working image in memory: the data file
+    changes only at syncs) or "direct" (the data file), else heapd's
+    choice). socket: heapd's socket, else $HEAPD_SOCKET or heapd's default.
     """
+    if image not in _IMAGES:
+        raise ValueError(f"image {image!r}: 'working', 'direct' or None (heapd's choice)")
     handle = _heapd.attach(name, bool(create), _parse_size(max_size), bool(read_only), socket,
-                           int(mode))
+                           int(mode), _IMAGES[image])
     return Heap(handle, name, bool(read_only))
 
 

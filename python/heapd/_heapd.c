@@ -349,14 +349,15 @@ static PyTypeObject HandleType = {
     .tp_getset = HandleGetSet,
 };
 
-/* attach(name, create, max_size, read_only, socket, mode) -> Handle */
+/* attach(name, create, max_size, read_only, socket, mode, image) -> Handle */
 static PyObject* Attach(PyObject* module, PyObject* args) {
   const char* name;
   int create, read_only;
   unsigned long long max_size;
   const char* socket = NULL;
-  unsigned int mode;
-  if (!PyArg_ParseTuple(args, "spKpzI", &name, &create, &max_size, &read_only, &socket, &mode)) {
+  unsigned int mode, image;
+  if (!PyArg_ParseTuple(args, "spKpzII", &name, &create, &max_size, &read_only, &socket, &mode,
+                        &image)) {
     return NULL;
   }
   heapd_attach_options options;
@@ -365,6 +366,7 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   options.read_only = read_only;
   options.max_size = max_size;
   options.mode = mode;
+  options.image = image;
   options.socket = socket;
   heapd_heap* heap;
   PyThreadState* unlocked = PyEval_SaveThread();

@@ -205,3 +205,14 @@ def test_bad_sizes_and_missing_heaps_are_errors():
     with pytest.raises(heapd.HeapdError) as missing:
         heapd.attach("no-such-heap-" + str(os.getpid()))
     assert missing.value.code == "NOT_FOUND"
+
+
+def test_a_new_heap_chooses_its_image():
+    with pytest.raises(ValueError):
+        heapd.attach("py-image-" + str(os.getpid()), create=True, image="mirror")
+    # heapd's state is on tmpfs here: a working image is refused, saying why.
+    with pytest.raises(heapd.HeapdError) as refused:
+        heapd.attach("py-working-" + str(os.getpid()), create=True, image="working")
+    assert "tmpfs" in str(refused.value)
+    with heapd.attach("py-direct-" + str(os.getpid()), create=True, image="direct") as h:
+        assert h.stats()["content_rollback"]
