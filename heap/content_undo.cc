@@ -750,8 +750,8 @@ void ContentUndo::UnlockLiveJournalsLocked(ClientId except) {
 }
 
 void ContentUndo::RecoverAllLocked(bool put_back) {
+  if (!put_back) index_.clear();  // nothing is read: the journals only go
   for (const auto& [page, entries] : index_) {
-    if (!put_back) break;
     const Entry* target = TargetLocked(entries);
     if (target == nullptr) continue;
     absl::StatusOr<std::string> image = ReadImageLocked(*target);

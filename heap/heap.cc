@@ -43,6 +43,41 @@ std::string BaseName(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// The pages of `chunks` that live objects use, within each one's range;
+// ascending, each once.
+std::vector<uint64_t> LivePages(const std::vector<FreshChunk>& chunks) {
+  std::vector<uint64_t> live;
+  for (const FreshChunk& fresh : chunks) {
+    const ChunkRecord& record = fresh.record;
+    // The pages of the bytes [begin, stop), within the range.
+    auto add = [&](uint64_t begin, uint64_t stop) {
+      begin = std::max(begin, fresh.begin) & ~(kRedoBlockBytes - 1);
+      stop = std::min(stop, fresh.end);
+      if (!live.empty() && live.back() >= begin) begin = live.back() + kRedoBlockBytes;
+      for (uint64_t page = begin; page < stop; page += kRedoBlockBytes) live.push_back(page);
+    };
+    const uint64_t base = uint64_t{record.chunk} * kChunkSize;
+    if (record.kind == ChunkKind::kLargeHead) {
+      add(base, base + uint64_t{record.run_chunks} * kChunkSize);
+      continue;
+    }
+    // A small chunk: its allocated slots, word by word (bits past the last
+    // slot are set: cut by SlotsPerChunk).
+    const uint64_t slot_bytes = ClassSize(record.size_class);
+    const uint32_t slots = SlotsPerChunk(record.size_class);
+    for (size_t word = 0; word < record.words.size(); ++word) {
+      for (uint64_t bits = record.words[word]; bits != 0; bits &= bits - 1) {
+        const uint64_t slot = word * 64 + static_cast<uint64_t>(__builtin_ctzll(bits));
+        if (slot >= slots) break;
+        add(base + slot * slot_bytes, base + (slot + 1) * slot_bytes);
+      }
+    }
+  }
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  return live;
+}
+
 }  // namespace
 
 absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::string& heap) {
@@ -620,42 +655,20 @@ absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_
   return BreakLocked(flushed.message());
 }
 
-std::vector<uint64_t> PersistentHeap::LivePagesLocked(
+std::vector<FreshChunk> PersistentHeap::FreshChunksLocked(
     const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
   const uint64_t capacity = uint64_t{directory_->capacity_chunks()} * kChunkSize;
-  std::vector<uint64_t> live;
+  std::vector<FreshChunk> chunks;
   for (const std::pair<uint64_t, uint64_t>& range : ranges) {
-    const uint64_t offset = range.first;
-    const uint64_t end = std::min(offset + range.second, capacity);
-    // The pages of [begin, stop) within the range.
-    auto add = [&](uint64_t begin, uint64_t stop) {
-      begin = std::max(begin, offset) & ~(kRedoBlockBytes - 1);
-      for (uint64_t page = begin; page < std::min(stop, end); page += kRedoBlockBytes) {
-        live.push_back(page);
-      }
-    };
-    for (uint64_t chunk = offset / kChunkSize; chunk * kChunkSize < end;) {
-      const ChunkRecord record = directory_->PersistedRecord(static_cast<uint32_t>(chunk));
-      const uint64_t base = chunk * kChunkSize;
-      if (record.kind == ChunkKind::kLargeHead) {
-        add(base, base + uint64_t{record.run_chunks} * kChunkSize);
-        chunk += record.run_chunks;
-        continue;
-      }
-      if (record.kind == ChunkKind::kSmall) {
-        const uint64_t slot_bytes = ClassSize(record.size_class);
-        const uint32_t slots = SlotsPerChunk(record.size_class);
-        for (uint32_t slot = 0; slot < slots; ++slot) {
-          if ((record.words[slot >> 6] >> (slot & 63) & 1) == 0) continue;
-          add(base + slot * slot_bytes, base + (slot + 1) * slot_bytes);
-        }
-      }
-      ++chunk;
+    const uint64_t end = std::min(range.first + range.second, capacity);
+    for (uint64_t chunk = range.first / kChunkSize; chunk * kChunkSize < end;) {
+      ChunkRecord record = directory_->PersistedRecord(static_cast<uint32_t>(chunk));
+      chunk += record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
+      if (record.kind == ChunkKind::kFree) continue;
+      chunks.push_back(FreshChunk{std::move(record), range.first, end});
     }
   }
-  std::sort(live.begin(), live.end());
-  live.erase(std::unique(live.begin(), live.end()), live.end());
-  return live;
+  return chunks;
 }
 
 absl::Status PersistentHeap::BreakLocked(absl::string_view what) {
@@ -723,6 +736,7 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
   // which pages changed is not known: all of them.
   ContentUndo::CommitPages committed;
   committed.all = undo_ == nullptr;
+  std::vector<FreshChunk> fresh;  // the records of committed.fresh's chunks
   if (undo_ != nullptr) {
     if (absl::Status s = undo_->PrepareCommit(client, generation, result.epoch,
                                               durable_ != nullptr ? &committed : nullptr);
@@ -753,15 +767,9 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
     result.rejected_frees = std::move(reported->rejected_frees);
     directory_->Commit(client);
     // Of the memory handed to the session free, what this epoch commits
-    // live: the rest is free, its bytes never read.
-    if (durable_ != nullptr && !committed.all && !committed.fresh.empty()) {
-      const std::vector<uint64_t> live = LivePagesLocked(committed.fresh);
-      std::vector<uint64_t> merged;
-      merged.reserve(committed.pages.size() + live.size());
-      std::set_union(committed.pages.begin(), committed.pages.end(), live.begin(), live.end(),
-                     std::back_inserter(merged));
-      committed.pages = std::move(merged);
-    }
+    // live (the rest is free, its bytes never read): the chunks' records
+    // now, their pages below, without the lock.
+    if (durable_ != nullptr && !committed.all) fresh = FreshChunksLocked(committed.fresh);
     // What this epoch persists, taken now; later changes go to the next.
     if (full) {
       directory_->TakeDirtyRecords();
@@ -777,6 +785,14 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       record.chunks = directory_->TakeDirtyRecords();
       record.names = names_.TakeChanges();
     }
+  }
+  if (!fresh.empty()) {
+    const std::vector<uint64_t> live = LivePages(fresh);
+    std::vector<uint64_t> merged;
+    merged.reserve(committed.pages.size() + live.size());
+    std::set_union(committed.pages.begin(), committed.pages.end(), live.begin(), live.end(),
+                   std::back_inserter(merged));
+    committed.pages = std::move(merged);
   }
   // Object contents before metadata: a name must never reach disk before
   // its object.

@@ -148,6 +148,14 @@ absl::StatusOr<LargePlacement> AllocateOrReserve(PersistentHeap& heap, ClientId 
 // up to kMaxHeapBytes, mode within 0777. INVALID_ARGUMENT saying which.
 absl::Status ValidateHeapConfig(const HeapConfig& config);
 
+// A chunk of memory a session was handed free (`record` as the directory
+// would persist it), within that memory's range [begin, end).
+struct FreshChunk {
+  ChunkRecord record;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
 struct SyncResult {
   uint64_t epoch = 0;
   std::vector<LeaseCorrection> corrections;
@@ -346,10 +354,11 @@ class PersistentHeap {
   // if `all_pages`); any failure breaks the heap.
   absl::Status FlushDataLocked(uint64_t epoch, std::vector<uint64_t> pages, bool all_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
-  // The pages of `ranges` ((offset, length) each) that live objects use,
-  // as the directory would persist them now; ascending, each once.
-  std::vector<uint64_t> LivePagesLocked(const std::vector<std::pair<uint64_t, uint64_t>>& ranges)
-      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The chunks of `ranges` ((offset, length) each) that hold objects, as
+  // the directory would persist them now (a large run once, by its head).
+  std::vector<FreshChunk> FreshChunksLocked(
+      const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Breaks the heap (see above): `what` failed. Returns the error.
   absl::Status BreakLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync and Detach: record the reports, staged and `last` (ending the

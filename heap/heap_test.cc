@@ -5,13 +5,12 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
 #include "heap/test_dir.h"
-#include "heap/undo_record.h"
+#include "heap/test_files.h"
 #include "testing/in_process.h"
 
 namespace heapd {
@@ -309,14 +308,8 @@ TEST(HeapTest, StagedReportsCommitOnlyWithTheLastPart) {
 std::string g_failing_dir;
 void FailLogWrite(const char* point) {
   if (std::strcmp(point, "log.before_write") != 0) return;
-  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
-    if (error || target.rfind(g_failing_dir + "/log.", 0) != 0) continue;
-    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    dup2(null, std::stoi(fd.path().filename().string()));
-    close(null);
-  }
+  BreakDescriptors(
+      [](const std::string& target) { return target.rfind(g_failing_dir + "/log.", 0) == 0; });
 }
 
 // A sync that fails after applying its reports (its metadata write) has
@@ -342,15 +335,7 @@ TEST(HeapTest, ASyncThatFailedAfterApplyingCommitsWithItsStoresWhenItsSessionDie
   ASSERT_EQ(pwrite(h.data_fd(), synced.data(), synced.size(), page), kUndoPageBytes);
   ASSERT_TRUE(h.Sync(2, {}).ok());
   // Generation 2 of client 1: a pre-image, the store, an allocation.
-  UndoRecordHeader pre;
-  pre.kind = static_cast<uint32_t>(UndoKind::kPreImage);
-  pre.page = page;
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  pre.time_ns =
-      static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
-  pre.generation = 2;
-  const std::string record = EncodeUndoRecord(pre, synced);
+  const std::string record = PreImageRecord(page, 2, synced);
   ASSERT_EQ(write(journal->get(), record.data(), record.size()),
             static_cast<ssize_t>(record.size()));
   const std::string stored(kUndoPageBytes, 'b');

@@ -10,14 +10,13 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
 #include "heap/heap.h"
 #include "heap/metadata_format.h"
 #include "heap/test_dir.h"
-#include "heap/undo_record.h"
+#include "heap/test_files.h"
 #include "testing/in_process.h"
 
 namespace heapd {
@@ -198,15 +197,7 @@ TEST_F(WorkingImageTest, FreshMemoryGivenBackIsNotLoggedByItsFormerHolder) {
     allocated.words[0] |= 1;  // an object at the chunk's start
     ASSERT_TRUE(h.Sync(2, {allocated}, 1).ok());
     // Session 2's next store to the page, with its pre-image, not synced.
-    UndoRecordHeader pre;
-    pre.kind = static_cast<uint32_t>(UndoKind::kPreImage);
-    pre.page = page;
-    timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    pre.time_ns =
-        static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
-    pre.generation = 2;
-    const std::string record = EncodeUndoRecord(pre, synced);
+    const std::string record = PreImageRecord(page, 2, synced);
     ASSERT_EQ(write(journal2->get(), record.data(), record.size()),
               static_cast<ssize_t>(record.size()));
     ASSERT_EQ(pwrite(h.data_fd(), unsynced.data(), unsynced.size(), static_cast<off_t>(page)),
@@ -277,14 +268,9 @@ TEST_F(WorkingImageTest, ASyncWithoutAGenerationIsRefused) {
 // sync is about to append: its writes fail.
 void FailRedoWrites(const char* point) {
   if (std::strcmp(point, "redo.before_append") != 0) return;
-  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
-    if (error || target.size() < 5 || target.substr(target.size() - 5) != "/redo") continue;
-    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    dup2(null, std::stoi(fd.path().filename().string()));
-    close(null);
-  }
+  BreakDescriptors([](const std::string& target) {
+    return target.size() >= 5 && target.compare(target.size() - 5, 5, "/redo") == 0;
+  });
 }
 
 // A sync whose pages cannot be logged fails, and the heap refuses every

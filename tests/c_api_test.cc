@@ -1,6 +1,8 @@
 // The C API (include/heapd/heapd.h) against a real heapd: objects, names,
 // links by offset, arrays, errors with errno and heapd_last_error, and what
 // a second process sees.
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +39,27 @@ class CApiTest : public ::testing::Test {
   heapd_attach_options options_;
   heapd_heap* heap_ = nullptr;
 };
+
+// A new heap's image: a kind the API does not know is refused, naming the
+// field; HEAPD_IMAGE_DIRECT makes a heap whose clients map its data file.
+TEST_F(CApiTest, ANewHeapChoosesItsImage) {
+  heapd_attach_options options = options_;
+  options.image = 9;
+  EXPECT_EQ(heapd_attach("c-bad-image", &options), nullptr);
+  EXPECT_NE(std::string(heapd_last_error()).find("heapd_attach_options.image 9"), std::string::npos)
+      << heapd_last_error();
+  options.image = HEAPD_IMAGE_DIRECT;
+  heapd_heap* direct = heapd_attach("c-direct", &options);
+  ASSERT_NE(direct, nullptr) << heapd_last_error();
+  heapd_heap_stats stats;
+  stats.struct_size = sizeof(stats);
+  ASSERT_EQ(heapd_stats(direct, &stats), 0) << heapd_last_error();
+  // On a file system its contents do not roll back (on tmpfs they would).
+  struct statfs fs;
+  ASSERT_EQ(statfs(daemon_.socket().c_str(), &fs), 0);
+  if (fs.f_type != TMPFS_MAGIC) EXPECT_EQ(stats.content_rollback, 0);
+  EXPECT_EQ(heapd_detach(direct), 0) << heapd_last_error();
+}
 
 TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
   struct Node {
