@@ -53,8 +53,11 @@ std::vector<uint64_t> LivePages(const std::vector<FreshChunk>& chunks) {
     auto add = [&](uint64_t begin, uint64_t stop) {
       begin = std::max(begin, fresh.begin) & ~(kRedoBlockBytes - 1);
       stop = std::min(stop, fresh.end);
-      if (!live.empty() && live.back() >= begin) begin = live.back() + kRedoBlockBytes;
-      for (uint64_t page = begin; page < stop; page += kRedoBlockBytes) live.push_back(page);
+      // Chunks come in no particular order: only a repeat of the last page
+      // (neighbouring slots) is left out here, the rest after the sort.
+      for (uint64_t page = begin; page < stop; page += kRedoBlockBytes) {
+        if (live.empty() || live.back() != page) live.push_back(page);
+      }
     };
     const uint64_t base = uint64_t{record.chunk} * kChunkSize;
     if (record.kind == ChunkKind::kLargeHead) {
