@@ -168,6 +168,7 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
   attach.read_only = given.read_only != 0;
   attach.max_size = given.max_size;
   attach.mode = given.mode;
+  if (given.storage != nullptr) attach.storage = given.storage;
   switch (given.image) {
     case HEAPD_IMAGE_DEFAULT:
       break;

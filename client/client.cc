@@ -216,6 +216,7 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
   request.set_create_mode(options.mode);
   if (options.image == HeapImage::kDirect) request.set_create_image(v1::IMAGE_DIRECT);
   if (options.image == HeapImage::kWorking) request.set_create_image(v1::IMAGE_WORKING);
+  request.set_create_storage(options.storage);
   for (const std::string& lookup : options.prefetch_names) request.add_lookup(lookup);
   request.set_snapshot(options.snapshot);
   request.set_snapshot_dir(options.snapshot_dir);

@@ -118,16 +118,18 @@ absl::Status WithProgress(const Call& call, const std::string& what,
 }
 
 void PrintHeapRow(const v1::HeapInfo& heap) {
-  std::printf("%-24s %10s %10s %10s %8llu %7u %6u %5u %04o %-5s %s\n", heap.name().c_str(),
+  std::printf("%-24s %10s %10s %10s %8llu %7u %6u %5u %04o %-5s %-8s %s\n", heap.name().c_str(),
               Bytes(heap.max_size()).c_str(), Bytes(heap.capacity_bytes()).c_str(),
               Bytes(heap.allocated_bytes()).c_str(), static_cast<unsigned long long>(heap.epoch()),
               heap.clients(), heap.names(), heap.owner_uid(), heap.mode(),
-              BackingName(heap.backing()), Time(heap.last_sync_unix_ns()).c_str());
+              BackingName(heap.backing()), heap.storage().c_str(),
+              Time(heap.last_sync_unix_ns()).c_str());
 }
 
 void PrintHeapHeader() {
-  std::printf("%-24s %10s %10s %10s %8s %7s %6s %5s %4s %-5s %s\n", "HEAP", "MAX", "RESERVED",
-              "ALLOCATED", "EPOCH", "CLIENTS", "NAMES", "UID", "MODE", "KIND", "LAST SYNC");
+  std::printf("%-24s %10s %10s %10s %8s %7s %6s %5s %4s %-5s %-8s %s\n", "HEAP", "MAX", "RESERVED",
+              "ALLOCATED", "EPOCH", "CLIENTS", "NAMES", "UID", "MODE", "KIND", "STORAGE",
+              "LAST SYNC");
 }
 
 void PrintClients(const google::protobuf::RepeatedPtrField<v1::ClientInfo>& clients) {
@@ -167,14 +169,15 @@ int HeapCreate(const Call& call) {
   const std::string image = call.args.String("image");
   if (image == "direct") request.set_image(v1::IMAGE_DIRECT);
   if (image == "working") request.set_image(v1::IMAGE_WORKING);
+  request.set_storage(call.args.String("storage"));
   v1::HeapInfo info;
   grpc::ClientContext context;
   if (absl::Status s = FromGrpc(call.stub.CreateHeap(&context, request, &info)); !s.ok()) {
     return Fail(s);
   }
   if (call.json) return PrintJson(info);
-  std::printf("created heap %s (maximum %s, mode %04o)\n", info.name().c_str(),
-              Bytes(info.max_size()).c_str(), info.mode());
+  std::printf("created heap %s (maximum %s, mode %04o) on storage tier %s\n", info.name().c_str(),
+              Bytes(info.max_size()).c_str(), info.mode(), info.storage().c_str());
   return 0;
 }
 
@@ -212,7 +215,8 @@ int HeapStat(const Call& call) {
   if (call.json) return PrintJson(stats);
   PrintHeapHeader();
   PrintHeapRow(stats.info());
-  std::printf("\nreflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
+  std::printf("\nstorage tier: %s\n", stats.info().storage().c_str());
+  std::printf("reflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
   std::printf("clients map: %s\n", stats.info().image() == v1::IMAGE_WORKING
                                        ? "a working image in memory (the data file changes "
                                          "only at syncs)"
@@ -403,6 +407,7 @@ int SnapshotRestore(const Call& call) {
   request.set_heap(call.args.String("heap"));
   request.set_replace(call.args.Bool("replace"));
   request.set_keep_owner(call.args.Bool("keep_owner"));
+  request.set_storage(call.args.String("storage"));
   request.set_store_dir(call.args.String("store"));
   request.set_from_node(call.args.String("from_node"));
   request.set_from_heap(call.args.String("from_heap"));
@@ -415,8 +420,9 @@ int SnapshotRestore(const Call& call) {
     return Fail(s);
   }
   if (call.json) return PrintJson(info);
-  std::printf("restored heap %s from snapshot %s at epoch %llu\n", info.name().c_str(),
-              request.name().c_str(), static_cast<unsigned long long>(info.epoch()));
+  std::printf("restored heap %s from snapshot %s at epoch %llu on storage tier %s\n",
+              info.name().c_str(), request.name().c_str(),
+              static_cast<unsigned long long>(info.epoch()), info.storage().c_str());
   return 0;
 }
 

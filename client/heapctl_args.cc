@@ -99,6 +99,9 @@ const std::vector<FlagSpec>& HeapctlFlags() {
        "what clients map: working (a working image in memory; the data file changes only at "
        "syncs) or direct (the data file; on a file system contents do not roll back). Default: "
        "heapd's (working on a file system, unless --working_images=false)"},
+      {"storage", FlagKind::kString, "TIER",
+       "the storage tier to make the heap on, as heapd's --storage names it (default: heapd's "
+       "first; a restore replacing a heap: that heap's)"},
       {"owner", FlagKind::kUint, "UID", "only heaps of this uid"},
       {"quiet", FlagKind::kBool, "",
        "names only (heap ls), 'SNAPSHOT HEAP' or 'VERSION NODE HEAP' lines (snapshot ls)"},
@@ -135,7 +138,7 @@ const std::vector<CommandSpec>& HeapctlCommands() {
        "NAME",
        1,
        1,
-       {"max_size", "mode", "image"},
+       {"max_size", "mode", "image", "storage"},
        {},
        "create a heap"},
       {Command::kHeapLs, "heap ls", "", 0, 0, {"owner", "quiet"}, {}, "list the heaps"},
@@ -217,7 +220,7 @@ const std::vector<CommandSpec>& HeapctlCommands() {
        "NAME",
        1,
        1,
-       {"to", "store", "from_node", "from_heap", "heap", "replace", "keep_owner"},
+       {"to", "store", "from_node", "from_heap", "heap", "replace", "keep_owner", "storage"},
        {},
        "make a heap from a snapshot or a store version's part"},
       {Command::kSnapshotGc,

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "heap/data_file.h"
 #include "heap/heap_dir.h"
 #include "heap/metadata_store.h"
@@ -21,17 +23,13 @@
 #include "util/random_name.h"
 
 namespace heapd {
-namespace {
 
-// Creates `dir` (mode 0700) if missing; refuses a directory another user
-// owns or may write, where someone else could plant or swap heaps.
-}  // namespace
-
-std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
+std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, const std::string& storage,
                                            std::unique_ptr<PersistentHeap> heap) {
   const bool reflink = ReflinkSupported(heap->dir());
   auto served = std::make_shared<ServedHeap>();
   served->name = name;
+  served->storage = storage;
   served->heap = std::move(heap);
   served->reflink = reflink;
   served->incarnation = RandomName();
@@ -78,49 +76,106 @@ HeapRegistry::Reservation::~Reservation() {
 }
 
 HeapRegistry::Reservation::Reservation(Reservation&& other) noexcept
-    : registry_(std::exchange(other.registry_, nullptr)), name_(std::move(other.name_)) {}
+    : registry_(std::exchange(other.registry_, nullptr)),
+      name_(std::move(other.name_)),
+      storage_(std::move(other.storage_)) {}
 
 absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir,
                                                                  HeapOptions options,
                                                                  UserLimits limits) {
-  if (absl::Status s = MakeOwnDirectory(state_dir, 0700, "state directory").status(); !s.ok()) {
-    return s;
+  return Open(std::vector<StorageTier>{{kDefaultTierName, state_dir}}, options, limits);
+}
+
+absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<StorageTier> tiers,
+                                                                 HeapOptions options,
+                                                                 UserLimits limits) {
+  if (tiers.empty()) return absl::InvalidArgumentError("no storage tier to keep heaps on");
+  for (const StorageTier& tier : tiers) {
+    const std::string what = absl::StrCat("storage tier ", tier.name);
+    if (absl::Status s = MakeOwnDirectory(tier.root, 0700, what).status(); !s.ok()) return s;
+    if (absl::Status s = MakeOwnDirectory(HeapsDirOf(tier), 0700, what).status(); !s.ok()) {
+      return s;
+    }
   }
-  const std::string heaps_dir = absl::StrCat(state_dir, "/heaps");
-  if (absl::Status s = MakeOwnDirectory(heaps_dir, 0700, "heaps directory").status(); !s.ok()) {
-    return s;
-  }
-  std::unique_ptr<HeapRegistry> registry(new HeapRegistry(heaps_dir, options, limits));
+  std::unique_ptr<HeapRegistry> registry(new HeapRegistry(std::move(tiers), options, limits));
   absl::MutexLock lock(&registry->mu_);
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(heaps_dir, error)) {
-    const std::string name = entry.path().filename();
-    if (IsHiddenHeapDirName(name)) {
-      // Left by a creation, restore or removal that a crash interrupted.
-      std::error_code ignored;
-      std::filesystem::remove_all(entry.path(), ignored);
-      spdlog::warn("removed {}, left by an interrupted creation, restore or removal",
-                   entry.path().string());
-      continue;
+  // Where each name was found, for a name found twice.
+  std::map<std::string, std::string> found_on;
+  for (const StorageTier& tier : registry->tiers_) {
+    const std::string heaps_dir = HeapsDirOf(tier);
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(heaps_dir, error)) {
+      const std::string name = entry.path().filename();
+      if (IsHiddenHeapDirName(name)) {
+        // Left by a creation, restore or removal that a crash interrupted.
+        std::error_code ignored;
+        std::filesystem::remove_all(entry.path(), ignored);
+        spdlog::warn("removed {}, left by an interrupted creation, restore or removal",
+                     entry.path().string());
+        continue;
+      }
+      if (!entry.is_symlink() && !entry.is_directory()) continue;
+      if (entry.is_symlink() || !ValidateHeapName(name).ok()) {
+        spdlog::warn("{} is not a heap; left alone", entry.path().string());
+        continue;
+      }
+      if (auto first = found_on.find(name); first != found_on.end()) {
+        // Neither is served, whichever tier comes first: the admin chooses.
+        const absl::Status twice = absl::FailedPreconditionError(
+            absl::StrCat("a heap of this name is on tiers ", first->second, " and ", tier.name,
+                         "; neither is served until one is moved or removed by hand"));
+        spdlog::error("heap {}: {}", name, std::string(twice.message()));
+        registry->heaps_.erase(name);
+        registry->broken_[name] = twice;
+        continue;
+      }
+      found_on.emplace(name, tier.name);
+      absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
+          PersistentHeap::Open(entry.path(), options);
+      if (!heap.ok()) {
+        spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
+                      heap.status().ToString());
+        registry->broken_.emplace(name, heap.status());
+        continue;
+      }
+      spdlog::info("opened heap {} on tier {} at epoch {}", name, tier.name, (*heap)->epoch());
+      registry->heaps_.emplace(name, MakeServedHeap(name, tier.name, *std::move(heap)));
     }
-    if (!entry.is_symlink() && !entry.is_directory()) continue;
-    if (entry.is_symlink() || !ValidateHeapName(name).ok()) {
-      spdlog::warn("{} is not a heap; left alone", entry.path().string());
-      continue;
-    }
-    absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-        PersistentHeap::Open(entry.path(), options);
-    if (!heap.ok()) {
-      spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
-                    heap.status().ToString());
-      registry->broken_.emplace(name, heap.status());
-      continue;
-    }
-    spdlog::info("opened heap {} at epoch {}", name, (*heap)->epoch());
-    registry->heaps_.emplace(name, MakeServedHeap(name, *std::move(heap)));
+    if (error) return ErrnoStatus(error.value(), absl::StrCat("list ", heaps_dir));
   }
-  if (error) return ErrnoStatus(error.value(), absl::StrCat("list ", heaps_dir));
   return registry;
+}
+
+const StorageTier* HeapRegistry::FindTier(absl::string_view storage) const {
+  if (storage.empty()) return &tiers_.front();
+  for (const StorageTier& tier : tiers_) {
+    if (tier.name == storage) return &tier;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::string> HeapRegistry::HeapsDir(absl::string_view storage) const {
+  const StorageTier* tier = FindTier(storage);
+  if (tier == nullptr) return ChooseStorage("", storage).status();
+  return HeapsDirOf(*tier);
+}
+
+absl::StatusOr<std::string> HeapRegistry::ChooseStorage(const std::string& name,
+                                                        absl::string_view asked,
+                                                        bool replacing) const {
+  if (asked.empty()) {
+    if (replacing) {
+      absl::MutexLock lock(&mu_);
+      if (auto it = heaps_.find(name); it != heaps_.end()) return it->second->storage;
+    }
+    return tiers_.front().name;
+  }
+  if (FindTier(asked) != nullptr) return std::string(asked);
+  std::vector<std::string> names;
+  for (const StorageTier& tier : tiers_) names.push_back(tier.name);
+  return absl::InvalidArgumentError(absl::StrCat("storage: heapd has no tier named '",
+                                                 absl::CHexEscape(asked), "'; its tiers are ",
+                                                 absl::StrJoin(names, ", ")));
 }
 
 HeapRegistry::Usage HeapRegistry::UsageOfLocked(uint32_t uid) const {
@@ -147,8 +202,11 @@ uint64_t HeapRegistry::HeapBytesLeft(uint32_t uid) const {
 
 absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::string& name,
                                                                 uint32_t owner_uid,
-                                                                uint64_t max_size, bool replacing) {
+                                                                uint64_t max_size, bool replacing,
+                                                                const std::string& storage) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
+  const StorageTier* tier = FindTier(storage);
+  if (tier == nullptr) return ChooseStorage(name, storage).status();
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);
   if (reserved_.count(name) != 0) {
@@ -178,7 +236,7 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
     }
   }
   reserved_[name] = {owner_uid, max_size};
-  return Reservation(this, name);
+  return Reservation(this, name, tier->name);
 }
 
 void HeapRegistry::Release(const std::string& name) {
@@ -188,7 +246,8 @@ void HeapRegistry::Release(const std::string& name) {
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
     Reservation reservation, std::unique_ptr<PersistentHeap> heap) {
-  std::shared_ptr<ServedHeap> served = MakeServedHeap(reservation.name(), std::move(heap));
+  std::shared_ptr<ServedHeap> served =
+      MakeServedHeap(reservation.name(), reservation.storage(), std::move(heap));
   absl::MutexLock lock(&mu_);
   reserved_.erase(reservation.name());
   reservation.registry_ = nullptr;
@@ -197,8 +256,12 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
 }
 
 absl::StatusOr<ImageMode> HeapRegistry::ChooseImage(const std::string& name,
-                                                    std::optional<ImageMode> asked) const {
-  if (!asked.has_value()) return ImageModeFor(heaps_dir_, options_);
+                                                    std::optional<ImageMode> asked,
+                                                    const std::string& storage) const {
+  const StorageTier* tier = FindTier(storage);
+  if (tier == nullptr) return ChooseStorage(name, storage).status();
+  const std::string heaps_dir = HeapsDirOf(*tier);
+  if (!asked.has_value()) return ImageModeFor(heaps_dir, options_);
   if (*asked == ImageMode::kDirect) return ImageMode::kDirect;
   if (!options_.track_contents) {
     return absl::FailedPreconditionError(
@@ -208,9 +271,9 @@ absl::StatusOr<ImageMode> HeapRegistry::ChooseImage(const std::string& name,
   }
   HeapOptions forced = options_;
   forced.working_images = true;
-  if (ImageModeFor(heaps_dir_, forced) != ImageMode::kWorkingImage) {
+  if (ImageModeFor(heaps_dir, forced) != ImageMode::kWorkingImage) {
     return absl::FailedPreconditionError(
-        absl::StrCat("heap ", name, ": heapd keeps its heaps on tmpfs (", heaps_dir_,
+        absl::StrCat("heap ", name, ": storage tier ", tier->name, " is on tmpfs (", heaps_dir,
                      "), where contents roll back without a working image; one would hold the "
                      "heap in memory twice"));
   }
@@ -220,17 +283,21 @@ absl::StatusOr<ImageMode> HeapRegistry::ChooseImage(const std::string& name,
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(Reservation reservation,
                                                                  const HeapConfig& config) {
   // Built on disk with no lock held: Get and List go on meanwhile.
+  absl::StatusOr<std::string> heaps_dir = HeapsDir(reservation.storage());
+  if (!heaps_dir.ok()) return heaps_dir.status();
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-      PersistentHeap::Create(absl::StrCat(heaps_dir_, "/", reservation.name()), config, options_);
+      PersistentHeap::Create(absl::StrCat(*heaps_dir, "/", reservation.name()), config, options_);
   if (!heap.ok()) return heap.status();
   return Add(std::move(reservation), *std::move(heap));
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::AddRestored(Reservation reservation,
                                                                       RestoredHeapDir& restored) {
+  absl::StatusOr<std::string> heaps_dir = HeapsDir(reservation.storage());
+  if (!heaps_dir.ok()) return heaps_dir.status();
   if (absl::Status s = restored.Commit(reservation.name()); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-      PersistentHeap::Open(absl::StrCat(heaps_dir_, "/", reservation.name()), options_);
+      PersistentHeap::Open(absl::StrCat(*heaps_dir, "/", reservation.name()), options_);
   if (!heap.ok()) return heap.status();
   return Add(std::move(reservation), *std::move(heap));
 }
@@ -253,35 +320,44 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view 
 absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view name) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   Removed removed;
-  const std::string dir = absl::StrCat(heaps_dir_, "/", name);
-  const std::string doomed =
-      absl::StrCat(heaps_dir_, "/", HiddenHeapDirName(HiddenPurpose::kRemoving, name));
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = heaps_.find(name);
-    auto broken = broken_.find(name);
-    if (it == heaps_.end() && broken == broken_.end()) {
-      return absl::NotFoundError(absl::StrCat("no heap named ", name));
-    }
-    // Renamed first, so a crash while deleting leaves no heap behind (Open
-    // sweeps names starting with '.').
-    if (rename(dir.c_str(), doomed.c_str()) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("rename ", dir, " to ", doomed));
-    }
-    if (it != heaps_.end()) {
-      removed.closing = std::move(it->second);
-      heaps_.erase(it);
-    }
-    if (broken != broken_.end()) broken_.erase(broken);
-    // Until the heap is marked removed (no snapshot of it under way, none
-    // to come), no other heap may take the name: a snapshot's manifest
-    // would name the new heap for the old one's files.
-    if (reserved_.count(name) == 0) {
-      reserved_[std::string(name)] = {0, 0};  // counts against no user
-      removed.name_held.reset(new Reservation(this, std::string(name)));
+  absl::MutexLock lock(&mu_);
+  auto it = heaps_.find(name);
+  auto broken = broken_.find(name);
+  if (it == heaps_.end() && broken == broken_.end()) {
+    return absl::NotFoundError(absl::StrCat("no heap named ", name));
+  }
+  // A heap that failed to open: the first tier holding its name (one
+  // found on two tiers is removed from them one at a time).
+  const StorageTier* tier = nullptr;
+  for (const StorageTier& t : tiers_) {
+    if (it != heaps_.end() ? t.name == it->second->storage
+                           : std::filesystem::exists(HeapsDirOf(t) + "/" + std::string(name))) {
+      tier = &t;
+      break;
     }
   }
-  removed.dir = doomed;
+  if (tier == nullptr) return absl::NotFoundError(absl::StrCat("no heap named ", name));
+  removed.heaps_dir = HeapsDirOf(*tier);
+  const std::string dir = absl::StrCat(removed.heaps_dir, "/", name);
+  removed.dir =
+      absl::StrCat(removed.heaps_dir, "/", HiddenHeapDirName(HiddenPurpose::kRemoving, name));
+  // Renamed first, so a crash while deleting leaves no heap behind (Open
+  // sweeps names starting with '.').
+  if (rename(dir.c_str(), removed.dir.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", dir, " to ", removed.dir));
+  }
+  if (it != heaps_.end()) {
+    removed.closing = std::move(it->second);
+    heaps_.erase(it);
+  }
+  if (broken != broken_.end()) broken_.erase(broken);
+  // Until the heap is marked removed (no snapshot of it under way, none
+  // to come), no other heap may take the name: a snapshot's manifest
+  // would name the new heap for the old one's files.
+  if (reserved_.count(name) == 0) {
+    reserved_[std::string(name)] = {0, 0};  // counts against no user
+    removed.name_held.reset(new Reservation(this, std::string(name), tier->name));
+  }
   return removed;
 }
 
@@ -295,7 +371,7 @@ void HeapRegistry::DeleteRemoved(Removed removed) {
   // longer waits for anything.
   removed.closing.reset();
   // The rename made durable first: a crash now leaves the heap removed.
-  if (absl::Status s = SyncDirectory(heaps_dir_); !s.ok()) {
+  if (absl::Status s = SyncDirectory(removed.heaps_dir); !s.ok()) {
     spdlog::warn("removing {}: {}", removed.dir, s.ToString());
   }
   std::error_code error;

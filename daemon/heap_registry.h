@@ -1,9 +1,10 @@
-// HeapRegistry: the heaps under the state directory, by name. Every heap is
-// opened when the daemon starts and stays open until it is removed or the
-// daemon stops; a heap that cannot be opened (corrupt metadata) is reported
-// with its error and left alone on disk.
+// HeapRegistry: the heaps on heapd's storage tiers (daemon/storage_tiers.h),
+// by name: one name space over every tier. Every heap is opened when the
+// daemon starts and stays open until it is removed or the daemon stops; a
+// heap that cannot be opened (corrupt metadata, or its name found on two
+// tiers) is reported with its error and left alone on disk.
 //
-// Layout: STATE_DIR/heaps/NAME/ is one heap (heap/heap_dir.h). Heaps are
+// Layout: TIER_ROOT/heaps/NAME/ is one heap (heap/heap_dir.h). Heaps are
 // built under hidden names and removed through one; a hidden name is never
 // a heap name, so a crash midway leaves nothing that is served, and Open
 // sweeps such leftovers away.
@@ -29,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/limits.h"
+#include "daemon/storage_tiers.h"
 #include "heap/heap.h"
 #include "heap/heap_name.h"
 
@@ -40,6 +42,7 @@ class RestoredHeapDir;
 class ServedHeap {
  public:
   std::string name;
+  std::string storage;  // its tier's name
   std::unique_ptr<PersistentHeap> heap;
   bool reflink = false;  // its file system can clone files (cheap snapshots)
   // Which heap this is in this heapd's life (random: a heap removed and
@@ -77,8 +80,9 @@ class ServedHeap {
   uint64_t progress_ ABSL_GUARDED_BY(progress_mu_) = 0;
 };
 
-// `heap` served as `name`, with its file system's reflink support probed.
-std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name,
+// `heap` served as `name` from tier `storage`, with its file system's
+// reflink support probed.
+std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, const std::string& storage,
                                            std::unique_ptr<PersistentHeap> heap);
 
 class HeapRegistry {
@@ -92,43 +96,59 @@ class HeapRegistry {
     Reservation(const Reservation&) = delete;
     Reservation& operator=(const Reservation&) = delete;
     const std::string& name() const { return name_; }
+    const std::string& storage() const { return storage_; }
 
    private:
     friend class HeapRegistry;
-    Reservation(HeapRegistry* registry, std::string name) : registry_(registry), name_(name) {}
+    Reservation(HeapRegistry* registry, std::string name, std::string storage)
+        : registry_(registry), name_(std::move(name)), storage_(std::move(storage)) {}
     HeapRegistry* registry_;
     std::string name_;
+    std::string storage_;  // the tier it is made on
   };
 
-  // Opens every heap under `state_dir` (its heaps/ is created 0700 if
-  // missing, and must belong to this process's user and be writable by no
-  // one else), after removing leftovers of interrupted creations, restores
-  // and removals.
+  // Opens every heap on `tiers` (the first is the default; each root and
+  // its heaps/ are created 0700 if missing, and must belong to this
+  // process's user and be writable by no one else), after removing
+  // leftovers of interrupted creations, restores and removals.
+  static absl::StatusOr<std::unique_ptr<HeapRegistry>> Open(std::vector<StorageTier> tiers,
+                                                            HeapOptions options = {},
+                                                            UserLimits limits = {});
+  // Open with `state_dir` as the only tier (kDefaultTierName).
   static absl::StatusOr<std::unique_ptr<HeapRegistry>> Open(const std::string& state_dir,
                                                             HeapOptions options = {},
                                                             UserLimits limits = {});
 
-  // Reserves `name` for a new heap of `owner_uid` with `max_size`.
-  // ALREADY_EXISTS if a heap has that name (or one is being made), unless
-  // `replacing` it: then the existing heap does not count against the
-  // limits (the caller removes it before adding the new one).
-  // RESOURCE_EXHAUSTED naming the limit the owner would pass.
+  // The tier a new heap `name` goes on: `asked`, else the tier of the heap
+  // of that name it replaces (if `replacing`), else the default tier.
+  // INVALID_ARGUMENT naming the tiers heapd has for an unknown one.
+  absl::StatusOr<std::string> ChooseStorage(const std::string& name, absl::string_view asked,
+                                            bool replacing = false) const;
+
+  // Reserves `name` for a new heap of `owner_uid` with `max_size` on tier
+  // `storage` (as ChooseStorage said). ALREADY_EXISTS if a heap has that
+  // name on any tier (or one is being made), unless `replacing` it: then the
+  // existing heap does not count against the limits (the caller removes it
+  // before adding the new one). RESOURCE_EXHAUSTED naming the limit the
+  // owner would pass (limits count heaps on every tier together).
   absl::StatusOr<Reservation> Reserve(const std::string& name, uint32_t owner_uid,
-                                      uint64_t max_size, bool replacing = false);
+                                      uint64_t max_size, bool replacing = false,
+                                      const std::string& storage = "");
 
-  // What a new heap `name` maps: `asked`, else the default (ImageModeFor
-  // the heaps directory). FAILED_PRECONDITION, saying why, for a working
-  // image where heapd cannot keep one: content tracking off, or heaps on
-  // tmpfs (a working image would hold the heap in memory twice).
-  absl::StatusOr<ImageMode> ChooseImage(const std::string& name,
-                                        std::optional<ImageMode> asked) const;
+  // What a new heap `name` on tier `storage` maps: `asked`, else the
+  // default (ImageModeFor the tier). FAILED_PRECONDITION, saying why, for
+  // a working image where heapd cannot keep one: content tracking off, or
+  // a tier on tmpfs (a working image would hold the heap in memory twice).
+  absl::StatusOr<ImageMode> ChooseImage(const std::string& name, std::optional<ImageMode> asked,
+                                        const std::string& storage = "") const;
 
-  // Creates the reserved heap (config.image as ChooseImage said).
+  // Creates the reserved heap on its tier (config.image as ChooseImage
+  // said).
   absl::StatusOr<std::shared_ptr<ServedHeap>> Create(Reservation reservation,
                                                      const HeapConfig& config);
 
-  // Renames the restored heap directory into place as the reserved heap
-  // and opens it.
+  // Renames the restored heap directory (built in the reservation's tier's
+  // heaps_dir) into place as the reserved heap and opens it.
   absl::StatusOr<std::shared_ptr<ServedHeap>> AddRestored(Reservation reservation,
                                                           RestoredHeapDir& restored);
 
@@ -144,7 +164,8 @@ class HeapRegistry {
 
   // A heap Remove took out of service, for DeleteRemoved.
   struct Removed {
-    std::string dir;                      // its directory's hidden name
+    std::string dir;                      // its directory's hidden name, whole
+    std::string heaps_dir;                // the tier's directory it was in
     std::shared_ptr<ServedHeap> closing;  // null for a heap that failed to open
     // The name, held until the heap is marked removed (null if the caller
     // holds it already: a restore replacing the heap).
@@ -168,21 +189,28 @@ class HeapRegistry {
   // Persists an epoch of every heap (at shutdown); returns the first error.
   absl::Status SyncAll();
 
-  const std::string& heaps_dir() const { return heaps_dir_; }
+  // The heaps directory of tier `storage` (empty: the default tier), or
+  // INVALID_ARGUMENT as ChooseStorage.
+  absl::StatusOr<std::string> HeapsDir(absl::string_view storage = "") const;
+  // The tiers, the default first.
+  const std::vector<StorageTier>& tiers() const { return tiers_; }
 
  private:
   struct Usage {
     uint32_t heaps = 0;
     uint64_t bytes = 0;
   };
-  HeapRegistry(std::string heaps_dir, HeapOptions options, UserLimits limits)
-      : heaps_dir_(std::move(heaps_dir)), options_(options), limits_(limits) {}
+  HeapRegistry(std::vector<StorageTier> tiers, HeapOptions options, UserLimits limits)
+      : tiers_(std::move(tiers)), options_(options), limits_(limits) {}
+  // The tier named `storage` (empty: the default), or null.
+  const StorageTier* FindTier(absl::string_view storage) const;
+  static std::string HeapsDirOf(const StorageTier& tier) { return tier.root + "/heaps"; }
   void Release(const std::string& name);
   absl::StatusOr<std::shared_ptr<ServedHeap>> Add(Reservation reservation,
                                                   std::unique_ptr<PersistentHeap> heap);
   Usage UsageOfLocked(uint32_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  const std::string heaps_dir_;
+  const std::vector<StorageTier> tiers_;  // never empty
   const HeapOptions options_;
   const UserLimits limits_;
   mutable absl::Mutex mu_;

@@ -19,13 +19,19 @@ HeapConfig Config(uint32_t owner = 0) {
   return config;
 }
 
-// Reserves and creates heap `name` of `owner`.
+// Reserves and creates heap `name` of `owner` on tier `storage` (empty:
+// the default), with the image the registry chooses there.
 absl::StatusOr<std::shared_ptr<ServedHeap>> Make(HeapRegistry& registry, const std::string& name,
-                                                 uint32_t owner = 0) {
+                                                 uint32_t owner = 0,
+                                                 const std::string& storage = "") {
+  HeapConfig config = Config(owner);
+  absl::StatusOr<ImageMode> image = registry.ChooseImage(name, std::nullopt, storage);
+  if (!image.ok()) return image.status();
+  config.image = *image;
   absl::StatusOr<HeapRegistry::Reservation> reserved =
-      registry.Reserve(name, owner, Config(owner).max_size);
+      registry.Reserve(name, owner, config.max_size, /*replacing=*/false, storage);
   if (!reserved.ok()) return reserved.status();
-  return registry.Create(*std::move(reserved), Config(owner));
+  return registry.Create(*std::move(reserved), config);
 }
 
 TEST(ServedHeapTest, NoUnchangedTokenWhileAWriterIsAttachedAndANewOneAfter) {
@@ -216,6 +222,106 @@ TEST(HeapRegistryTest, AStateDirectoryOthersMayWriteIsRefused) {
   ASSERT_EQ(chmod(dir.Sub("heaps").c_str(), 0777), 0);
   const absl::Status status = HeapRegistry::Open(dir.path()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+}
+
+// Two tiers, on tmpfs and on the test directory's file system (ext4 here).
+TEST(HeapRegistryTest, HeapsLiveOnTheirTiersAndAreFoundWhateverTheOrder) {
+  TestDir disk;
+  TestDir mem("/dev/shm");
+  const StorageTier on_mem{"mem", mem.Sub("root")};
+  const StorageTier on_disk{"disk", disk.Sub("root")};
+  {
+    auto registry = HeapRegistry::Open({on_mem, on_disk});
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    HeapRegistry& r = **registry;
+    EXPECT_EQ(*r.ChooseStorage("a", ""), "mem") << "the first tier is the default";
+    absl::StatusOr<std::string> unknown = r.ChooseStorage("a", "nvme");
+    EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(unknown.status().message().find("no tier named 'nvme'; its tiers are mem, disk"),
+              absl::string_view::npos)
+        << unknown.status();
+    EXPECT_EQ(r.Reserve("a", 0, 64 << 20, false, "nvme").status().code(),
+              absl::StatusCode::kInvalidArgument);
+    // Each tier's file system chooses the image.
+    EXPECT_EQ(*r.ChooseImage("a", std::nullopt, "mem"), ImageMode::kDirect);
+    EXPECT_EQ(*r.ChooseImage("b", std::nullopt, "disk"), ImageMode::kWorkingImage);
+    absl::StatusOr<ImageMode> refused = r.ChooseImage("a", ImageMode::kWorkingImage, "mem");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.status().message().find("storage tier mem is on tmpfs"),
+              absl::string_view::npos)
+        << refused.status();
+
+    absl::StatusOr<std::shared_ptr<ServedHeap>> a = Make(r, "a");
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ((*a)->storage, "mem");
+    absl::StatusOr<std::shared_ptr<ServedHeap>> b = Make(r, "b", 0, "disk");
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ((*b)->storage, "disk");
+    EXPECT_EQ((*b)->heap->config().image, ImageMode::kWorkingImage);
+    EXPECT_TRUE(std::filesystem::is_directory(mem.Sub("root/heaps/a")));
+    EXPECT_TRUE(std::filesystem::is_directory(disk.Sub("root/heaps/b")));
+    EXPECT_FALSE(std::filesystem::exists(disk.Sub("root/heaps/a")));
+    // One name space over every tier.
+    EXPECT_EQ(Make(r, "b", 0, "mem").status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(*r.HeapsDir("disk"), disk.Sub("root/heaps"));
+  }
+  // The list reordered: each heap is found on its own tier.
+  auto registry = HeapRegistry::Open({on_disk, on_mem});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  HeapRegistry& r = **registry;
+  ASSERT_EQ(r.List().size(), 2u);
+  EXPECT_EQ((*r.Get("a"))->storage, "mem");
+  EXPECT_EQ((*r.Get("b"))->storage, "disk");
+  EXPECT_EQ((*r.Get("b"))->heap->config().image, ImageMode::kWorkingImage);
+  EXPECT_EQ(*r.ChooseStorage("c", ""), "disk");
+  // A heap replaced stays on its tier unless one is asked for.
+  EXPECT_EQ(*r.ChooseStorage("a", "", /*replacing=*/true), "mem");
+  EXPECT_EQ(*r.ChooseStorage("a", "disk", /*replacing=*/true), "disk");
+  absl::StatusOr<HeapRegistry::Removed> removed = r.Remove("a");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  r.DeleteRemoved(*std::move(removed));
+  EXPECT_FALSE(std::filesystem::exists(mem.Sub("root/heaps/a")));
+  EXPECT_TRUE(std::filesystem::is_empty(mem.Sub("root/heaps")));
+}
+
+TEST(HeapRegistryTest, AHeapNameOnTwoTiersIsServedFromNeither) {
+  TestDir dir;
+  const StorageTier one{"one", dir.Sub("one")};
+  const StorageTier two{"two", dir.Sub("two")};
+  for (const StorageTier& tier : {one, two}) {
+    auto registry = HeapRegistry::Open({tier});
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    ASSERT_TRUE(Make(**registry, "x").ok());
+    ASSERT_TRUE(Make(**registry, tier.name == "one" ? "only-one" : "only-two").ok());
+  }
+  for (const std::vector<StorageTier>& order :
+       {std::vector<StorageTier>{one, two}, std::vector<StorageTier>{two, one}}) {
+    auto registry = HeapRegistry::Open(order);
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    absl::StatusOr<std::shared_ptr<ServedHeap>> x = (*registry)->Get("x");
+    EXPECT_EQ(x.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(x.status().message().find("on tiers " + order[0].name + " and " + order[1].name),
+              absl::string_view::npos)
+        << x.status();
+    EXPECT_EQ((*registry)->List().size(), 2u) << "the others are served";
+    EXPECT_EQ((*registry)->Broken().count("x"), 1u);
+  }
+  // Removed by name: from the first tier holding it; the other is served
+  // from the next start on.
+  {
+    auto registry = HeapRegistry::Open({one, two});
+    ASSERT_TRUE(registry.ok());
+    absl::StatusOr<HeapRegistry::Removed> removed = (*registry)->Remove("x");
+    ASSERT_TRUE(removed.ok()) << removed.status();
+    (*registry)->DeleteRemoved(*std::move(removed));
+    EXPECT_FALSE(std::filesystem::exists(dir.Sub("one/heaps/x")));
+    EXPECT_TRUE(std::filesystem::exists(dir.Sub("two/heaps/x")));
+  }
+  auto registry = HeapRegistry::Open({one, two});
+  ASSERT_TRUE(registry.ok());
+  absl::StatusOr<std::shared_ptr<ServedHeap>> x = (*registry)->Get("x");
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ((*x)->storage, "two");
 }
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "daemon/limits.h"
 #include "daemon/metrics.h"
 #include "daemon/sessions.h"
+#include "daemon/storage_tiers.h"
 #include "daemon/unix_listener.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/resource_quota.h"
@@ -59,6 +60,12 @@
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the heaps (default: /var/lib/heapd for root, else "
           "$XDG_STATE_HOME/heapd or ~/.local/state/heapd)");
+ABSL_FLAG(std::string, storage, "",
+          "storage tiers heaps are kept on, NAME:PATH,... (e.g. "
+          "tmpfs:/dev/shm/heapd,nvme:/var/lib/heapd,dax:/mnt/pmem0/heapd); the first is the "
+          "default for new heaps, heaps are found on every tier by name, and each heap and "
+          "snapshot records its tier's name (empty: --state_dir is the one tier, 'default'). "
+          "--state_dir still holds snapshots and the block cache");
 ABSL_FLAG(std::string, runtime_dir, "",
           "directory of heapd.sock and heapd.fd.sock (default: /run/heapd for root, else "
           "$XDG_RUNTIME_DIR/heapd; no default without XDG_RUNTIME_DIR)");
@@ -237,20 +244,26 @@ void RaiseDescriptorLimit() {
   }
 }
 
-// Makes the runtime and state directories heapd's own (created if
-// missing) and takes their instance locks, before anything in either is
-// touched: its sockets, its heaps.
+// Makes the runtime and state directories and the storage tiers' roots
+// heapd's own (created if missing) and takes their instance locks, before
+// anything in any is touched: its sockets, its heaps.
 absl::StatusOr<std::vector<InstanceLock>> TakeDirectories(const std::string& state_dir,
-                                                          const std::string& runtime_dir) {
+                                                          const std::string& runtime_dir,
+                                                          const std::vector<StorageTier>& tiers) {
   if (absl::Status s = PrepareRuntimeDir(runtime_dir); !s.ok()) return s;
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(state_dir).parent_path(), error);
-  if (absl::Status s = MakeOwnDirectory(state_dir, 0700, "--state_dir").status(); !s.ok()) {
-    return s;
+  std::vector<std::pair<std::string, std::string>> dirs = {{runtime_dir, "--runtime_dir"},
+                                                           {state_dir, "--state_dir"}};
+  for (const StorageTier& tier : tiers) {
+    if (tier.root != state_dir) dirs.emplace_back(tier.root, "--storage tier " + tier.name);
+  }
+  for (size_t i = 1; i < dirs.size(); ++i) {
+    const auto& [dir, flag] = dirs[i];
+    std::error_code error;
+    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), error);
+    if (absl::Status s = MakeOwnDirectory(dir, 0700, flag).status(); !s.ok()) return s;
   }
   std::vector<InstanceLock> locks;
-  for (const auto& [dir, flag] :
-       {std::pair{runtime_dir, "--runtime_dir"}, std::pair{state_dir, "--state_dir"}}) {
+  for (const auto& [dir, flag] : dirs) {
     absl::StatusOr<InstanceLock> lock = InstanceLock::Take(dir, flag);
     if (!lock.ok()) return lock.status();
     if (!lock->warning().empty()) spdlog::warn("{}", lock->warning());
@@ -272,6 +285,7 @@ HeapOptions HeapOptionsFromFlags(const UserLimits& limits) {
 // Directory snapshots: heapd's own in STATE/snapshots, and callers'.
 // `stop_fd` readable: their helpers are killed.
 absl::StatusOr<std::unique_ptr<SnapshotStore>> OpenSnapshots(const std::string& state_dir,
+                                                             const std::vector<StorageTier>& tiers,
                                                              const UserLimits& limits,
                                                              int stop_fd) {
   SnapshotStoreOptions options;
@@ -279,7 +293,9 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> OpenSnapshots(const std::string& 
   options.cancel_fd = stop_fd;
   options.max_bytes_per_user = limits.snapshot_bytes;
   options.max_reading_bytes = absl::GetFlag(FLAGS_max_snapshot_reading_bytes).bytes;
-  return SnapshotStore::Open(state_dir + "/snapshots", state_dir, options);
+  std::vector<std::string> own = {state_dir};
+  for (const StorageTier& tier : tiers) own.push_back(tier.root);
+  return SnapshotStore::Open(state_dir + "/snapshots", own, options);
 }
 
 // Snapshot stores, as this node (--node_name, else the host name), with
@@ -379,6 +395,12 @@ int Run() {
                      state_dir.empty() ? "HOME or XDG_STATE_HOME" : "XDG_RUNTIME_DIR");
     return 2;
   }
+  absl::StatusOr<std::vector<StorageTier>> tiers =
+      StorageTiersFromFlags(absl::GetFlag(FLAGS_storage), state_dir);
+  if (!tiers.ok()) {
+    spdlog::critical("{}", std::string(tiers.status().message()));
+    return 2;
+  }
   const UserLimits limits = LimitsFromFlags();
   RaiseDescriptorLimit();
   absl::StatusOr<std::optional<uint32_t>> admin_gid =
@@ -387,7 +409,7 @@ int Run() {
     spdlog::critical("{}", admin_gid.status().ToString());
     return 2;
   }
-  absl::StatusOr<std::vector<InstanceLock>> locks = TakeDirectories(state_dir, runtime_dir);
+  absl::StatusOr<std::vector<InstanceLock>> locks = TakeDirectories(state_dir, runtime_dir, *tiers);
   if (!locks.ok()) {
     spdlog::critical("{}", std::string(locks.status().message()));
     return 1;
@@ -430,7 +452,7 @@ int Run() {
   if (absl::Status s = StartRunAsSpawner(); !s.ok()) spdlog::warn("{}", s.ToString());
 
   absl::StatusOr<std::unique_ptr<HeapRegistry>> heaps =
-      HeapRegistry::Open(state_dir, HeapOptionsFromFlags(limits), limits);
+      HeapRegistry::Open(*tiers, HeapOptionsFromFlags(limits), limits);
   if (!heaps.ok()) {
     spdlog::critical("{}", heaps.status().ToString());
     return 1;
@@ -438,7 +460,7 @@ int Run() {
   // Readable once heapd stops: waits end and snapshot workers are killed.
   const int stop_fd = eventfd(0, EFD_CLOEXEC);
   absl::StatusOr<std::unique_ptr<SnapshotStore>> snapshots =
-      OpenSnapshots(state_dir, limits, stop_fd);
+      OpenSnapshots(state_dir, *tiers, limits, stop_fd);
   if (!snapshots.ok()) {
     spdlog::critical("{}", snapshots.status().ToString());
     return 1;

@@ -132,6 +132,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_content_rollback(served.heap->content_rollback());
   info->set_content_rollback_note(served.heap->content_rollback_note());
   info->set_image(config.image == ImageMode::kWorkingImage ? v1::IMAGE_WORKING : v1::IMAGE_DIRECT);
+  info->set_storage(served.storage);
   if (!with_usage) {
     info->set_capacity_bytes(served.heap->capacity_bytes());
     info->set_epoch(served.heap->epoch());
@@ -164,7 +165,8 @@ grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
                                       const v1::CreateHeapRequest* request, v1::HeapInfo* info) {
   return Serve(context, "CreateHeap", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
-        NewHeap(request->name(), request->max_size(), request->mode(), request->image(), caller);
+        NewHeap(request->name(), request->max_size(), request->mode(), request->image(),
+                request->storage(), caller);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
     return absl::OkStatus();
@@ -174,6 +176,7 @@ grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::string& name,
                                                                   uint64_t max_size, uint32_t mode,
                                                                   v1::ImageKind image,
+                                                                  const std::string& storage,
                                                                   const Caller& caller) {
   if (max_size == 0) max_size = options_.default_max_size;
   if (max_size > kMaxHeapBytes) {
@@ -189,16 +192,19 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
   std::optional<ImageMode> asked;
   if (image == v1::IMAGE_DIRECT) asked = ImageMode::kDirect;
   if (image == v1::IMAGE_WORKING) asked = ImageMode::kWorkingImage;
-  absl::StatusOr<ImageMode> chosen = heaps_->ChooseImage(name, asked);
+  absl::StatusOr<std::string> tier = heaps_->ChooseStorage(name, storage);
+  if (!tier.ok()) return tier.status();
+  absl::StatusOr<ImageMode> chosen = heaps_->ChooseImage(name, asked, *tier);
   if (!chosen.ok()) return chosen.status();
   config.image = *chosen;
   absl::StatusOr<HeapRegistry::Reservation> reserved =
-      heaps_->Reserve(name, caller.uid, config.max_size);
+      heaps_->Reserve(name, caller.uid, config.max_size, /*replacing=*/false, *tier);
   if (!reserved.ok()) return CountIfLimited(reserved.status());
   absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Create(*std::move(reserved), config);
   if (served.ok()) {
-    spdlog::info("heap {} created by {}: maximum size {} bytes, mode 0{:o}, {}", name,
-                 caller.ToString(), config.max_size, config.mode, ImageModeName(config.image));
+    spdlog::info("heap {} created by {} on tier {}: maximum size {} bytes, mode 0{:o}, {}", name,
+                 caller.ToString(), *tier, config.max_size, config.mode,
+                 ImageModeName(config.image));
   }
   return served;
 }
@@ -333,7 +339,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
           request->create_if_missing()) {
         served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
-                         request->create_image(), caller);
+                         request->create_image(), request->create_storage(), caller);
         created = served.ok();
         if (served.status().code() == absl::StatusCode::kAlreadyExists) {
           // Another call was first: use the heap it makes.
@@ -704,9 +710,15 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
     v1::SnapshotManifest manifest;
     SnapshotBackend& backend = BackendFor(request->store_dir());
     const std::string building = request->heap().empty() ? "heap" : request->heap();
-    absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored =
-        backend.Restore(SnapshotCallerOf(caller, context), *request, heaps_->heaps_dir(), building,
-                        options, &manifest);
+    // The tier is chosen before the copy (it is built there): for a heap
+    // named by the snapshot, the one it replaces is not known yet.
+    absl::StatusOr<std::string> tier =
+        heaps_->ChooseStorage(request->heap(), request->storage(), request->replace());
+    if (!tier.ok()) return tier.status();
+    absl::StatusOr<std::string> heaps_dir = heaps_->HeapsDir(*tier);
+    if (!heaps_dir.ok()) return heaps_dir.status();
+    absl::StatusOr<std::unique_ptr<RestoredHeapDir>> restored = backend.Restore(
+        SnapshotCallerOf(caller, context), *request, *heaps_dir, building, options, &manifest);
     if (!restored.ok()) return CountIfLimited(restored.status());
     const std::string heap = request->heap().empty() ? manifest.heap() : request->heap();
     const HeapConfig& config = (*restored)->config();
@@ -721,7 +733,7 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
       }
       // Reserved first: if a limit refuses the new heap, the old one stays.
       absl::StatusOr<HeapRegistry::Reservation> reservation =
-          heaps_->Reserve(heap, config.owner_uid, config.max_size, /*replacing=*/exists);
+          heaps_->Reserve(heap, config.owner_uid, config.max_size, /*replacing=*/exists, *tier);
       if (!reservation.ok()) return CountIfLimited(reservation.status());
       reserved.emplace(*std::move(reservation));
       if (exists) {

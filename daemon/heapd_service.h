@@ -124,10 +124,12 @@ class HeapdService final : public v1::Heapd::Service {
   absl::StatusOr<NameEntry> UnbindAndPersist(const std::string& heap, const Caller& caller,
                                              const std::string& name);
   // Creates heap `name` owned by `caller` (max_size 0: the default; mode 0:
-  // 0600; image IMAGE_UNKNOWN: the default, HeapRegistry::ChooseImage).
-  // ALREADY_EXISTS if it exists; RESOURCE_EXHAUSTED at a limit.
+  // 0600; image IMAGE_UNKNOWN: the default, HeapRegistry::ChooseImage) on
+  // tier `storage` (empty: the default). ALREADY_EXISTS if it exists;
+  // RESOURCE_EXHAUSTED at a limit.
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,
                                                       uint32_t mode, v1::ImageKind image,
+                                                      const std::string& storage,
                                                       const Caller& caller);
   // Takes heap `name` out of service for `caller` (owner or admin, no
   // clients), for HeapRegistry::DeleteRemoved to close and delete with no

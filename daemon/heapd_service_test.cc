@@ -265,7 +265,7 @@ TEST_F(HeapdServiceTest, ARestoreNeverReplacesAnotherUsersHeap) {
   EXPECT_EQ(stats.info().owner_uid(), kAlice.uid);
   // Nothing of the refused restores is left in the heaps directory: only h.
   size_t entries = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(registry_->heaps_dir())) {
+  for (const auto& entry : std::filesystem::directory_iterator(*registry_->HeapsDir())) {
     EXPECT_EQ(entry.path().filename(), "h");
     ++entries;
   }

@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 
 #include <exception>
 #include <vector>
@@ -84,8 +85,8 @@ class HeapStateCollector : public prometheus::Collectable {
                                "left to a live session that wrote them too (handed_over) since "
                                "heapd opened it.");
     auto& backing = f.Gauge("heapd_heap_backing_info",
-                            "The heap's storage kind (dax, tmpfs, file) and whether its file "
-                            "system can clone files (reflink); always 1.");
+                            "The heap's storage tier (storage), its kind (dax, tmpfs, file) and "
+                            "whether its file system can clone files (reflink); always 1.");
     auto& class_chunks = f.Gauge("heapd_size_class_chunks", "Small-object chunks of a size class.");
     auto& class_live = f.Gauge("heapd_size_class_live_objects", "Live objects of a size class.");
     auto& class_occupancy =
@@ -117,6 +118,7 @@ class HeapStateCollector : public prometheus::Collectable {
           static_cast<double>(stats.undo.pages_handed_over));
       Add(backing,
           {{"heap", h},
+           {"storage", served->storage},
            {"kind", BackingKindName(stats.backing)},
            {"reflink", served->reflink ? "true" : "false"}},
           1);
@@ -132,6 +134,7 @@ class HeapStateCollector : public prometheus::Collectable {
                 (static_cast<double>(usage.chunks) * SlotsPerChunk(c)));
       }
     }
+    CollectTiers(served_heaps, f);
     return std::move(f.families);
   }
 
@@ -144,6 +147,27 @@ class HeapStateCollector : public prometheus::Collectable {
       return families.back();
     }
   };
+  // Per storage tier: its heaps, and its file system's size and room.
+  void CollectTiers(const std::vector<std::shared_ptr<ServedHeap>>& served_heaps,
+                    Families& f) const {
+    auto& heaps = f.Gauge("heapd_storage_heaps", "Heaps served from the storage tier.");
+    auto& size =
+        f.Gauge("heapd_storage_size_bytes", "Size of the file system holding the storage tier.");
+    auto& free = f.Gauge("heapd_storage_available_bytes",
+                         "Bytes of the storage tier's file system available to heapd.");
+    for (const StorageTier& tier : heaps_->tiers()) {
+      const std::vector<prometheus::ClientMetric::Label> labels = {{"storage", tier.name}};
+      double count = 0;
+      for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
+        count += served->storage == tier.name;
+      }
+      Add(heaps, labels, count);
+      struct statvfs fs;
+      if (statvfs(tier.root.c_str(), &fs) != 0) continue;
+      Add(size, labels, static_cast<double>(fs.f_blocks) * static_cast<double>(fs.f_frsize));
+      Add(free, labels, static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize));
+    }
+  }
   static void Add(prometheus::MetricFamily& family,
                   std::vector<prometheus::ClientMetric::Label> labels, double value) {
     prometheus::ClientMetric metric;

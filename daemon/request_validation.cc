@@ -91,6 +91,12 @@ absl::Status CheckImage(absl::string_view field, int image) {
   return absl::OkStatus();
 }
 
+// A storage tier's name (spelled as a heap name), or empty: the default.
+absl::Status CheckStorage(absl::string_view field, absl::string_view storage) {
+  if (storage.empty()) return absl::OkStatus();
+  return InField(field, ValidateHeapName(storage, "storage tier"));
+}
+
 absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::LeaseWant>& wants) {
   if (wants.size() > static_cast<int>(kNumSizeClasses)) {
     return Invalid(field, absl::StrCat(wants.size(), " lease requests in one call; at most ",
@@ -117,6 +123,7 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
 absl::Status ValidateRequest(const v1::CreateHeapRequest& request) {
   if (absl::Status s = CheckHeapName("name", request.name()); !s.ok()) return s;
   if (absl::Status s = CheckImage("image", request.image()); !s.ok()) return s;
+  if (absl::Status s = CheckStorage("storage", request.storage()); !s.ok()) return s;
   return CheckCreateSettings("max_size", request.max_size(), "mode", request.mode());
 }
 
@@ -138,6 +145,7 @@ absl::Status ValidateRequest(const v1::AttachRequest& request) {
   }
   if (absl::Status s = CheckWants("leases", request.leases()); !s.ok()) return s;
   if (absl::Status s = CheckImage("create_image", request.create_image()); !s.ok()) return s;
+  if (absl::Status s = CheckStorage("create_storage", request.create_storage()); !s.ok()) return s;
   if (request.read_only() && request.leases_size() != 0) {
     return Invalid("leases", "a read-only attach cannot lease chunks");
   }
@@ -331,6 +339,7 @@ absl::Status ValidateRequest(const v1::RestoreSnapshotRequest& request) {
     return s;
   }
   if (absl::Status s = CheckOptionalHeapName("heap", request.heap()); !s.ok()) return s;
+  if (absl::Status s = CheckStorage("storage", request.storage()); !s.ok()) return s;
   if (absl::Status s = CheckStoreOnly(request.store_dir(), {{"from_node", request.from_node()},
                                                             {"from_heap", request.from_heap()}});
       !s.ok()) {

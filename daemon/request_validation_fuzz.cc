@@ -93,8 +93,11 @@ bool LabelsOk(const google::protobuf::Map<std::string, std::string>& labels) {
 // An image kind: IMAGE_UNKNOWN (heapd's default), IMAGE_DIRECT or
 // IMAGE_WORKING.
 bool ImageOk(int image) { return image >= 0 && image <= 2; }
+// A storage tier: empty (the default) or spelled as a heap name.
+bool StorageOk(const std::string& storage) { return OptionalHeapNameOk(storage); }
 bool Model(const v1::CreateHeapRequest& r) {
-  return HeapNameOk(r.name()) && ImageOk(r.image()) && CreateSettingsOk(r.max_size(), r.mode());
+  return HeapNameOk(r.name()) && ImageOk(r.image()) && StorageOk(r.storage()) &&
+         CreateSettingsOk(r.max_size(), r.mode());
 }
 bool Model(const v1::ListHeapsRequest&) { return true; }
 bool Model(const v1::StatHeapRequest& r) { return HeapNameOk(r.heap()); }
@@ -103,7 +106,7 @@ bool Model(const v1::AttachRequest& r) {
   const bool snapshot = !r.snapshot().empty();
   if (!snapshot && !HeapNameOk(r.heap())) return false;
   if (!WantsOk(r.leases()) || (r.read_only() && r.leases_size() > 0)) return false;
-  if (!ImageOk(r.create_image())) return false;
+  if (!ImageOk(r.create_image()) || !StorageOk(r.create_storage())) return false;
   if (r.lookup_size() > 64) return false;
   for (const std::string& name : r.lookup()) {
     if (!NameOk(name)) return false;
@@ -171,7 +174,7 @@ bool Model(const v1::SnapshotRef& r) {
 }
 bool Model(const v1::RestoreSnapshotRequest& r) {
   return HeapNameOk(r.name()) && SnapshotDirOk(r.target_dir()) && OptionalHeapNameOk(r.heap()) &&
-         SelectorOk(r.store_dir(), r.from_node(), r.from_heap()) &&
+         StorageOk(r.storage()) && SelectorOk(r.store_dir(), r.from_node(), r.from_heap()) &&
          StoreOk(r.store_dir(), r.target_dir());
 }
 bool Model(const v1::GcStoreRequest& r) {

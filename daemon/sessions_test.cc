@@ -137,7 +137,7 @@ TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
   auto grants = sessions_.LeaseAtStart(started->session, {{0, 2}});
   ASSERT_TRUE(grants.ok()) << grants.status();
   ASSERT_EQ(heap_->heap->LeaseCount(id), 2u);
-  const std::string data = registry_->heaps_dir() + "/h/data";
+  const std::string data = *registry_->HeapsDir() + "/h/data";
   ASSERT_EQ(rename(data.c_str(), (data + ".away").c_str()), 0);
   const absl::Status redeemed = sessions_.Redeem(started->token, kAlice).status();
   ASSERT_EQ(rename((data + ".away").c_str(), data.c_str()), 0);

@@ -52,6 +52,7 @@ module heapd
     integer(c_int64_t) :: max_size
     integer(c_int32_t) :: mode
     integer(c_int32_t) :: image  ! HEAPD_IMAGE_DEFAULT (0): heapd's choice
+    type(c_ptr) :: storage       ! a C string; null: heapd's default tier
   end type attach_options
 
   type, bind(C) :: array_info
@@ -149,19 +150,20 @@ contains
   end function heapd_error
 
   ! Attaches heap `name` (create: make it if missing; max_size in bytes and
-  ! mode (permission bits, e.g. int(o'640')), when creating; socket:
-  ! heapd's, else $HEAPD_SOCKET or the default). Names and paths are
-  ! trimmed of trailing blanks.
-  subroutine heapd_attach(heap, name, create, read_only, max_size, mode, socket, stat)
+  ! mode (permission bits, e.g. int(o'640')) and storage (the tier, as
+  ! heapd's --storage names it), when creating; socket: heapd's, else
+  ! $HEAPD_SOCKET or the default). Names and paths are trimmed of trailing
+  ! blanks.
+  subroutine heapd_attach(heap, name, create, read_only, max_size, mode, socket, stat, storage)
     type(heapd_heap), intent(out) :: heap
     character(*), intent(in) :: name
     logical, intent(in), optional :: create, read_only
     integer(int64), intent(in), optional :: max_size
     integer, intent(in), optional :: mode
-    character(*), intent(in), optional :: socket
+    character(*), intent(in), optional :: socket, storage
     integer, intent(out), optional :: stat
     type(attach_options) :: options
-    character(kind=c_char, len=:), allocatable, target :: socket_c
+    character(kind=c_char, len=:), allocatable, target :: socket_c, storage_c
     call c_attach_options_init(options)
     if (present(create)) then
       if (create) options%create_if_missing = 1
@@ -174,6 +176,10 @@ contains
     if (present(socket)) then
       socket_c = trim(socket) // c_null_char
       options%socket = c_loc(socket_c)
+    end if
+    if (present(storage)) then
+      storage_c = trim(storage) // c_null_char
+      options%storage = c_loc(storage_c)
     end if
     heap%handle = c_attach(trim(name) // c_null_char, options)
     call check(c_associated(heap%handle), "heapd_attach", stat)

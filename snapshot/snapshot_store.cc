@@ -287,9 +287,9 @@ struct SnapshotStore::Read {
   CopyResult copied;  // with copy_to
 };
 
-absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::string& own_dir,
-                                                                   const std::string& state_dir,
-                                                                   SnapshotStoreOptions options) {
+absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(
+    const std::string& own_dir, const std::vector<std::string>& heapd_dirs,
+    SnapshotStoreOptions options) {
   if (mkdir(own_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("create snapshot directory ", own_dir));
   }
@@ -303,12 +303,16 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::st
                      " and be writable by no one else (it is uid ", st.st_uid, ", mode 0",
                      absl::StrFormat("%o", st.st_mode & 07777), ")"));
   }
-  struct stat state;
-  if (stat(state_dir.c_str(), &state) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("stat state directory ", state_dir));
+  std::vector<std::pair<dev_t, ino_t>> forbidden;
+  for (const std::string& dir : heapd_dirs) {
+    struct stat state;
+    if (stat(dir.c_str(), &state) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("stat heapd's directory ", dir));
+    }
+    forbidden.emplace_back(state.st_dev, state.st_ino);
   }
   return std::unique_ptr<SnapshotStore>(
-      new SnapshotStore(own_dir, std::move(own), state.st_dev, state.st_ino, options));
+      new SnapshotStore(own_dir, std::move(own), std::move(forbidden), options));
 }
 
 absl::StatusOr<SnapshotStore::ReadingCharge> SnapshotStore::ChargeReading(uint64_t bytes,
@@ -347,8 +351,7 @@ absl::StatusOr<std::vector<ChildMessage>> SnapshotStore::RunIn(
   // Resolved by the caller's own process: the kernel checks each component
   // with the caller's rights; never heapd's state directory.
   request.dir = target_dir;
-  request.forbidden_device = state_device_;
-  request.forbidden_inode = state_inode_;
+  request.forbidden = heapd_dirs_;
   RunAsOptions options;
   options.timeout = options_.timeout;
   options.cancel_fd = options_.cancel_fd;

@@ -110,12 +110,14 @@ struct RestoreOptions {
 class SnapshotStore {
  public:
   // `own_dir` (created 0700 if missing) holds heapd's own snapshots;
-  // `state_dir` (which contains it and the heaps) is never a target.
+  // `heapd_dirs` (the state directory, which contains it, and the storage
+  // tiers' roots, which hold the heaps) are never a target, nor anything
+  // beneath them.
   // FAILED_PRECONDITION if `own_dir` is not a directory of this process's
   // user that no one else may write.
-  static absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& own_dir,
-                                                             const std::string& state_dir,
-                                                             SnapshotStoreOptions options);
+  static absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(
+      const std::string& own_dir, const std::vector<std::string>& heapd_dirs,
+      SnapshotStoreOptions options);
 
   // Snapshots `heap` (served as `heap_name`, described by `source`) as
   // `ref`, with `labels`. ALREADY_EXISTS if it exists, RESOURCE_EXHAUSTED if
@@ -181,7 +183,7 @@ class SnapshotStore {
 
   // Runs `job` with `args` and the lent `fds` in the directory
   // `target_dir`: in a RunAs helper as the caller (the path resolved by the
-  // helper, never inside heapd's state directory), or here in heapd's own
+  // helper, never inside heapd's own directories), or here in heapd's own
   // directory if empty. Replies are bounded by `max_reply_bytes` and
   // heapd's reading budget.
   absl::StatusOr<std::vector<ChildMessage>> RunIn(const SnapshotCaller& caller,
@@ -214,12 +216,11 @@ class SnapshotStore {
   const std::string& own_dir() const { return own_dir_; }
 
  private:
-  SnapshotStore(std::string own_dir, UniqueFd own_fd, dev_t state_device, ino_t state_inode,
-                SnapshotStoreOptions options)
+  SnapshotStore(std::string own_dir, UniqueFd own_fd,
+                std::vector<std::pair<dev_t, ino_t>> heapd_dirs, SnapshotStoreOptions options)
       : own_dir_(std::move(own_dir)),
         own_fd_(std::move(own_fd)),
-        state_device_(state_device),
-        state_inode_(state_inode),
+        heapd_dirs_(std::move(heapd_dirs)),
         options_(options) {
     reading_budget_.limit = options.max_reading_bytes;
   }
@@ -239,8 +240,7 @@ class SnapshotStore {
 
   const std::string own_dir_;
   const UniqueFd own_fd_;
-  const dev_t state_device_;
-  const ino_t state_inode_;
+  const std::vector<std::pair<dev_t, ino_t>> heapd_dirs_;  // never a target
   const SnapshotStoreOptions options_;
   RunAsOptions::Budget reading_budget_;
   // Bytes of snapshots being made in heapd's own directory, by uid: counted

@@ -81,7 +81,7 @@ class SnapshotStoreTest : public ::testing::Test {
     std::filesystem::create_directories(dir_.Sub("state/heaps"));
     std::filesystem::create_directories(dir_.Sub("target"));
     chmod(dir_.path().c_str(), 0755);
-    auto store = SnapshotStore::Open(dir_.Sub("state/snapshots"), dir_.Sub("state"), {});
+    auto store = SnapshotStore::Open(dir_.Sub("state/snapshots"), {dir_.Sub("state")}, {});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     heap_ = MakeHeap(dir_.Sub("state/heaps/h"));
@@ -388,7 +388,8 @@ TEST_F(SnapshotStoreTest, OnXfsWithReflinkTheDataIsCloned) {
   {
     std::filesystem::create_directories(mount_point + "/state/heaps");
     std::filesystem::create_directories(mount_point + "/target");
-    auto store = SnapshotStore::Open(mount_point + "/state/snapshots", mount_point + "/state", {});
+    auto store =
+        SnapshotStore::Open(mount_point + "/state/snapshots", {mount_point + "/state"}, {});
     ASSERT_TRUE(store.ok()) << store.status();
     std::unique_ptr<PersistentHeap> heap = MakeHeap(mount_point + "/state/heaps/h");
     struct statvfs before, after;

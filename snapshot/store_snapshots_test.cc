@@ -55,7 +55,7 @@ struct Node {
     auto created = PersistentHeap::Create(dir + "/heaps/h", config);
     EXPECT_TRUE(created.ok()) << created.status();
     heap = *std::move(created);
-    auto opened = SnapshotStore::Open(dir + "/snapshots", dir, {});
+    auto opened = SnapshotStore::Open(dir + "/snapshots", {dir}, {});
     EXPECT_TRUE(opened.ok()) << opened.status();
     snapshots = *std::move(opened);
     StoreSnapshotsOptions options;

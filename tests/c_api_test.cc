@@ -61,6 +61,19 @@ TEST_F(CApiTest, ANewHeapChoosesItsImage) {
   EXPECT_EQ(heapd_detach(direct), 0) << heapd_last_error();
 }
 
+TEST_F(CApiTest, ANewHeapGoesOnTheStorageTierAsked) {
+  heapd_attach_options options = options_;
+  options.storage = "nvme";  // this heapd has only its default tier
+  EXPECT_EQ(heapd_attach("c-bad-tier", &options), nullptr);
+  EXPECT_NE(std::string(heapd_last_error()).find("no tier named 'nvme'; its tiers are default"),
+            std::string::npos)
+      << heapd_last_error();
+  options.storage = "default";
+  heapd_heap* heap = heapd_attach("c-default-tier", &options);
+  ASSERT_NE(heap, nullptr) << heapd_last_error();
+  EXPECT_EQ(heapd_detach(heap), 0) << heapd_last_error();
+}
+
 TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
   struct Node {
     uint64_t next;  // offset of the next node; 0: none

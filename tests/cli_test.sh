@@ -74,7 +74,7 @@ expect_in "ALREADY_EXISTS" "$out"
 out=$("$HEAPCTL" snapshot create graph x --to=relative/dir 2>&1) && fail "a relative target was taken"
 expect_in "INVALID_ARGUMENT" "$out"
 out=$("$HEAPCTL" snapshot create graph x --to="$DIR/state/heaps" 2>&1) && fail "a snapshot went among the heaps"
-expect_in "inside heapd's state directory" "$out"
+expect_in "inside heapd's own directories" "$out"
 out=$("$HEAPCTL" snapshot create graph local 2>&1) || fail "snapshot into heapd's directory: $out"
 expect_in "local" "$("$HEAPCTL" snapshot ls)"
 # A writer that does not sync holds a snapshot up until its deadline.

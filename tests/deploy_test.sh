@@ -227,6 +227,17 @@ restored=$(calls 'snapshot restore' | sed 's/.*--heap=\([^ ]*\) -- \(.*\) $/\1:\
   fail "restored '$restored', not 'data.v1:data.v1-9 graph:graph-9 '"
 calls 'heap ls' | grep -q '^0 0 : ' || fail "the prolog's heap ls did not run as root"
 grep -q 'skipped: snapshot listed as x' "$DIR/prolog.log" || fail "the prolog did not log skipping"
+# The tier restores go onto (HEAPD_RESTORE_STORAGE): passed to every
+# restore; a value that is not a tier name restores nothing, said why.
+: >"$DIR/fake/calls"
+run_prolog "$JOB_UID" SLURM_JOB_USER=nobody HEAPD_RESTORE_STORAGE=nvme || fail "the prolog exited non-zero"
+[ "$(calls 'snapshot restore' | grep -c -- ' --storage=nvme ')" -eq 2 ] ||
+  fail "restores without --storage=nvme: $(calls 'snapshot restore')"
+: >"$DIR/fake/calls"
+run_prolog "$JOB_UID" SLURM_JOB_USER=nobody 'HEAPD_RESTORE_STORAGE=-x;touch' || fail "the prolog exited non-zero"
+calls 'snapshot restore' && fail "a restore ran with a bad HEAPD_RESTORE_STORAGE"
+grep -q 'HEAPD_RESTORE_STORAGE .* is not a tier name' "$DIR/prolog.log" ||
+  fail "the prolog did not say why it restored nothing"
 
 # 3. A hung heapctl: every call is cut off after HEAPD_SLURM_TIMEOUT; the
 #    epilog goes on and still exits 0.

@@ -109,8 +109,10 @@ std::string RequestHeader(const Credentials& who, const RunAsRequest& request) {
   writer.Add(who.uid).Add(who.gid).Add(who.groups.size());
   for (uint32_t group : who.groups) writer.Add(group);
   writer.Add(request.job->name).Add(request.dir);
-  writer.Add(static_cast<uint64_t>(request.forbidden_device));
-  writer.Add(static_cast<uint64_t>(request.forbidden_inode));
+  writer.Add(static_cast<uint64_t>(request.forbidden.size()));
+  for (const auto& [device, inode] : request.forbidden) {
+    writer.Add(static_cast<uint64_t>(device)).Add(static_cast<uint64_t>(inode));
+  }
   writer.Add(static_cast<uint64_t>(request.args.size()));
   return writer.Take();
 }
@@ -119,9 +121,8 @@ struct DecodedRequest {
   Credentials who;
   std::string job;
   std::string dir;
-  uint64_t forbidden_device = 0;
-  uint64_t forbidden_inode = 0;
-  absl::string_view args;  // into the request's bytes
+  std::vector<std::pair<uint64_t, uint64_t>> forbidden;  // (device, inode)
+  absl::string_view args;                                // into the request's bytes
 };
 
 bool DecodeRequest(absl::string_view bytes, DecodedRequest* request) {
@@ -137,9 +138,17 @@ bool DecodeRequest(absl::string_view bytes, DecodedRequest* request) {
     if (!reader.Next(&group)) return false;
     request->who.groups.push_back(static_cast<uint32_t>(group));
   }
-  return reader.Next(&request->job) && reader.Next(&request->dir) &&
-         reader.Next(&request->forbidden_device) && reader.Next(&request->forbidden_inode) &&
-         reader.Next(&request->args) && reader.Done();
+  uint64_t forbidden = 0;
+  if (!reader.Next(&request->job) || !reader.Next(&request->dir) || !reader.Next(&forbidden) ||
+      forbidden > 1024) {
+    return false;
+  }
+  for (uint64_t i = 0; i < forbidden; ++i) {
+    uint64_t device = 0, inode = 0;
+    if (!reader.Next(&device) || !reader.Next(&inode)) return false;
+    request->forbidden.emplace_back(device, inode);
+  }
+  return reader.Next(&request->args) && reader.Done();
 }
 
 // Opens the job's directory as the user, refusing heapd's own.
@@ -150,11 +159,11 @@ absl::StatusOr<UniqueFd> OpenJobDirectory(const DecodedRequest& request) {
   UniqueFd dir(
       static_cast<int>(syscall(SYS_openat2, AT_FDCWD, request.dir.c_str(), &how, sizeof(how))));
   if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("open directory ", request.dir));
-  if (request.forbidden_inode != 0 &&
-      IsWithinDirectory(dir.get(), static_cast<dev_t>(request.forbidden_device),
-                        static_cast<ino_t>(request.forbidden_inode))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("directory ", request.dir, " is inside heapd's state directory"));
+  for (const auto& [device, inode] : request.forbidden) {
+    if (IsWithinDirectory(dir.get(), static_cast<dev_t>(device), static_cast<ino_t>(inode))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("directory ", request.dir, " is inside heapd's own directories"));
+    }
   }
   return dir;
 }

@@ -118,11 +118,10 @@ struct RunAsRequest {
   std::vector<int> fds;  // lent to the helper for the call
   // Non-empty: the directory the job works in, opened by the helper with
   // the user's rights (no magic links: /proc/self/fd/N leads nowhere), and
-  // refused if it is or lies beneath (forbidden_device, forbidden_inode)
-  // when those are set.
+  // refused if it is or lies beneath any of `forbidden` (heapd's own
+  // directories, as (device, inode)).
   std::string dir;
-  dev_t forbidden_device = 0;
-  ino_t forbidden_inode = 0;
+  std::vector<std::pair<dev_t, ino_t>> forbidden;
 };
 
 struct RunAsOptions {

@@ -251,8 +251,7 @@ TEST_F(RunAsTest, TheJobWorksInTheDirectoryOpenedAsTheUser) {
   // A directory inside the forbidden one is refused.
   struct stat st;
   ASSERT_EQ(stat("/tmp", &st), 0);
-  request.forbidden_device = st.st_dev;
-  request.forbidden_inode = st.st_ino;
+  request.forbidden = {{st.st_dev, st.st_ino}};
   auto forbidden = RunAs(kStranger, request, {});
   EXPECT_EQ(forbidden.status().code(), absl::StatusCode::kInvalidArgument) << forbidden.status();
   unlink(marker.c_str());

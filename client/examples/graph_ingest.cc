@@ -22,6 +22,8 @@
 ABSL_FLAG(std::string, socket, "", "heapd's socket (default: $HEAPD_SOCKET or heapd's default)");
 ABSL_FLAG(std::string, heap, "graph", "heap to attach (created if missing)");
 ABSL_FLAG(std::string, name, "graph", "name to bind the graph to");
+ABSL_FLAG(std::string, storage, "",
+          "storage tier to make the heap on, as heapd's --storage names it (default: heapd's)");
 ABSL_FLAG(int, scale, 18, "2^scale vertices");
 ABSL_FLAG(uint64_t, edges, uint64_t{1} << 22, "edges to generate");
 ABSL_FLAG(uint64_t, seed, 42, "R-MAT seed");
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status());
   heapd::AttachOptions options;
   options.create_if_missing = true;
+  options.storage = absl::GetFlag(FLAGS_storage);
   const std::string heap_name = absl::GetFlag(FLAGS_heap);
   const std::string name = absl::GetFlag(FLAGS_name);
   auto attached = (*client)->Attach(heap_name, options);

@@ -50,6 +50,17 @@ main() {
   else
     heapd_set_user "$(id -u)" "" "$(id -g)"
   fi || { log "nothing restored: $HEAPD_WHY"; STATUS=1; return; }
+  # The tier to restore onto (HEAPD_RESTORE_STORAGE), spelled as heapd
+  # names tiers; empty: heapd's default.
+  local -a storage=()
+  if [ -n "$HEAPD_RESTORE_STORAGE" ]; then
+    if ! heapd_valid_name "$HEAPD_RESTORE_STORAGE"; then
+      log "$(printf 'nothing restored: HEAPD_RESTORE_STORAGE %q is not a tier name' "$HEAPD_RESTORE_STORAGE")"
+      STATUS=1
+      return
+    fi
+    storage=(--storage="$HEAPD_RESTORE_STORAGE")
+  fi
 
   local -A wanted=()
   local arg
@@ -129,7 +140,7 @@ main() {
       fi
       continue
     fi
-    out=$(heapd_ctl_user snapshot restore --to="$dir" --heap="$heap" -- "${newest[$heap]}" 2>&1)
+    out=$(heapd_ctl_user snapshot restore --to="$dir" --heap="$heap" "${storage[@]}" -- "${newest[$heap]}" 2>&1)
     status=$?
     if [ $status -eq 0 ]; then
       log "$out"

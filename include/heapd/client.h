@@ -35,6 +35,9 @@ struct AttachOptions {
   uint64_t max_size = 0;                  // when creating; 0: the daemon's default
   uint32_t mode = 0;                      // when creating; 0: 0600
   HeapImage image = HeapImage::kDefault;  // when creating
+  // When creating: the storage tier heapd makes it on (as its --storage
+  // names them); empty: heapd's default.
+  std::string storage;
   // Chunks a thread leases at a time, per size class.
   uint32_t lease_batch = 4;
   // Frees of objects this process does not lease sent to heapd in one call

@@ -64,6 +64,9 @@ typedef struct heapd_attach_options {
    * choice: a working image on a file system), HEAPD_IMAGE_DIRECT (the data
    * file) or HEAPD_IMAGE_WORKING (docs/consistency.md, "Durable images"). */
   uint32_t image;
+  /* The storage tier to make it on, when creating, as heapd's --storage
+   * names them ("nvme"); NULL: heapd's default. */
+  const char* storage;
 } heapd_attach_options;
 
 enum {

@@ -89,19 +89,22 @@ def _parse_size(max_size):
 _IMAGES = {None: 0, "direct": 1, "working": 2}
 
 
-def attach(name, create=False, max_size=None, read_only=False, socket=None, mode=0, image=None):
+def attach(name, create=False, max_size=None, read_only=False, socket=None, mode=0, image=None,
+           storage=None):
     """Attaches heap `name` and maps it: a Heap, to use as a context manager.
 
     create: make the heap if there is none (max_size: bytes or "64G", else
     heapd's default; mode: its permission bits, else 0o600; image: what its
     clients map, "working" (a working image in memory: the data file
     changes only at syncs) or "direct" (the data file), else heapd's
-    choice). socket: heapd's socket, else $HEAPD_SOCKET or heapd's default.
+    choice; storage: the tier to make it on, as heapd's --storage names it,
+    else heapd's default). socket: heapd's socket, else $HEAPD_SOCKET or
+    heapd's default.
     """
     if image not in _IMAGES:
         raise ValueError(f"image {image!r}: 'working', 'direct' or None (heapd's choice)")
     handle = _heapd.attach(name, bool(create), _parse_size(max_size), bool(read_only), socket,
-                           int(mode), _IMAGES[image])
+                           int(mode), _IMAGES[image], storage)
     return Heap(handle, name, bool(read_only))
 
 

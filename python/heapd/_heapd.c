@@ -349,15 +349,16 @@ static PyTypeObject HandleType = {
     .tp_getset = HandleGetSet,
 };
 
-/* attach(name, create, max_size, read_only, socket, mode, image) -> Handle */
+/* attach(name, create, max_size, read_only, socket, mode, image, storage) -> Handle */
 static PyObject* Attach(PyObject* module, PyObject* args) {
   const char* name;
   int create, read_only;
   unsigned long long max_size;
   const char* socket = NULL;
+  const char* storage = NULL;
   unsigned int mode, image;
-  if (!PyArg_ParseTuple(args, "spKpzII", &name, &create, &max_size, &read_only, &socket, &mode,
-                        &image)) {
+  if (!PyArg_ParseTuple(args, "spKpzIIz", &name, &create, &max_size, &read_only, &socket, &mode,
+                        &image, &storage)) {
     return NULL;
   }
   heapd_attach_options options;
@@ -368,6 +369,7 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   options.mode = mode;
   options.image = image;
   options.socket = socket;
+  options.storage = storage;
   heapd_heap* heap;
   PyThreadState* unlocked = PyEval_SaveThread();
   heap = heapd_attach(name, &options);

@@ -207,6 +207,16 @@ def test_bad_sizes_and_missing_heaps_are_errors():
     assert missing.value.code == "NOT_FOUND"
 
 
+def test_a_new_heap_goes_on_the_storage_tier_asked():
+    # This heapd has one tier, "default" (its --state_dir).
+    with pytest.raises(heapd.HeapdError, match="no tier named 'nvme'"):
+        heapd.attach("py-tier-" + str(os.getpid()), create=True, storage="nvme")
+    with heapd.attach("py-tier-" + str(os.getpid()), create=True, storage="default") as h:
+        assert h.name == "py-tier-" + str(os.getpid())
+    with pytest.raises(TypeError):
+        heapd.attach("py-tier-" + str(os.getpid()), create=True, storage=7)
+
+
 def test_a_new_heap_chooses_its_image():
     with pytest.raises(ValueError):
         heapd.attach("py-image-" + str(os.getpid()), create=True, image="mirror")
