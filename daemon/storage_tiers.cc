@@ -33,8 +33,8 @@ absl::StatusOr<std::vector<StorageTier>> ParseStorageTiers(absl::string_view fla
     if (absl::Status s = ValidateHeapName(tier.name, "--storage tier"); !s.ok()) return s;
     const std::filesystem::path root = std::filesystem::path(tier.root).lexically_normal();
     if (!root.is_absolute()) {
-      return absl::InvalidArgumentError(absl::StrCat("--storage tier ", tier.name, ": path '",
-                                                     tier.root, "' is not absolute"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--storage tier ", tier.name, ": path '", tier.root, "' is not absolute"));
     }
     tier.root = root.string();
     if (tier.root.size() > 1 && tier.root.back() == '/') tier.root.pop_back();

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <thread>
@@ -256,6 +257,14 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
       AddLocked(h.page, entry);
       if (session != 0) {
         journal.written.push_back({h.page, h.generation, r.image_at - kUndoHeaderBytes + r.size});
+        if (window_.has_value()) {
+          // Taken after the open sync's commit point: keep the oldest.
+          auto [late, added] = window_->late.try_emplace(
+              h.page, CommitWindow::Late{h.time_ns, session, r.image_at, ""});
+          if (!added && h.time_ns < late->second.time_ns) {
+            late->second = CommitWindow::Late{h.time_ns, session, r.image_at, ""};
+          }
+        }
         ChangedLocked(h.page, kUndoPageBytes, marks_ + 1);
       }
     }
@@ -448,6 +457,7 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     std::sort(pages.begin(), pages.end());
     pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   }
+  std::map<uint64_t, std::string> imaged;  // the commit images written
   for (uint64_t page : pages) {
     auto it = index_.find(page);
     if (it == index_.end()) continue;
@@ -477,6 +487,7 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     commit.generation = generation;
     commit.epoch = epoch;
     if (absl::Status s = AppendLocked(commit, image); !s.ok()) return s;
+    if (committed != nullptr) imaged.emplace(page, std::move(image));
   }
   if (absl::Status s = AppendLocked(GenerationEnd(session, generation, epoch), ""); !s.ok()) {
     return s;
@@ -492,7 +503,43 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
                             [&](const Journal::Fresh& f) { return j.commits < f.commits + 2; });
   j.expired.assign(closed, j.fresh.end());
   j.fresh.erase(closed, j.fresh.end());
+  if (committed != nullptr) {
+    window_.emplace();
+    window_->imaged = std::move(imaged);
+  }
   return absl::OkStatus();
+}
+
+absl::Status ContentUndo::AsOfCommit(const uint64_t* offsets, size_t count, char* data) {
+  static_assert(kUndoPageBytes == 4096, "logged pages are undo pages");
+  absl::MutexLock lock(&mu_);
+  if (!window_.has_value()) return absl::OkStatus();
+  AdoptNewJournalsLocked();
+  RefreshAllLocked();
+  if (window_->imaged.empty() && window_->late.empty()) return absl::OkStatus();
+  for (size_t i = 0; i < count; ++i) {
+    char* const page = data + i * kUndoPageBytes;
+    if (auto imaged = window_->imaged.find(offsets[i]); imaged != window_->imaged.end()) {
+      std::memcpy(page, imaged->second.data(), kUndoPageBytes);
+      continue;
+    }
+    auto late = window_->late.find(offsets[i]);
+    if (late == window_->late.end()) continue;
+    const CommitWindow::Late& l = late->second;
+    if (!l.bytes.empty()) {
+      std::memcpy(page, l.bytes.data(), kUndoPageBytes);
+      continue;
+    }
+    absl::StatusOr<std::string> image =
+        ReadImageLocked(Entry{UndoKind::kPreImage, l.time_ns, l.file, 0, 0, l.file, l.image_at});
+    if (image.ok()) std::memcpy(page, image->data(), kUndoPageBytes);
+  }
+  return absl::OkStatus();
+}
+
+void ContentUndo::EndCommit() {
+  absl::MutexLock lock(&mu_);
+  window_.reset();
 }
 
 void ContentUndo::Committed(uint64_t epoch) {
@@ -619,6 +666,25 @@ absl::Status ContentUndo::CompactLocked() {
 }
 
 void ContentUndo::RemoveJournalLocked(ClientId session) {
+  if (window_.has_value()) {
+    // Its pre-images taken since the open sync's commit point are read
+    // now: the sync may still log their pages.
+    for (auto it = window_->late.begin(); it != window_->late.end();) {
+      CommitWindow::Late& l = it->second;
+      if (l.file != session || !l.bytes.empty()) {
+        ++it;
+        continue;
+      }
+      absl::StatusOr<std::string> image =
+          ReadImageLocked(Entry{UndoKind::kPreImage, l.time_ns, l.file, 0, 0, l.file, l.image_at});
+      if (image.ok()) {
+        l.bytes = *std::move(image);
+        ++it;
+      } else {
+        it = window_->late.erase(it);
+      }
+    }
+  }
   for (auto it = index_.begin(); it != index_.end();) {
     std::vector<Entry>& entries = it->second;
     entries.erase(std::remove_if(entries.begin(), entries.end(),

@@ -49,6 +49,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -139,6 +140,21 @@ class ContentUndo {
   // record names gets a commit image too).
   absl::Status PrepareCommit(ClientId session, uint64_t generation, uint64_t epoch,
                              CommitPages* committed = nullptr);
+  // A PrepareCommit with `committed` opens the sync's commit window: its
+  // pages are read from the data file (a working image) and logged after
+  // its commit point, while other sessions, and its own client's other
+  // threads, may already store into them. Until EndCommit, AsOfCommit
+  // puts back, in `data` (`count` pages just read at `offsets`), each page
+  // that may have changed since the commit point, as it was then: the
+  // commit image PrepareCommit wrote, else the oldest pre-image any
+  // session took since (the first store after the commit point saw the
+  // committed page). The journals are read first: a store seen in `data`
+  // was preceded by its pre-image's append. A pre-image that cannot be
+  // read back leaves the page as read.
+  absl::Status AsOfCommit(const uint64_t* offsets, size_t count, char* data);
+  // The sync's pages are logged, or it failed: its commit window closes.
+  void EndCommit();
+
   // After epoch `epoch` was persisted: drops what it made void.
   void Committed(uint64_t epoch);
 
@@ -215,6 +231,20 @@ class ContentUndo {
     // Pages a dead session handed over to it because it wrote them fresh:
     // its next sync writes their commit images; its death puts them back.
     std::set<uint64_t> adopted;
+  };
+
+  // See AsOfCommit.
+  struct CommitWindow {
+    std::map<uint64_t, std::string> imaged;  // commit images written, by page
+    // By page: the oldest pre-image taken since the commit point (its
+    // bytes read once its journal goes: a session that died meanwhile).
+    struct Late {
+      uint64_t time_ns;
+      ClientId file;
+      uint64_t image_at;
+      std::string bytes;
+    };
+    std::map<uint64_t, Late> late;
   };
 
   // A client holds its journal's lock for microseconds; one that keeps it
@@ -297,6 +327,8 @@ class ContentUndo {
   // Taken under mu_, never the other way round.
   absl::Mutex new_journals_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<ClientId, Journal> new_journals_ ABSL_GUARDED_BY(new_journals_mu_);
+  // Open between a working-image sync's PrepareCommit and EndCommit.
+  std::optional<CommitWindow> window_ ABSL_GUARDED_BY(mu_);
   // Generation ends, per session: (generation, epoch).
   std::map<ClientId, std::vector<std::pair<uint64_t, uint64_t>>> ends_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<Entry>> index_ ABSL_GUARDED_BY(mu_);  // by page

@@ -106,9 +106,10 @@ absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
   return absl::OkStatus();
 }
 
-absl::Status DurableImage::Log(uint64_t epoch, const std::vector<uint64_t>& pages, int working) {
+absl::Status DurableImage::Log(uint64_t epoch, const std::vector<uint64_t>& pages, int working,
+                               const PagePatch& patch) {
   FaultPoint("redo.before_append");
-  return redo_->Append(epoch, pages, working).status();
+  return redo_->Append(epoch, pages, working, patch).status();
 }
 
 absl::Status DurableImage::Apply(uint64_t committed_epoch) {

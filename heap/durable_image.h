@@ -60,8 +60,10 @@ class DurableImage {
   // bytes if the file system has no room for that.
   absl::Status MakeRoom(uint64_t pages, uint64_t committed_epoch);
   // Appends `pages` (page offsets, ascending, each once) read from
-  // `working` as epoch `epoch`'s, durable when it returns.
-  absl::Status Log(uint64_t epoch, const std::vector<uint64_t>& pages, int working);
+  // `working` and patched by `patch` (RedoLog::Append) as epoch `epoch`'s,
+  // durable when it returns.
+  absl::Status Log(uint64_t epoch, const std::vector<uint64_t>& pages, int working,
+                   const PagePatch& patch = nullptr);
   // Writes what the log holds up to `committed_epoch` into the data file,
   // makes it durable, and empties the log.
   absl::Status Apply(uint64_t committed_epoch);

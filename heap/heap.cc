@@ -13,6 +13,7 @@
 #include <iterator>
 #include <system_error>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -642,7 +643,16 @@ absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_
     }
     // Epochs follow each other: the committed one is the one before.
     absl::Status logged = durable_->MakeRoom(pages.size(), epoch - 1);
-    if (logged.ok()) logged = durable_->Log(epoch, pages, data_->fd());
+    if (logged.ok()) {
+      // Pages read after the sync's commit point, as they were at it.
+      PagePatch as_of_commit = nullptr;
+      if (undo_ != nullptr) {
+        as_of_commit = [this](const uint64_t* offsets, size_t count, char* data) {
+          return undo_->AsOfCommit(offsets, count, data);
+        };
+      }
+      logged = durable_->Log(epoch, pages, data_->fd(), as_of_commit);
+    }
     if (logged.ok()) return logged;
     absl::MutexLock lock(&mu_);
     // This sync's generation end is written: the next epoch would commit
@@ -747,6 +757,11 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
     }
   }
+  // The sync's commit window (ContentUndo::AsOfCommit) closes however it
+  // ends.
+  absl::Cleanup end_commit = [this] {
+    if (undo_ != nullptr) undo_->EndCommit();
+  };
   // On any failure from here on, the changes taken below are still in
   // memory, with the generation end written above; a full checkpoint at the
   // next sync persists both.

@@ -438,8 +438,8 @@ absl::StatusOr<uint64_t> RedoLog::ApplyTo(int image, uint64_t committed_epoch) {
 }
 
 absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
-                                                  const std::vector<uint64_t>& offsets,
-                                                  int source) {
+                                                  const std::vector<uint64_t>& offsets, int source,
+                                                  const PagePatch& patch) {
   last_append_.reset();  // only the last successful Append can be taken back
   if (!broken_.ok()) return broken_;
   if (!replayed_) {
@@ -495,8 +495,8 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
       status = absl::ResourceExhaustedError("no memory for a redo record");
       break;
     }
-    status =
-        FillRecord(epoch, append_id, at.last_hash, offsets.data() + first, pages, source, buffer);
+    status = FillRecord(epoch, append_id, at.last_hash, offsets.data() + first, pages, source,
+                        patch, buffer);
     if (!status.ok()) break;
     try {
       writes[slot] = std::async(std::launch::async, [this, block = at.block, buffer, pages] {
@@ -529,7 +529,7 @@ absl::StatusOr<RedoLog::Position> RedoLog::Append(uint64_t epoch,
 
 absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t append_id, uint64_t previous_hash,
                                  const uint64_t* offsets, size_t pages, int source,
-                                 char* buffer) const {
+                                 const PagePatch& patch, char* buffer) const {
   std::memset(buffer, 0, kRedoBlockBytes);
   char* const data = buffer + kRedoBlockBytes;
   // Consecutive pages are read in one call.
@@ -541,6 +541,9 @@ absl::Status RedoLog::FillRecord(uint64_t epoch, uint64_t append_id, uint64_t pr
                                              " of the heap's data for redo log ", path_));
     }
     i += run;
+  }
+  if (patch != nullptr && pages != 0) {
+    if (absl::Status s = patch(offsets, pages, data); !s.ok()) return s;
   }
   auto* header = reinterpret_cast<RecordHeader*>(buffer);
   header->magic = kRecordMagic;

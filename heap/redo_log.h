@@ -59,6 +59,10 @@ namespace heapd {
 inline constexpr uint64_t kRedoBlockBytes = 4096;  // a page, and the log's block
 inline constexpr char kRedoLogFileName[] = "redo";
 
+// Replaces, in `data` (`count` pages just read at `offsets`), pages whose
+// bytes the log must take from elsewhere (ContentUndo::AsOfCommit).
+using PagePatch = std::function<absl::Status(const uint64_t* offsets, size_t count, char* data)>;
+
 class RedoLog {
  public:
   // Where the next record goes: what RewindTo takes back to.
@@ -90,7 +94,8 @@ class RedoLog {
 
   // Appends `offsets` (page-aligned offsets in the heap's data, each once)
   // as `epoch`'s, their bytes read from `source` (the working image) at the
-  // same offsets, and makes them durable. Every epoch the heap commits is
+  // same offsets, then given to `patch` (if set) a record at a time before
+  // they are hashed and written, and makes them durable. Every epoch the heap commits is
   // appended, even one without pages (a record of its header alone): it
   // overwrites whatever a taken-back Append left after the end. Returns
   // where the records start (for RewindTo). RESOURCE_EXHAUSTED if they do
@@ -99,7 +104,8 @@ class RedoLog {
   // epoch not after both the last one appended and the last one Replay or
   // ApplyTo was told is committed; FAILED_PRECONDITION before Replay or
   // after a failed Reset. On any error the log reads as before.
-  absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets, int source);
+  absl::StatusOr<Position> Append(uint64_t epoch, const std::vector<uint64_t>& offsets, int source,
+                                  const PagePatch& patch = nullptr);
 
   // Takes back the last successful Append, which returned `start` (its
   // sync's commit failed, and is known not to be durable), once.
@@ -155,9 +161,11 @@ class RedoLog {
   // Finds the end of the current pass: next_.
   absl::Status Scan();
   // Reads `pages` pages at `offsets` from `source` into a record's buffer
-  // (kRedoBlockBytes-aligned, 1 + pages blocks) behind its header.
+  // (kRedoBlockBytes-aligned, 1 + pages blocks) behind its header, patched
+  // by `patch` if set.
   absl::Status FillRecord(uint64_t epoch, uint64_t append_id, uint64_t previous_hash,
-                          const uint64_t* offsets, size_t pages, int source, char* buffer) const;
+                          const uint64_t* offsets, size_t pages, int source, const PagePatch& patch,
+                          char* buffer) const;
   absl::Status WriteBlocks(uint64_t block, const char* bytes, uint64_t count) const;
   absl::Status ReadBlocks(uint64_t block, char* bytes, uint64_t count) const;
 

@@ -168,6 +168,67 @@ TEST_F(WorkingImageTest, ASyncCommitsItsPagesAsTheyAre) {
   EXPECT_EQ(ReadFd((*heap)->data_fd(), theirs, 4096), std::string(4096, '2'));
 }
 
+// Stores made while a sync logs its pages, after its commit point, by
+// another session (its first store to a page since its sync, and more
+// stores to a page it wrote before): the log holds each page as it was at
+// the commit point (found by a review: they were logged, and a heapd crash
+// showed a session's unsynced stores).
+Heap* store_during_log = nullptr;
+uint64_t first_store_at = 0, later_store_at = 0;
+void StoreDuringLog(const char* point) {
+  if (std::string(point) != "redo.before_append" || store_during_log == nullptr) return;
+  std::memset(store_during_log->at<char>(first_store_at), 'c', 100);
+  std::memset(store_during_log->at<char>(later_store_at), 'd', 100);
+  store_during_log = nullptr;  // once
+}
+
+TEST_F(WorkingImageTest, StoresAfterTheCommitPointAreNotLogged) {
+  uint64_t mine = 0, shared = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls1 = nullptr;
+    InProcessSessionCalls* calls2 = nullptr;
+    std::unique_ptr<Heap> one = Attach(heap->get(), 1, &calls1);
+    std::unique_ptr<Heap> two = Attach(heap->get(), 2, &calls2);
+    ASSERT_NE(one, nullptr);
+    ASSERT_NE(two, nullptr);
+    mine = Allocate(*one, 4096);
+    shared = Allocate(*one, 4096);
+    std::memset(one->at<char>(mine), '1', 4096);
+    std::memset(one->at<char>(shared), '1', 4096);
+    ASSERT_TRUE(one->sync().ok());
+    ASSERT_TRUE(one->sync().ok());  // no longer memory handed out free
+    ASSERT_TRUE(two->sync().ok());
+    std::memset(one->at<char>(mine), 'a', 100);
+    std::memset(one->at<char>(shared), 'a', 100);
+    std::memset(two->at<char>(shared) + 200, 'b', 100);  // before one's sync
+    store_during_log = two.get();
+    first_store_at = mine + 200;
+    later_store_at = shared + 300;
+    SetFaultHandler(StoreDuringLog);
+    const absl::Status synced = one->sync().status();
+    SetFaultHandler(nullptr);
+    ASSERT_TRUE(synced.ok()) << synced;
+    ASSERT_EQ(store_during_log, nullptr) << "the log was never reached";
+    EXPECT_EQ(std::string(two->at<char>(mine) + 200, 100), std::string(100, 'c'));
+    calls1->Close();
+    calls2->Close();
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  const std::string first = ReadFd((*heap)->data_fd(), mine, 4096);
+  EXPECT_EQ(first.substr(0, 100), std::string(100, 'a'));
+  EXPECT_EQ(first.find_first_not_of('1', 100), std::string::npos)
+      << "two's store after the commit point is logged: " << first.substr(200, 8);
+  const std::string second = ReadFd((*heap)->data_fd(), shared, 4096);
+  EXPECT_EQ(second.substr(0, 100), std::string(100, 'a'));
+  EXPECT_EQ(second.substr(100, 100), std::string(100, '1'));
+  EXPECT_EQ(second.substr(200, 100), std::string(100, 'b'));  // committed as it was
+  EXPECT_EQ(second.find_first_not_of('1', 300), std::string::npos)
+      << "two's store after the commit point is logged: " << second.substr(300, 8);
+}
+
 // Memory a session was handed free, gave back and another session was
 // handed free: the first session's sync no longer logs it, so the
 // second's stores after its own sync are not committed by it (found by a
