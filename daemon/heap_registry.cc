@@ -257,17 +257,26 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Add(
 
 absl::StatusOr<ImageMode> HeapRegistry::ChooseImage(const std::string& name,
                                                     std::optional<ImageMode> asked,
-                                                    const std::string& storage) const {
+                                                    const std::string& storage,
+                                                    uint64_t max_size) const {
   const StorageTier* tier = FindTier(storage);
   if (tier == nullptr) return ChooseStorage(name, storage).status();
   const std::string heaps_dir = HeapsDirOf(*tier);
-  if (!asked.has_value()) return ImageModeFor(heaps_dir, options_);
+  if (!asked.has_value()) return ImageModeFor(heaps_dir, options_, max_size);
   if (*asked == ImageMode::kDirect) return ImageMode::kDirect;
   if (!options_.track_contents) {
     return absl::FailedPreconditionError(
         absl::StrCat("heap ", name,
                      ": a working image needs content tracking, and heapd runs "
                      "with --track_contents=false"));
+  }
+  if (options_.working_image_max_bytes != 0 && max_size > options_.working_image_max_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heap ", name, ": its maximum size, ", max_size,
+        " bytes, is above heapd's per-heap working-image budget of ",
+        options_.working_image_max_bytes,
+        " (--working_image_max_bytes): its working image could outgrow memory; make it direct "
+        "or smaller"));
   }
   HeapOptions forced = options_;
   forced.working_images = true;

@@ -135,12 +135,15 @@ class HeapRegistry {
                                       uint64_t max_size, bool replacing = false,
                                       const std::string& storage = "");
 
-  // What a new heap `name` on tier `storage` maps: `asked`, else the
-  // default (ImageModeFor the tier). FAILED_PRECONDITION, saying why, for
-  // a working image where heapd cannot keep one: content tracking off, or
-  // a tier on tmpfs (a working image would hold the heap in memory twice).
+  // What a new heap `name` of at most `max_size` bytes on tier `storage`
+  // maps: `asked`, else the default (ImageModeFor the tier and size).
+  // FAILED_PRECONDITION, saying why, for a working image where heapd
+  // cannot keep one: content tracking off, a tier on tmpfs (a working
+  // image would hold the heap in memory twice), or a heap above the
+  // per-heap budget (--working_image_max_bytes).
   absl::StatusOr<ImageMode> ChooseImage(const std::string& name, std::optional<ImageMode> asked,
-                                        const std::string& storage = "") const;
+                                        const std::string& storage = "",
+                                        uint64_t max_size = 0) const;
 
   // Creates the reserved heap on its tier (config.image as ChooseImage
   // said).

@@ -224,6 +224,35 @@ TEST(HeapRegistryTest, AStateDirectoryOthersMayWriteIsRefused) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
 }
 
+// The per-heap budget of working images: a heap larger than it is direct,
+// and says why.
+TEST(HeapRegistryTest, AHeapAboveTheWorkingImageBudgetIsDirectAndSaysWhy) {
+  TestDir dir;
+  HeapOptions options;
+  options.working_image_max_bytes = 64 << 20;
+  auto registry = HeapRegistry::Open(dir.path(), options);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  HeapRegistry& r = **registry;
+  EXPECT_EQ(*r.ChooseImage("fits", std::nullopt, "", 64 << 20), ImageMode::kWorkingImage);
+  EXPECT_EQ(*r.ChooseImage("big", std::nullopt, "", 66 << 20), ImageMode::kDirect);
+  EXPECT_EQ(*r.ChooseImage("big", ImageMode::kDirect, "", 66 << 20), ImageMode::kDirect);
+  absl::StatusOr<ImageMode> refused = r.ChooseImage("big", ImageMode::kWorkingImage, "", 66 << 20);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("--working_image_max_bytes"), absl::string_view::npos)
+      << refused.status();
+  HeapConfig config = Config();
+  config.max_size = 66 << 20;
+  config.image = *r.ChooseImage("big", std::nullopt, "", config.max_size);
+  absl::StatusOr<HeapRegistry::Reservation> reserved = r.Reserve("big", 0, config.max_size);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  absl::StatusOr<std::shared_ptr<ServedHeap>> big = r.Create(*std::move(reserved), config);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_FALSE((*big)->heap->content_rollback());
+  EXPECT_NE((*big)->heap->content_rollback_note().find("working-image budget of 67108864"),
+            std::string::npos)
+      << (*big)->heap->content_rollback_note();
+}
+
 // Two tiers, on tmpfs and on the test directory's file system (ext4 here).
 TEST(HeapRegistryTest, HeapsLiveOnTheirTiersAndAreFoundWhateverTheOrder) {
   TestDir disk;

@@ -90,6 +90,10 @@ ABSL_FLAG(bool, working_images, true,
           "data file changes only at syncs, through a redo log, so contents roll back to the "
           "last sync after any crash (docs/consistency.md). false: clients map the data file; "
           "only allocations and names roll back. Heaps keep what they were created with.");
+ABSL_FLAG(heapd::ByteSize, working_image_max_bytes, heapd::ByteSize{0},
+          "per-heap memory budget of working images: a new heap whose maximum size is above "
+          "it is direct by default (--image=working is refused for it), since its working "
+          "image grows to the heap's size in memory (0: the node's physical memory)");
 ABSL_FLAG(bool, grow_ahead, true,
           "Grow a heap's data file in the background when fewer than a sixteenth of its chunks "
           "are free, so that allocations seldom wait for its space to be reserved (space is "
@@ -279,6 +283,11 @@ HeapOptions HeapOptionsFromFlags(const UserLimits& limits) {
   options.track_contents = absl::GetFlag(FLAGS_track_contents);
   options.grow_ahead = absl::GetFlag(FLAGS_grow_ahead);
   options.working_images = absl::GetFlag(FLAGS_working_images);
+  options.working_image_max_bytes = absl::GetFlag(FLAGS_working_image_max_bytes).bytes;
+  if (options.working_image_max_bytes == 0) {
+    options.working_image_max_bytes =
+        static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  }
   return options;
 }
 

@@ -194,7 +194,7 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
   if (image == v1::IMAGE_WORKING) asked = ImageMode::kWorkingImage;
   absl::StatusOr<std::string> tier = heaps_->ChooseStorage(name, storage);
   if (!tier.ok()) return tier.status();
-  absl::StatusOr<ImageMode> chosen = heaps_->ChooseImage(name, asked, *tier);
+  absl::StatusOr<ImageMode> chosen = heaps_->ChooseImage(name, asked, *tier, config.max_size);
   if (!chosen.ok()) return chosen.status();
   config.image = *chosen;
   absl::StatusOr<HeapRegistry::Reservation> reserved =

@@ -104,8 +104,12 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
   return absl::OkStatus();  // no MemAvailable to go by
 }
 
-ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options) {
+ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options,
+                       uint64_t max_size) {
   if (!options.working_images || !options.track_contents) return ImageMode::kDirect;
+  if (options.working_image_max_bytes != 0 && max_size > options.working_image_max_bytes) {
+    return ImageMode::kDirect;
+  }
   struct statfs fs;
   if (statfs(parent.c_str(), &fs) != 0 || fs.f_type == TMPFS_MAGIC) return ImageMode::kDirect;
   return ImageMode::kWorkingImage;
@@ -981,7 +985,14 @@ absl::Status PersistentHeap::WithCommittedState(
 
 std::string PersistentHeap::content_rollback_note() const {
   if (read_only()) return "a snapshot attached in place is read-only";
-  return ContentRollbackNote(data_->backing(), options_.track_contents);
+  std::string note = ContentRollbackNote(data_->backing(), options_.track_contents);
+  if (!note.empty() && options_.working_image_max_bytes != 0 &&
+      config_.max_size > options_.working_image_max_bytes) {
+    absl::StrAppend(&note, "; its maximum size, ", config_.max_size,
+                    " bytes, is above heapd's per-heap working-image budget of ",
+                    options_.working_image_max_bytes, " (--working_image_max_bytes)");
+  }
+  return note;
 }
 
 HeapStats PersistentHeap::Stats() const {

@@ -108,12 +108,19 @@ struct HeapOptions {
   // New heaps on a block file system or fs-dax get a working image, where
   // contents track (ImageModeFor); false: their clients map the data file.
   bool working_images = true;
+  // The per-heap memory budget of working images: a new heap whose
+  // maximum size is above it is direct by default (its working image,
+  // which grows to the heap's size, could not be kept in memory); 0: none.
+  uint64_t working_image_max_bytes = 0;
 };
 
-// The image a new heap in the directory `parent` gets: a working image
-// where the heap's contents could not roll back otherwise (not on tmpfs;
-// content tracking on; options.working_images), else direct.
-ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options);
+// The image a new heap of at most `max_size` bytes in the directory
+// `parent` gets: a working image where the heap's contents could not roll
+// back otherwise (not on tmpfs; content tracking on;
+// options.working_images) and the heap fits options.working_image_max_bytes,
+// else direct.
+ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options,
+                       uint64_t max_size = 0);
 
 // Why a heap on `backing` cannot roll object contents back; empty if it
 // can (tmpfs: clients write-protect its pages with userfaultfd).
