@@ -285,8 +285,8 @@ HeapOptions HeapOptionsFromFlags(const UserLimits& limits) {
   options.working_images = absl::GetFlag(FLAGS_working_images);
   options.working_image_max_bytes = absl::GetFlag(FLAGS_working_image_max_bytes).bytes;
   if (options.working_image_max_bytes == 0) {
-    options.working_image_max_bytes =
-        static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    options.working_image_max_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                      static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   }
   return options;
 }

@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
+#include <system_error>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "heap/fault_point.h"
@@ -17,7 +21,10 @@
 namespace heapd {
 namespace {
 
-// A larger log is built under this name, then renamed over the log.
+// The two logs' files (the first is the heap's only log in heaps made
+// before there were two).
+constexpr const char* kLogNames[2] = {kRedoLogFileName, "redo.b"};
+// A larger log is built under this name, then renamed over the current log.
 constexpr char kLargerLogName[] = "redo.larger";
 // The working image is loaded in steps of this many bytes.
 constexpr uint64_t kLoadStep = uint64_t{2} << 20;
@@ -29,30 +36,54 @@ bool AllZero(const char* bytes, uint64_t size) {
 }  // namespace
 
 absl::Status DurableImage::CreateLog(int dir, const std::string& path, uint64_t log_bytes) {
-  return RedoLog::Create(dir, kRedoLogFileName, log_bytes,
-                         absl::StrCat(path, "/", kRedoLogFileName))
-      .status();
+  for (const char* name : kLogNames) {
+    absl::StatusOr<std::unique_ptr<RedoLog>> log =
+        RedoLog::Create(dir, name, log_bytes, absl::StrCat(path, "/", name));
+    if (!log.ok()) return log.status();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<DurableImage>> DurableImage::Open(int dir, const std::string& path,
                                                                  std::unique_ptr<DataFile> data,
                                                                  uint64_t committed_epoch,
                                                                  uint64_t log_bytes) {
-  const std::string log_path = absl::StrCat(path, "/", kRedoLogFileName);
-  // A larger log that a crash kept from replacing the log: the log it was
+  // A larger log that a crash kept from replacing a log: the log it was
   // to replace was empty, and is still in place.
   unlinkat(dir, kLargerLogName, 0);
   unlinkat(dir, absl::StrCat(kLargerLogName, ".new").c_str(), 0);
-  struct stat st;
-  absl::StatusOr<std::unique_ptr<RedoLog>> redo =
-      fstatat(dir, kRedoLogFileName, &st, AT_SYMLINK_NOFOLLOW) == 0
-          ? RedoLog::Open(dir, kRedoLogFileName, log_path)
-          : RedoLog::Create(dir, kRedoLogFileName, log_bytes, log_path, committed_epoch);
-  if (!redo.ok()) return redo.status();
-  std::unique_ptr<DurableImage> image(
-      new DurableImage(dir, path, std::move(data), *std::move(redo)));
+  std::unique_ptr<RedoLog> logs[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string log_path = absl::StrCat(path, "/", kLogNames[i]);
+    struct stat st;
+    absl::StatusOr<std::unique_ptr<RedoLog>> log =
+        fstatat(dir, kLogNames[i], &st, AT_SYMLINK_NOFOLLOW) == 0
+            ? RedoLog::Open(dir, kLogNames[i], log_path)
+            : RedoLog::Create(dir, kLogNames[i], log_bytes, log_path, committed_epoch);
+    if (!log.ok()) return log.status();
+    logs[i] = *std::move(log);
+  }
+  // The older log first: the one whose pass began at the lower applied
+  // epoch (when a log goes to the background apply, the other restarts at
+  // the epoch that apply reaches), or, at a tie, the one without records.
+  const auto newer = [&](int i) {
+    return std::make_pair(logs[i]->applied_epoch(), logs[i]->used_bytes() != 0);
+  };
+  const int older = newer(0) <= newer(1) ? 0 : 1;
+  std::unique_ptr<DurableImage> image(new DurableImage(dir, path, std::move(data), logs));
+  RedoLog& first = *image->logs_[older];
+  // Its records end at or before the committed epoch (a later one, of a
+  // sync that never committed, is taken back).
+  const uint64_t first_to =
+      std::min(committed_epoch, std::max(first.last_epoch(), first.applied_epoch()));
+  if (absl::Status s = ApplyLog(first, image->data_->fd(), first_to); !s.ok()) return s;
+  image->current_ = 1 - older;
   if (absl::Status s = image->Apply(committed_epoch); !s.ok()) return s;
   return image;
+}
+
+DurableImage::~DurableImage() {
+  if (other_apply_.valid()) other_apply_.wait();
 }
 
 absl::StatusOr<std::unique_ptr<DataFile>> DurableImage::LoadWorkingImage(
@@ -76,49 +107,91 @@ absl::StatusOr<std::unique_ptr<DataFile>> DurableImage::LoadWorkingImage(
   return working;
 }
 
+absl::Status DurableImage::ApplyLog(RedoLog& log, int data, uint64_t applied_to) {
+  absl::StatusOr<uint64_t> written = log.ApplyTo(data, applied_to);
+  if (!written.ok()) return written.status();
+  FaultPoint("redo.apply.before_reset");
+  return log.Reset();
+}
+
+absl::Status DurableImage::FinishOtherApply() {
+  if (other_apply_.valid()) other_failed_ = !other_apply_.get().ok();
+  if (!other_failed_) return absl::OkStatus();
+  // Retried here, on the sync's path: the current log cannot be handed
+  // over before the other one is empty.
+  const absl::Status retried = ApplyLog(other(), data_->fd(), other_applied_to_);
+  other_failed_ = !retried.ok();
+  return retried;
+}
+
 absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
   const uint64_t needed = RedoLog::BytesFor(pages);
-  if (!apply_failed_ && redo_->used_bytes() + needed <= redo_->capacity()) {
-    return absl::OkStatus();
+  if (apply_failed_) {
+    if (absl::Status s = Apply(committed_epoch); !s.ok()) return s;
   }
-  if (absl::Status s = Apply(committed_epoch); !s.ok()) return s;
-  if (needed <= redo_->capacity()) return absl::OkStatus();
-  // The log is empty (applied): a larger one replaces it. A crash between
+  const bool fits = current().used_bytes() + needed <= current().capacity();
+  const bool half_full = current().used_bytes() > current().capacity() / 2;
+  const bool other_busy = other_apply_.valid() && other_apply_.wait_for(std::chrono::seconds(0)) !=
+                                                      std::future_status::ready;
+  if (fits && (!half_full || other_busy)) return absl::OkStatus();
+  // The current log goes to the background apply, the other one (once its
+  // own apply ended) takes the syncs from the committed epoch on.
+  if (absl::Status s = FinishOtherApply(); !s.ok()) return s;
+  if (current().used_bytes() != 0) {
+    if (absl::Status s = other().RestartAt(committed_epoch); !s.ok()) return s;
+    FaultPoint("redo.switch.after_restart");
+    current_ = 1 - current_;
+    other_applied_to_ = committed_epoch;
+    RedoLog* const applying = logs_[1 - current_].get();
+    const int data = data_->fd();
+    try {
+      other_apply_ = std::async(std::launch::async, [applying, data, committed_epoch] {
+        return ApplyLog(*applying, data, committed_epoch);
+      });
+    } catch (const std::system_error&) {
+      // No thread: applied here, and retried at the next switch if it fails.
+      other_failed_ = !ApplyLog(*applying, data, committed_epoch).ok();
+    }
+  }
+  if (needed <= current().capacity()) return absl::OkStatus();
+  return Enlarge(std::max(needed, 2 * current().capacity()), committed_epoch, pages);
+}
+
+absl::Status DurableImage::Enlarge(uint64_t capacity, uint64_t committed_epoch, uint64_t pages) {
+  // The current log is empty: a larger one replaces it. A crash between
   // leaves either, both empty.
-  const uint64_t capacity = std::max(needed, 2 * redo_->capacity());
-  const std::string log_path = absl::StrCat(path_, "/", kRedoLogFileName);
+  const char* const name = kLogNames[current_];
+  const std::string log_path = absl::StrCat(path_, "/", name);
   unlinkat(dir_, kLargerLogName, 0);
   absl::StatusOr<std::unique_ptr<RedoLog>> larger =
       RedoLog::Create(dir_, kLargerLogName, capacity, log_path, committed_epoch);
   if (!larger.ok()) {
     unlinkat(dir_, kLargerLogName, 0);
-    return absl::Status(larger.status().code(),
-                        absl::StrCat("a sync of ", pages, " pages needs a redo log of ", needed,
-                                     " bytes: ", larger.status().message()));
+    return absl::Status(
+        larger.status().code(),
+        absl::StrCat("a sync of ", pages, " pages needs a redo log of ", RedoLog::BytesFor(pages),
+                     " bytes: ", larger.status().message()));
   }
   FaultPoint("redo.larger.before_rename");
-  if (renameat(dir_, kLargerLogName, dir_, kRedoLogFileName) != 0 || fsync(dir_) != 0) {
+  if (renameat(dir_, kLargerLogName, dir_, name) != 0 || fsync(dir_) != 0) {
     const int error = errno;
     unlinkat(dir_, kLargerLogName, 0);
     return ErrnoStatus(error, absl::StrCat("put a larger redo log in place of ", log_path));
   }
-  redo_ = *std::move(larger);
+  logs_[current_] = *std::move(larger);
   return absl::OkStatus();
 }
 
 absl::Status DurableImage::Log(uint64_t epoch, const std::vector<uint64_t>& pages, int working,
                                const PagePatch& patch) {
   FaultPoint("redo.before_append");
-  return redo_->Append(epoch, pages, working, patch).status();
+  return current().Append(epoch, pages, working, patch).status();
 }
 
 absl::Status DurableImage::Apply(uint64_t committed_epoch) {
-  absl::StatusOr<uint64_t> written = redo_->ApplyTo(data_->fd(), committed_epoch);
-  absl::Status status = written.status();
-  if (status.ok()) {
-    FaultPoint("redo.apply.before_reset");
-    status = redo_->Reset();
-  }
+  // The other log's records are older: applied first.
+  if (absl::Status s = FinishOtherApply(); !s.ok()) return s;
+  const absl::Status status = ApplyLog(current(), data_->fd(), committed_epoch);
   apply_failed_ = !status.ok();
   return status;
 }

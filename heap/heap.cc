@@ -104,8 +104,7 @@ absl::Status CheckMemoryForTmpfs(uint64_t bytes, uint64_t reserve, const std::st
   return absl::OkStatus();  // no MemAvailable to go by
 }
 
-ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options,
-                       uint64_t max_size) {
+ImageMode ImageModeFor(const std::string& parent, const HeapOptions& options, uint64_t max_size) {
   if (!options.working_images || !options.track_contents) return ImageMode::kDirect;
   if (options.working_image_max_bytes != 0 && max_size > options.working_image_max_bytes) {
     return ImageMode::kDirect;

@@ -571,6 +571,18 @@ absl::Status RedoLog::RewindTo(const Position& start) {
   return absl::OkStatus();
 }
 
+absl::Status RedoLog::RestartAt(uint64_t applied_epoch) {
+  if (used_bytes() != 0 && applied_block_ != next_.block) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("redo log ", path_, ": restarted before its records were applied"));
+  }
+  applied_block_ = next_.block;
+  committed_epoch_ = std::max(committed_epoch_, applied_epoch);
+  if (absl::Status s = Reset(); !s.ok()) return s;
+  replayed_ = true;  // a new pass: nothing to replay
+  return absl::OkStatus();
+}
+
 absl::Status RedoLog::Reset() {
   if (applied_block_ != next_.block) {
     return absl::FailedPreconditionError(

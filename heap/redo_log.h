@@ -135,6 +135,16 @@ class RedoLog {
   // into the heap's image. If it fails, Append refuses until a Reset
   // succeeds.
   absl::Status Reset();
+  // Empties a log whose records are all applied (FAILED_PRECONDITION
+  // otherwise) into a new pass that starts at `applied_epoch`: the heap's
+  // image holds that epoch, or will once another log's records up to it
+  // are applied, which a reader after a crash does first (its applied
+  // epoch is lower). Append then takes only later epochs.
+  absl::Status RestartAt(uint64_t applied_epoch);
+  // The epoch the image held when this pass began, and that of its last
+  // record (0: none).
+  uint64_t applied_epoch() const { return applied_epoch_; }
+  uint64_t last_epoch() const { return next_.last_epoch; }
 
   // Bytes of records written in this pass, and room for records in all.
   uint64_t used_bytes() const { return (next_.block - 1) * kRedoBlockBytes; }
