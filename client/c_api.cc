@@ -140,16 +140,25 @@ extern "C" {
 
 const char* heapd_version(void) { return heapd::kHeapdVersion; }
 
+void heapd_attach_options_init_sized(heapd_attach_options* options, size_t size) {
+  if (options == nullptr || size < offsetof(heapd_attach_options, socket)) return;
+  size = std::min(size, sizeof(*options));
+  std::memset(options, 0, size);
+  options->struct_size = size;
+}
+
+// The function programs built against 0.4.0's header call: it fills only
+// the fields that struct had (through `mode`), never more.
+#undef heapd_attach_options_init
+extern "C" void heapd_attach_options_init(heapd_attach_options* options);
 void heapd_attach_options_init(heapd_attach_options* options) {
-  if (options == nullptr) return;
-  std::memset(options, 0, sizeof(*options));
-  options->struct_size = sizeof(*options);
+  heapd_attach_options_init_sized(options, offsetof(heapd_attach_options, image));
 }
 
 heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) try {
   if (MissingName(name)) return nullptr;
   heapd_attach_options given;
-  heapd_attach_options_init(&given);
+  heapd_attach_options_init_sized(&given, sizeof(given));
   if (options != nullptr) {
     // A caller built against an older, shorter struct: read what it has.
     if (options->struct_size < offsetof(heapd_attach_options, socket) + sizeof(const char*)) {

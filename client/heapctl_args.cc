@@ -101,7 +101,7 @@ const std::vector<FlagSpec>& HeapctlFlags() {
        "heapd's (working on a file system, unless --working_images=false)"},
       {"storage", FlagKind::kString, "TIER",
        "the storage tier to make the heap on, as heapd's --storage names it (default: heapd's "
-       "first; a restore replacing a heap: that heap's)"},
+       "first; a restore replacing the heap --heap names: that heap's)"},
       {"owner", FlagKind::kUint, "UID", "only heaps of this uid"},
       {"quiet", FlagKind::kBool, "",
        "names only (heap ls), 'SNAPSHOT HEAP' or 'VERSION NODE HEAP' lines (snapshot ls)"},

@@ -97,10 +97,27 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
       return s;
     }
   }
+  // One directory given as two tiers (a symlink, a bind mount) would show
+  // every heap twice.
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    struct stat one;
+    if (stat(tiers[i].root.c_str(), &one) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("stat storage tier ", tiers[i].name));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      struct stat other;
+      if (stat(tiers[j].root.c_str(), &other) == 0 && other.st_dev == one.st_dev &&
+          other.st_ino == one.st_ino) {
+        return absl::InvalidArgumentError(absl::StrCat("storage tiers ", tiers[j].name, " and ",
+                                                       tiers[i].name, " are the same directory"));
+      }
+    }
+  }
   std::unique_ptr<HeapRegistry> registry(new HeapRegistry(std::move(tiers), options, limits));
   absl::MutexLock lock(&registry->mu_);
-  // Where each name was found, for a name found twice.
-  std::map<std::string, std::string> found_on;
+  // Every tier's heap directories first: a name found on two tiers is
+  // opened on neither.
+  std::map<std::string, std::vector<const StorageTier*>> found;
   for (const StorageTier& tier : registry->tiers_) {
     const std::string heaps_dir = HeapsDirOf(tier);
     std::error_code error;
@@ -119,31 +136,41 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
         spdlog::warn("{} is not a heap; left alone", entry.path().string());
         continue;
       }
-      if (auto first = found_on.find(name); first != found_on.end()) {
-        // Neither is served, whichever tier comes first: the admin chooses.
-        const absl::Status twice = absl::FailedPreconditionError(
-            absl::StrCat("a heap of this name is on tiers ", first->second, " and ", tier.name,
-                         "; neither is served until one is moved or removed by hand"));
-        spdlog::error("heap {}: {}", name, std::string(twice.message()));
-        registry->heaps_.erase(name);
-        registry->broken_[name] = twice;
-        continue;
-      }
-      found_on.emplace(name, tier.name);
-      absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-          PersistentHeap::Open(entry.path(), options);
-      if (!heap.ok()) {
-        spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
-                      heap.status().ToString());
-        registry->broken_.emplace(name, heap.status());
-        continue;
-      }
-      spdlog::info("opened heap {} on tier {} at epoch {}", name, tier.name, (*heap)->epoch());
-      registry->heaps_.emplace(name, MakeServedHeap(name, tier.name, *std::move(heap)));
+      found[name].push_back(&tier);
     }
     if (error) return ErrnoStatus(error.value(), absl::StrCat("list ", heaps_dir));
   }
+  for (const auto& [name, on] : found) {
+    if (on.size() > 1) {
+      std::vector<std::string> names;
+      for (const StorageTier* tier : on) names.push_back(tier->name);
+      const absl::Status twice = absl::FailedPreconditionError(
+          absl::StrCat("a heap of this name is on tiers ", absl::StrJoin(names, " and "),
+                       "; none is served until all but one are moved or removed"));
+      spdlog::error("heap {}: {}", name, std::string(twice.message()));
+      registry->broken_.emplace(name, twice);
+      continue;
+    }
+    const StorageTier& tier = *on.front();
+    absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
+        PersistentHeap::Open(absl::StrCat(HeapsDirOf(tier), "/", name), options);
+    if (!heap.ok()) {
+      spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
+                    heap.status().ToString());
+      registry->broken_.emplace(name, heap.status());
+      continue;
+    }
+    spdlog::info("opened heap {} on tier {} at epoch {}", name, tier.name, (*heap)->epoch());
+    registry->heaps_.emplace(name, MakeServedHeap(name, tier.name, *std::move(heap)));
+  }
   return registry;
+}
+
+bool HeapRegistry::HasDirectoryOn(const StorageTier& tier, absl::string_view name) {
+  std::error_code error;
+  return std::filesystem::symlink_status(absl::StrCat(HeapsDirOf(tier), "/", name), error).type() !=
+             std::filesystem::file_type::not_found &&
+         !error;
 }
 
 const StorageTier* HeapRegistry::FindTier(absl::string_view storage) const {
@@ -216,6 +243,16 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
   if (!replacing && (existing != heaps_.end() || broken_.count(name) != 0)) {
     return absl::AlreadyExistsError(absl::StrCat("heap ", name, " already exists"));
   }
+  if (!replacing) {
+    // Something heapd does not serve (left alone at start) holds the name
+    // on a tier: a heap made on another would be a second copy.
+    for (const StorageTier& t : tiers_) {
+      if (HasDirectoryOn(t, name)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("heap ", name, ": storage tier ", t.name, " holds an entry of that name"));
+      }
+    }
+  }
   if (owner_uid != 0) {
     Usage usage = UsageOfLocked(owner_uid);
     if (replacing && existing != heaps_.end() &&
@@ -282,9 +319,9 @@ absl::StatusOr<ImageMode> HeapRegistry::ChooseImage(const std::string& name,
   forced.working_images = true;
   if (ImageModeFor(heaps_dir, forced) != ImageMode::kWorkingImage) {
     return absl::FailedPreconditionError(
-        absl::StrCat("heap ", name, ": storage tier ", tier->name, " is on tmpfs (", heaps_dir,
-                     "), where contents roll back without a working image; one would hold the "
-                     "heap in memory twice"));
+        absl::StrCat("heap ", name, ": storage tier ", tier->name,
+                     " is on tmpfs, where contents roll back without a working image; one would "
+                     "hold the heap in memory twice"));
   }
   return ImageMode::kWorkingImage;
 }
@@ -336,11 +373,12 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
     return absl::NotFoundError(absl::StrCat("no heap named ", name));
   }
   // A heap that failed to open: the first tier holding its name (one
-  // found on two tiers is removed from them one at a time).
+  // found on several tiers is removed from them one at a time).
   const StorageTier* tier = nullptr;
   for (const StorageTier& t : tiers_) {
     if (it != heaps_.end() ? t.name == it->second->storage
-                           : std::filesystem::exists(HeapsDirOf(t) + "/" + std::string(name))) {
+                           : std::filesystem::is_directory(std::filesystem::symlink_status(
+                                 HeapsDirOf(t) + "/" + std::string(name)))) {
       tier = &t;
       break;
     }
@@ -359,7 +397,20 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
     removed.closing = std::move(it->second);
     heaps_.erase(it);
   }
-  if (broken != broken_.end()) broken_.erase(broken);
+  if (broken != broken_.end()) {
+    broken_.erase(broken);
+    // A copy left on another tier: not served before heapd restarts, and
+    // its name not free meanwhile.
+    for (const StorageTier& t : tiers_) {
+      if (&t != tier && HasDirectoryOn(t, name)) {
+        broken_.emplace(std::string(name),
+                        absl::FailedPreconditionError(absl::StrCat(
+                            "its copy on tier ", tier->name, " was removed; the one on tier ",
+                            t.name, " is served once heapd restarts")));
+        break;
+      }
+    }
+  }
   // Until the heap is marked removed (no snapshot of it under way, none
   // to come), no other heap may take the name: a snapshot's manifest
   // would name the new heap for the old one's files.

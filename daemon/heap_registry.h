@@ -208,6 +208,8 @@ class HeapRegistry {
   // The tier named `storage` (empty: the default), or null.
   const StorageTier* FindTier(absl::string_view storage) const;
   static std::string HeapsDirOf(const StorageTier& tier) { return tier.root + "/heaps"; }
+  // Whether `tier`'s heaps directory has an entry `name` (of any kind).
+  static bool HasDirectoryOn(const StorageTier& tier, absl::string_view name);
   void Release(const std::string& name);
   absl::StatusOr<std::shared_ptr<ServedHeap>> Add(Reservation reservation,
                                                   std::unique_ptr<PersistentHeap> heap);

@@ -276,7 +276,7 @@ TEST(HeapRegistryTest, HeapsLiveOnTheirTiersAndAreFoundWhateverTheOrder) {
     EXPECT_EQ(*r.ChooseImage("b", std::nullopt, "disk"), ImageMode::kWorkingImage);
     absl::StatusOr<ImageMode> refused = r.ChooseImage("a", ImageMode::kWorkingImage, "mem");
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(refused.status().message().find("storage tier mem is on tmpfs"),
+    EXPECT_NE(refused.status().message().find("storage tier mem is on tmpfs,"),
               absl::string_view::npos)
         << refused.status();
 
@@ -345,12 +345,36 @@ TEST(HeapRegistryTest, AHeapNameOnTwoTiersIsServedFromNeither) {
     (*registry)->DeleteRemoved(*std::move(removed));
     EXPECT_FALSE(std::filesystem::exists(dir.Sub("one/heaps/x")));
     EXPECT_TRUE(std::filesystem::exists(dir.Sub("two/heaps/x")));
+    // The copy left is not served yet, and its name is not free.
+    absl::StatusOr<std::shared_ptr<ServedHeap>> left = (*registry)->Get("x");
+    EXPECT_NE(left.status().message().find("the one on tier two is served once heapd restarts"),
+              absl::string_view::npos)
+        << left.status();
+    EXPECT_EQ(Make(**registry, "x").status().code(), absl::StatusCode::kAlreadyExists);
+    // Nor is a name some tier holds an entry of, heap or not.
+    std::filesystem::create_directory_symlink("/tmp", dir.Sub("two/heaps/stray"));
+    absl::StatusOr<std::shared_ptr<ServedHeap>> stray = Make(**registry, "stray");
+    EXPECT_EQ(stray.status().code(), absl::StatusCode::kAlreadyExists) << stray.status();
+    std::filesystem::remove(dir.Sub("two/heaps/stray"));
   }
   auto registry = HeapRegistry::Open({one, two});
   ASSERT_TRUE(registry.ok());
   absl::StatusOr<std::shared_ptr<ServedHeap>> x = (*registry)->Get("x");
   ASSERT_TRUE(x.ok()) << x.status();
   EXPECT_EQ((*x)->storage, "two");
+}
+
+TEST(HeapRegistryTest, OneDirectoryIsNotTwoTiers) {
+  TestDir dir;
+  ASSERT_TRUE(std::filesystem::create_directory(dir.Sub("real")));
+  std::filesystem::create_directory_symlink(dir.Sub("real"), dir.Sub("alias"));
+  // Through a symlink earlier in the path (a bind mount looks the same).
+  auto registry =
+      HeapRegistry::Open({{"a", dir.Sub("real/x")}, {"b", dir.Sub("alias/x")}}, HeapOptions{});
+  EXPECT_EQ(registry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(registry.status().message().find("storage tiers a and b are the same directory"),
+            absl::string_view::npos)
+      << registry.status();
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// heapd: the node-local daemon. Serves every heap under --state_dir over
+// heapd: the node-local daemon. Serves every heap on its storage tiers
+// (--storage, else --state_dir) over
 // gRPC on RUNTIME_DIR/heapd.sock and passes data fds on
 // RUNTIME_DIR/heapd.fd.sock. SIGTERM or SIGINT: stop accepting, finish
 // in-flight calls (5 s at most), sync every heap, exit 0.
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -262,9 +264,20 @@ absl::StatusOr<std::vector<InstanceLock>> TakeDirectories(const std::string& sta
   }
   for (size_t i = 1; i < dirs.size(); ++i) {
     const auto& [dir, flag] = dirs[i];
+    const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
     std::error_code error;
-    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), error);
+    // The state directory's parents are made; a tier's must exist (its
+    // mount): heapd never puts heaps meant for NVMe on the root disk.
+    if (i == 1) std::filesystem::create_directories(parent, error);
     if (absl::Status s = MakeOwnDirectory(dir, 0700, flag).status(); !s.ok()) return s;
+    struct stat st;
+    if (stat(parent.c_str(), &st) == 0 && (st.st_mode & 0002) != 0) {
+      spdlog::warn(
+          "{} ({}) is in {}, which every user may write: after a reboot anyone can take its "
+          "name before heapd starts and keep heapd from starting; prefer a directory only root "
+          "may write (docs/operations.md, \"Storage tiers\")",
+          flag, dir, parent.string());
+    }
   }
   std::vector<InstanceLock> locks;
   for (const auto& [dir, flag] : dirs) {
@@ -423,6 +436,16 @@ int Run() {
     spdlog::critical("{}", std::string(locks.status().message()));
     return 1;
   }
+  if (std::none_of(tiers->begin(), tiers->end(),
+                   [&](const StorageTier& tier) { return tier.root == state_dir; })) {
+    std::error_code error;
+    if (!std::filesystem::is_empty(state_dir + "/heaps", error) && !error) {
+      spdlog::warn(
+          "{}/heaps holds heaps, but --storage does not name {} as a tier: they are "
+          "not served",
+          state_dir, state_dir);
+    }
+  }
   SetOomScore(absl::GetFlag(FLAGS_oom_score_adj));
   // The sockets next, before any heap opens: one that a process (a heapd
   // from before these locks) answers on stops this heapd before it touches
@@ -518,8 +541,10 @@ int Run() {
   std::unique_ptr<FdServer> fd_server =
       StartFdServer(fd_socket->fd, limits.connections, &sessions, &metrics);
 
-  spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(), state_dir,
-               grpc_path, fd_path);
+  std::vector<std::string> tier_names;
+  for (const StorageTier& tier : *tiers) tier_names.push_back(tier.name + ":" + tier.root);
+  spdlog::info("heapd serving {} heaps from {} on {} and {}", (*heaps)->List().size(),
+               absl::StrJoin(tier_names, ","), grpc_path, fd_path);
   NotifySystemd("READY=1");
 
   int signal_number = 0;

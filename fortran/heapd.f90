@@ -63,9 +63,10 @@ module heapd
   end type array_info
 
   interface
-    subroutine c_attach_options_init(options) bind(C, name="heapd_attach_options_init")
-      import :: attach_options
+    subroutine c_attach_options_init(options, size) bind(C, name="heapd_attach_options_init_sized")
+      import :: attach_options, c_size_t
       type(attach_options), intent(out) :: options
+      integer(c_size_t), value :: size
     end subroutine c_attach_options_init
     function c_attach(name, options) bind(C, name="heapd_attach") result(heap)
       import :: c_char, c_ptr, attach_options
@@ -164,7 +165,7 @@ contains
     integer, intent(out), optional :: stat
     type(attach_options) :: options
     character(kind=c_char, len=:), allocatable, target :: socket_c, storage_c
-    call c_attach_options_init(options)
+    call c_attach_options_init(options, c_sizeof(options))
     if (present(create)) then
       if (create) options%create_if_missing = 1
     end if

@@ -259,11 +259,8 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
         journal.written.push_back({h.page, h.generation, r.image_at - kUndoHeaderBytes + r.size});
         if (window_.has_value()) {
           // Taken after the open sync's commit point: keep the oldest.
-          auto [late, added] = window_->late.try_emplace(
-              h.page, CommitWindow::Late{h.time_ns, session, r.image_at, ""});
-          if (!added && h.time_ns < late->second.time_ns) {
-            late->second = CommitWindow::Late{h.time_ns, session, r.image_at, ""};
-          }
+          auto [late, added] = window_->late.try_emplace(h.page, entry);
+          if (!added && h.time_ns < late->second.time_ns) late->second = entry;
         }
         ChangedLocked(h.page, kUndoPageBytes, marks_ + 1);
       }
@@ -377,7 +374,17 @@ absl::Status ContentUndo::AppendLocked(const UndoRecordHeader& header, const std
 }
 
 absl::StatusOr<std::string> ContentUndo::ReadImageLocked(const Entry& entry) {
-  const int fd = entry.file == 0 ? heap_journal_.get() : journals_.at(entry.file).fd.get();
+  int fd = -1;
+  if (entry.file == 0) {
+    fd = heap_journal_.get();
+  } else if (auto journal = journals_.find(entry.file); journal != journals_.end()) {
+    fd = journal->second.fd.get();
+  } else if (window_.has_value()) {
+    if (auto ended = window_->ended_journals.find(entry.file);
+        ended != window_->ended_journals.end()) {
+      fd = ended->second.get();
+    }
+  }
   // The whole record again, checked again: a client can still change its
   // journal's bytes (truncate it and append others) after heapd read them.
   std::string record(kUndoImageRecordBytes, '\0');
@@ -406,6 +413,8 @@ absl::Status ContentUndo::RestoreLocked(uint64_t page, const Entry& target) {
     return ErrnoStatus(errno, absl::StrCat("put back page ", page, " of ", data_->path()));
   }
   ++counts_.pages_restored;
+  // An open sync that logs the page logs it as put back, as clients see it.
+  if (window_.has_value()) window_->restored[page] = target;
   return AppendLocked(ClearOf(page), "");
 }
 
@@ -457,7 +466,7 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     std::sort(pages.begin(), pages.end());
     pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   }
-  std::map<uint64_t, std::string> imaged;  // the commit images written
+  std::map<uint64_t, Entry> imaged;  // the commit images written
   for (uint64_t page : pages) {
     auto it = index_.find(page);
     if (it == index_.end()) continue;
@@ -487,7 +496,7 @@ absl::Status ContentUndo::PrepareCommit(ClientId session, uint64_t generation, u
     commit.generation = generation;
     commit.epoch = epoch;
     if (absl::Status s = AppendLocked(commit, image); !s.ok()) return s;
-    if (committed != nullptr) imaged.emplace(page, std::move(image));
+    if (committed != nullptr) imaged.emplace(page, index_[page].back());  // just indexed
   }
   if (absl::Status s = AppendLocked(GenerationEnd(session, generation, epoch), ""); !s.ok()) {
     return s;
@@ -516,23 +525,19 @@ absl::Status ContentUndo::AsOfCommit(const uint64_t* offsets, size_t count, char
   if (!window_.has_value()) return absl::OkStatus();
   AdoptNewJournalsLocked();
   RefreshAllLocked();
-  if (window_->imaged.empty() && window_->late.empty()) return absl::OkStatus();
+  const CommitWindow& w = *window_;
+  if (w.imaged.empty() && w.late.empty() && w.restored.empty()) return absl::OkStatus();
   for (size_t i = 0; i < count; ++i) {
-    char* const page = data + i * kUndoPageBytes;
-    if (auto imaged = window_->imaged.find(offsets[i]); imaged != window_->imaged.end()) {
-      std::memcpy(page, imaged->second.data(), kUndoPageBytes);
-      continue;
+    const Entry* source = nullptr;
+    for (const std::map<uint64_t, Entry>* records : {&w.restored, &w.imaged, &w.late}) {
+      if (auto it = records->find(offsets[i]); it != records->end()) {
+        source = &it->second;
+        break;
+      }
     }
-    auto late = window_->late.find(offsets[i]);
-    if (late == window_->late.end()) continue;
-    const CommitWindow::Late& l = late->second;
-    if (!l.bytes.empty()) {
-      std::memcpy(page, l.bytes.data(), kUndoPageBytes);
-      continue;
-    }
-    absl::StatusOr<std::string> image =
-        ReadImageLocked(Entry{UndoKind::kPreImage, l.time_ns, l.file, 0, 0, l.file, l.image_at});
-    if (image.ok()) std::memcpy(page, image->data(), kUndoPageBytes);
+    if (source == nullptr) continue;
+    absl::StatusOr<std::string> image = ReadImageLocked(*source);
+    if (image.ok()) std::memcpy(data + i * kUndoPageBytes, image->data(), kUndoPageBytes);
   }
   return absl::OkStatus();
 }
@@ -667,22 +672,9 @@ absl::Status ContentUndo::CompactLocked() {
 
 void ContentUndo::RemoveJournalLocked(ClientId session) {
   if (window_.has_value()) {
-    // Its pre-images taken since the open sync's commit point are read
-    // now: the sync may still log their pages.
-    for (auto it = window_->late.begin(); it != window_->late.end();) {
-      CommitWindow::Late& l = it->second;
-      if (l.file != session || !l.bytes.empty()) {
-        ++it;
-        continue;
-      }
-      absl::StatusOr<std::string> image =
-          ReadImageLocked(Entry{UndoKind::kPreImage, l.time_ns, l.file, 0, 0, l.file, l.image_at});
-      if (image.ok()) {
-        l.bytes = *std::move(image);
-        ++it;
-      } else {
-        it = window_->late.erase(it);
-      }
+    // An open sync may still read its records (AsOfCommit).
+    if (auto journal = journals_.find(session); journal != journals_.end()) {
+      window_->ended_journals[session] = std::move(journal->second.fd);
     }
   }
   for (auto it = index_.begin(); it != index_.end();) {

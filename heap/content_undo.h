@@ -145,12 +145,13 @@ class ContentUndo {
   // its commit point, while other sessions, and its own client's other
   // threads, may already store into them. Until EndCommit, AsOfCommit
   // puts back, in `data` (`count` pages just read at `offsets`), each page
-  // that may have changed since the commit point, as it was then: the
-  // commit image PrepareCommit wrote, else the oldest pre-image any
-  // session took since (the first store after the commit point saw the
-  // committed page). The journals are read first: a store seen in `data`
-  // was preceded by its pre-image's append. A pre-image that cannot be
-  // read back leaves the page as read.
+  // that may have changed since the commit point, as it was then: what a
+  // dead session's rollback put it back to meanwhile (the working image
+  // holds that), else the commit image PrepareCommit wrote, else the
+  // oldest pre-image any session took since (the first store after the
+  // commit point saw the committed page). The journals are read first: a
+  // store seen in `data` was preceded by its pre-image's append. A record
+  // that cannot be read back leaves the page as read.
   absl::Status AsOfCommit(const uint64_t* offsets, size_t count, char* data);
   // The sync's pages are logged, or it failed: its commit window closes.
   void EndCommit();
@@ -233,18 +234,15 @@ class ContentUndo {
     std::set<uint64_t> adopted;
   };
 
-  // See AsOfCommit.
+  // See AsOfCommit: where each page's bytes as of the commit point are.
+  // Only records are kept, never their bytes: they are read when the page
+  // is logged (heap.undo is not rewritten while the window is open).
   struct CommitWindow {
-    std::map<uint64_t, std::string> imaged;  // commit images written, by page
-    // By page: the oldest pre-image taken since the commit point (its
-    // bytes read once its journal goes: a session that died meanwhile).
-    struct Late {
-      uint64_t time_ns;
-      ClientId file;
-      uint64_t image_at;
-      std::string bytes;
-    };
-    std::map<uint64_t, Late> late;
+    std::map<uint64_t, Entry> imaged;    // commit images PrepareCommit wrote
+    std::map<uint64_t, Entry> late;      // the oldest pre-image taken since
+    std::map<uint64_t, Entry> restored;  // what a page was put back to since
+    // Journals of sessions that ended meanwhile, still read from.
+    std::map<ClientId, UniqueFd> ended_journals;
   };
 
   // A client holds its journal's lock for microseconds; one that keeps it

@@ -648,6 +648,7 @@ absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_
     absl::Status logged = durable_->MakeRoom(pages.size(), epoch - 1);
     if (logged.ok()) {
       // Pages read after the sync's commit point, as they were at it.
+      static_assert(kRedoBlockBytes == kUndoPageBytes, "the log's pages are undo pages");
       PagePatch as_of_commit = nullptr;
       if (undo_ != nullptr) {
         as_of_commit = [this](const uint64_t* offsets, size_t count, char* data) {
@@ -655,6 +656,8 @@ absl::Status PersistentHeap::FlushDataLocked(uint64_t epoch, std::vector<uint64_
         };
       }
       logged = durable_->Log(epoch, pages, data_->fd(), as_of_commit);
+      // Logged (or failed): nothing more reads the commit window.
+      if (undo_ != nullptr) undo_->EndCommit();
     }
     if (logged.ok()) return logged;
     absl::MutexLock lock(&mu_);
@@ -760,8 +763,8 @@ absl::StatusOr<SyncResult> PersistentHeap::ReportAndPersist(ClientId client,
       return absl::Status(s.code(), absl::StrCat("sync of heap ", dir_, ": ", s.message()));
     }
   }
-  // The sync's commit window (ContentUndo::AsOfCommit) closes however it
-  // ends.
+  // The sync's commit window (ContentUndo::AsOfCommit) closes once its
+  // pages are logged (FlushDataLocked), or however the sync ends before.
   absl::Cleanup end_commit = [this] {
     if (undo_ != nullptr) undo_->EndCommit();
   };

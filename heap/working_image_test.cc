@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
@@ -174,15 +175,25 @@ TEST_F(WorkingImageTest, ASyncCommitsItsPagesAsTheyAre) {
 // the commit point (found by a review: they were logged, and a heapd crash
 // showed a session's unsynced stores).
 Heap* store_during_log = nullptr;
+InProcessSessionCalls* dies_during_log = nullptr;
 uint64_t first_store_at = 0, later_store_at = 0;
 void StoreDuringLog(const char* point) {
   if (std::string(point) != "redo.before_append" || store_during_log == nullptr) return;
   std::memset(store_during_log->at<char>(first_store_at), 'c', 100);
   std::memset(store_during_log->at<char>(later_store_at), 'd', 100);
   store_during_log = nullptr;  // once
+  // Its pre-images are still read once its journal is gone. Ended from
+  // another thread, as heapd's reapers do.
+  if (dies_during_log != nullptr) std::thread([] { dies_during_log->Close(); }).join();
 }
 
-TEST_F(WorkingImageTest, StoresAfterTheCommitPointAreNotLogged) {
+class StoresDuringTheLog : public WorkingImageTest, public testing::WithParamInterface<bool> {};
+INSTANTIATE_TEST_SUITE_P(Writer, StoresDuringTheLog, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "DiesDuringTheLog" : "Lives";
+                         });
+
+TEST_P(StoresDuringTheLog, StoresAfterTheCommitPointAreNotLogged) {
   uint64_t mine = 0, shared = 0;
   {
     auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
@@ -204,6 +215,7 @@ TEST_F(WorkingImageTest, StoresAfterTheCommitPointAreNotLogged) {
     std::memset(one->at<char>(shared), 'a', 100);
     std::memset(two->at<char>(shared) + 200, 'b', 100);  // before one's sync
     store_during_log = two.get();
+    dies_during_log = GetParam() ? calls2 : nullptr;
     first_store_at = mine + 200;
     later_store_at = shared + 300;
     SetFaultHandler(StoreDuringLog);
@@ -211,9 +223,8 @@ TEST_F(WorkingImageTest, StoresAfterTheCommitPointAreNotLogged) {
     SetFaultHandler(nullptr);
     ASSERT_TRUE(synced.ok()) << synced;
     ASSERT_EQ(store_during_log, nullptr) << "the log was never reached";
-    EXPECT_EQ(std::string(two->at<char>(mine) + 200, 100), std::string(100, 'c'));
     calls1->Close();
-    calls2->Close();
+    if (!GetParam()) calls2->Close();
   }
   auto heap = PersistentHeap::Open(path_);
   ASSERT_TRUE(heap.ok()) << heap.status();

@@ -61,6 +61,40 @@ TEST_F(CApiTest, ANewHeapChoosesItsImage) {
   EXPECT_EQ(heapd_detach(direct), 0) << heapd_last_error();
 }
 
+// The function programs built against 0.4.0's header call (the
+// parentheses keep the macro of today's header out).
+extern "C" void(heapd_attach_options_init)(heapd_attach_options* options);
+
+// A program built against 0.4.0's header: its struct ends at `mode`. The
+// library it loads now writes nothing past that, and reads nothing past
+// what the struct says it holds.
+TEST_F(CApiTest, AnOlderCallersStructIsNeverOverrun) {
+  constexpr size_t kOldSize = offsetof(heapd_attach_options, image);
+  alignas(heapd_attach_options) unsigned char bytes[sizeof(heapd_attach_options) + 16];
+  std::memset(bytes, 0xAB, sizeof(bytes));
+  auto* old = reinterpret_cast<heapd_attach_options*>(bytes);
+  (heapd_attach_options_init)(old);
+  EXPECT_EQ(old->struct_size, kOldSize);
+  for (size_t i = kOldSize; i < sizeof(bytes); ++i) {
+    ASSERT_EQ(bytes[i], 0xAB) << "byte " << i << " written past the old struct";
+  }
+  old->socket = socket_.c_str();
+  old->create_if_missing = 1;
+  old->max_size = 64 << 20;
+  heapd_heap* heap = heapd_attach("c-old-caller", old);  // image and storage not read
+  ASSERT_NE(heap, nullptr) << heapd_last_error();
+  EXPECT_EQ(heapd_detach(heap), 0) << heapd_last_error();
+  // Today's macro passes the caller's own size.
+  std::memset(bytes, 0xAB, sizeof(bytes));
+  heapd_attach_options_init_sized(old, kOldSize);
+  EXPECT_EQ(old->struct_size, kOldSize);
+  EXPECT_EQ(bytes[kOldSize], 0xAB);
+  heapd_attach_options now;
+  heapd_attach_options_init(&now);
+  EXPECT_EQ(now.struct_size, sizeof(now));
+  EXPECT_EQ(now.storage, nullptr);
+}
+
 TEST_F(CApiTest, ANewHeapGoesOnTheStorageTierAsked) {
   heapd_attach_options options = options_;
   options.storage = "nvme";  // this heapd has only its default tier

@@ -140,7 +140,7 @@ main() {
       fi
       continue
     fi
-    out=$(heapd_ctl_user snapshot restore --to="$dir" --heap="$heap" "${storage[@]}" -- "${newest[$heap]}" 2>&1)
+    out=$(heapd_ctl_user snapshot restore --to="$dir" --heap="$heap" ${storage[@]+"${storage[@]}"} -- "${newest[$heap]}" 2>&1)
     status=$?
     if [ $status -eq 0 ]; then
       log "$out"

@@ -75,7 +75,12 @@ enum {
   HEAPD_IMAGE_WORKING = 2,
 };
 
-void heapd_attach_options_init(heapd_attach_options* options);
+/* Fills `options` with the defaults. A macro: it passes the size of the
+ * struct the caller was built with, so a newer library never writes past
+ * an older caller's struct. */
+#define heapd_attach_options_init(options) \
+  heapd_attach_options_init_sized((options), sizeof(*(options)))
+void heapd_attach_options_init_sized(heapd_attach_options* options, size_t size);
 
 /* Attaches heap `name` (NULL options: the default socket, read-write, no
  * create) and maps it. NULL on failure. */
