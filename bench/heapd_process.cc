@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -84,6 +85,7 @@ HeapdProcess::~HeapdProcess() {
 }
 
 double Median(std::vector<double> values) {
+  if (values.empty()) return NAN;
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }

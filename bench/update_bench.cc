@@ -18,13 +18,19 @@
 // updates dirtied, the pre-images the client appended to its undo journal
 // (from the journal's size), and µs per dirty page ((update + sync) / pages).
 // Prints medians over all rounds of all reps, both configurations side by
-// side, and each rep's median.
+// side, and each rep's median. With --state_parent on a file system, each
+// rep also measures the device's sequential write bandwidth there (dd,
+// oflag=direct, into a file written through before, then fdatasync), and
+// the sync's bandwidth (dirty pages x 4 KiB over the sync's time) is shown
+// against it.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -106,6 +112,26 @@ struct Figures {
 };
 
 // One run: a new heapd (tracking or not), the heap built, --rounds rounds.
+// The device's sequential write bandwidth under `dir`, MB/s: dd of `mib`
+// MiB in 2 MiB direct writes into a file written through before (no block
+// allocation timed), ending with fdatasync. 0 if dd failed.
+double DdWriteMBps(const std::string& dir, int mib) {
+  const std::string file = dir + "/update_bench.dd";
+  const std::string dd = absl::StrCat("dd if=/dev/zero of=", file, " bs=2M count=", mib / 2,
+                                      " oflag=direct conv=notrunc,fdatasync status=none");
+  if (std::system(dd.c_str()) != 0) return 0;
+  const Clock::time_point start = Clock::now();
+  const bool ok = std::system(dd.c_str()) == 0;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  unlink(file.c_str());
+  return ok ? (uint64_t{static_cast<uint64_t>(mib)} << 20) / seconds / 1e6 : 0;
+}
+
+bool OnTmpfs(const std::string& dir) {
+  struct statfs fs;
+  return statfs(dir.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+}
+
 std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t seed) {
   const uint64_t object_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_object_bytes));
   const uint64_t write_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_write_bytes));
@@ -202,6 +228,7 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
     out["us per dirty page: update"].push_back(update_ms * 1e3 / dirty);
     out["us per dirty page: sync"].push_back(sync_ms * 1e3 / dirty);
     out["us per dirty page: update + sync"].push_back((update_ms + sync_ms) * 1e3 / dirty);
+    out["sync MB/s (dirty pages / sync)"].push_back(dirty * 4096 / (sync_ms * 1e3));
     if (absl::GetFlag(FLAGS_print_rounds)) {
       std::printf(
           "  rep %d %-9s round %d: update %8.3f ms, sync %8.3f ms, %6.0f pages dirtied, "
@@ -381,12 +408,15 @@ int Main() {
     if (rep % 2 == 1) std::reverse(now.begin(), now.end());
     for (bool tracked : now) {
       std::map<std::string, std::vector<double>> run = Run(tracked, rep, 2026 + rep);
+      const std::string parent = absl::GetFlag(FLAGS_state_parent);
+      if (!OnTmpfs(parent)) run["device write MB/s (dd)"].push_back(DdWriteMBps(parent, 1024));
       if (order.empty()) {
         for (const char* name :
              {"build s (allocate + fill)", "pre-images while building", "first sync ms",
               "update phase ms", "sync ms", "update + sync ms", "pages dirtied",
               "pre-images journaled", "us per dirty page: update", "us per dirty page: sync",
-              "us per dirty page: update + sync", "detach ms"}) {
+              "us per dirty page: update + sync", "detach ms", "sync MB/s (dirty pages / sync)",
+              "device write MB/s (dd)"}) {
           order.push_back(name);
         }
       }
@@ -419,6 +449,13 @@ int Main() {
     if (both && off != 0) std::printf(" %10.2f", on / off);
     std::printf("\n");
   }
+  const double dd_on = cell(true, "device write MB/s (dd)");
+  if (dd_on > 0) {
+    std::printf(
+        "%-34s %16.3f %16.3f\n", "sync MB/s over dd's",
+        cell(false, "sync MB/s (dirty pages / sync)") / cell(false, "device write MB/s (dd)"),
+        cell(true, "sync MB/s (dirty pages / sync)") / dd_on);
+  }
   if (both) {
     const double pages = cell(true, "pages dirtied");
     std::printf("%-34s %16s %16.3f\n", "tracking's extra us per dirty page", "",
@@ -447,8 +484,10 @@ int Main() {
   std::printf("\nper-rep medians (reps in the order run):\n");
   for (const auto& [tracked, f] : figures) {
     for (const std::string& name : order) {
+      auto values = f.rep_medians.find(name);
+      if (values == f.rep_medians.end()) continue;  // dd: not on tmpfs
       std::string runs;
-      for (double v : f.rep_medians.at(name)) runs += absl::StrFormat(" %.4g", v);
+      for (double v : values->second) runs += absl::StrFormat(" %.4g", v);
       std::printf("  %-9s %-34s %s\n", tracked ? "tracking" : "untracked", name.c_str(),
                   runs.c_str());
     }
