@@ -37,36 +37,51 @@ absl::StatusOr<std::unique_ptr<HeapdProcess>> HeapdProcess::Start(
     }
     process->mounted_ = true;
   }
-  std::vector<std::string> argv = {binary, "--state_dir=" + process->state_dir(),
-                                   "--runtime_dir=" + process->dir_ + "/run", "--log_level=warn"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
+  process->argv_ = {binary, "--state_dir=" + process->state_dir(),
+                    "--runtime_dir=" + process->dir_ + "/run", "--log_level=warn"};
+  process->argv_.insert(process->argv_.end(), flags.begin(), flags.end());
+  if (absl::Status s = process->Spawn(4); !s.ok()) return s;
+  return process;
+}
+
+absl::Status HeapdProcess::Spawn(int wait_s) {
+  const std::string& binary = argv_[0];
+  std::vector<std::string> argv = argv_;
   std::vector<char*> raw;
   for (std::string& a : argv) raw.push_back(a.data());
   raw.push_back(nullptr);
-  if (const int err = posix_spawn(&process->pid_, raw[0], nullptr, nullptr, raw.data(), environ);
-      err != 0) {
-    process->pid_ = -1;
+  if (const int err = posix_spawn(&pid_, raw[0], nullptr, nullptr, raw.data(), environ); err != 0) {
+    pid_ = -1;
     return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(err)));
   }
-  for (int i = 0; i < 200 && process->client_ == nullptr; ++i) {
+  for (int i = 0; i < wait_s * 50 && client_ == nullptr; ++i) {
     usleep(20000);
-    if (waitpid(process->pid_, nullptr, WNOHANG) == process->pid_) {
-      process->pid_ = -1;
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
       return absl::InternalError(absl::StrCat(binary, " exited at start"));
     }
-    if (auto c = Client::Connect(process->socket(), 1000); c.ok()) {
-      process->client_ = *std::move(c);
-    }
+    if (auto c = Client::Connect(socket(), 1000); c.ok()) client_ = *std::move(c);
   }
-  if (process->client_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat(binary, " does not answer on ", process->socket()));
+  if (client_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(binary, " does not answer on ", socket()));
   }
   // It answers: from now on, calls get the client's usual deadline (a sync
   // logging a GiB to a working image's redo log takes seconds).
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(process->socket());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket());
   if (!client.ok()) return client.status();
-  process->client_ = *std::move(client);
-  return process;
+  client_ = *std::move(client);
+  return absl::OkStatus();
+}
+
+absl::Status HeapdProcess::Restart(const std::function<void()>& while_down, int wait_s) {
+  client_.reset();
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  if (while_down) while_down();
+  return Spawn(wait_s);
 }
 
 HeapdProcess::~HeapdProcess() {

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ class HeapdProcess {
   // Closes the client, stops heapd (SIGTERM), waits for it and removes the
   // directory. Heaps attached through client() must be gone by then.
   ~HeapdProcess();
+
+  // Stops heapd (SIGTERM: it syncs every heap) and, once it exited, runs
+  // `while_down`, then starts it again on the same directories and waits
+  // up to `wait_s` seconds until it answers (it opens every heap first).
+  // Heaps attached through client() must be gone.
+  absl::Status Restart(const std::function<void()>& while_down, int wait_s);
   HeapdProcess(const HeapdProcess&) = delete;
   HeapdProcess& operator=(const HeapdProcess&) = delete;
 
@@ -40,6 +47,9 @@ class HeapdProcess {
 
  private:
   HeapdProcess() = default;
+  // Starts heapd with argv_ and waits up to `wait_s` until it answers.
+  absl::Status Spawn(int wait_s);
+  std::vector<std::string> argv_;
   pid_t pid_ = -1;
   std::string dir_;
   bool mounted_ = false;
