@@ -157,5 +157,50 @@ TEST_F(DurableImageTest, SyncsGoOnInOneLogWhileTheOtherIsApplied) {
   EXPECT_TRUE((*reopened)->Apply(12).ok());
 }
 
+// The background apply fails (the data file's writes fail, as a failing
+// disk's would): the next switch retries it on the sync's path and fails
+// the sync, saying why; once the disk works again it succeeds and nothing
+// is lost.
+TEST_F(DurableImageTest, AFailedApplyIsRetriedAndLosesNothing) {
+  MakeLog("redo", 0, {});
+  MakeLog("redo.b", 0, {});
+  absl::StatusOr<std::unique_ptr<DurableImage>> image = OpenImage(0);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const uint64_t pages = 64;  // a quarter of the 1 MiB log
+  const int data_fd = (*image)->data().fd();
+  auto sync = [&](uint64_t epoch) {
+    std::vector<uint64_t> offsets;
+    for (uint64_t p = 0; p < pages; ++p) {
+      Fill(p, static_cast<char>('A' + epoch));
+      offsets.push_back(p * kPage);
+    }
+    absl::Status room = (*image)->MakeRoom(offsets.size(), epoch - 1);
+    if (!room.ok()) return room;
+    return (*image)->Log(epoch, offsets, source_.get());
+  };
+  ASSERT_TRUE(sync(1).ok());
+  ASSERT_TRUE(sync(2).ok());
+  // The data file's writes fail from here on: the apply the next sync
+  // starts in the background fails.
+  const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_EQ(dup2(null, data_fd), data_fd);
+  close(null);
+  ASSERT_TRUE(sync(3).ok()) << "the switch itself needs no write to the data file";
+  ASSERT_TRUE(sync(4).ok());
+  absl::Status failed = sync(5);  // the other log is still not applied: retried, fails
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("redo log"), absl::string_view::npos) << failed;
+  // The disk works again: the retry succeeds, the syncs go on.
+  const int data = open(dir_.Sub("data").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_EQ(dup2(data, data_fd), data_fd);
+  close(data);
+  ASSERT_TRUE(sync(5).ok());
+  image->reset();
+  absl::StatusOr<std::unique_ptr<DurableImage>> reopened = OpenImage(5);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(DataPage(0), 'A' + 5);
+  EXPECT_EQ(DataPage(pages - 1), 'A' + 5);
+}
+
 }  // namespace
 }  // namespace heapd
