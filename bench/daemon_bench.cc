@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, b3_track_contents, "both",
           "B3 against a heapd with content tracking (true), one with --track_contents=false "
           "(false), or both in every rep (both)");
 // Child mode (internal).
+ABSL_FLAG(bool, b3_tmpfs_baseline, false,
+          "also run B3, in every rep, against a heapd on /dev/shm (tmpfs): the baseline of a "
+          "--state_parent on a file system (a working image) in the same run");
 ABSL_FLAG(std::string, child, "", "internal: b2, b4 or b5");
 ABSL_FLAG(std::string, socket, "", "internal");
 ABSL_FLAG(std::string, heap, "", "internal");
@@ -352,9 +355,10 @@ B3Result RunB3(HeapdProcess& daemon, const std::vector<std::pair<uint64_t, uint6
 }
 
 // B3 against `tracked` (may be null) and `untracked` (may be null) heapds,
-// in the order `untracked_first`, with the DRAM baseline.
-void RunB3Pair(HeapdProcess* tracked, HeapdProcess* untracked, bool untracked_first,
-               const std::vector<std::pair<uint64_t, uint64_t>>& edges) {
+// in the order `untracked_first`, with the DRAM baseline; returns the
+// tracked heapd's figures.
+B3Result RunB3Pair(HeapdProcess* tracked, HeapdProcess* untracked, bool untracked_first,
+                   const std::vector<std::pair<uint64_t, uint64_t>>& edges) {
   B3Result with, without;
   if (untracked != nullptr && untracked_first) without = RunB3(*untracked, edges, false);
   if (tracked != nullptr) with = RunB3(*tracked, edges, true);
@@ -389,6 +393,7 @@ void RunB3Pair(HeapdProcess* tracked, HeapdProcess* untracked, bool untracked_fi
     Record("B3 sync+detach ms, --track_contents=false", without.close * 1e3);
   Record("B3 attach+find ms (read-only, name prefetched)", main.attach_find * 1e3);
   Record("B3 connect ms", main.connect * 1e3);
+  return with;
 }
 
 void RunB4(Client& client, const std::string& scratch) {
@@ -629,6 +634,10 @@ int Main() {
     untracked = Check(HeapdProcess::Start(heapd, {"--track_contents=false"}, false, parent),
                       "heapd untracked");
   }
+  std::unique_ptr<HeapdProcess> on_tmpfs;
+  if (b3 && absl::GetFlag(FLAGS_b3_tmpfs_baseline)) {
+    on_tmpfs = Check(HeapdProcess::Start(heapd, {}, false, "/dev/shm"), "heapd on tmpfs");
+  }
   std::unique_ptr<HeapdProcess> huge;
   if (b11) {
     absl::StatusOr<std::unique_ptr<HeapdProcess>> started =
@@ -643,8 +652,20 @@ int Main() {
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     if (only.find("b2") != std::string::npos) RunB2(client, (*daemon)->dir());
     if (b3) {
-      RunB3Pair(b3_mode != "false" ? daemon->get() : nullptr,
-                b3_mode != "true" ? untracked.get() : nullptr, rep % 2 == 0, edges);
+      const bool tmpfs_first = rep % 2 == 1;
+      B3Result tmpfs;
+      if (on_tmpfs != nullptr && tmpfs_first) tmpfs = RunB3(*on_tmpfs, edges, true);
+      const B3Result with =
+          RunB3Pair(b3_mode != "false" ? daemon->get() : nullptr,
+                    b3_mode != "true" ? untracked.get() : nullptr, rep % 2 == 0, edges);
+      if (on_tmpfs != nullptr && !tmpfs_first) tmpfs = RunB3(*on_tmpfs, edges, true);
+      if (on_tmpfs != nullptr) {
+        Record("B3 heapd on tmpfs Medges/s", edges.size() / tmpfs.ingest / 1e6);
+        Record("B3 heapd on tmpfs sync+detach ms", tmpfs.close * 1e3);
+        if (with.ingest > 0) {
+          Record("B3 --state_parent / tmpfs (ingest rate, per rep)", tmpfs.ingest / with.ingest);
+        }
+      }
     }
     if (only.find("b4") != std::string::npos) RunB4(client, (*daemon)->dir());
     if (only.find("b5") != std::string::npos) RunB5(client, (*daemon)->dir());
