@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <future>
 #include <string>
 #include <system_error>
@@ -52,14 +54,24 @@ absl::StatusOr<std::unique_ptr<DurableImage>> DurableImage::Open(int dir, const 
   // to replace was empty, and is still in place.
   unlinkat(dir, kLargerLogName, 0);
   unlinkat(dir, absl::StrCat(kLargerLogName, ".new").c_str(), 0);
+  // `redo` alone: a heap made when there was one log; neither: a heap
+  // restored from a snapshot (its data is the committed image). `redo.b`
+  // alone is never left behind: `redo` was lost, with what it held.
+  bool exists[2];
+  for (int i = 0; i < 2; ++i) {
+    struct stat st;
+    exists[i] = fstatat(dir, kLogNames[i], &st, AT_SYMLINK_NOFOLLOW) == 0;
+  }
+  if (!exists[0] && exists[1]) {
+    return absl::DataLossError(absl::StrCat("heap ", path, ": redo log ", kLogNames[0],
+                                            " is missing beside ", kLogNames[1]));
+  }
   std::unique_ptr<RedoLog> logs[2];
   for (int i = 0; i < 2; ++i) {
     const std::string log_path = absl::StrCat(path, "/", kLogNames[i]);
-    struct stat st;
     absl::StatusOr<std::unique_ptr<RedoLog>> log =
-        fstatat(dir, kLogNames[i], &st, AT_SYMLINK_NOFOLLOW) == 0
-            ? RedoLog::Open(dir, kLogNames[i], log_path)
-            : RedoLog::Create(dir, kLogNames[i], log_bytes, log_path, committed_epoch);
+        exists[i] ? RedoLog::Open(dir, kLogNames[i], log_path)
+                  : RedoLog::Create(dir, kLogNames[i], log_bytes, log_path, committed_epoch);
     if (!log.ok()) return log.status();
     logs[i] = *std::move(log);
   }
@@ -70,16 +82,37 @@ absl::StatusOr<std::unique_ptr<DurableImage>> DurableImage::Open(int dir, const 
     return std::make_pair(logs[i]->applied_epoch(), logs[i]->used_bytes() != 0);
   };
   const int older = newer(0) <= newer(1) ? 0 : 1;
-  std::unique_ptr<DurableImage> image(new DurableImage(dir, path, std::move(data), logs));
-  RedoLog& first = *image->logs_[older];
-  // Its records end at or before the committed epoch (a later one, of a
-  // sync that never committed, is taken back).
+  if (logs[0]->used_bytes() != 0 && logs[1]->used_bytes() != 0 &&
+      logs[0]->applied_epoch() == logs[1]->applied_epoch()) {
+    return absl::DataLossError(absl::StrCat(
+        "heap ", path, ": both redo logs hold records after epoch ", logs[0]->applied_epoch()));
+  }
+  // Applies to the epoch the other log restarted at, exactly (its records
+  // must reach it: DATA_LOSS otherwise), or holds nothing to apply.
   const uint64_t first_to =
-      std::min(committed_epoch, std::max(first.last_epoch(), first.applied_epoch()));
-  if (absl::Status s = ApplyLog(first, image->data_->fd(), first_to); !s.ok()) return s;
-  image->current_ = 1 - older;
-  if (absl::Status s = image->Apply(committed_epoch); !s.ok()) return s;
+      std::min(committed_epoch, logs[older]->used_bytes() != 0 ? logs[1 - older]->applied_epoch()
+                                                               : logs[older]->applied_epoch());
+  absl::StatusOr<std::unique_ptr<DurableImage>> image = Make(dir, path, std::move(data), logs);
+  if (!image.ok()) return image.status();
+  RedoLog& first = *(*image)->logs_[older];
+  if (absl::Status s = ApplyLog(first, (*image)->apply_fd_.get(), first_to); !s.ok()) return s;
+  (*image)->current_ = 1 - older;
+  if (absl::Status s = (*image)->Apply(committed_epoch); !s.ok()) return s;
   return image;
+}
+
+absl::StatusOr<std::unique_ptr<DurableImage>> DurableImage::Make(int dir, const std::string& path,
+                                                                 std::unique_ptr<DataFile> data,
+                                                                 std::unique_ptr<RedoLog> logs[2]) {
+  // A file description of its own: a write-back error of the data file is
+  // reported once per description, so a concurrent Grow's fdatasync cannot
+  // take the error of the pages an apply wrote.
+  UniqueFd apply_fd(open(absl::StrCat("/proc/self/fd/", data->fd()).c_str(), O_RDWR | O_CLOEXEC));
+  if (!apply_fd.valid()) {
+    return ErrnoStatus(errno, absl::StrCat("open ", data->path(), " again to apply redo logs"));
+  }
+  return std::unique_ptr<DurableImage>(
+      new DurableImage(dir, path, std::move(data), std::move(apply_fd), logs));
 }
 
 DurableImage::~DurableImage() {
@@ -107,19 +140,33 @@ absl::StatusOr<std::unique_ptr<DataFile>> DurableImage::LoadWorkingImage(
   return working;
 }
 
-absl::Status DurableImage::ApplyLog(RedoLog& log, int data, uint64_t applied_to) {
+absl::Status DurableImage::ApplyLog(RedoLog& log, int data, uint64_t applied_to) try {
   absl::StatusOr<uint64_t> written = log.ApplyTo(data, applied_to);
   if (!written.ok()) return written.status();
   FaultPoint("redo.apply.before_reset");
   return log.Reset();
+} catch (const std::exception& e) {
+  return absl::ResourceExhaustedError(absl::StrCat("applying a redo log: ", e.what()));
+}
+
+void DurableImage::AwaitBackgroundApply() const {
+  if (other_apply_.valid()) other_apply_.wait();
 }
 
 absl::Status DurableImage::FinishOtherApply() {
-  if (other_apply_.valid()) other_failed_ = !other_apply_.get().ok();
+  if (other_apply_.valid()) {
+    const absl::Status applied = other_apply_.get();
+    other_failed_ = !applied.ok();
+    if (!applied.ok()) {
+      std::fprintf(stderr, "heapd: heap %s: the background apply of a redo log failed: %s\n",
+                   path_.c_str(), applied.ToString().c_str());
+    }
+  }
   if (!other_failed_) return absl::OkStatus();
   // Retried here, on the sync's path: the current log cannot be handed
-  // over before the other one is empty.
-  const absl::Status retried = ApplyLog(other(), data_->fd(), other_applied_to_);
+  // over before the other one is empty. If it fails again the sync fails
+  // (and its heap breaks, reopening at its last epoch).
+  const absl::Status retried = ApplyLog(other(), apply_fd_.get(), other_applied_to_);
   other_failed_ = !retried.ok();
   return retried;
 }
@@ -134,16 +181,16 @@ absl::Status DurableImage::MakeRoom(uint64_t pages, uint64_t committed_epoch) {
   const bool other_busy = other_apply_.valid() && other_apply_.wait_for(std::chrono::seconds(0)) !=
                                                       std::future_status::ready;
   if (fits && (!half_full || other_busy)) return absl::OkStatus();
-  // The current log goes to the background apply, the other one (once its
-  // own apply ended) takes the syncs from the committed epoch on.
-  if (absl::Status s = FinishOtherApply(); !s.ok()) return s;
   if (current().used_bytes() != 0) {
+    // The current log goes to the background apply, the other one (once
+    // its own apply ended) takes the syncs from the committed epoch on.
+    if (absl::Status s = FinishOtherApply(); !s.ok()) return s;
     if (absl::Status s = other().RestartAt(committed_epoch); !s.ok()) return s;
     FaultPoint("redo.switch.after_restart");
     current_ = 1 - current_;
     other_applied_to_ = committed_epoch;
     RedoLog* const applying = logs_[1 - current_].get();
-    const int data = data_->fd();
+    const int data = apply_fd_.get();
     try {
       other_apply_ = std::async(std::launch::async, [applying, data, committed_epoch] {
         return ApplyLog(*applying, data, committed_epoch);
@@ -191,7 +238,7 @@ absl::Status DurableImage::Log(uint64_t epoch, const std::vector<uint64_t>& page
 absl::Status DurableImage::Apply(uint64_t committed_epoch) {
   // The other log's records are older: applied first.
   if (absl::Status s = FinishOtherApply(); !s.ok()) return s;
-  const absl::Status status = ApplyLog(current(), data_->fd(), committed_epoch);
+  const absl::Status status = ApplyLog(current(), apply_fd_.get(), committed_epoch);
   apply_failed_ = !status.ok();
   return status;
 }

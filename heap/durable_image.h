@@ -25,7 +25,8 @@
 // Thread safety: MakeRoom, Log and Apply under the heap's persist lock;
 // Grow under its grow lock (it touches only the data file's size). The
 // background apply owns the log it applies until MakeRoom or Apply
-// collects it; it writes only the data file's pages.
+// collects it; it writes the data file's pages (through a file description
+// of its own) and that log.
 #ifndef HEAPD_HEAP_DURABLE_IMAGE_H_
 #define HEAPD_HEAP_DURABLE_IMAGE_H_
 
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "heap/data_file.h"
 #include "heap/redo_log.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
@@ -89,15 +91,21 @@ class DurableImage {
 
   const DataFile& data() const { return *data_; }
 
+  // Returns once the background apply, if one runs, has ended (tests).
+  void AwaitBackgroundApply() const;
+
   ~DurableImage();
 
  private:
-  DurableImage(int dir, std::string path, std::unique_ptr<DataFile> data,
+  DurableImage(int dir, std::string path, std::unique_ptr<DataFile> data, UniqueFd apply_fd,
                std::unique_ptr<RedoLog> logs[2])
-      : dir_(dir), path_(std::move(path)), data_(std::move(data)) {
+      : dir_(dir), path_(std::move(path)), data_(std::move(data)), apply_fd_(std::move(apply_fd)) {
     logs_[0] = std::move(logs[0]);
     logs_[1] = std::move(logs[1]);
   }
+  static absl::StatusOr<std::unique_ptr<DurableImage>> Make(int dir, const std::string& path,
+                                                            std::unique_ptr<DataFile> data,
+                                                            std::unique_ptr<RedoLog> logs[2]);
   RedoLog& current() { return *logs_[current_]; }
   RedoLog& other() { return *logs_[1 - current_]; }
   // Writes the other log's records up to `applied_to` into the data
@@ -113,6 +121,8 @@ class DurableImage {
   const int dir_;  // the heap directory, not owned
   const std::string path_;
   const std::unique_ptr<DataFile> data_;
+  // The data file again, opened for applies only (see Make).
+  const UniqueFd apply_fd_;
   // logs_[i] is the file kLogNames[i]; current_ takes the syncs' records.
   std::unique_ptr<RedoLog> logs_[2];
   int current_ = 0;

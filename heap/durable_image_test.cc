@@ -5,9 +5,11 @@
 #include "heap/durable_image.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -98,7 +100,7 @@ TEST_F(DurableImageTest, OpenAppliesTheOlderLogFirstWhateverItsName) {
 }
 
 // A sync that logged to the newer log and never committed is taken back;
-// one that did not reach the older log's end is a DATA_LOSS.
+// a heap whose committed epoch is past every record is a DATA_LOSS.
 TEST_F(DurableImageTest, OpenTakesBackWhatNeverCommitted) {
   MakeLog("redo", 8, {{9, {0}, 'a'}, {16, {0}, 'b'}});
   MakeLog("redo.b", 16, {{17, {0, 1}, 'c'}});
@@ -110,6 +112,35 @@ TEST_F(DurableImageTest, OpenTakesBackWhatNeverCommitted) {
   // Now both are empty at epoch 16: a heap that claims epoch 20 lost them.
   absl::StatusOr<std::unique_ptr<DurableImage>> lost = OpenImage(20);
   EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss) << lost.status();
+}
+
+// Logs that do not add up are DATA_LOSS, never a heap opened without some
+// committed pages: the older log ends before the epoch the newer one
+// restarted at (its last record lost); both hold records after the same
+// epoch; redo.b without redo.
+TEST_F(DurableImageTest, LogsThatDoNotAddUpAreDataLoss) {
+  MakeLog("redo", 8, {{9, {0}, 'a'}, {15, {0}, 'b'}});  // 16 missing
+  MakeLog("redo.b", 16, {{17, {0, 1}, 'c'}});
+  absl::StatusOr<std::unique_ptr<DurableImage>> gap = OpenImage(17);
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kDataLoss) << gap.status();
+  unlink(dir_.Sub("redo").c_str());
+  unlink(dir_.Sub("redo.b").c_str());
+  MakeLog("redo", 8, {{9, {0}, 'a'}});
+  MakeLog("redo.b", 8, {{9, {1}, 'b'}});
+  absl::StatusOr<std::unique_ptr<DurableImage>> both = OpenImage(9);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kDataLoss) << both.status();
+  unlink(dir_.Sub("redo").c_str());
+  absl::StatusOr<std::unique_ptr<DurableImage>> lone = OpenImage(9);
+  EXPECT_EQ(lone.status().code(), absl::StatusCode::kDataLoss) << lone.status();
+  // A heap of one log (made before there were two) opens, and gets the
+  // second.
+  unlink(dir_.Sub("redo.b").c_str());
+  MakeLog("redo", 8, {{9, {0}, 'a'}});
+  absl::StatusOr<std::unique_ptr<DurableImage>> one = OpenImage(9);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(DataPage(0), 'a');
+  struct stat st;
+  EXPECT_EQ(stat(dir_.Sub("redo.b").c_str(), &st), 0);
 }
 
 int switches = 0;
@@ -126,7 +157,8 @@ TEST_F(DurableImageTest, SyncsGoOnInOneLogWhileTheOtherIsApplied) {
   absl::StatusOr<std::unique_ptr<DurableImage>> image = OpenImage(0);
   ASSERT_TRUE(image.ok()) << image.status();
   const uint64_t capacity = (*image)->log_capacity();
-  // Each sync takes a quarter of a log (64 distinct pages of a 1 MiB log).
+  // Each sync takes a quarter of a log (its pages, a third of the log's,
+  // fall on 64 distinct pages of a 1 MiB log).
   const uint64_t pages = capacity / kPage / 3;
   ASSERT_GT(pages, 2u);
   switches = 0;
@@ -159,15 +191,25 @@ TEST_F(DurableImageTest, SyncsGoOnInOneLogWhileTheOtherIsApplied) {
 
 // The background apply fails (the data file's writes fail, as a failing
 // disk's would): the next switch retries it on the sync's path and fails
-// the sync, saying why; once the disk works again it succeeds and nothing
-// is lost.
+// the sync, saying why (heapd then breaks the heap, which reopens at its
+// last epoch); a DurableImage itself goes on once the disk works again,
+// and nothing is lost.
 TEST_F(DurableImageTest, AFailedApplyIsRetriedAndLosesNothing) {
   MakeLog("redo", 0, {});
   MakeLog("redo.b", 0, {});
   absl::StatusOr<std::unique_ptr<DurableImage>> image = OpenImage(0);
   ASSERT_TRUE(image.ok()) << image.status();
   const uint64_t pages = 64;  // a quarter of the 1 MiB log
-  const int data_fd = (*image)->data().fd();
+  // Every descriptor of the data file (the image's own, and the one its
+  // applies write through).
+  std::vector<int> data_fds;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (std::filesystem::read_symlink(fd.path(), error) == dir_.Sub("data")) {
+      data_fds.push_back(std::stoi(fd.path().filename().string()));
+    }
+  }
+  ASSERT_EQ(data_fds.size(), 2u);
   auto sync = [&](uint64_t epoch) {
     std::vector<uint64_t> offsets;
     for (uint64_t p = 0; p < pages; ++p) {
@@ -183,16 +225,17 @@ TEST_F(DurableImageTest, AFailedApplyIsRetriedAndLosesNothing) {
   // The data file's writes fail from here on: the apply the next sync
   // starts in the background fails.
   const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  ASSERT_EQ(dup2(null, data_fd), data_fd);
+  for (int fd : data_fds) ASSERT_EQ(dup2(null, fd), fd);
   close(null);
   ASSERT_TRUE(sync(3).ok()) << "the switch itself needs no write to the data file";
   ASSERT_TRUE(sync(4).ok());
+  (*image)->AwaitBackgroundApply();
   absl::Status failed = sync(5);  // the other log is still not applied: retried, fails
   EXPECT_FALSE(failed.ok());
   EXPECT_NE(failed.message().find("redo log"), absl::string_view::npos) << failed;
   // The disk works again: the retry succeeds, the syncs go on.
   const int data = open(dir_.Sub("data").c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_EQ(dup2(data, data_fd), data_fd);
+  for (int fd : data_fds) ASSERT_EQ(dup2(data, fd), fd);
   close(data);
   ASSERT_TRUE(sync(5).ok());
   image->reset();

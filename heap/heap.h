@@ -102,8 +102,8 @@ struct HeapOptions {
   // seldom waits for fallocate (which on tmpfs allocates and zeroes every
   // page). Chunks are still handed out only after Grow reserved them.
   bool grow_ahead = false;
-  // Heaps with a working image: the room of a new redo log (it grows to
-  // the largest sync).
+  // Heaps with a working image: the room of each new redo log (of two;
+  // each grows to the largest sync it takes).
   uint64_t redo_log_bytes = uint64_t{16} << 20;
   // New heaps on a block file system or fs-dax get a working image, where
   // contents track (ImageModeFor); false: their clients map the data file.

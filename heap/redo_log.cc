@@ -182,6 +182,7 @@ absl::StatusOr<std::unique_ptr<RedoLog>> RedoLog::Create(int dir, const std::str
   if (log.ok()) {  // nothing to replay or apply in a new log
     (*log)->replayed_ = true;
     (*log)->applied_block_ = (*log)->next_.block;
+    (*log)->committed_epoch_ = applied_epoch;  // Append takes only later epochs
   }
   return log;
 }

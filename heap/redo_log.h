@@ -17,7 +17,7 @@
 // before its commit is taken back with RewindTo: no later epoch of the
 // same number can pick up their pages. Epochs only go forward in a pass.
 //
-// The file ("redo" in the heap directory, docs/on-disk-format.md) is
+// The file ("redo" or "redo.b" in the heap directory, docs/on-disk-format.md) is
 // preallocated and written through once with zeros at Create, so a sync's
 // fdatasync flushes data only, never extent metadata. Written with
 // O_DIRECT where the file system allows it (aligned as statx's

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <random>
@@ -49,7 +50,7 @@ HeapConfig Config() {
 }
 
 // Child side: the fault point countdown and where to report the kill.
-int g_hits_left = 0;
+std::atomic<int> g_hits_left{0};  // also counted on the background apply's thread
 int g_report_fd = -1;
 // Count only the fault points whose names start with this (empty: all).
 std::string g_only;
