@@ -2,8 +2,9 @@
 // --heap_gib GiB on a file system (--state_parent, ext4 on this disk) is
 // filled with non-zero bytes through a client and synced; then, --reps
 // times, heapd is stopped, the page cache dropped (as a reboot leaves it),
-// and heapd started again: the time until it answers is the open, in which
-// it applies its redo logs and loads the working image from the data file.
+// and heapd started again: the time until it answers a call on the heap is
+// the open, in which it applies its redo logs and loads the working image
+// from the data file.
 // The same-run baseline is the device's read bandwidth: dd of the data
 // file with iflag=direct after the same cache drop.
 //
@@ -101,9 +102,11 @@ int Main() {
         },
         /*wait_s=*/1200);
     if (!restarted.ok()) Die("restart", restarted);
-    const double open_s = Seconds(Clock::now() - restart);
+    // heapd takes connections before its heaps are open; it answers calls
+    // once they are.
     absl::StatusOr<v1::HeapStats> stats = StatHeap(daemon.client(), "big");
     if (!stats.ok()) Die("stat", stats.status());
+    const double open_s = Seconds(Clock::now() - restart);
     const double bytes = static_cast<double>(stats->info().capacity_bytes());
     std::printf("rep %d: open %.2f s (%.0f MB/s of %.1f GiB), dd read %.2f s (%.0f MB/s)\n",
                 rep + 1, open_s, bytes / open_s / 1e6, bytes / (1 << 30), read_s,
