@@ -234,6 +234,14 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   const StorageTier* tier = FindTier(storage);
   if (tier == nullptr) return ChooseStorage(name, storage).status();
+  // Something heapd does not serve (left alone at start) may hold the
+  // name on a tier: a heap made on another would be a second copy. Looked
+  // up before the lock, which Get and attaches wait for; only heapd makes
+  // entries there, under a reservation.
+  const StorageTier* held_on = nullptr;
+  for (const StorageTier& t : tiers_) {
+    if (!replacing && held_on == nullptr && HasDirectoryOn(t, name)) held_on = &t;
+  }
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);
   if (reserved_.count(name) != 0) {
@@ -243,15 +251,9 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
   if (!replacing && (existing != heaps_.end() || broken_.count(name) != 0)) {
     return absl::AlreadyExistsError(absl::StrCat("heap ", name, " already exists"));
   }
-  if (!replacing) {
-    // Something heapd does not serve (left alone at start) holds the name
-    // on a tier: a heap made on another would be a second copy.
-    for (const StorageTier& t : tiers_) {
-      if (HasDirectoryOn(t, name)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("heap ", name, ": storage tier ", t.name, " holds an entry of that name"));
-      }
-    }
+  if (held_on != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("heap ", name, ": storage tier ", held_on->name,
+                                                 " holds an entry of that name"));
   }
   if (owner_uid != 0) {
     Usage usage = UsageOfLocked(owner_uid);

@@ -537,7 +537,14 @@ absl::Status ContentUndo::AsOfCommit(const uint64_t* offsets, size_t count, char
     }
     if (source == nullptr) continue;
     absl::StatusOr<std::string> image = ReadImageLocked(*source);
-    if (image.ok()) std::memcpy(data + i * kUndoPageBytes, image->data(), kUndoPageBytes);
+    if (!image.ok()) {
+      // Logged as read, and said (ReadImageLocked names the record).
+      std::fprintf(stderr, "heapd: page %llu is logged as read, not as at its sync's commit: %s\n",
+                   static_cast<unsigned long long>(offsets[i]),
+                   std::string(image.status().message()).c_str());
+      continue;
+    }
+    std::memcpy(data + i * kUndoPageBytes, image->data(), kUndoPageBytes);
   }
   return absl::OkStatus();
 }

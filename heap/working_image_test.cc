@@ -66,6 +66,25 @@ std::string ReadFd(int fd, uint64_t offset, uint64_t size) {
   return bytes;
 }
 
+// A new heap with a working image at `path`, and two sessions on it.
+struct TwoSessions {
+  void Start(const std::string& path) {
+    absl::StatusOr<std::unique_ptr<PersistentHeap>> made =
+        PersistentHeap::Create(path, WorkingImageConfig(16));
+    ASSERT_TRUE(made.ok()) << made.status();
+    heap = *std::move(made);
+    one = Attach(heap.get(), 1, &calls1);
+    two = Attach(heap.get(), 2, &calls2);
+    ASSERT_NE(one, nullptr);
+    ASSERT_NE(two, nullptr);
+  }
+  // Destroyed sessions first: they detach from the heap.
+  std::unique_ptr<PersistentHeap> heap;
+  InProcessSessionCalls* calls1 = nullptr;
+  InProcessSessionCalls* calls2 = nullptr;
+  std::unique_ptr<Heap> one, two;
+};
+
 class WorkingImageTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -138,14 +157,12 @@ TEST_F(WorkingImageTest, ReopensAtTheLastSyncEveryByte) {
 TEST_F(WorkingImageTest, ASyncCommitsItsPagesAsTheyAre) {
   uint64_t mine = 0, theirs = 0;
   {
-    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
-    ASSERT_TRUE(heap.ok()) << heap.status();
-    InProcessSessionCalls* calls1 = nullptr;
-    InProcessSessionCalls* calls2 = nullptr;
-    std::unique_ptr<Heap> one = Attach(heap->get(), 1, &calls1);
-    std::unique_ptr<Heap> two = Attach(heap->get(), 2, &calls2);
-    ASSERT_NE(one, nullptr);
-    ASSERT_NE(two, nullptr);
+    TwoSessions t;
+    ASSERT_NO_FATAL_FAILURE(t.Start(path_));
+    Heap* const one = t.one.get();
+    Heap* const two = t.two.get();
+    InProcessSessionCalls* const calls1 = t.calls1;
+    InProcessSessionCalls* const calls2 = t.calls2;
     mine = Allocate(*one, 4096);
     theirs = Allocate(*two, 4096);
     std::memset(one->at<char>(mine), '1', 4096);
@@ -196,14 +213,12 @@ INSTANTIATE_TEST_SUITE_P(Writer, StoresDuringTheLog, testing::Bool(),
 TEST_P(StoresDuringTheLog, StoresAfterTheCommitPointAreNotLogged) {
   uint64_t mine = 0, shared = 0;
   {
-    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
-    ASSERT_TRUE(heap.ok()) << heap.status();
-    InProcessSessionCalls* calls1 = nullptr;
-    InProcessSessionCalls* calls2 = nullptr;
-    std::unique_ptr<Heap> one = Attach(heap->get(), 1, &calls1);
-    std::unique_ptr<Heap> two = Attach(heap->get(), 2, &calls2);
-    ASSERT_NE(one, nullptr);
-    ASSERT_NE(two, nullptr);
+    TwoSessions t;
+    ASSERT_NO_FATAL_FAILURE(t.Start(path_));
+    Heap* const one = t.one.get();
+    Heap* const two = t.two.get();
+    InProcessSessionCalls* const calls1 = t.calls1;
+    InProcessSessionCalls* const calls2 = t.calls2;
     mine = Allocate(*one, 4096);
     shared = Allocate(*one, 4096);
     std::memset(one->at<char>(mine), '1', 4096);
@@ -214,7 +229,7 @@ TEST_P(StoresDuringTheLog, StoresAfterTheCommitPointAreNotLogged) {
     std::memset(one->at<char>(mine), 'a', 100);
     std::memset(one->at<char>(shared), 'a', 100);
     std::memset(two->at<char>(shared) + 200, 'b', 100);  // before one's sync
-    store_during_log = two.get();
+    store_during_log = two;
     dies_during_log = GetParam() ? calls2 : nullptr;
     first_store_at = mine + 200;
     later_store_at = shared + 300;
