@@ -27,6 +27,7 @@
 #include <linux/magic.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -70,6 +71,9 @@ ABSL_FLAG(std::string, track_contents, "both", "both, true or false");
 ABSL_FLAG(std::string, state_parent, "/dev/shm",
           "where the heapds keep their heaps: tmpfs, or a file system's directory (tracking "
           "then gives a working image, --track_contents=false a heap mapped from its file)");
+ABSL_FLAG(int, updater_cpu, -1,
+          "bind the thread that makes the updates to this CPU once the heap is attached, as "
+          "srun --cpu-bind=cores or mpirun --bind-to core binds a rank (-1: not bound)");
 ABSL_FLAG(bool, print_rounds, true, "print every round's figures as it ends");
 ABSL_FLAG(bool, components, true,
           "also time, alone in this process, the steps a dirty page costs (write-protect "
@@ -86,6 +90,10 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 [[noreturn]] void Die(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "update_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
   std::exit(1);
+}
+
+[[noreturn]] void DieErrno(const std::string& what) {
+  Die(what, absl::InternalError(std::strerror(errno)));
 }
 
 template <typename T>
@@ -183,6 +191,18 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
   out["pre-images while building"].push_back(
       tracked ? static_cast<double>(FileSize(journal)) / kUndoImageRecordBytes : 0);
 
+  // Bound after heapd started and the heap was attached: the tracker
+  // follows the thread there (client/tracker_placement.h).
+  cpu_set_t unbound;
+  CPU_ZERO(&unbound);
+  if (sched_getaffinity(0, sizeof(unbound), &unbound) != 0) DieErrno("sched_getaffinity");
+  if (const int cpu = absl::GetFlag(FLAGS_updater_cpu); cpu >= 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) DieErrno("sched_setaffinity");
+  }
+
   std::mt19937_64 rng(seed);
   std::vector<uint32_t> pick(objects);
   for (uint64_t i = 0; i < objects; ++i) pick[i] = static_cast<uint32_t>(i);
@@ -238,6 +258,7 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
       std::fflush(stdout);
     }
   }
+  if (sched_setaffinity(0, sizeof(unbound), &unbound) != 0) DieErrno("sched_setaffinity");
   v1::HeapStats stats = Check(StatHeap(daemon->client(), "b8"), "stat");
   if (stats.undo_bad_journals() != 0) {
     Die("b8", absl::DataLossError(absl::StrCat(stats.undo_bad_journals(),
@@ -258,10 +279,6 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
 // UFFDIO_WRITEPROTECT on per page (ranges merged when adjacent); heapd
 // reads and checks each record at the sync.
 constexpr uint64_t kComponentPages = 8192;  // 32 MiB
-
-[[noreturn]] void DieErrno(const std::string& what) {
-  Die("components", absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno))));
-}
 
 void Protect(int uffd, char* page, bool on) {
   uffdio_writeprotect wp{};

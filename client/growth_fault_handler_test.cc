@@ -168,7 +168,8 @@ TEST_F(GrowthFaultHandlerTest, TrackedGrowthIsProtectedBeforeAnyStoreReachesIt) 
   int pair[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
   UniqueFd lifeline(pair[0]), heapd_end(pair[1]);
-  auto tracker = WriteTracker::Start(base, &mapped, fd.get(), std::move(journal), lifeline.get());
+  auto tracker = WriteTracker::Start(base, &mapped, fd.get(), std::move(journal), lifeline.get(),
+                                     /*map_journal=*/true);
   if (!tracker.ok()) GTEST_SKIP() << tracker.status();
   GrowingHeap heap = Heap();
   heap.uffd = (*tracker)->fd();

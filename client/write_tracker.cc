@@ -35,18 +35,20 @@ extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
 namespace heapd {
 namespace {
 
-// Copies the page that a store is waiting on. ThreadSanitizer records that
+// Appends the page that a store is waiting on. ThreadSanitizer records that
 // store before it runs, but it lands only after this copy (the kernel holds
 // it until the protection is lifted): the copy races with nothing, and is
 // hidden from TSan, which cannot see the fault's ordering.
-void EncodePreImage(const UndoRecordHeader& header, const char* page, char* out) {
+absl::Status AppendPreImage(JournalAppender& journal, const UndoRecordHeader& header,
+                            const char* page) {
 #if defined(HEAPD_WRITE_TRACKER_TSAN)
   AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
 #endif
-  EncodeUndoRecordInto(header, page, out);
+  absl::Status appended = journal.Append(header, page);
 #if defined(HEAPD_WRITE_TRACKER_TSAN)
   AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
 #endif
+  return appended;
 }
 
 absl::Status Errno(int err, const std::string& what) {
@@ -75,7 +77,8 @@ bool LockJournal(int fd, short type) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
-    char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd journal, int lifeline) {
+    char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd journal, int lifeline,
+    bool map_journal) {
   // Privileged (or vm.unprivileged_userfaultfd = 1): stores from system
   // calls are caught too. Otherwise user-mode stores only.
   UniqueFd uffd(static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)));
@@ -86,14 +89,18 @@ absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
   if (!uffd.valid()) return Errno(errno, "userfaultfd");
   uffdio_api api{};
   api.api = UFFD_API;
-  api.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+  // THREAD_ID (Linux 4.14) is older than write-protection of shared
+  // memory (5.19): any kernel that has the one has the other.
+  api.features =
+      UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM | UFFD_FEATURE_THREAD_ID;
   if (ioctl(uffd.get(), UFFDIO_API, &api) != 0) {
     return Errno(errno, "userfaultfd write-protection of shared memory (UFFDIO_API)");
   }
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno(errno, "eventfd");
-  std::unique_ptr<WriteTracker> tracker(new WriteTracker(
-      base, mapped, data_fd, std::move(uffd), std::move(journal), std::move(wake), lifeline));
+  std::unique_ptr<WriteTracker> tracker(new WriteTracker(base, mapped, data_fd, std::move(uffd),
+                                                         std::move(journal), map_journal,
+                                                         std::move(wake), lifeline));
   const uint64_t size = mapped->load(std::memory_order_acquire);
   if (size != 0) {
     uffdio_register reg{};
@@ -109,10 +116,6 @@ absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
       return Errno(errno, "write-protect the heap's mapping (UFFDIO_WRITEPROTECT)");
     }
     KeepFromChildren(base, size);
-  }
-  {
-    absl::MutexLock lock(&tracker->mu_);
-    tracker->record_.resize(kUndoImageRecordBytes);
   }
   tracker->thread_ = std::thread([t = tracker.get()] { t->Run(); });
   return tracker;
@@ -212,7 +215,7 @@ void WriteTracker::Capture(uint64_t offset) {
   absl::MutexLock lock(&mu_, absl::Condition(
                                  +[](bool* syncing) { return !*syncing; }, &syncing_));
   absl::Status failed;
-  if (!LockJournal(journal_.get(), F_WRLCK)) {
+  if (!LockJournal(journal_.fd(), F_WRLCK)) {
     failed = absl::InternalError(
         absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {
@@ -221,15 +224,13 @@ void WriteTracker::Capture(uint64_t offset) {
     header.page = offset;
     header.time_ns = MonotonicNs();
     header.generation = generation_;
-    EncodePreImage(header, base_ + offset, record_.data());
-    const ssize_t written = write(journal_.get(), record_.data(), record_.size());
-    if (written != static_cast<ssize_t>(record_.size())) {
-      failed = absl::DataLossError(
-          absl::StrCat("append the pre-image of page ", offset,
-                       " to the undo journal: ", written < 0 ? std::strerror(errno) : "short write",
+    if (absl::Status appended = AppendPreImage(journal_, header, base_ + offset); !appended.ok()) {
+      failed = absl::Status(
+          appended.code(),
+          absl::StrCat("pre-image of page ", offset, ": ", appended.message(),
                        "; that page cannot be put back if this process dies before its next sync"));
     }
-    LockJournal(journal_.get(), F_UNLCK);
+    LockJournal(journal_.fd(), F_UNLCK);
   }
   if (!failed.ok() && error_.ok()) error_ = failed;
   // Lift the protection even on failure: the store must go on.
@@ -271,6 +272,7 @@ void WriteTracker::Fence() {
 }
 
 void WriteTracker::Run() {
+  TrackerPlacement placement;  // this thread's CPUs, as inherited
   bool fenced = false;
   for (;;) {
     pollfd polled[3] = {{wake_.get(), POLLIN, 0},
@@ -285,21 +287,23 @@ void WriteTracker::Run() {
       Fence();
       fenced = true;
     }
-    if ((polled[1].revents & POLLIN) != 0) DrainFaults();
+    if ((polled[1].revents & POLLIN) != 0) DrainFaults(placement);
   }
 }
 
-void WriteTracker::DrainFaults() {
+void WriteTracker::DrainFaults(TrackerPlacement& placement) {
   // Keeps reading for a short while after the last fault: a program
   // updating many pages faults again within microseconds, and a thread
-  // that is awake answers far sooner than one woken from poll.
+  // that is awake answers far sooner than one woken from poll — unless it
+  // shares the faulting thread's CPU: then it sleeps, and the kernel
+  // switches to it at the next fault.
   const uint64_t started_ns = MonotonicNs();
   uint64_t last_fault_ns = started_ns;
   for (;;) {
     uffd_msg messages[16];
     const ssize_t n = read(uffd_.get(), messages, sizeof(messages));
     if (n <= 0) {
-      if (MonotonicNs() - last_fault_ns > kSpinNs) return;
+      if (placement.colocated() || MonotonicNs() - last_fault_ns > kSpinNs) return;
       continue;
     }
     for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(uffd_msg); ++i) {
@@ -311,8 +315,9 @@ void WriteTracker::DrainFaults() {
       const uint64_t address = m.arg.pagefault.address;
       const uint64_t offset = (address - reinterpret_cast<uint64_t>(base_)) & ~(kUndoPageBytes - 1);
       Capture(offset);
+      last_fault_ns = MonotonicNs();
+      placement.Follow(static_cast<pid_t>(m.arg.pagefault.feat.ptid), last_fault_ns);
     }
-    last_fault_ns = MonotonicNs();
     // Back to poll now and then, whatever the stream of faults: the end of
     // the session (the fence) and the stop request wait there.
     if (last_fault_ns - started_ns > kMaxDrainNs) return;

@@ -8,10 +8,11 @@
 // mode and every page that may hold live data is write-protected. A store
 // to a protected page stops its thread; the tracker's thread takes the OFD
 // lock on byte 0 of the session's journal (heapd takes every journal's
-// while it puts pages back), appends the pre-image (one write()),
-// releases the lock and lifts the protection, which lets the
-// store through. Memory handed out free (fresh chunks, large objects) is
-// unprotected at once: it needs no pre-image, so filling new memory costs
+// while it puts pages back), appends the pre-image (journal_appender.h:
+// a copy into the mapped journal), releases the lock and lifts the
+// protection, which lets the store through. The tracker's thread runs on
+// the CPU of a faulting thread bound to one (tracker_placement.h). Memory handed out free (fresh
+// chunks, large objects) is unprotected at once: it needs no pre-image, so filling new memory costs
 // nothing. At each sync, BeginSync protects again every page unprotected
 // since the last one and starts a new generation.
 //
@@ -43,6 +44,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/journal_appender.h"
+#include "client/tracker_placement.h"
 #include "util/unique_fd.h"
 
 namespace heapd {
@@ -67,11 +70,13 @@ class WriteTracker {
   // `data_fd`: the heap's data file
   // (not owned); `journal`: the session's undo journal (owned);
   // `lifeline`: the session's heapd.fd.sock connection (not owned; watched
-  // for its end). UNIMPLEMENTED naming why when the kernel refuses.
+  // for its end); `map_journal`: heapd reads journals appended through a
+  // mapping (journal_appender.h). UNIMPLEMENTED naming why when the kernel
+  // refuses.
   static absl::StatusOr<std::unique_ptr<WriteTracker>> Start(char* base,
                                                              const std::atomic<uint64_t>* mapped,
                                                              int data_fd, UniqueFd journal,
-                                                             int lifeline);
+                                                             int lifeline, bool map_journal);
   ~WriteTracker();  // stops tracking; the mapping stays as it is
   WriteTracker(const WriteTracker&) = delete;
   WriteTracker& operator=(const WriteTracker&) = delete;
@@ -109,25 +114,25 @@ class WriteTracker {
 
  private:
   WriteTracker(char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd uffd,
-               UniqueFd journal, UniqueFd wake, int lifeline)
+               UniqueFd journal, bool map_journal, UniqueFd wake, int lifeline)
       : base_(base),
         mapped_(mapped),
         data_fd_(data_fd),
         uffd_(std::move(uffd)),
-        journal_(std::move(journal)),
         wake_(std::move(wake)),
-        lifeline_(lifeline) {}
+        lifeline_(lifeline),
+        journal_(std::move(journal), map_journal) {}
 
   // How long the thread keeps reading faults after the last one before it
-  // sleeps in poll again.
+  // sleeps in poll again (unless it shares the faulting thread's CPU).
   static constexpr uint64_t kSpinNs = 50000;
   // The longest it handles faults before it checks the session's end.
   static constexpr uint64_t kMaxDrainNs = 2000000;
 
   void Run();
   // Takes the pre-images of the faults pending, and of those that follow
-  // within kSpinNs.
-  void DrainFaults();
+  // within kSpinNs; follows the faulting threads (tracker_placement.h).
+  void DrainFaults(TrackerPlacement& placement);
   // Takes the pre-image of the page at `offset` and lets stores to it
   // through.
   void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
@@ -140,7 +145,6 @@ class WriteTracker {
   const std::atomic<uint64_t>* const mapped_;
   const int data_fd_;
   const UniqueFd uffd_;
-  const UniqueFd journal_;
   const UniqueFd wake_;  // eventfd: stops Run
   const int lifeline_;
   std::thread thread_;
@@ -155,7 +159,7 @@ class WriteTracker {
   // Ranges unprotected since the last BeginSync: (offset, length).
   std::vector<std::pair<uint64_t, uint64_t>> unprotected_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::string record_ ABSL_GUARDED_BY(mu_);  // the record being written
+  JournalAppender journal_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace heapd

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/string_view.h"
 #include "client/growth_fault_handler.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
@@ -28,7 +29,9 @@ namespace {
 
 constexpr uint64_t kBytes = 16 * kUndoPageBytes;
 
-class WriteTrackerTest : public ::testing::Test {
+// Each test with a journal appended through a mapping (heapd 0.5) and one
+// appended with write() (heapd 0.4).
+class WriteTrackerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     data_.reset(open(dir_.Sub("data").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -46,7 +49,8 @@ class WriteTrackerTest : public ::testing::Test {
     lifeline_.reset(pair[0]);
     heapd_end_.reset(pair[1]);
     auto tracker =
-        WriteTracker::Start(base_, &mapped_, data_.get(), std::move(journal), lifeline_.get());
+        WriteTracker::Start(base_, &mapped_, data_.get(), std::move(journal), lifeline_.get(),
+                            /*map_journal=*/GetParam());
     if (!tracker.ok()) GTEST_SKIP() << tracker.status();
     tracker_ = *std::move(tracker);
   }
@@ -55,11 +59,22 @@ class WriteTrackerTest : public ::testing::Test {
     if (base_ != nullptr) munmap(base_, kBytes);
   }
 
+  // The whole records in the journal, as heapd reads them; each checked
+  // with what the heapd of the parameter reads.
   uint64_t JournalRecords() const {
-    struct stat st;
-    return stat(dir_.Sub("journal").c_str(), &st) == 0
-               ? static_cast<uint64_t>(st.st_size) / kUndoImageRecordBytes
-               : 0;
+    std::string bytes;
+    UniqueFd journal(open(dir_.Sub("journal").c_str(), O_RDONLY | O_CLOEXEC));
+    char buffer[1 << 16];
+    for (ssize_t n; (n = read(journal.get(), buffer, sizeof(buffer))) > 0;) bytes.append(buffer, n);
+    uint64_t records = 0;
+    for (uint64_t at = 0;;) {
+      auto decoded = DecodeUndoRecord(absl::string_view(bytes).substr(at), at);
+      EXPECT_TRUE(decoded.ok()) << decoded.status();
+      if (!decoded.ok() || !decoded->has_value()) return records;
+      EXPECT_EQ((*decoded)->header.magic, GetParam() ? kUndoMagic : kUndoMagicCrc32);
+      ++records;
+      at += (*decoded)->size;
+    }
   }
 
   TestDir dir_{"/dev/shm"};
@@ -71,7 +86,7 @@ class WriteTrackerTest : public ::testing::Test {
   std::unique_ptr<WriteTracker> tracker_;
 };
 
-TEST_F(WriteTrackerTest, AFirstStoreTakesOnePreImage) {
+TEST_P(WriteTrackerTest, AFirstStoreTakesOnePreImage) {
   base_[100] = 1;
   base_[200] = 2;
   EXPECT_EQ(JournalRecords(), 1u);
@@ -82,7 +97,7 @@ TEST_F(WriteTrackerTest, AFirstStoreTakesOnePreImage) {
 
 // Between BeginSync and EndSync heapd reads the pages the sync commits: a
 // store of the next generation waits until the sync is over.
-TEST_F(WriteTrackerTest, AStoreDuringASyncWaitsForItsEnd) {
+TEST_P(WriteTrackerTest, AStoreDuringASyncWaitsForItsEnd) {
   base_[0] = 1;
   ASSERT_EQ(tracker_->BeginSync(), 1u);
   std::atomic<bool> stored{false};
@@ -103,7 +118,7 @@ TEST_F(WriteTrackerTest, AStoreDuringASyncWaitsForItsEnd) {
 
 // A forked child would store without pre-images: it has no mapping of the
 // heap, and a store there kills it instead of reaching the heap.
-TEST_F(WriteTrackerTest, AForkedChildCannotStoreIntoTheHeap) {
+TEST_P(WriteTrackerTest, AForkedChildCannotStoreIntoTheHeap) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -120,7 +135,7 @@ TEST_F(WriteTrackerTest, AForkedChildCannotStoreIntoTheHeap) {
 }
 
 // heapd's end of the session: the mapping goes private, stores stay here.
-TEST_F(WriteTrackerTest, TheSessionsEndFencesTheMapping) {
+TEST_P(WriteTrackerTest, TheSessionsEndFencesTheMapping) {
   base_[0] = 1;
   heapd_end_.reset();
   for (int i = 0; i < 1000 && !tracker_->fenced(); ++i) {
@@ -136,7 +151,7 @@ TEST_F(WriteTrackerTest, TheSessionsEndFencesTheMapping) {
 // The fence waits for growth being mapped (the growth mapping lock held):
 // otherwise it could miss growth mapped shared, or map privately a range
 // its mapper maps privately again (dropping the stores in between).
-TEST_F(WriteTrackerTest, TheFenceWaitsForGrowthBeingMapped) {
+TEST_P(WriteTrackerTest, TheFenceWaitsForGrowthBeingMapped) {
   const int slot = RegisterHeapForGrowthFaults(
       GrowingHeap{base_, kBytes, data_.get(), /*writable=*/true, /*map_sync=*/false, &mapped_});
   ASSERT_GE(slot, 0);
@@ -153,6 +168,11 @@ TEST_F(WriteTrackerTest, TheFenceWaitsForGrowthBeingMapped) {
   EXPECT_TRUE(tracker_->fenced());
   UnregisterHeapForGrowthFaults(slot);
 }
+
+INSTANTIATE_TEST_SUITE_P(Journals, WriteTrackerTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Mapped" : "Written";
+                         });
 
 }  // namespace
 }  // namespace heapd

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -63,10 +64,21 @@ bool WriteAll(int fd, const std::string& bytes) {
   return write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
 }
 
+// Frees what a session's journal holds but its last kUndoJournalWindowBytes:
+// its client may be appending through a mapping of those, and a store into
+// a page freed under it could find the file system full (a SIGBUS).
+void EmptyJournal(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) <= kUndoJournalWindowBytes) return;
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+            static_cast<off_t>(static_cast<uint64_t>(st.st_size) - kUndoJournalWindowBytes));
+}
+
 // A journal may hold, unpunched, at most a few generations' pre-images of
-// every page of the data file: more is not a client following the protocol.
+// every page of the data file, and the zeros of a client's mapped window
+// after them: more is not a client following the protocol.
 uint64_t MaxJournalBytes(uint64_t data_bytes) {
-  return 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes;
+  return 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes + kUndoJournalWindowBytes;
 }
 
 // Takes (exclusive, without waiting) or releases the OFD lock on byte 0 of
@@ -213,7 +225,7 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   if (journal.broken) {
     // A journal cut off for its size stays empty: what its client appends
     // is dropped at every check.
-    if (journal.oversized) (void)!ftruncate(journal.fd.get(), 0);
+    if (journal.oversized) EmptyJournal(journal.fd.get());
     return;
   }
   const uint64_t data_bytes = data_->size();
@@ -229,7 +241,7 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
       UnindexLocked(w.page, session, w.end - kUndoPageBytes);
     }
     journal.written.clear();
-    (void)!ftruncate(journal.fd.get(), 0);
+    EmptyJournal(journal.fd.get());
     return;
   }
   std::string record(kUndoImageRecordBytes, '\0');
@@ -238,6 +250,16 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
     if (n <= 0) return;
     absl::StatusOr<std::optional<DecodedUndoRecord>> decoded =
         DecodeUndoRecord(absl::string_view(record.data(), static_cast<size_t>(n)), journal.read_to);
+    if (!decoded.ok() && session != 0) {
+      // A client appending into a mapping of its journal stores the magic
+      // last; a read that saw the magic may have seen the image before it
+      // was whole (undo_record.h). Once more, after the magic.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      const ssize_t again = pread(journal.fd.get(), record.data(), record.size(), journal.read_to);
+      if (again <= 0) return;
+      decoded = DecodeUndoRecord(absl::string_view(record.data(), static_cast<size_t>(again)),
+                                 journal.read_to);
+    }
     if (!decoded.ok()) return stop(std::string(decoded.status().message()));
     if (!decoded->has_value()) return;  // the tail is still being written
     const DecodedUndoRecord& r = **decoded;

@@ -6,12 +6,14 @@
 #include "heap/content_undo.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -715,6 +717,36 @@ TEST_F(ContentUndoHostileTest, ARecordChangedAfterItWasReadIsNotRestored) {
   ASSERT_NO_FATAL_FAILURE(Append(*s, PreImage(kPage, 1, std::string(kPage, 'F'))));
   EXPECT_EQ(Die(*s).pages_restored, 0u);
   EXPECT_TRUE(SamePage(Page(kPage), stored));
+}
+
+// A client appending through a mapping of its journal (heapd 0.5): the
+// file ends in the zeros of its window, and a record is there once its
+// magic, stored last, is.
+TEST_F(ContentUndoTest, AMappedJournalsRecordIsThereOnceItsMagicIs) {
+  ASSERT_NO_FATAL_FAILURE(Make());
+  auto s = Attach(7);
+  ASSERT_EQ(fallocate(s->journal.get(), 0, 0, kUndoJournalWindowBytes), 0);
+  void* mapped = mmap(nullptr, kUndoJournalWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      s->journal.get(), 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  char* window = static_cast<char*>(mapped);
+  // Two whole records, then one whose magic is not stored yet.
+  for (uint64_t i = 0; i < 3; ++i) {
+    const uint64_t page = (i + 1) * kPage;
+    const std::string record = PreImage(page, 1, Page(page));
+    char* at = window + i * kUndoImageRecordBytes;
+    std::memcpy(at + 4, record.data() + 4, record.size() - 4);
+    if (i < 2) std::memcpy(at, record.data(), 4);
+    ASSERT_NO_FATAL_FAILURE(Put(page, 0, "stored"));
+  }
+  const UndoCounts died = Die(*s);
+  munmap(mapped, kUndoJournalWindowBytes);
+  EXPECT_EQ(died.bad_journals, 0u);
+  EXPECT_EQ(died.pages_restored, 2u);
+  EXPECT_TRUE(SamePage(Page(kPage), Pattern(kPage, 'o')));
+  EXPECT_TRUE(SamePage(Page(2 * kPage), Pattern(2 * kPage, 'o')));
+  // (A client stores only once the record is whole: this one was not read.)
+  EXPECT_TRUE(SamePage(Page(3 * kPage), Stored(Pattern(3 * kPage, 'o'), 0, "stored")));
 }
 
 TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {

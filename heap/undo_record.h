@@ -3,9 +3,11 @@
 // wrote it since its last sync, and what heapd knows of those pages.
 //
 // A record is a fixed header, followed by one page image for the kinds
-// that carry one. Journals are appended whole records at a time (O_APPEND,
-// one write each); a reader stops at the first record that is short or
-// fails its check: what follows a torn record is ignored.
+// that carry one. A journal is appended whole records at a time: with one
+// write each (O_APPEND), or by its client into a mapping of the file
+// (client/journal_appender.h), which writes the magic last: until then the
+// record, and whatever follows it, is not there yet. A reader stops at the
+// first record that is short, has no magic yet, or fails its check.
 //
 // Everything here is pure: no I/O.
 #ifndef HEAPD_HEAP_UNDO_RECORD_H_
@@ -21,7 +23,12 @@
 namespace heapd {
 
 inline constexpr uint64_t kUndoPageBytes = 4096;
-inline constexpr uint32_t kUndoMagic = 0x31524448;  // "HDR1"
+// Records checked with XXH3 (the low 32 bits of XXH3-64 of the header,
+// check 0, seeding XXH3-64 of the image): what this version writes.
+inline constexpr uint32_t kUndoMagic = 0x32524448;  // "HDR2"
+// Records checked with zlib's CRC-32 of the header (check 0) and the
+// image, written by heapd 0.4.0 and its clients: still read.
+inline constexpr uint32_t kUndoMagicCrc32 = 0x31524448;  // "HDR1"
 
 enum class UndoKind : uint32_t {
   // The page before the session's first store to it in `generation`
@@ -51,23 +58,32 @@ struct UndoRecordHeader {
   uint64_t generation = 0;
   uint64_t epoch = 0;
   uint32_t image_bytes = 0;  // kUndoPageBytes for images, else 0
-  uint32_t crc = 0;          // CRC-32 of the header (crc 0) and the image
+  uint32_t crc = 0;          // the check of the header (crc 0) and the image (see the magics)
 };
 static_assert(sizeof(UndoRecordHeader) == 56, "on-disk layout");
 
 inline constexpr uint64_t kUndoHeaderBytes = sizeof(UndoRecordHeader);
+// A client appending into a mapping of its journal extends the file this
+// much at a time (its window); heapd, emptying a journal cut off for its
+// size, keeps the last this-many bytes, which that client may still store
+// into.
+inline constexpr uint64_t kUndoJournalWindowBytes = uint64_t{4} << 20;
 inline constexpr uint64_t kUndoImageRecordBytes = kUndoHeaderBytes + kUndoPageBytes;
 
 // True for the kinds that carry a page image.
 bool UndoKindHasImage(uint32_t kind);
 
-// A whole record: `header` with its crc and image_bytes filled in, then
+// A whole record: `header` with its crc and image_bytes filled in (its
+// magic kUndoMagic unless it asks for kUndoMagicCrc32), then
 // `image` (kUndoPageBytes bytes, or empty for kinds without one).
 // REQUIRES: image.size() == (UndoKindHasImage(header.kind) ? kUndoPageBytes : 0).
 std::string EncodeUndoRecord(UndoRecordHeader header, absl::string_view image);
 
 // The same, written into `out` (kUndoImageRecordBytes or kUndoHeaderBytes
-// bytes): the client's fault handler encodes without allocating.
+// bytes, whose magic reads 0 on entry when `out` is a mapped journal's
+// tail): the client's fault handler encodes without allocating, straight
+// into its mapped journal. The magic is stored last (release): a reader of
+// the same memory or file that sees it sees the whole record.
 void EncodeUndoRecordInto(UndoRecordHeader header, const char* image, char* out);
 
 struct DecodedUndoRecord {
@@ -77,10 +93,13 @@ struct DecodedUndoRecord {
 };
 
 // The record at offset `at` of a journal whose bytes from `at` on are
-// `bytes`: nullopt when `bytes` ends before the record does (a torn or
-// unfinished tail); DATA_LOSS when it is not a valid record (bad magic,
-// kind, sizes, check, or a page not aligned). A valid record may still name
-// any page: callers bound it by the data file.
+// `bytes`: nullopt when `bytes` ends before the record does or its magic
+// is 0 (a torn or unfinished tail); DATA_LOSS when it is not a valid record
+// (bad magic, kind, sizes, check, or a page not aligned). A valid record
+// may still name any page: callers bound it by the data file. A mapped
+// journal's reader that gets DATA_LOSS for a check reads the record again
+// once: it may have read the image before the writer finished it and the
+// magic after.
 absl::StatusOr<std::optional<DecodedUndoRecord>> DecodeUndoRecord(absl::string_view bytes,
                                                                   uint64_t at);
 

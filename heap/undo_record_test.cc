@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstddef>
 #include <cstring>
@@ -87,6 +88,41 @@ TEST(UndoRecordTest, TornTailIsNotARecordYet) {
       EXPECT_FALSE(decoded->has_value());
     }
   }
+}
+
+// A mapped journal's tail: zeros until its writer stores the magic, last.
+TEST(UndoRecordTest, NoMagicYetIsNotARecordYet) {
+  std::string bytes = EncodeUndoRecord(Header(UndoKind::kPreImage), Image('z'));
+  std::memset(bytes.data(), 0, sizeof(uint32_t));
+  auto decoded = DecodeUndoRecord(bytes, 0);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_FALSE(decoded->has_value());
+  decoded = DecodeUndoRecord(std::string(kUndoImageRecordBytes, '\0'), 0);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_FALSE(decoded->has_value());
+}
+
+// Journals of heapd 0.4.0's clients (and its heap.undo) hold records
+// checked with CRC-32: still read after an upgrade.
+TEST(UndoRecordTest, ReadsRecordsCheckedWithCrc32) {
+  UndoRecordHeader h = Header(UndoKind::kPreImage);
+  h.magic = kUndoMagicCrc32;
+  h.image_bytes = kUndoPageBytes;
+  h.crc = 0;
+  const std::string image = Image('v');
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(&h), sizeof(h));
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(image.data()), image.size());
+  h.crc = static_cast<uint32_t>(crc);
+  std::string bytes(reinterpret_cast<const char*>(&h), sizeof(h));
+  bytes += image;
+  auto decoded = DecodeUndoRecord(bytes, 0);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_TRUE(decoded->has_value());
+  EXPECT_EQ((*decoded)->header.magic, kUndoMagicCrc32);
+  EXPECT_EQ(bytes.substr((*decoded)->image_at, kUndoPageBytes), image);
+  bytes[kUndoHeaderBytes + 100] ^= 1;
+  EXPECT_EQ(DecodeCode(bytes), absl::StatusCode::kDataLoss);
 }
 
 TEST(UndoRecordTest, FlippedByteIsDataLoss) {

@@ -1,0 +1,99 @@
+#include "client/journal_appender.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace heapd {
+namespace {
+
+// MADV_POPULATE_WRITE, which Debian 12's headers lack.
+constexpr int kMadvisePopulateWrite = 23;
+
+}  // namespace
+
+JournalAppender::JournalAppender(UniqueFd journal, bool heapd_reads_mapped)
+    : journal_(std::move(journal)),
+      magic_(heapd_reads_mapped ? kUndoMagic : kUndoMagicCrc32),
+      mapped_(heapd_reads_mapped),
+      record_(kUndoImageRecordBytes, '\0') {
+  struct stat st;
+  if (mapped_ && fstat(journal_.get(), &st) == 0) {
+    tail_ = static_cast<uint64_t>(st.st_size);
+  } else {
+    mapped_ = false;
+  }
+}
+
+JournalAppender::~JournalAppender() {
+  if (window_ != nullptr) munmap(window_, kUndoJournalWindowBytes);
+}
+
+void JournalAppender::StopMapping() {
+  if (window_ != nullptr) munmap(window_, kUndoJournalWindowBytes);
+  window_ = nullptr;
+  // Zeros past the last record would hide every record written after them.
+  (void)!ftruncate(journal_.get(), static_cast<off_t>(tail_));
+  mapped_ = false;
+}
+
+absl::Status JournalAppender::NextWindow() {
+  const uint64_t at = tail_ & ~(kUndoPageBytes - 1);
+  // The window's space first: a store into a mapped hole that finds the
+  // file system full is a SIGBUS.
+  if (fallocate(journal_.get(), 0, static_cast<off_t>(at),
+                static_cast<off_t>(kUndoJournalWindowBytes)) != 0) {
+    const int err = errno;
+    if (err != EOPNOTSUPP) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("extend the undo journal to ", at + kUndoJournalWindowBytes,
+                       " bytes: ", std::strerror(err)));
+    }
+    StopMapping();
+    return absl::OkStatus();
+  }
+  void* window = mmap(nullptr, kUndoJournalWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      journal_.get(), static_cast<off_t>(at));
+  if (window == MAP_FAILED) {
+    StopMapping();
+    return absl::OkStatus();
+  }
+  // Mapped writable at once (Linux 5.14): no fault at each record's first
+  // store. MAP_POPULATE would map a shared file's pages read-only.
+  madvise(window, kUndoJournalWindowBytes, kMadvisePopulateWrite);
+  // A forked child has no business in it.
+  madvise(window, kUndoJournalWindowBytes, MADV_DONTFORK);
+  if (window_ != nullptr) munmap(window_, kUndoJournalWindowBytes);
+  window_ = static_cast<char*>(window);
+  window_at_ = at;
+  return absl::OkStatus();
+}
+
+absl::Status JournalAppender::Append(UndoRecordHeader header, const char* image) {
+  header.magic = magic_;
+  const uint64_t bytes = UndoKindHasImage(header.kind) ? kUndoImageRecordBytes : kUndoHeaderBytes;
+  if (mapped_ && (window_ == nullptr || tail_ + bytes > window_at_ + kUndoJournalWindowBytes)) {
+    if (absl::Status s = NextWindow(); !s.ok()) return s;
+  }
+  if (mapped_) {
+    EncodeUndoRecordInto(header, image, window_ + (tail_ - window_at_));
+    tail_ += bytes;
+    return absl::OkStatus();
+  }
+  EncodeUndoRecordInto(header, image, record_.data());
+  const ssize_t written = write(journal_.get(), record_.data(), bytes);
+  if (written != static_cast<ssize_t>(bytes)) {
+    return absl::DataLossError(
+        absl::StrCat("append to the undo journal: ", written < 0 ? std::strerror(errno) : "short write"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace heapd

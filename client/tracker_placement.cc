@@ -1,0 +1,42 @@
+#include "client/tracker_placement.h"
+
+namespace heapd {
+
+TrackerPlacement::TrackerPlacement() {
+  CPU_ZERO(&own_cpus_);
+  own_cpus_known_ = sched_getaffinity(0, sizeof(own_cpus_), &own_cpus_) == 0;
+}
+
+int TrackerPlacement::BoundCpu(pid_t tid) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  // Fails on nodes with more CPUs than a cpu_set_t holds: not followed.
+  if (sched_getaffinity(tid, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) != 1) return -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &cpus)) return cpu;
+  }
+  return -1;
+}
+
+void TrackerPlacement::Follow(pid_t tid, uint64_t now_ns) {
+  if (tid <= 0 || !own_cpus_known_) return;
+  if (tid != last_tid_ || now_ns - checked_ns_ >= kRecheckNs) {
+    last_tid_ = tid;
+    last_tid_cpu_ = BoundCpu(tid);
+    checked_ns_ = now_ns;
+  }
+  if (last_tid_cpu_ == pinned_cpu_) return;
+  if (moved_once_ && now_ns - moved_ns_ < kMoveNs) return;
+  moved_once_ = true;
+  moved_ns_ = now_ns;
+  if (last_tid_cpu_ >= 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(last_tid_cpu_, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) pinned_cpu_ = last_tid_cpu_;
+    return;
+  }
+  if (sched_setaffinity(0, sizeof(own_cpus_), &own_cpus_) == 0) pinned_cpu_ = -1;
+}
+
+}  // namespace heapd
