@@ -30,10 +30,40 @@ JournalAppender::JournalAppender(UniqueFd journal, bool heapd_reads_mapped)
   } else {
     mapped_ = false;
   }
+  if (mapped_ && tail_ >= kJournalControlBytes) {
+    void* page =
+        mmap(nullptr, kJournalControlBytes, PROT_READ | PROT_WRITE, MAP_SHARED, journal_.get(), 0);
+    if (page != MAP_FAILED) {
+      madvise(page, kJournalControlBytes, MADV_DONTFORK);
+      control_ = static_cast<JournalControl*>(page);
+      if (control_->magic != kJournalControlMagic || control_->version != 1) {
+        munmap(page, kJournalControlBytes);
+        control_ = nullptr;
+      }
+    }
+  }
 }
 
 JournalAppender::~JournalAppender() {
   if (window_ != nullptr) munmap(window_, kUndoJournalWindowBytes);
+  if (control_ != nullptr) munmap(control_, kJournalControlBytes);
+}
+
+bool JournalAppender::EnterGuard() {
+  if (control_ == nullptr) return false;
+  // Dekker's handshake with heapd's closing of the guard: the store of
+  // busy before the load of closed (an xchg on x86), each side's in the
+  // same order, so that at least one of them sees the other's.
+  __atomic_store_n(&control_->busy, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&control_->closed, __ATOMIC_SEQ_CST) == 0) return true;
+  LeaveGuard();
+  return false;
+}
+
+void JournalAppender::LeaveGuard() {
+  // After the record (its magic included): heapd reads busy 0, then the
+  // record.
+  __atomic_store_n(&control_->busy, 0, __ATOMIC_RELEASE);
 }
 
 void JournalAppender::StopMapping() {
@@ -52,9 +82,9 @@ absl::Status JournalAppender::NextWindow() {
                 static_cast<off_t>(kUndoJournalWindowBytes)) != 0) {
     const int err = errno;
     if (err != EOPNOTSUPP) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("extend the undo journal to ", at + kUndoJournalWindowBytes,
-                       " bytes: ", std::strerror(err)));
+      return absl::ResourceExhaustedError(absl::StrCat("extend the undo journal to ",
+                                                       at + kUndoJournalWindowBytes,
+                                                       " bytes: ", std::strerror(err)));
     }
     StopMapping();
     return absl::OkStatus();
@@ -90,8 +120,8 @@ absl::Status JournalAppender::Append(UndoRecordHeader header, const char* image)
   EncodeUndoRecordInto(header, image, record_.data());
   const ssize_t written = write(journal_.get(), record_.data(), bytes);
   if (written != static_cast<ssize_t>(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat("append to the undo journal: ", written < 0 ? std::strerror(errno) : "short write"));
+    return absl::DataLossError(absl::StrCat("append to the undo journal: ",
+                                            written < 0 ? std::strerror(errno) : "short write"));
   }
   return absl::OkStatus();
 }

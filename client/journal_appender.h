@@ -8,6 +8,12 @@
 // space), the window is mapped shared and populated, and each record is
 // encoded straight into it: no system call per record. heapd reads the
 // file as before; a record is there once its magic, stored last, is.
+// The journal's guard (heap/undo_record.h, JournalControl) keeps heapd
+// from putting pages back while a pre-image is taken, without a system
+// call: EnterGuard, append, LeaveGuard. When heapd is putting pages back
+// (or the journal has no control page), EnterGuard says so and the caller
+// takes the journal's OFD lock instead.
+//
 // If the file cannot be mapped: one write() per record (the journal is
 // opened O_APPEND). For a heapd of revision 1 (0.4.0): one write() per
 // record checked with CRC-32, what it reads.
@@ -36,6 +42,11 @@ class JournalAppender {
   // returns). Once this returns OK, heapd reads the record.
   absl::Status Append(UndoRecordHeader header, const char* image);
 
+  // True: inside the guard, heapd puts no page back until LeaveGuard.
+  // False: take the OFD lock instead.
+  bool EnterGuard();
+  void LeaveGuard();
+
   int fd() const { return journal_.get(); }
   bool mapped() const { return mapped_; }
 
@@ -48,7 +59,8 @@ class JournalAppender {
   const UniqueFd journal_;
   const uint32_t magic_;  // of the records written
   bool mapped_;
-  uint64_t tail_ = 0;  // where the next record goes (mapped)
+  uint64_t tail_ = 0;                  // where the next record goes (mapped)
+  JournalControl* control_ = nullptr;  // mapped, if the journal has one
   char* window_ = nullptr;
   uint64_t window_at_ = 0;  // file offset of window_[0]
   std::string record_;      // the record being written (write())

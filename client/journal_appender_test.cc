@@ -104,8 +104,7 @@ TEST_F(JournalAppenderTest, MappedRecordsFollowTheFilesRecords) {
   ASSERT_TRUE(journal.Append(h, image.data()).ok());
   std::string bytes(2 * kUndoImageRecordBytes, '\0');
   UniqueFd reader(open(Path().c_str(), O_RDONLY | O_CLOEXEC));
-  ASSERT_EQ(pread(reader.get(), bytes.data(), bytes.size(), 0),
-            static_cast<ssize_t>(bytes.size()));
+  ASSERT_EQ(pread(reader.get(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
   auto first = DecodeUndoRecord(bytes, 0);
   auto second = DecodeUndoRecord(absl::string_view(bytes).substr(kUndoImageRecordBytes),
                                  kUndoImageRecordBytes);

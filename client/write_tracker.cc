@@ -215,7 +215,8 @@ void WriteTracker::Capture(uint64_t offset) {
   absl::MutexLock lock(&mu_, absl::Condition(
                                  +[](bool* syncing) { return !*syncing; }, &syncing_));
   absl::Status failed;
-  if (!LockJournal(journal_.fd(), F_WRLCK)) {
+  const bool guarded = journal_.EnterGuard();  // else the OFD lock
+  if (!guarded && !LockJournal(journal_.fd(), F_WRLCK)) {
     failed = absl::InternalError(
         absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {
@@ -230,7 +231,11 @@ void WriteTracker::Capture(uint64_t offset) {
           absl::StrCat("pre-image of page ", offset, ": ", appended.message(),
                        "; that page cannot be put back if this process dies before its next sync"));
     }
-    LockJournal(journal_.fd(), F_UNLCK);
+    if (guarded) {
+      journal_.LeaveGuard();
+    } else {
+      LockJournal(journal_.fd(), F_UNLCK);
+    }
   }
   if (!failed.ok() && error_.ok()) error_ = failed;
   // Lift the protection even on failure: the store must go on.

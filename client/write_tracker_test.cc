@@ -44,6 +44,13 @@ class WriteTrackerTest : public ::testing::TestWithParam<bool> {
     UniqueFd journal(
         open(dir_.Sub("journal").c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
     ASSERT_TRUE(journal.valid());
+    if (GetParam()) {  // as heapd 0.5 makes it: its control page first
+      std::string control(kJournalControlBytes, '\0');
+      const JournalControl header{kJournalControlMagic, 1, 0, 0};
+      std::memcpy(control.data(), &header, sizeof(header));
+      ASSERT_EQ(write(journal.get(), control.data(), control.size()),
+                static_cast<ssize_t>(control.size()));
+    }
     int pair[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
     lifeline_.reset(pair[0]);
@@ -67,7 +74,7 @@ class WriteTrackerTest : public ::testing::TestWithParam<bool> {
     char buffer[1 << 16];
     for (ssize_t n; (n = read(journal.get(), buffer, sizeof(buffer))) > 0;) bytes.append(buffer, n);
     uint64_t records = 0;
-    for (uint64_t at = 0;;) {
+    for (uint64_t at = GetParam() ? kJournalControlBytes : 0;;) {
       auto decoded = DecodeUndoRecord(absl::string_view(bytes).substr(at), at);
       EXPECT_TRUE(decoded.ok()) << decoded.status();
       if (!decoded.ok() || !decoded->has_value()) return records;
@@ -114,6 +121,49 @@ TEST_P(WriteTrackerTest, AStoreDuringASyncWaitsForItsEnd) {
   writer.join();
   EXPECT_TRUE(stored.load());
   EXPECT_EQ(JournalRecords(), 2u);  // one per generation
+}
+
+// heapd puts pages back while it holds the journal's OFD lock and the
+// guard is closed: a first store waits for it, whichever way the tracker
+// takes its pre-images. With the guard open, the OFD lock is not taken.
+TEST_P(WriteTrackerTest, AFirstStoreWaitsWhileHeapdPutsPagesBack) {
+  UniqueFd heapd_side(open(dir_.Sub("journal").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(heapd_side.valid());
+  auto set_closed = [&](uint32_t closed) {
+    ASSERT_EQ(pwrite(heapd_side.get(), &closed, sizeof(closed), kJournalClosedAt),
+              static_cast<ssize_t>(sizeof(closed)));
+  };
+  auto lock = [&](short type) {
+    struct flock l {};
+    l.l_type = type;
+    l.l_whence = SEEK_SET;
+    l.l_len = 1;
+    ASSERT_EQ(fcntl(heapd_side.get(), F_OFD_SETLK, &l), 0) << std::strerror(errno);
+  };
+  if (GetParam()) ASSERT_NO_FATAL_FAILURE(set_closed(1));
+  ASSERT_NO_FATAL_FAILURE(lock(F_WRLCK));
+  std::atomic<bool> stored{false};
+  std::thread writer([&] {
+    base_[kUndoPageBytes] = 5;
+    stored.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(stored.load()) << "a store went through while heapd put pages back";
+  if (GetParam()) ASSERT_NO_FATAL_FAILURE(set_closed(0));
+  ASSERT_NO_FATAL_FAILURE(lock(F_UNLCK));
+  writer.join();
+  EXPECT_EQ(JournalRecords(), 1u);
+  if (!GetParam()) return;
+  // The guard open: heapd's OFD lock alone stops nothing (a 0.5 client
+  // does not take it).
+  ASSERT_NO_FATAL_FAILURE(lock(F_WRLCK));
+  base_[2 * kUndoPageBytes] = 6;
+  EXPECT_EQ(JournalRecords(), 2u);
+  ASSERT_NO_FATAL_FAILURE(lock(F_UNLCK));
+  uint32_t busy = 1;
+  ASSERT_EQ(pread(heapd_side.get(), &busy, sizeof(busy), kJournalBusyAt),
+            static_cast<ssize_t>(sizeof(busy)));
+  EXPECT_EQ(busy, 0u);
 }
 
 // A forked child would store without pre-images: it has no mapping of the

@@ -67,18 +67,22 @@ bool WriteAll(int fd, const std::string& bytes) {
 // Frees what a session's journal holds but its last kUndoJournalWindowBytes:
 // its client may be appending through a mapping of those, and a store into
 // a page freed under it could find the file system full (a SIGBUS).
+// Its control page stays too.
 void EmptyJournal(int fd) {
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) <= kUndoJournalWindowBytes) return;
-  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-            static_cast<off_t>(static_cast<uint64_t>(st.st_size) - kUndoJournalWindowBytes));
+  if (fstat(fd, &st) != 0) return;
+  const uint64_t keep = kJournalControlBytes + kUndoJournalWindowBytes;
+  if (static_cast<uint64_t>(st.st_size) <= keep) return;
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kJournalControlBytes,
+            static_cast<off_t>(static_cast<uint64_t>(st.st_size) - keep));
 }
 
 // A journal may hold, unpunched, at most a few generations' pre-images of
 // every page of the data file, and the zeros of a client's mapped window
 // after them: more is not a client following the protocol.
 uint64_t MaxJournalBytes(uint64_t data_bytes) {
-  return 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes + kUndoJournalWindowBytes;
+  return kJournalControlBytes + 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes +
+         kUndoJournalWindowBytes;
 }
 
 // Takes (exclusive, without waiting) or releases the OFD lock on byte 0 of
@@ -91,9 +95,34 @@ bool LockJournal(int fd, short type) {
   return fcntl(fd, F_OFD_SETLK, &lock) == 0;
 }
 
-// The bytes of zeros a journal starts with (holes, or zeroed by a punch).
-uint64_t PunchedPrefix(int fd) {
-  const off_t data = lseek(fd, 0, SEEK_DATA);
+// Sets heapd's word of a journal's guard (JournalControl). A journal
+// without a control page (a 0.4 heapd's) gets one it ignores: its client
+// takes the OFD lock for every pre-image.
+void SetGuardClosed(int fd, uint32_t closed) {
+  (void)!pwrite(fd, &closed, sizeof(closed), kJournalClosedAt);
+}
+
+// Whether a journal's client is inside its guard (taking a pre-image
+// without the OFD lock). Whatever it reads there, a client can only stall
+// heapd as one keeping its lock can: for kLockAttempts * kLockRetry.
+bool GuardBusy(int fd) {
+  uint32_t busy = 0;
+  return pread(fd, &busy, sizeof(busy), kJournalBusyAt) == sizeof(busy) && busy != 0;
+}
+
+// Where a journal's records start: after its control page if it has one
+// (made by heapd 0.5), else at 0.
+uint64_t RecordsStart(int fd) {
+  uint32_t magic = 0;
+  return pread(fd, &magic, sizeof(magic), 0) == sizeof(magic) && magic == kJournalControlMagic
+             ? kJournalControlBytes
+             : 0;
+}
+
+// Where a journal's first record is (past zeros from `from` on: holes, or
+// zeroed by a punch).
+uint64_t PunchedPrefix(int fd, uint64_t from) {
+  const off_t data = lseek(fd, static_cast<off_t>(from), SEEK_DATA);
   if (data < 0) {  // ENXIO: holes to the end
     struct stat st;
     return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
@@ -183,7 +212,8 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::OpenAt(
     if (!journal.fd.valid()) continue;
     // Its void pre-images were punched out (Committed): they read as zeros
     // up to the first record that was not, whose magic starts nonzero.
-    journal.read_to = journal.punched = PunchedPrefix(journal.fd.get());
+    journal.read_to = journal.punched =
+        PunchedPrefix(journal.fd.get(), RecordsStart(journal.fd.get()));
     if (put_back) undo->RefreshLocked(id, journal);
     undo->journals_.emplace(id, std::move(journal));
   }
@@ -211,11 +241,16 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", JournalPath(session)));
   Journal journal;
   journal.fd.reset(openat(dir_fd_.get(), name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
-  if (!journal.fd.valid()) {
+  std::string control(kJournalControlBytes, '\0');
+  const JournalControl header{kJournalControlMagic, 1, 0, 0};
+  std::memcpy(control.data(), &header, sizeof(header));
+  if (!journal.fd.valid() || pwrite(journal.fd.get(), control.data(), control.size(), 0) !=
+                                 static_cast<ssize_t>(control.size())) {
     const int err = errno;
     unlinkat(dir_fd_.get(), name.c_str(), 0);
-    return ErrnoStatus(err, absl::StrCat("open ", JournalPath(session)));
+    return ErrnoStatus(err, absl::StrCat("make ", JournalPath(session)));
   }
+  journal.read_to = journal.punched = kJournalControlBytes;
   absl::MutexLock lock(&new_journals_mu_);
   new_journals_.emplace(session, std::move(journal));
   return fd;
@@ -823,7 +858,19 @@ bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
     for (auto& [session, journal] : journals_) {
       if (session != except && !LockJournal(journal.fd.get(), F_WRLCK)) all = false;
     }
-    if (all) return true;
+    // 0.5 clients take pre-images without the lock, under their guard
+    // (undo_record.h, JournalControl): close every guard, then no client
+    // may be inside one.
+    if (all) {
+      for (auto& [session, journal] : journals_) {
+        if (session != except) SetGuardClosed(journal.fd.get(), 1);
+      }
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // the closes before the reads
+      for (auto& [session, journal] : journals_) {
+        if (session != except && GuardBusy(journal.fd.get())) all = false;
+      }
+      if (all) return true;
+    }
     UnlockLiveJournalsLocked(except);
     std::this_thread::sleep_for(kLockRetry);
   }
@@ -832,7 +879,9 @@ bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
 
 void ContentUndo::UnlockLiveJournalsLocked(ClientId except) {
   for (auto& [session, journal] : journals_) {
-    if (session != except) LockJournal(journal.fd.get(), F_UNLCK);
+    if (session == except) continue;
+    SetGuardClosed(journal.fd.get(), 0);
+    LockJournal(journal.fd.get(), F_UNLCK);
   }
 }
 

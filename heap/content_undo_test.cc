@@ -167,9 +167,12 @@ class ContentUndoTest : public ::testing::Test {
 
   UndoCounts Die(Session& s) { return undo_->RollBack(s.id); }
 
+  // The bytes of records in the session's journal (after its control page).
   uint64_t JournalBytes(const Session& s) const {
     struct stat st;
-    return fstat(s.journal.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    return fstat(s.journal.get(), &st) == 0
+               ? static_cast<uint64_t>(st.st_size) - kJournalControlBytes
+               : 0;
   }
 
   // The names in the undo directory, sorted.
@@ -725,9 +728,9 @@ TEST_F(ContentUndoHostileTest, ARecordChangedAfterItWasReadIsNotRestored) {
 TEST_F(ContentUndoTest, AMappedJournalsRecordIsThereOnceItsMagicIs) {
   ASSERT_NO_FATAL_FAILURE(Make());
   auto s = Attach(7);
-  ASSERT_EQ(fallocate(s->journal.get(), 0, 0, kUndoJournalWindowBytes), 0);
+  ASSERT_EQ(fallocate(s->journal.get(), 0, kJournalControlBytes, kUndoJournalWindowBytes), 0);
   void* mapped = mmap(nullptr, kUndoJournalWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                      s->journal.get(), 0);
+                      s->journal.get(), kJournalControlBytes);
   ASSERT_NE(mapped, MAP_FAILED);
   char* window = static_cast<char*>(mapped);
   // Two whole records, then one whose magic is not stored yet.
@@ -747,6 +750,44 @@ TEST_F(ContentUndoTest, AMappedJournalsRecordIsThereOnceItsMagicIs) {
   EXPECT_TRUE(SamePage(Page(2 * kPage), Pattern(2 * kPage, 'o')));
   // (A client stores only once the record is whole: this one was not read.)
   EXPECT_TRUE(SamePage(Page(3 * kPage), Stored(Pattern(3 * kPage, 'o'), 0, "stored")));
+}
+
+// A client inside its journal's guard (taking a pre-image without the OFD
+// lock) keeps heapd from putting pages back, as one holding its lock
+// does: after trying for kLockAttempts * kLockRetry, heapd hands the dead
+// session's pages over instead. Its guard is open again afterwards.
+TEST_F(ContentUndoTest, AClientInsideItsGuardKeepsPagesFromGoingBack) {
+  ASSERT_NO_FATAL_FAILURE(Make());
+  auto busy_client = Attach(20);
+  // Its control page, as the client maps it (the journal's descriptor
+  // appends whatever the offset).
+  UniqueFd control(open((undo_dir() + "/session-20.undo").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(control.valid());
+  auto set = [&](uint64_t at, uint32_t value) {
+    ASSERT_EQ(pwrite(control.get(), &value, sizeof(value), at),
+              static_cast<ssize_t>(sizeof(value)));
+  };
+  auto get = [&](uint64_t at) {
+    uint32_t value = 7;
+    EXPECT_EQ(pread(control.get(), &value, sizeof(value), at), static_cast<ssize_t>(sizeof(value)));
+    return value;
+  };
+  EXPECT_EQ(get(0), kJournalControlMagic);
+  ASSERT_NO_FATAL_FAILURE(set(kJournalBusyAt, 1));
+  auto dead = Attach(21);
+  ASSERT_NO_FATAL_FAILURE(Write(*dead, 2 * kPage, 0, "dead"));
+  UndoCounts died = Die(*dead);
+  EXPECT_EQ(died.pages_restored, 0u);
+  EXPECT_EQ(died.pages_handed_over, 1u);
+  EXPECT_EQ(get(kJournalClosedAt), 0u);
+
+  ASSERT_NO_FATAL_FAILURE(set(kJournalBusyAt, 0));
+  auto dead_too = Attach(22);
+  ASSERT_NO_FATAL_FAILURE(Write(*dead_too, 3 * kPage, 0, "dead too"));
+  died = Die(*dead_too);
+  EXPECT_EQ(died.pages_restored, 1u);
+  EXPECT_TRUE(SamePage(Page(3 * kPage), Pattern(3 * kPage, 'o')));
+  EXPECT_EQ(get(kJournalClosedAt), 0u);
 }
 
 TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {

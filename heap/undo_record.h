@@ -13,6 +13,7 @@
 #ifndef HEAPD_HEAP_UNDO_RECORD_H_
 #define HEAPD_HEAP_UNDO_RECORD_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,6 +64,28 @@ struct UndoRecordHeader {
 static_assert(sizeof(UndoRecordHeader) == 56, "on-disk layout");
 
 inline constexpr uint64_t kUndoHeaderBytes = sizeof(UndoRecordHeader);
+// The first page of a session journal that heapd 0.5 makes (records
+// follow it): its guard. A client takes a pre-image without a system call
+// unless heapd is putting pages back (docs/consistency.md, "Object
+// contents"): it sets `busy` (sequentially consistent), then reads
+// `closed`; if `closed` is set it clears `busy` and takes the journal's
+// OFD lock instead, as a 0.4 client does for every pre-image. heapd, to
+// put pages back, takes every live journal's OFD lock, sets `closed`,
+// then waits until `busy` reads 0: a pre-image taken meanwhile is whole
+// in the journal, and any later one waits for heapd. heapd reads and
+// writes the page with pread and pwrite (a client may truncate its file:
+// heapd never maps it).
+struct JournalControl {
+  uint32_t magic = 0;    // kJournalControlMagic
+  uint32_t version = 0;  // 1
+  uint32_t busy = 0;     // the client's
+  uint32_t closed = 0;   // heapd's
+};
+inline constexpr uint32_t kJournalControlMagic = 0x434a4448;  // "HDJC"
+inline constexpr uint64_t kJournalControlBytes = 4096;
+inline constexpr uint64_t kJournalBusyAt = offsetof(JournalControl, busy);
+inline constexpr uint64_t kJournalClosedAt = offsetof(JournalControl, closed);
+
 // A client appending into a mapping of its journal extends the file this
 // much at a time (its window); heapd, emptying a journal cut off for its
 // size, keeps the last this-many bytes, which that client may still store
