@@ -14,8 +14,10 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "client/growth_fault_handler.h"
@@ -164,6 +166,61 @@ TEST_P(WriteTrackerTest, AFirstStoreWaitsWhileHeapdPutsPagesBack) {
   ASSERT_EQ(pread(heapd_side.get(), &busy, sizeof(busy), kJournalBusyAt),
             static_cast<ssize_t>(sizeof(busy)));
   EXPECT_EQ(busy, 0u);
+}
+
+// Two threads store into the same protected pages at once, generation
+// after generation: each page's first pre-image of a generation holds the
+// page as it was before either store (neither went through first).
+TEST_P(WriteTrackerTest, StoresRacingIntoOnePageWaitForItsFirstPreImage) {
+  constexpr int kGenerations = 20;
+  constexpr uint64_t kPages = kBytes / kUndoPageBytes;
+  auto pattern = [](int generation, uint64_t page) {
+    return std::string(kUndoPageBytes, static_cast<char>('A' + (generation * 7 + page) % 50));
+  };
+  for (int g = 0; g < kGenerations; ++g) {
+    // The generation's contents, then every page protected again.
+    for (uint64_t page = 0; page < kPages; ++page) {
+      const std::string bytes = pattern(g, page);
+      ASSERT_EQ(pwrite(data_.get(), bytes.data(), bytes.size(), page * kUndoPageBytes),
+                static_cast<ssize_t>(bytes.size()));
+    }
+    tracker_->BeginSync();
+    tracker_->EndSync();
+    std::atomic<int> ready{0};
+    auto store = [&](int thread) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      for (uint64_t page = 0; page < kPages; ++page) {
+        base_[page * kUndoPageBytes + 8 * thread] = static_cast<char>(thread + 1);
+      }
+    };
+    std::thread first(store, 0), second(store, 1);
+    first.join();
+    second.join();
+  }
+  // The journal: per (generation, page), the first pre-image.
+  std::string bytes;
+  UniqueFd journal(open(dir_.Sub("journal").c_str(), O_RDONLY | O_CLOEXEC));
+  char buffer[1 << 16];
+  for (ssize_t n; (n = read(journal.get(), buffer, sizeof(buffer))) > 0;) bytes.append(buffer, n);
+  std::set<std::pair<uint64_t, uint64_t>> seen;
+  for (uint64_t at = GetParam() ? kJournalControlBytes : 0;;) {
+    auto decoded = DecodeUndoRecord(absl::string_view(bytes).substr(at), at);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    if (!decoded->has_value()) break;
+    const DecodedUndoRecord& r = **decoded;
+    // Generation 1 is the first BeginSync's: its pages were never written.
+    const int g = static_cast<int>(r.header.generation) - 2;
+    if (g >= 0 && seen.emplace(r.header.generation, r.header.page).second) {
+      EXPECT_EQ(bytes.substr(r.image_at, kUndoPageBytes),
+                pattern(g, r.header.page / kUndoPageBytes))
+          << "generation " << g << ", page " << r.header.page / kUndoPageBytes;
+    }
+    at += r.size;
+  }
+  EXPECT_EQ(seen.size(), kGenerations * kPages);
+  EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
 }
 
 // A forked child would store without pre-images: it has no mapping of the

@@ -66,6 +66,26 @@ TEST_P(ContentRollbackOn, AStoreAfterTheLastSyncGoesBackWhenItsWriterDies) {
   EXPECT_GE(stats.undo_pages_restored(), 1u);
 }
 
+// Stores the kernel makes into a tracked heap (read(2) into a heap buffer,
+// another process's process_vm_writev as MPI's cross-process copies) wait
+// for their page's pre-image like the process's own (this test's client
+// runs as root: its userfaultfd covers kernel-mode faults), and go back
+// with them.
+TEST_P(ContentRollbackOn, KernelStoresWorkAndGoBackWhenTheirWriterDies) {
+  TestDaemon daemon({}, GetParam());
+  daemon.Start();
+  ASSERT_TRUE(Work(daemon, {"put", "x", "11"}).Exited(0));
+  for (const std::string how : {"read", "vm-write"}) {
+    SCOPED_TRACE(how);
+    const ChildResult died = Work(daemon, {"kernel-store-and-die", "x", "22", how});
+    ASSERT_TRUE(died.KilledBy(SIGKILL)) << died.output;
+    EXPECT_TRUE(absl::StrContains(died.output, "stored tracked")) << died.output;
+    EXPECT_TRUE(absl::StrContains(died.output, "read back 22")) << died.output;
+    EXPECT_EQ(Value(daemon, "x"), "value 11\n");
+  }
+  EXPECT_GE(Stats(daemon).undo_pages_restored(), 2u);
+}
+
 // A sync too big for one message goes in parts; one killed between them
 // commits none: not the free of the object its stores unlinked (the store
 // goes back, so the object must stay live), nor the allocations.

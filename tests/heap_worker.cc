@@ -18,6 +18,12 @@
 //   heap_worker SOCKET HEAP store-and-die NAME VALUE   sync, store VALUE into NAME's
 //                                               uint64_t, print "stored tracked|untracked",
 //                                               die of SIGKILL before syncing
+//   heap_worker SOCKET HEAP kernel-store-and-die NAME VALUE HOW   the same, the
+//                                               kernel storing: HOW is read (read(2)
+//                                               from a pipe into the object) or vm-write
+//                                               (a child process's process_vm_writev, as
+//                                               MPI's cross-process copies); print "read
+//                                               back VALUE" before dying
 //   heap_worker SOCKET HEAP scribble-and-die NAME VALUE   the same without the
 //                                               sync first: no epoch passes
 //   heap_worker SOCKET HEAP store-and-wait NAME VALUE  the same, but stay attached;
@@ -65,7 +71,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -328,8 +336,45 @@ int Put(Client& client, const std::string& heap_name, const std::string& name, u
 // is the session's first since its last sync), prints "stored" and dies of
 // SIGKILL without syncing it; with `wait`, stays attached instead and at
 // each SIGUSR1 stores value + 1 and prints "stored again".
+// Stores `value` at `object` as the kernel does for a system call: "read"
+// (read(2) from a pipe) or "vm-write" (another process's
+// process_vm_writev into this one).
+absl::Status KernelStore(uint64_t* object, uint64_t value, const std::string& how) {
+  if (how == "read") {
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) return absl::InternalError(std::strerror(errno));
+    const bool sent = write(pipe_fds[1], &value, sizeof(value)) == sizeof(value);
+    const ssize_t got = read(pipe_fds[0], object, sizeof(value));
+    const int err = errno;
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    if (!sent || got != sizeof(value)) {
+      return absl::InternalError(absl::StrCat("read(2) into the heap: ", std::strerror(err)));
+    }
+    return absl::OkStatus();
+  }
+  if (how == "vm-write") {
+    const pid_t parent = getpid();
+    const pid_t child = fork();
+    if (child < 0) return absl::InternalError(std::strerror(errno));
+    if (child == 0) {
+      iovec local{&value, sizeof(value)};
+      iovec remote{object, sizeof(value)};
+      _exit(process_vm_writev(parent, &local, 1, &remote, 1, 0) == sizeof(value) ? 0 : errno);
+    }
+    int status = 0;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return absl::InternalError(
+          absl::StrCat("process_vm_writev into the heap: ", std::strerror(WEXITSTATUS(status))));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no kernel store ", how));
+}
+
 int StoreAndDie(Client& client, const std::string& heap_name, const std::string& name,
-                uint64_t value, bool wait = false, bool sync_first = true) {
+                uint64_t value, bool wait = false, bool sync_first = true,
+                const std::string& kernel_store = "") {
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name);
   if (!heap.ok()) return Fail(heap.status());
   absl::StatusOr<uint64_t*> object = (*heap)->find<uint64_t>(name);
@@ -339,8 +384,13 @@ int StoreAndDie(Client& client, const std::string& heap_name, const std::string&
       return Fail(synced.status());
     }
   }
-  **object = value;
+  if (kernel_store.empty()) {
+    **object = value;
+  } else if (absl::Status s = KernelStore(*object, value, kernel_store); !s.ok()) {
+    return Fail(s);
+  }
   std::printf("stored %s\n", (*heap)->content_rollback() ? "tracked" : "untracked");
+  if (!kernel_store.empty()) std::printf("read back %llu\n", (unsigned long long)**object);
   std::fflush(stdout);
   while (wait) {
     if (sync_requested.exchange(false)) {
@@ -681,6 +731,11 @@ int Main(int argc, char** argv) {
     if (argc < 6 || !absl::SimpleAtoi(argv[5], &value)) return 2;
     return StoreAndDie(*client, heap, arg, value, /*wait=*/false,
                        /*sync_first=*/mode == "store-and-die");
+  }
+  if (mode == "kernel-store-and-die") {
+    uint64_t value = 0;
+    if (argc < 7 || !absl::SimpleAtoi(argv[5], &value)) return 2;
+    return StoreAndDie(*client, heap, arg, value, /*wait=*/false, /*sync_first=*/true, argv[6]);
   }
   if (mode == "store-and-wait") {
     uint64_t value = 0;
