@@ -71,6 +71,9 @@ ABSL_FLAG(std::string, track_contents, "both", "both, true or false");
 ABSL_FLAG(std::string, state_parent, "/dev/shm",
           "where the heapds keep their heaps: tmpfs, or a file system's directory (tracking "
           "then gives a working image, --track_contents=false a heap mapped from its file)");
+ABSL_FLAG(bool, sequential, false,
+          "update a contiguous run of the objects in address order (an in-place sweep "
+          "through an array) instead of objects chosen at random");
 ABSL_FLAG(int, updater_cpu, -1,
           "bind the thread that makes the updates to this CPU once the heap is attached, as "
           "srun --cpu-bind=cores or mpirun --bind-to core binds a rank (-1: not bound)");
@@ -105,6 +108,35 @@ T Check(absl::StatusOr<T> value, const std::string& what) {
 int64_t FileSize(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+// Where a session's undo journal's first record is: after its control
+// page, if it has one.
+uint64_t JournalRecordsStart(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  uint32_t magic = 0;
+  const bool control = fd >= 0 && pread(fd, &magic, sizeof(magic), 0) == sizeof(magic) &&
+                       magic == kJournalControlMagic;
+  if (fd >= 0) close(fd);
+  return control ? kJournalControlBytes : 0;
+}
+
+// Where the records of a session's undo journal end, reading on from
+// `from` (a record's start): a mapped journal ends in zeros, not at its
+// size.
+uint64_t JournalRecordsEnd(const std::string& path, uint64_t from) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return from;
+  std::string record(kUndoImageRecordBytes, '\0');
+  for (;;) {
+    const ssize_t n = pread(fd, record.data(), record.size(), static_cast<off_t>(from));
+    if (n <= 0) break;
+    auto decoded = DecodeUndoRecord(absl::string_view(record.data(), n), from);
+    if (!decoded.ok() || !decoded->has_value()) break;
+    from += (*decoded)->size;
+  }
+  close(fd);
+  return from;
 }
 
 // Figures of one configuration: name -> one value per round (or per run).
@@ -188,8 +220,10 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
     Die("b8", absl::NotFoundError(absl::StrCat("no undo journal at ", journal)));
   }
   // Fresh memory needs no pre-images: 0 expected.
-  out["pre-images while building"].push_back(
-      tracked ? static_cast<double>(FileSize(journal)) / kUndoImageRecordBytes : 0);
+  const uint64_t journal_start = tracked ? JournalRecordsStart(journal) : 0;
+  uint64_t journal_end = tracked ? JournalRecordsEnd(journal, journal_start) : 0;
+  out["pre-images while building"].push_back(static_cast<double>(journal_end - journal_start) /
+                                             kUndoImageRecordBytes);
 
   // Bound after heapd started and the heap was attached: the tracker
   // follows the thread there (client/tracker_placement.h).
@@ -215,22 +249,29 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
     // `updates`-subset of the objects (partial Fisher-Yates), a random
     // aligned place in each, random bytes.
     pages.clear();
+    const uint64_t run_start = rng() % (objects - updates + 1);
     for (uint64_t k = 0; k < updates; ++k) {
-      std::swap(pick[k], pick[k + rng() % (objects - k)]);
+      if (absl::GetFlag(FLAGS_sequential)) {
+        pick[k] = static_cast<uint32_t>(run_start + k);
+      } else {
+        std::swap(pick[k], pick[k + rng() % (objects - k)]);
+      }
       char* to = object[pick[k]] + (rng() % slots) * write_bytes;
       writes[k] = {to, source.data() + (rng() % (source.size() / write_bytes)) * write_bytes};
       pages.push_back(reinterpret_cast<uintptr_t>(to) / kUndoPageBytes);
       pages.push_back((reinterpret_cast<uintptr_t>(to) + write_bytes - 1) / kUndoPageBytes);
     }
+    if (absl::GetFlag(FLAGS_sequential)) std::sort(writes.begin(), writes.end());
     std::sort(pages.begin(), pages.end());
     const double dirty =
         static_cast<double>(std::unique(pages.begin(), pages.end()) - pages.begin());
 
-    const int64_t journal_before = tracked ? FileSize(journal) : 0;
+    const uint64_t journal_before = journal_end;
     const Clock::time_point t0 = Clock::now();
     for (const auto& [to, from] : writes) std::memcpy(to, from, write_bytes);
     const Clock::time_point t1 = Clock::now();
-    const int64_t journal_after = tracked ? FileSize(journal) : 0;
+    const uint64_t journal_after = journal_end =
+        tracked ? JournalRecordsEnd(journal, journal_end) : 0;
     Check(heap->sync(), "sync");
     const Clock::time_point t2 = Clock::now();
     for (const auto& [to, from] : writes) {  // distinct objects: each write is still there

@@ -76,18 +76,12 @@ void JournalAppender::StopMapping() {
 
 absl::Status JournalAppender::NextWindow() {
   const uint64_t at = tail_ & ~(kUndoPageBytes - 1);
-  // The window's space first: a store into a mapped hole that finds the
-  // file system full is a SIGBUS.
-  if (fallocate(journal_.get(), 0, static_cast<off_t>(at),
-                static_cast<off_t>(kUndoJournalWindowBytes)) != 0) {
-    const int err = errno;
-    if (err != EOPNOTSUPP) {
-      return absl::ResourceExhaustedError(absl::StrCat("extend the undo journal to ",
-                                                       at + kUndoJournalWindowBytes,
-                                                       " bytes: ", std::strerror(err)));
-    }
-    StopMapping();
-    return absl::OkStatus();
+  const uint64_t end = at + kUndoJournalWindowBytes;
+  struct stat st;
+  if (fstat(journal_.get(), &st) != 0 ||
+      (static_cast<uint64_t>(st.st_size) < end && ftruncate(journal_.get(), end) != 0)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("extend the undo journal to ", end, " bytes: ", std::strerror(errno)));
   }
   void* window = mmap(nullptr, kUndoJournalWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                       journal_.get(), static_cast<off_t>(at));
@@ -95,9 +89,15 @@ absl::Status JournalAppender::NextWindow() {
     StopMapping();
     return absl::OkStatus();
   }
-  // Mapped writable at once (Linux 5.14): no fault at each record's first
-  // store. MAP_POPULATE would map a shared file's pages read-only.
-  madvise(window, kUndoJournalWindowBytes, kMadvisePopulateWrite);
+  // The window's pages allocated and mapped writable in one pass (Linux
+  // 5.14): no fault at each record's first store, and a file system found
+  // full is an error here, not a SIGBUS at a store into a hole.
+  if (madvise(window, kUndoJournalWindowBytes, kMadvisePopulateWrite) != 0) {
+    const int err = errno;
+    munmap(window, kUndoJournalWindowBytes);
+    return absl::ResourceExhaustedError(absl::StrCat("allocate the undo journal's bytes ", at, "..",
+                                                     end, ": ", std::strerror(err)));
+  }
   // A forked child has no business in it.
   madvise(window, kUndoJournalWindowBytes, MADV_DONTFORK);
   if (window_ != nullptr) munmap(window_, kUndoJournalWindowBytes);

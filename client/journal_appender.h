@@ -3,10 +3,10 @@
 // tracker's thread.
 //
 // Mapped (heapd reads such journals: protocol revision 2): the file is
-// extended a window at a time (fallocate: its space is taken before any
-// record needs it, so that no store into the mapping can fault for want of
-// space), the window is mapped shared and populated, and each record is
-// encoded straight into it: no system call per record. heapd reads the
+// extended a window at a time, the window mapped shared and populated
+// writable (its space taken before any record needs it: no store into the
+// mapping faults for want of space), and each record is encoded straight
+// into it: no system call per record. heapd reads the
 // file as before; a record is there once its magic, stored last, is.
 // The journal's guard (heap/undo_record.h, JournalControl) keeps heapd
 // from putting pages back while a pre-image is taken, without a system

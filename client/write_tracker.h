@@ -32,6 +32,8 @@
 #ifndef HEAPD_CLIENT_WRITE_TRACKER_H_
 #define HEAPD_CLIENT_WRITE_TRACKER_H_
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -45,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/journal_appender.h"
+#include "client/sequential_runs.h"
 #include "client/tracker_placement.h"
 #include "util/unique_fd.h"
 
@@ -96,6 +99,9 @@ class WriteTracker {
   // one: its page cannot be put back), or growth that could not be
   // write-protected; OK if none.
   absl::Status error() const;
+  // Pages whose pre-images were taken ahead of a sequential writer's
+  // stores (sequential_runs.h), without a fault of their own.
+  uint64_t pages_taken_ahead() const { return taken_ahead_.load(std::memory_order_relaxed); }
   // The userfaultfd's descriptor (for the growth fault handler).
   int fd() const { return uffd_.get(); }
   // True once the session ended and the mapping was fenced: stores made
@@ -120,6 +126,7 @@ class WriteTracker {
         data_fd_(data_fd),
         uffd_(std::move(uffd)),
         wake_(std::move(wake)),
+        pagemap_(open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC)),
         lifeline_(lifeline),
         journal_(std::move(journal), map_journal) {}
 
@@ -132,10 +139,15 @@ class WriteTracker {
   void Run();
   // Takes the pre-images of the faults pending, and of those that follow
   // within kSpinNs; follows the faulting threads (tracker_placement.h).
-  void DrainFaults(TrackerPlacement& placement);
-  // Takes the pre-image of the page at `offset` and lets stores to it
-  // through.
-  void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
+  void DrainFaults(TrackerPlacement& placement, SequentialRuns& runs);
+  // Takes the pre-image of the page at `offset`, and of the protected
+  // pages after it that `runs` says a sequential writer will store into
+  // next, and lets stores to them through.
+  void Capture(uint64_t offset, SequentialRuns& runs) ABSL_LOCKS_EXCLUDED(mu_);
+  // How many of the `ahead` pages after the one at `offset` are in the
+  // mapping and write-protected, counting from the first (the pagemap's
+  // uffd-wp bit; 0 without /proc/self/pagemap).
+  uint64_t ProtectedAfter(uint64_t offset, uint64_t ahead) const;
   // Maps everything privately: the session is over.
   void Fence();
   // Sets error_ if a range cannot be protected again.
@@ -145,13 +157,15 @@ class WriteTracker {
   const std::atomic<uint64_t>* const mapped_;
   const int data_fd_;
   const UniqueFd uffd_;
-  const UniqueFd wake_;  // eventfd: stops Run
+  const UniqueFd wake_;     // eventfd: stops Run
+  const UniqueFd pagemap_;  // /proc/self/pagemap, or invalid
   const int lifeline_;
   std::thread thread_;
   std::atomic<bool> fencing_{false};  // set (release) when Fence starts
   std::atomic<bool> fenced_{false};   // set (release) once Fence has run
   std::atomic<int> growth_slot_{-1};
   std::atomic<bool> unprotected_growth_{false};
+  std::atomic<uint64_t> taken_ahead_{0};
 
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;

@@ -99,8 +99,9 @@ TEST_P(WriteTrackerTest, AFirstStoreTakesOnePreImage) {
   base_[100] = 1;
   base_[200] = 2;
   EXPECT_EQ(JournalRecords(), 1u);
-  base_[kUndoPageBytes] = 3;
+  base_[5 * kUndoPageBytes] = 3;  // not the next page: nothing taken ahead
   EXPECT_EQ(JournalRecords(), 2u);
+  EXPECT_EQ(tracker_->pages_taken_ahead(), 0u);
   EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
 }
 
@@ -159,13 +160,43 @@ TEST_P(WriteTrackerTest, AFirstStoreWaitsWhileHeapdPutsPagesBack) {
   // The guard open: heapd's OFD lock alone stops nothing (a 0.5 client
   // does not take it).
   ASSERT_NO_FATAL_FAILURE(lock(F_WRLCK));
-  base_[2 * kUndoPageBytes] = 6;
+  base_[4 * kUndoPageBytes] = 6;
   EXPECT_EQ(JournalRecords(), 2u);
   ASSERT_NO_FATAL_FAILURE(lock(F_UNLCK));
   uint32_t busy = 1;
   ASSERT_EQ(pread(heapd_side.get(), &busy, sizeof(busy), kJournalBusyAt),
             static_cast<ssize_t>(sizeof(busy)));
   EXPECT_EQ(busy, 0u);
+}
+
+// A sweep through the pages in order: most pre-images are taken ahead of
+// the stores, without faults of their own; each page still has exactly
+// one, holding the page as it was before the sweep.
+TEST_P(WriteTrackerTest, ASequentialSweepTakesPagesAhead) {
+  constexpr uint64_t kPages = kBytes / kUndoPageBytes;
+  for (uint64_t page = 0; page < kPages; ++page) {
+    const std::string bytes(kUndoPageBytes, static_cast<char>('a' + page));
+    ASSERT_EQ(pwrite(data_.get(), bytes.data(), bytes.size(), page * kUndoPageBytes),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  for (uint64_t page = 0; page < kPages; ++page) base_[page * kUndoPageBytes + 1] = '!';
+  EXPECT_GE(tracker_->pages_taken_ahead(), kPages / 2);
+  EXPECT_EQ(JournalRecords(), kPages);
+  std::string bytes;
+  UniqueFd journal(open(dir_.Sub("journal").c_str(), O_RDONLY | O_CLOEXEC));
+  char buffer[1 << 16];
+  for (ssize_t n; (n = read(journal.get(), buffer, sizeof(buffer))) > 0;) bytes.append(buffer, n);
+  for (uint64_t at = GetParam() ? kJournalControlBytes : 0;;) {
+    auto decoded = DecodeUndoRecord(absl::string_view(bytes).substr(at), at);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    if (!decoded->has_value()) break;
+    const uint64_t page = (*decoded)->header.page / kUndoPageBytes;
+    EXPECT_EQ(bytes.substr((*decoded)->image_at, kUndoPageBytes),
+              std::string(kUndoPageBytes, static_cast<char>('a' + page)))
+        << "page " << page;
+    at += (*decoded)->size;
+  }
+  EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
 }
 
 // Two threads store into the same protected pages at once, generation
