@@ -1,8 +1,10 @@
 #include "client/journal_appender.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +19,16 @@ namespace {
 // MADV_POPULATE_WRITE, which Debian 12's headers lack.
 constexpr int kMadvisePopulateWrite = 23;
 
+// Whether stores into a populated window of `fd`'s file never need space:
+// tmpfs, and ext4 and XFS, which overwrite a written block in place. A
+// copy-on-write file system (btrfs) allocates at every store after
+// write-back, and a full one would answer with a SIGBUS.
+bool MapsSafely(int fd) {
+  struct statfs fs;
+  if (fstatfs(fd, &fs) != 0) return false;
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == EXT4_SUPER_MAGIC || fs.f_type == XFS_SUPER_MAGIC;
+}
+
 }  // namespace
 
 JournalAppender::JournalAppender(UniqueFd journal, bool heapd_reads_mapped)
@@ -25,7 +37,7 @@ JournalAppender::JournalAppender(UniqueFd journal, bool heapd_reads_mapped)
       mapped_(heapd_reads_mapped),
       record_(kUndoImageRecordBytes, '\0') {
   struct stat st;
-  if (mapped_ && fstat(journal_.get(), &st) == 0) {
+  if (mapped_ && MapsSafely(journal_.get()) && fstat(journal_.get(), &st) == 0) {
     tail_ = static_cast<uint64_t>(st.st_size);
   } else {
     mapped_ = false;
@@ -106,12 +118,17 @@ absl::Status JournalAppender::NextWindow() {
   return absl::OkStatus();
 }
 
+absl::Status JournalAppender::MakeRoom(uint64_t bytes) {
+  if (mapped_ && (window_ == nullptr || tail_ + bytes > window_at_ + kUndoJournalWindowBytes)) {
+    return NextWindow();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JournalAppender::Append(UndoRecordHeader header, const char* image) {
   header.magic = magic_;
   const uint64_t bytes = UndoKindHasImage(header.kind) ? kUndoImageRecordBytes : kUndoHeaderBytes;
-  if (mapped_ && (window_ == nullptr || tail_ + bytes > window_at_ + kUndoJournalWindowBytes)) {
-    if (absl::Status s = NextWindow(); !s.ok()) return s;
-  }
+  if (absl::Status s = MakeRoom(bytes); !s.ok()) return s;
   if (mapped_) {
     EncodeUndoRecordInto(header, image, window_ + (tail_ - window_at_));
     tail_ += bytes;

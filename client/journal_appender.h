@@ -14,9 +14,10 @@
 // (or the journal has no control page), EnterGuard says so and the caller
 // takes the journal's OFD lock instead.
 //
-// If the file cannot be mapped: one write() per record (the journal is
-// opened O_APPEND). For a heapd of revision 1 (0.4.0): one write() per
-// record checked with CRC-32, what it reads.
+// On other file systems than tmpfs, ext4 and XFS (a copy-on-write one
+// needs space at stores into written pages), or if the file cannot be
+// mapped: one write() per record (the journal is opened O_APPEND). For a heapd of revision 1
+// (0.4.0): one write() per record checked with CRC-32, what it reads.
 #ifndef HEAPD_CLIENT_JOURNAL_APPENDER_H_
 #define HEAPD_CLIENT_JOURNAL_APPENDER_H_
 
@@ -41,6 +42,11 @@ class JournalAppender {
   // while it is copied: stores to it must be held back until this
   // returns). Once this returns OK, heapd reads the record.
   absl::Status Append(UndoRecordHeader header, const char* image);
+
+  // Maps the next window now if the next record of `bytes` needs it:
+  // before EnterGuard, so that heapd, waiting on the guard, does not wait
+  // for a window's allocation. Append does it too.
+  absl::Status MakeRoom(uint64_t bytes);
 
   // True: inside the guard, heapd puts no page back until LeaveGuard.
   // False: take the OFD lock instead.

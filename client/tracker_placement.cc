@@ -1,5 +1,8 @@
 #include "client/tracker_placement.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace heapd {
 
 TrackerPlacement::TrackerPlacement() {
@@ -8,6 +11,10 @@ TrackerPlacement::TrackerPlacement() {
 }
 
 int TrackerPlacement::BoundCpu(pid_t tid) {
+  // A thread of this process (signal 0: only asks), not real-time.
+  if (syscall(SYS_tgkill, getpid(), tid, 0) != 0) return -1;
+  const int policy = sched_getscheduler(tid);
+  if (policy != SCHED_OTHER && policy != SCHED_BATCH && policy != SCHED_IDLE) return -1;
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   // Fails on nodes with more CPUs than a cpu_set_t holds: not followed.
@@ -26,9 +33,6 @@ void TrackerPlacement::Follow(pid_t tid, uint64_t now_ns) {
     checked_ns_ = now_ns;
   }
   if (last_tid_cpu_ == pinned_cpu_) return;
-  if (moved_once_ && now_ns - moved_ns_ < kMoveNs) return;
-  moved_once_ = true;
-  moved_ns_ = now_ns;
   if (last_tid_cpu_ >= 0) {
     cpu_set_t one;
     CPU_ZERO(&one);

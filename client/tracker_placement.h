@@ -10,7 +10,11 @@
 // thread bound to one CPU (srun --cpu-bind, mpirun --bind-to core,
 // OMP_PROC_BIND) never moves, so the tracker moves to it. A thread free to
 // run anywhere is not followed: the scheduler would move it away from the
-// tracker at its next wake-up.
+// tracker at its next wake-up. Nor is a real-time thread (the tracker
+// would wait behind it), nor a thread of another process (the kernel
+// storing for it: process_vm_writev). A thread that keeps the CPU it is
+// bound to busy (polling) shares it with the tracker as the scheduler
+// decides.
 //
 // Used by the tracker's thread only.
 #ifndef HEAPD_CLIENT_TRACKER_PLACEMENT_H_
@@ -31,10 +35,8 @@ class TrackerPlacement {
 
   // A store of thread `tid` (0: unknown) faulted at `now_ns`
   // (CLOCK_MONOTONIC). Moves the calling thread to `tid`'s CPU if `tid` is
-  // bound to one, back to its own CPUs if not. A thread's binding is read
-  // again after kRecheckNs; the tracker moves at most once per kMoveNs
-  // (threads bound to different CPUs faulting in turn do not make it
-  // bounce).
+  // followed and bound to one, back to its own CPUs if not. A thread's
+  // binding is read again after kRecheckNs.
   void Follow(pid_t tid, uint64_t now_ns);
   // True while the tracker shares the CPU of the last thread it followed:
   // it must then sleep between faults, not spin (it would keep that
@@ -43,9 +45,8 @@ class TrackerPlacement {
 
  private:
   static constexpr uint64_t kRecheckNs = 100000000;  // 100 ms
-  static constexpr uint64_t kMoveNs = 1000000;       // 1 ms
 
-  // The only CPU `tid` may run on, or -1.
+  // The only CPU `tid` may run on if it is followed (above), or -1.
   static int BoundCpu(pid_t tid);
 
   bool own_cpus_known_ = false;
@@ -54,8 +55,6 @@ class TrackerPlacement {
   int last_tid_cpu_ = -1;
   uint64_t checked_ns_ = 0;
   int pinned_cpu_ = -1;  // the CPU the tracker is bound to, or -1: its own CPUs
-  uint64_t moved_ns_ = 0;
-  bool moved_once_ = false;
 };
 
 }  // namespace heapd

@@ -211,60 +211,26 @@ absl::Status WriteTracker::error() const {
   return error_;
 }
 
-uint64_t WriteTracker::ProtectedAfter(uint64_t offset, uint64_t ahead) const {
-  const uint64_t mapped = mapped_->load(std::memory_order_acquire);
-  const uint64_t next = offset + kUndoPageBytes;
-  if (ahead == 0 || !pagemap_.valid() || next >= mapped) return 0;
-  ahead = std::min(ahead, (mapped - next) / kUndoPageBytes);
-  uint64_t entries[SequentialRuns::kMaxAhead];
-  const uint64_t first = reinterpret_cast<uint64_t>(base_ + next) / kUndoPageBytes;
-  const ssize_t got = pread(pagemap_.get(), entries, ahead * sizeof(entries[0]),
-                            static_cast<off_t>(first * sizeof(entries[0])));
-  if (got <= 0) return 0;
-  constexpr uint64_t kUffdWriteProtected = uint64_t{1} << 57;  // Linux 5.14
-  uint64_t protected_pages = 0;
-  while (protected_pages < static_cast<uint64_t>(got) / sizeof(entries[0]) &&
-         (entries[protected_pages] & kUffdWriteProtected) != 0) {
-    ++protected_pages;
-  }
-  return protected_pages;
-}
-
-void WriteTracker::Capture(uint64_t offset, SequentialRuns& runs) {
+void WriteTracker::Capture(uint64_t offset) {
   absl::MutexLock lock(&mu_, absl::Condition(
                                  +[](bool* syncing) { return !*syncing; }, &syncing_));
-  // Pages after this one that nothing has stored into since the sync
-  // (still protected) and that a sequential writer will reach next: their
-  // pre-images now, spared a fault each. A store racing into one of them
-  // waits on its protection until it is lifted below (its fault is then
-  // answered again: a second pre-image, which no rollback uses).
-  const uint64_t page = offset / kUndoPageBytes;
-  const uint64_t ahead = ProtectedAfter(offset, runs.Ahead(page));
-  runs.Took(page, ahead);
-  const uint64_t bytes = (1 + ahead) * kUndoPageBytes;
-  uint64_t lifted = kUndoPageBytes;  // from offset on
   absl::Status failed;
-  const bool guarded = journal_.EnterGuard();  // else the OFD lock
+  (void)journal_.MakeRoom(kUndoImageRecordBytes);  // a failure: Append says it
+  const bool guarded = journal_.EnterGuard();      // else the OFD lock
   if (!guarded && !LockJournal(journal_.fd(), F_WRLCK)) {
     failed = absl::InternalError(
         absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {
     UndoRecordHeader header;
     header.kind = static_cast<uint32_t>(UndoKind::kPreImage);
+    header.page = offset;
     header.time_ns = MonotonicNs();
     header.generation = generation_;
-    header.page = offset;
     if (absl::Status appended = AppendPreImage(journal_, header, base_ + offset); !appended.ok()) {
       failed = absl::Status(
           appended.code(),
           absl::StrCat("pre-image of page ", offset, ": ", appended.message(),
                        "; that page cannot be put back if this process dies before its next sync"));
-    }
-    // The pages ahead: up to the first whose record fails (it stays
-    // protected, nothing stores there yet).
-    for (lifted = kUndoPageBytes; failed.ok() && lifted < bytes; lifted += kUndoPageBytes) {
-      header.page = offset + lifted;
-      if (!AppendPreImage(journal_, header, base_ + offset + lifted).ok()) break;
     }
     if (guarded) {
       journal_.LeaveGuard();
@@ -273,10 +239,9 @@ void WriteTracker::Capture(uint64_t offset, SequentialRuns& runs) {
     }
   }
   if (!failed.ok() && error_.ok()) error_ = failed;
-  taken_ahead_.fetch_add(lifted / kUndoPageBytes - 1, std::memory_order_relaxed);
   // Lift the protection even on failure: the store must go on.
-  Protect(offset, lifted, false);
-  unprotected_.emplace_back(offset, lifted);
+  Protect(offset, kUndoPageBytes, false);
+  unprotected_.emplace_back(offset, kUndoPageBytes);
 }
 
 bool MapPrivately(char* at, uint64_t length, int fd, uint64_t offset) {
@@ -314,7 +279,6 @@ void WriteTracker::Fence() {
 
 void WriteTracker::Run() {
   TrackerPlacement placement;  // this thread's CPUs, as inherited
-  SequentialRuns runs;
   bool fenced = false;
   for (;;) {
     pollfd polled[3] = {{wake_.get(), POLLIN, 0},
@@ -329,11 +293,11 @@ void WriteTracker::Run() {
       Fence();
       fenced = true;
     }
-    if ((polled[1].revents & POLLIN) != 0) DrainFaults(placement, runs);
+    if ((polled[1].revents & POLLIN) != 0) DrainFaults(placement);
   }
 }
 
-void WriteTracker::DrainFaults(TrackerPlacement& placement, SequentialRuns& runs) {
+void WriteTracker::DrainFaults(TrackerPlacement& placement) {
   // Keeps reading for a short while after the last fault: a program
   // updating many pages faults again within microseconds, and a thread
   // that is awake answers far sooner than one woken from poll — unless it
@@ -356,7 +320,7 @@ void WriteTracker::DrainFaults(TrackerPlacement& placement, SequentialRuns& runs
       }
       const uint64_t address = m.arg.pagefault.address;
       const uint64_t offset = (address - reinterpret_cast<uint64_t>(base_)) & ~(kUndoPageBytes - 1);
-      Capture(offset, runs);
+      Capture(offset);
       last_fault_ns = MonotonicNs();
       placement.Follow(static_cast<pid_t>(m.arg.pagefault.feat.ptid), last_fault_ns);
     }

@@ -6,11 +6,11 @@
 //
 // How: the heap's mapping is registered with userfaultfd in write-protect
 // mode and every page that may hold live data is write-protected. A store
-// to a protected page stops its thread; the tracker's thread takes the OFD
-// lock on byte 0 of the session's journal (heapd takes every journal's
-// while it puts pages back), appends the pre-image (journal_appender.h:
-// a copy into the mapped journal), releases the lock and lifts the
-// protection, which lets the store through. The tracker's thread runs on
+// to a protected page stops its thread; the tracker's thread enters the
+// journal's guard (or takes its OFD lock while heapd puts pages back:
+// heap/undo_record.h, JournalControl), appends the pre-image
+// (journal_appender.h: a copy into the mapped journal), leaves the guard
+// and lifts the protection, which lets the store through. The tracker's thread runs on
 // the CPU of a faulting thread bound to one (tracker_placement.h). Memory handed out free (fresh
 // chunks, large objects) is unprotected at once: it needs no pre-image, so filling new memory costs
 // nothing. At each sync, BeginSync protects again every page unprotected
@@ -32,8 +32,6 @@
 #ifndef HEAPD_CLIENT_WRITE_TRACKER_H_
 #define HEAPD_CLIENT_WRITE_TRACKER_H_
 
-#include <fcntl.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -47,7 +45,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/journal_appender.h"
-#include "client/sequential_runs.h"
 #include "client/tracker_placement.h"
 #include "util/unique_fd.h"
 
@@ -99,9 +96,6 @@ class WriteTracker {
   // one: its page cannot be put back), or growth that could not be
   // write-protected; OK if none.
   absl::Status error() const;
-  // Pages whose pre-images were taken ahead of a sequential writer's
-  // stores (sequential_runs.h), without a fault of their own.
-  uint64_t pages_taken_ahead() const { return taken_ahead_.load(std::memory_order_relaxed); }
   // The userfaultfd's descriptor (for the growth fault handler).
   int fd() const { return uffd_.get(); }
   // True once the session ended and the mapping was fenced: stores made
@@ -126,7 +120,6 @@ class WriteTracker {
         data_fd_(data_fd),
         uffd_(std::move(uffd)),
         wake_(std::move(wake)),
-        pagemap_(open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC)),
         lifeline_(lifeline),
         journal_(std::move(journal), map_journal) {}
 
@@ -139,15 +132,10 @@ class WriteTracker {
   void Run();
   // Takes the pre-images of the faults pending, and of those that follow
   // within kSpinNs; follows the faulting threads (tracker_placement.h).
-  void DrainFaults(TrackerPlacement& placement, SequentialRuns& runs);
-  // Takes the pre-image of the page at `offset`, and of the protected
-  // pages after it that `runs` says a sequential writer will store into
-  // next, and lets stores to them through.
-  void Capture(uint64_t offset, SequentialRuns& runs) ABSL_LOCKS_EXCLUDED(mu_);
-  // How many of the `ahead` pages after the one at `offset` are in the
-  // mapping and write-protected, counting from the first (the pagemap's
-  // uffd-wp bit; 0 without /proc/self/pagemap).
-  uint64_t ProtectedAfter(uint64_t offset, uint64_t ahead) const;
+  void DrainFaults(TrackerPlacement& placement);
+  // Takes the pre-image of the page at `offset` and lets stores to it
+  // through.
+  void Capture(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
   // Maps everything privately: the session is over.
   void Fence();
   // Sets error_ if a range cannot be protected again.
@@ -157,15 +145,13 @@ class WriteTracker {
   const std::atomic<uint64_t>* const mapped_;
   const int data_fd_;
   const UniqueFd uffd_;
-  const UniqueFd wake_;     // eventfd: stops Run
-  const UniqueFd pagemap_;  // /proc/self/pagemap, or invalid
+  const UniqueFd wake_;  // eventfd: stops Run
   const int lifeline_;
   std::thread thread_;
   std::atomic<bool> fencing_{false};  // set (release) when Fence starts
   std::atomic<bool> fenced_{false};   // set (release) once Fence has run
   std::atomic<int> growth_slot_{-1};
   std::atomic<bool> unprotected_growth_{false};
-  std::atomic<uint64_t> taken_ahead_{0};
 
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;

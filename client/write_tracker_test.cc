@@ -101,7 +101,6 @@ TEST_P(WriteTrackerTest, AFirstStoreTakesOnePreImage) {
   EXPECT_EQ(JournalRecords(), 1u);
   base_[5 * kUndoPageBytes] = 3;  // not the next page: nothing taken ahead
   EXPECT_EQ(JournalRecords(), 2u);
-  EXPECT_EQ(tracker_->pages_taken_ahead(), 0u);
   EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
 }
 
@@ -169,33 +168,14 @@ TEST_P(WriteTrackerTest, AFirstStoreWaitsWhileHeapdPutsPagesBack) {
   EXPECT_EQ(busy, 0u);
 }
 
-// A sweep through the pages in order: most pre-images are taken ahead of
-// the stores, without faults of their own; each page still has exactly
-// one, holding the page as it was before the sweep.
-TEST_P(WriteTrackerTest, ASequentialSweepTakesPagesAhead) {
+// A sweep through the pages in order takes one pre-image per page, each
+// at its own fault: pages the session has not stored into are never taken
+// ahead of its stores (that would make it a writer of pages another
+// session may be writing: their stores would be handed over to it).
+TEST_P(WriteTrackerTest, ASequentialSweepTakesEachPageAtItsOwnStore) {
   constexpr uint64_t kPages = kBytes / kUndoPageBytes;
-  for (uint64_t page = 0; page < kPages; ++page) {
-    const std::string bytes(kUndoPageBytes, static_cast<char>('a' + page));
-    ASSERT_EQ(pwrite(data_.get(), bytes.data(), bytes.size(), page * kUndoPageBytes),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  for (uint64_t page = 0; page < kPages; ++page) base_[page * kUndoPageBytes + 1] = '!';
-  EXPECT_GE(tracker_->pages_taken_ahead(), kPages / 2);
-  EXPECT_EQ(JournalRecords(), kPages);
-  std::string bytes;
-  UniqueFd journal(open(dir_.Sub("journal").c_str(), O_RDONLY | O_CLOEXEC));
-  char buffer[1 << 16];
-  for (ssize_t n; (n = read(journal.get(), buffer, sizeof(buffer))) > 0;) bytes.append(buffer, n);
-  for (uint64_t at = GetParam() ? kJournalControlBytes : 0;;) {
-    auto decoded = DecodeUndoRecord(absl::string_view(bytes).substr(at), at);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
-    if (!decoded->has_value()) break;
-    const uint64_t page = (*decoded)->header.page / kUndoPageBytes;
-    EXPECT_EQ(bytes.substr((*decoded)->image_at, kUndoPageBytes),
-              std::string(kUndoPageBytes, static_cast<char>('a' + page)))
-        << "page " << page;
-    at += (*decoded)->size;
-  }
+  for (uint64_t page = 0; page < kPages / 2; ++page) base_[page * kUndoPageBytes + 1] = '!';
+  EXPECT_EQ(JournalRecords(), kPages / 2);
   EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
 }
 

@@ -67,19 +67,23 @@ bool WriteAll(int fd, const std::string& bytes) {
 // Frees what a session's journal holds but its last kUndoJournalWindowBytes:
 // its client may be appending through a mapping of those, and a store into
 // a page freed under it could find the file system full (a SIGBUS).
-// Its control page stays too.
+// Its control page stays too; space taken past the file's end goes.
 void EmptyJournal(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(size),
+            off_t{1} << 60);
   const uint64_t keep = kJournalControlBytes + kUndoJournalWindowBytes;
-  if (static_cast<uint64_t>(st.st_size) <= keep) return;
+  if (size <= keep) return;
   fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kJournalControlBytes,
-            static_cast<off_t>(static_cast<uint64_t>(st.st_size) - keep));
+            static_cast<off_t>(size - keep));
 }
 
-// A journal may hold, unpunched, at most a few generations' pre-images of
-// every page of the data file, and the zeros of a client's mapped window
-// after them: more is not a client following the protocol.
+// A journal may hold, after its control page and unpunched, at most a few
+// generations' pre-images of every page of the data file, and the zeros of
+// a client's mapped window after them: more is not a client following the
+// protocol.
 uint64_t MaxJournalBytes(uint64_t data_bytes) {
   return kJournalControlBytes + 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes +
          kUndoJournalWindowBytes;
@@ -95,9 +99,7 @@ bool LockJournal(int fd, short type) {
   return fcntl(fd, F_OFD_SETLK, &lock) == 0;
 }
 
-// Sets heapd's word of a journal's guard (JournalControl). A journal
-// without a control page (a 0.4 heapd's) gets one it ignores: its client
-// takes the OFD lock for every pre-image.
+// Sets heapd's word of a live journal's guard (JournalControl).
 void SetGuardClosed(int fd, uint32_t closed) {
   (void)!pwrite(fd, &closed, sizeof(closed), kJournalClosedAt);
 }
@@ -211,9 +213,14 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::OpenAt(
         openat(dir, JournalName(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
     if (!journal.fd.valid()) continue;
     // Its void pre-images were punched out (Committed): they read as zeros
-    // up to the first record that was not, whose magic starts nonzero.
+    // up to the first record that was not, whose magic starts nonzero, or
+    // whose image does (a record its client was killed writing: its
+    // header, magic last, still zeros). Every record of a session journal
+    // is a pre-image, all of one size.
+    const uint64_t start = RecordsStart(journal.fd.get());
+    const uint64_t zeros = PunchedPrefix(journal.fd.get(), start) - start;
     journal.read_to = journal.punched =
-        PunchedPrefix(journal.fd.get(), RecordsStart(journal.fd.get()));
+        start + zeros / kUndoImageRecordBytes * kUndoImageRecordBytes;
     if (put_back) undo->RefreshLocked(id, journal);
     undo->journals_.emplace(id, std::move(journal));
   }
@@ -258,8 +265,9 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
 
 void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   if (journal.broken) {
-    // A journal cut off for its size stays empty: what its client appends
-    // is dropped at every check.
+    // A journal cut off for its size stays empty but for its control page
+    // and its client's window: what its client appends is dropped at every
+    // check.
     if (journal.oversized) EmptyJournal(journal.fd.get());
     return;
   }
@@ -267,10 +275,14 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   struct stat st;
   if (fstat(journal.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // Space taken counts too: fallocate can take it past the file's end.
+  const uint64_t taken = static_cast<uint64_t>(st.st_blocks) * 512;
   auto stop = [&](const std::string& why)
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { StopReadingLocked(session, journal, why); };
-  if (session != 0 && size > journal.punched + MaxJournalBytes(data_bytes)) {
-    stop(absl::StrCat("it holds ", size - journal.punched, " bytes, more than a session needs"));
+  const uint64_t most = MaxJournalBytes(data_bytes);
+  if (session != 0 && (size > journal.punched + most || taken > most)) {
+    stop(absl::StrCat("it holds ", std::max(size - journal.punched, taken),
+                      " bytes, more than a session needs"));
     journal.oversized = true;
     for (const Journal::Written& w : journal.written) {
       UnindexLocked(w.page, session, w.end - kUndoPageBytes);
@@ -581,6 +593,9 @@ absl::Status ContentUndo::AsOfCommit(const uint64_t* offsets, size_t count, char
   absl::MutexLock lock(&mu_);
   if (!window_.has_value()) return absl::OkStatus();
   AdoptNewJournalsLocked();
+  // The pages were read before the journals: a store seen there was
+  // preceded by its record's magic (stored with release).
+  std::atomic_thread_fence(std::memory_order_acquire);
   RefreshAllLocked();
   const CommitWindow& w = *window_;
   if (w.imaged.empty() && w.late.empty() && w.restored.empty()) return absl::OkStatus();
@@ -853,23 +868,36 @@ ClientId ContentUndo::WrittenFreshLocked(uint64_t page, ClientId except) const {
 }
 
 bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
+  const auto deadline = std::chrono::steady_clock::now() + kLockAttempts * kLockRetry;
   for (int attempt = 0; attempt < kLockAttempts; ++attempt) {
     bool all = true;
     for (auto& [session, journal] : journals_) {
       if (session != except && !LockJournal(journal.fd.get(), F_WRLCK)) all = false;
     }
-    // 0.5 clients take pre-images without the lock, under their guard
-    // (undo_record.h, JournalControl): close every guard, then no client
-    // may be inside one.
     if (all) {
+      // 0.5 clients take pre-images without the lock, inside their guard
+      // (undo_record.h, JournalControl): close every guard; from then on a
+      // client waits for the lock held here, so wait (no longer than the
+      // deadline) for those already inside to leave.
       for (auto& [session, journal] : journals_) {
         if (session != except) SetGuardClosed(journal.fd.get(), 1);
       }
       std::atomic_thread_fence(std::memory_order_seq_cst);  // the closes before the reads
-      for (auto& [session, journal] : journals_) {
-        if (session != except && GuardBusy(journal.fd.get())) all = false;
+      for (;;) {
+        bool inside = false;
+        for (auto& [session, journal] : journals_) {
+          if (session != except && GuardBusy(journal.fd.get())) inside = true;
+        }
+        if (!inside) {
+          // What they appended, read after their busy 0.
+          std::atomic_thread_fence(std::memory_order_acquire);
+          return true;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(kGuardPoll);
       }
-      if (all) return true;
+      UnlockLiveJournalsLocked(except);
+      return false;
     }
     UnlockLiveJournalsLocked(except);
     std::this_thread::sleep_for(kLockRetry);

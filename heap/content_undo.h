@@ -28,10 +28,12 @@
 //     stays with its sync ("a sync commits its pages as they are");
 //   - when heapd opens the heap (Open), and when its last session is gone:
 //     every page any journal names.
-// While a page is put back no client may take its pre-image: a client holds
-// an OFD lock on byte 0 of its own journal while it takes one, and heapd
-// takes every live journal's lock while it puts pages back (only a
-// session's own writer can hold its journal's lock: read-only attachers
+// While a page is put back no client may take its pre-image: a client takes
+// one inside its journal's guard (undo_record.h, JournalControl), or holding
+// the OFD lock on byte 0 of its journal when the guard is closed (a 0.4
+// client: always); heapd takes every live journal's lock, closes every
+// guard and waits for the clients inside to leave while it puts pages back
+// (only a session's own writer can write its journal: read-only attachers
 // cannot stall a rollback).
 //
 // Nothing read from a journal is trusted: records are checked (undo_record.h)
@@ -245,10 +247,14 @@ class ContentUndo {
     std::map<ClientId, UniqueFd> ended_journals;
   };
 
-  // A client holds its journal's lock for microseconds; one that keeps it
-  // costs a rollback at most 10 ms (the reapers are heapd's threads).
+  // A client holds its journal's lock, or stays inside its guard, for
+  // microseconds; one that keeps either costs a rollback at most 10 ms (the
+  // reapers are heapd's threads).
   static constexpr int kLockAttempts = 20;
   static constexpr std::chrono::microseconds kLockRetry{500};
+  // How often a client inside its guard is looked at again: it is there
+  // for microseconds.
+  static constexpr std::chrono::microseconds kGuardPoll{20};
 
   ContentUndo(UniqueFd dir_fd, std::string dir, const DataFile* data);
 
@@ -283,9 +289,11 @@ class ContentUndo {
   // A live session other than `except` that wrote `page` as fresh memory
   // since its last sync (see Forget), or 0.
   ClientId WrittenFreshLocked(uint64_t page, ClientId except) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Takes every live journal's lock but `except`'s (a client holds its own
-  // while it takes a pre-image), retrying for up to kLockAttempts *
-  // kLockRetry; false if some client kept one.
+  // Takes every live journal's lock but `except`'s, closes their guards
+  // and waits for the clients inside them to leave (a client takes a
+  // pre-image inside its guard, or under its lock once the guard is
+  // closed), for up to kLockAttempts * kLockRetry in all; false, with
+  // nothing held, if some client kept its lock or stayed inside.
   bool LockLiveJournalsLocked(ClientId except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnlockLiveJournalsLocked(ClientId except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rewrites heap.undo with only the records that still apply: per page,

@@ -417,6 +417,25 @@ TEST_F(ContentUndoTest, JournalsOfACrashedHeapdAreRecoveredAtOpen) {
   EXPECT_TRUE(SamePage(Page(0), Stored(Pattern(0, 'o'), 0, "after")));
 }
 
+// A client killed while it wrote a record into its mapped journal leaves
+// the image and no header (the magic goes last); its earlier records were
+// punched out by a sync. Recovery finds the records' start where the
+// punched zeros end, on a record's boundary, and reads nothing there.
+TEST_F(ContentUndoTest, ARecordItsClientWasKilledWritingIsNotReadAtOpen) {
+  ASSERT_NO_FATAL_FAILURE(Make(16 * kPage, 3));
+  auto s = Attach(1);
+  ASSERT_NO_FATAL_FAILURE(Write(*s, 0, 0, "synced"));
+  ASSERT_NO_FATAL_FAILURE(Sync(*s));  // its pre-image punched out
+  std::string torn(kUndoHeaderBytes, '\0');
+  torn += Page(kPage);  // the image only: the client died before the header
+  ASSERT_NO_FATAL_FAILURE(Append(*s, torn));
+  UndoCounts recovered;
+  ASSERT_NO_FATAL_FAILURE(OpenUndo(epoch_, &recovered));  // heapd crashed
+  EXPECT_EQ(recovered.bad_journals, 0u);
+  EXPECT_EQ(recovered.pages_restored, 0u);
+  EXPECT_TRUE(SamePage(Page(0), Stored(Pattern(0, 'o'), 0, "synced")));
+}
+
 TEST_F(ContentUndoTest, RecoveryKeepsWhatACommittedSyncCommitted) {
   ASSERT_NO_FATAL_FAILURE(Make(16 * kPage, 4));
   auto s = Attach(9);
@@ -803,6 +822,21 @@ TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {
   EXPECT_TRUE(SamePage(Page(kPage), written));
   EXPECT_EQ(DataFileBytes(), 16 * kPage);
   EXPECT_EQ(UndoFiles(), kOnlyHeapJournal);
+}
+
+// Space taken past the journal's end (fallocate, keeping its size) counts
+// against it as well: the journal stops being read, and that space goes.
+TEST_F(ContentUndoHostileTest, SpaceTakenPastTheJournalsEndCounts) {
+  ASSERT_NO_FATAL_FAILURE(Make(16 * kPage));
+  auto s = Attach(6);
+  ASSERT_NO_FATAL_FAILURE(Write(*s, kPage, 0, "written"));
+  ASSERT_EQ(fallocate(s->journal.get(), FALLOC_FL_KEEP_SIZE, 1 << 20, 64 << 20), 0);
+  (void)undo_->MarkChanges();  // heapd reads the journals
+  EXPECT_EQ(undo_->counts().bad_journals, 1u);
+  struct stat st;
+  ASSERT_EQ(fstat(s->journal.get(), &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512,
+            kJournalControlBytes + kUndoJournalWindowBytes);
 }
 
 // Marks (snapshot stores): a chunk's stamp says whether it may have changed

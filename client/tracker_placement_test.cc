@@ -1,0 +1,97 @@
+// TrackerPlacement with real threads and CPU affinity: the calling thread
+// (the tracker) moves to the CPU of a thread bound to one, and back.
+#include "client/tracker_placement.h"
+
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace heapd {
+namespace {
+
+pid_t Tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+// The calling thread's only CPU, or -1.
+int OnlyCpu() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) != 1) return -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &cpus)) return cpu;
+  }
+  return -1;
+}
+
+// A thread that stays alive (bound to `cpu`, or not when -1) until told.
+class Faulter {
+ public:
+  explicit Faulter(int cpu) {
+    thread_ = std::thread([this, cpu] {
+      if (cpu >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        sched_setaffinity(0, sizeof(one), &one);
+      }
+      tid_.store(Tid());
+      while (!stop_.load()) std::this_thread::yield();
+    });
+    while (tid_.load() == 0) std::this_thread::yield();
+  }
+  ~Faulter() {
+    stop_.store(true);
+    thread_.join();
+  }
+  pid_t tid() const { return tid_.load(); }
+
+ private:
+  std::atomic<pid_t> tid_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(TrackerPlacementTest, FollowsAThreadBoundToOneCpuAndComesBack) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  int last = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) last = cpu;
+  }
+  Faulter bound(last);
+  Faulter free_to_move(-1);
+  std::thread tracker([&] {
+    TrackerPlacement placement;
+    EXPECT_FALSE(placement.colocated());
+    placement.Follow(bound.tid(), 1);
+    EXPECT_TRUE(placement.colocated());
+    EXPECT_EQ(OnlyCpu(), last);
+    placement.Follow(free_to_move.tid(), 2);
+    EXPECT_FALSE(placement.colocated());
+    cpu_set_t now;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(now), &now), 0);
+    EXPECT_TRUE(CPU_EQUAL(&now, &all));
+  });
+  tracker.join();
+}
+
+// A task of another process (the kernel storing for it) is not followed,
+// whatever its binding.
+TEST(TrackerPlacementTest, ATaskOfAnotherProcessIsNotFollowed) {
+  std::thread tracker([] {
+    TrackerPlacement placement;
+    placement.Follow(1, 1);  // init
+    EXPECT_FALSE(placement.colocated());
+    placement.Follow(getppid(), 2);
+    EXPECT_FALSE(placement.colocated());
+  });
+  tracker.join();
+}
+
+}  // namespace
+}  // namespace heapd
