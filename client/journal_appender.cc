@@ -48,7 +48,14 @@ JournalAppender::JournalAppender(UniqueFd journal, bool heapd_reads_mapped)
     if (page != MAP_FAILED) {
       madvise(page, kJournalControlBytes, MADV_DONTFORK);
       control_ = static_cast<JournalControl*>(page);
-      if (control_->magic != kJournalControlMagic || control_->version != 1) {
+      struct flock alive {};
+      alive.l_type = F_RDLCK;
+      alive.l_whence = SEEK_SET;
+      alive.l_start = kJournalAliveAt;
+      alive.l_len = 1;
+      // Without it heapd would wait out a guard this process died in.
+      if (control_->magic != kJournalControlMagic || control_->version != 1 ||
+          fcntl(journal_.get(), F_OFD_SETLK, &alive) != 0) {
         munmap(page, kJournalControlBytes);
         control_ = nullptr;
       }

@@ -27,12 +27,16 @@ int TrackerPlacement::BoundCpu(pid_t tid) {
 
 void TrackerPlacement::Follow(pid_t tid, uint64_t now_ns) {
   if (tid <= 0 || !own_cpus_known_) return;
-  if (tid != last_tid_ || now_ns - checked_ns_ >= kRecheckNs) {
+  if (tid != last_tid_) {
     last_tid_ = tid;
+    faults_in_a_row_ = 1;
+    return;
+  }
+  if (++faults_in_a_row_ == 2 || now_ns - checked_ns_ >= kRecheckNs) {
     last_tid_cpu_ = BoundCpu(tid);
     checked_ns_ = now_ns;
   }
-  if (last_tid_cpu_ == pinned_cpu_) return;
+  if (faults_in_a_row_ < 2 || last_tid_cpu_ == pinned_cpu_) return;
   if (last_tid_cpu_ >= 0) {
     cpu_set_t one;
     CPU_ZERO(&one);

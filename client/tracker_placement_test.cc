@@ -3,7 +3,9 @@
 #include "client/tracker_placement.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -69,9 +71,16 @@ TEST(TrackerPlacementTest, FollowsAThreadBoundToOneCpuAndComesBack) {
     TrackerPlacement placement;
     EXPECT_FALSE(placement.colocated());
     placement.Follow(bound.tid(), 1);
+    EXPECT_FALSE(placement.colocated()) << "followed at its first fault";
+    placement.Follow(bound.tid(), 2);
     EXPECT_TRUE(placement.colocated());
     EXPECT_EQ(OnlyCpu(), last);
-    placement.Follow(free_to_move.tid(), 2);
+    // Another thread's fault, then the bound one's: not followed away.
+    placement.Follow(free_to_move.tid(), 3);
+    placement.Follow(bound.tid(), 4);
+    EXPECT_EQ(OnlyCpu(), last);
+    placement.Follow(free_to_move.tid(), 5);
+    placement.Follow(free_to_move.tid(), 6);
     EXPECT_FALSE(placement.colocated());
     cpu_set_t now;
     ASSERT_EQ(sched_getaffinity(0, sizeof(now), &now), 0);
@@ -81,16 +90,35 @@ TEST(TrackerPlacementTest, FollowsAThreadBoundToOneCpuAndComesBack) {
 }
 
 // A task of another process (the kernel storing for it) is not followed,
-// whatever its binding.
+// though bound to one CPU.
 TEST(TrackerPlacementTest, ATaskOfAnotherProcessIsNotFollowed) {
-  std::thread tracker([] {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    sched_setaffinity(0, sizeof(one), &one);
+    char byte = 1;
+    (void)!write(pipe_fds[1], &byte, 1);
+    pause();
+    _exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(read(pipe_fds[0], &byte, 1), 1);  // bound by now
+  std::thread tracker([child] {
     TrackerPlacement placement;
-    placement.Follow(1, 1);  // init
-    EXPECT_FALSE(placement.colocated());
-    placement.Follow(getppid(), 2);
+    placement.Follow(child, 1);
+    placement.Follow(child, 2);
     EXPECT_FALSE(placement.colocated());
   });
   tracker.join();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
 }
 
 }  // namespace

@@ -214,10 +214,15 @@ absl::Status WriteTracker::error() const {
 void WriteTracker::Capture(uint64_t offset) {
   absl::MutexLock lock(&mu_, absl::Condition(
                                  +[](bool* syncing) { return !*syncing; }, &syncing_));
-  absl::Status failed;
-  (void)journal_.MakeRoom(kUndoImageRecordBytes);  // a failure: Append says it
-  const bool guarded = journal_.EnterGuard();      // else the OFD lock
-  if (!guarded && !LockJournal(journal_.fd(), F_WRLCK)) {
+  // Room for the record before the guard: heapd may be waiting on it.
+  absl::Status failed = journal_.MakeRoom(kUndoImageRecordBytes);
+  const bool guarded = failed.ok() && journal_.EnterGuard();  // else the OFD lock
+  if (!failed.ok()) {
+    failed = absl::Status(failed.code(),
+                          absl::StrCat("pre-image of page ", offset, ": ", failed.message(),
+                                       "; that page cannot be put back if this process dies "
+                                       "before its next sync"));
+  } else if (!guarded && !LockJournal(journal_.fd(), F_WRLCK)) {
     failed = absl::InternalError(
         absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {

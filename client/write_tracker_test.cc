@@ -31,7 +31,7 @@ namespace {
 
 constexpr uint64_t kBytes = 16 * kUndoPageBytes;
 
-// Each test with a journal appended through a mapping (heapd 0.5) and one
+// Each test with a journal appended through a mapping (revision 2) and one
 // appended with write() (heapd 0.4).
 class WriteTrackerTest : public ::testing::TestWithParam<bool> {
  protected:
@@ -46,10 +46,8 @@ class WriteTrackerTest : public ::testing::TestWithParam<bool> {
     UniqueFd journal(
         open(dir_.Sub("journal").c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
     ASSERT_TRUE(journal.valid());
-    if (GetParam()) {  // as heapd 0.5 makes it: its control page first
-      std::string control(kJournalControlBytes, '\0');
-      const JournalControl header{kJournalControlMagic, 1, 0, 0};
-      std::memcpy(control.data(), &header, sizeof(header));
+    if (GetParam()) {  // as heapd of revision 2 makes it: its control page first
+      const std::string control = EncodeJournalControl();
       ASSERT_EQ(write(journal.get(), control.data(), control.size()),
                 static_cast<ssize_t>(control.size()));
     }
@@ -156,7 +154,7 @@ TEST_P(WriteTrackerTest, AFirstStoreWaitsWhileHeapdPutsPagesBack) {
   writer.join();
   EXPECT_EQ(JournalRecords(), 1u);
   if (!GetParam()) return;
-  // The guard open: heapd's OFD lock alone stops nothing (a 0.5 client
+  // The guard open: heapd's OFD lock alone stops nothing (a revision 2 client
   // does not take it).
   ASSERT_NO_FATAL_FAILURE(lock(F_WRLCK));
   base_[4 * kUndoPageBytes] = 6;
@@ -177,6 +175,35 @@ TEST_P(WriteTrackerTest, ASequentialSweepTakesEachPageAtItsOwnStore) {
   for (uint64_t page = 0; page < kPages / 2; ++page) base_[page * kUndoPageBytes + 1] = '!';
   EXPECT_EQ(JournalRecords(), kPages / 2);
   EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
+}
+
+// The tracker takes pre-images inside its guard: a reader of the control
+// page (heapd's view) sees `busy` set while they are taken, and clear
+// once every store went through.
+TEST_P(WriteTrackerTest, PreImagesAreTakenInsideTheGuard) {
+  if (!GetParam()) GTEST_SKIP() << "a 0.4 journal has no guard";
+  UniqueFd control_fd(open(dir_.Sub("journal").c_str(), O_RDONLY | O_CLOEXEC));
+  void* mapped = mmap(nullptr, kJournalControlBytes, PROT_READ, MAP_SHARED, control_fd.get(), 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const auto* control = static_cast<const JournalControl*>(mapped);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> seen_busy{0};
+  std::thread heapd_side([&] {
+    while (!stop.load()) {
+      if (__atomic_load_n(&control->busy, __ATOMIC_SEQ_CST) != 0) seen_busy.fetch_add(1);
+    }
+  });
+  constexpr uint64_t kPages = kBytes / kUndoPageBytes;
+  for (int generation = 0; generation < 300; ++generation) {
+    for (uint64_t page = 0; page < kPages; ++page) base_[page * kUndoPageBytes + 3] = 1;
+    tracker_->BeginSync();
+    tracker_->EndSync();
+  }
+  stop.store(true);
+  heapd_side.join();
+  EXPECT_GT(seen_busy.load(), 0u);
+  EXPECT_EQ(__atomic_load_n(&control->busy, __ATOMIC_SEQ_CST), 0u);
+  munmap(mapped, kJournalControlBytes);
 }
 
 // Two threads store into the same protected pages at once, generation

@@ -67,13 +67,18 @@ bool WriteAll(int fd, const std::string& bytes) {
 // Frees what a session's journal holds but its last kUndoJournalWindowBytes:
 // its client may be appending through a mapping of those, and a store into
 // a page freed under it could find the file system full (a SIGBUS).
-// Its control page stays too; space taken past the file's end goes.
+// Its control page stays too; space taken past the file's end goes (a
+// punch on tmpfs and XFS, a truncation to its size on ext4, whose punch
+// stops at the end). Only for a journal cut off for its size: its client
+// broke the protocol, and one racing this with a new window may find that
+// window gone (a SIGBUS in that client).
 void EmptyJournal(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(size),
             off_t{1} << 60);
+  (void)!ftruncate(fd, static_cast<off_t>(size));
   const uint64_t keep = kJournalControlBytes + kUndoJournalWindowBytes;
   if (size <= keep) return;
   fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kJournalControlBytes,
@@ -105,15 +110,25 @@ void SetGuardClosed(int fd, uint32_t closed) {
 }
 
 // Whether a journal's client is inside its guard (taking a pre-image
-// without the OFD lock). Whatever it reads there, a client can only stall
-// heapd as one keeping its lock can: for kLockAttempts * kLockRetry.
+// without the OFD lock). A client that died there left `busy` set: its
+// read lock on kJournalAliveAt, which the kernel drops with its last
+// descriptor, says whether it is still there. Whatever it reads, a client
+// can only stall heapd as one keeping its OFD lock can: for
+// kLockAttempts * kLockRetry.
 bool GuardBusy(int fd) {
   uint32_t busy = 0;
-  return pread(fd, &busy, sizeof(busy), kJournalBusyAt) == sizeof(busy) && busy != 0;
+  if (pread(fd, &busy, sizeof(busy), kJournalBusyAt) != sizeof(busy) || busy == 0) return false;
+  struct flock alive {};
+  alive.l_type = F_WRLCK;
+  alive.l_whence = SEEK_SET;
+  alive.l_start = kJournalAliveAt;
+  alive.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &alive) != 0) return true;
+  return alive.l_type != F_UNLCK;  // someone holds it: the client lives
 }
 
 // Where a journal's records start: after its control page if it has one
-// (made by heapd 0.5), else at 0.
+// (made by a heapd of protocol revision 2), else at 0.
 uint64_t RecordsStart(int fd) {
   uint32_t magic = 0;
   return pread(fd, &magic, sizeof(magic), 0) == sizeof(magic) && magic == kJournalControlMagic
@@ -248,9 +263,7 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", JournalPath(session)));
   Journal journal;
   journal.fd.reset(openat(dir_fd_.get(), name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
-  std::string control(kJournalControlBytes, '\0');
-  const JournalControl header{kJournalControlMagic, 1, 0, 0};
-  std::memcpy(control.data(), &header, sizeof(header));
+  const std::string control = EncodeJournalControl();
   if (!journal.fd.valid() || pwrite(journal.fd.get(), control.data(), control.size(), 0) !=
                                  static_cast<ssize_t>(control.size())) {
     const int err = errno;
@@ -275,14 +288,16 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   struct stat st;
   if (fstat(journal.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  // Space taken counts too: fallocate can take it past the file's end.
+  // Space taken counts too (fallocate can take it past the file's end),
+  // with room for how file systems round it (huge pages on tmpfs, XFS's
+  // preallocation past the end of a growing file).
   const uint64_t taken = static_cast<uint64_t>(st.st_blocks) * 512;
   auto stop = [&](const std::string& why)
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { StopReadingLocked(session, journal, why); };
   const uint64_t most = MaxJournalBytes(data_bytes);
-  if (session != 0 && (size > journal.punched + most || taken > most)) {
-    stop(absl::StrCat("it holds ", std::max(size - journal.punched, taken),
-                      " bytes, more than a session needs"));
+  const uint64_t held = size > journal.punched ? size - journal.punched : 0;
+  if (session != 0 && (held > most || taken > 2 * most + (uint64_t{64} << 20))) {
+    stop(absl::StrCat("it holds ", held, " bytes (", taken, " taken), more than a session needs"));
     journal.oversized = true;
     for (const Journal::Written& w : journal.written) {
       UnindexLocked(w.page, session, w.end - kUndoPageBytes);
@@ -869,16 +884,16 @@ ClientId ContentUndo::WrittenFreshLocked(uint64_t page, ClientId except) const {
 
 bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
   const auto deadline = std::chrono::steady_clock::now() + kLockAttempts * kLockRetry;
-  for (int attempt = 0; attempt < kLockAttempts; ++attempt) {
+  for (;;) {
     bool all = true;
     for (auto& [session, journal] : journals_) {
       if (session != except && !LockJournal(journal.fd.get(), F_WRLCK)) all = false;
     }
     if (all) {
-      // 0.5 clients take pre-images without the lock, inside their guard
-      // (undo_record.h, JournalControl): close every guard; from then on a
-      // client waits for the lock held here, so wait (no longer than the
-      // deadline) for those already inside to leave.
+      // Revision 2 clients take pre-images without the lock, inside their
+      // guard (undo_record.h, JournalControl): close every guard; from then
+      // on a client waits for the lock held here, so wait (no longer than
+      // the deadline) for those already inside to leave.
       for (auto& [session, journal] : journals_) {
         if (session != except) SetGuardClosed(journal.fd.get(), 1);
       }
@@ -896,13 +911,11 @@ bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
         if (std::chrono::steady_clock::now() >= deadline) break;
         std::this_thread::sleep_for(kGuardPoll);
       }
-      UnlockLiveJournalsLocked(except);
-      return false;
     }
     UnlockLiveJournalsLocked(except);
+    if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(kLockRetry);
   }
-  return false;
 }
 
 void ContentUndo::UnlockLiveJournalsLocked(ClientId except) {

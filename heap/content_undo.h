@@ -250,7 +250,7 @@ class ContentUndo {
   // A client holds its journal's lock, or stays inside its guard, for
   // microseconds; one that keeps either costs a rollback at most 10 ms (the
   // reapers are heapd's threads).
-  static constexpr int kLockAttempts = 20;
+  static constexpr int kLockAttempts = 20;  // the deadline: kLockAttempts * kLockRetry
   static constexpr std::chrono::microseconds kLockRetry{500};
   // How often a client inside its guard is looked at again: it is there
   // for microseconds.

@@ -741,7 +741,7 @@ TEST_F(ContentUndoHostileTest, ARecordChangedAfterItWasReadIsNotRestored) {
   EXPECT_TRUE(SamePage(Page(kPage), stored));
 }
 
-// A client appending through a mapping of its journal (heapd 0.5): the
+// A client appending through a mapping of its journal (protocol revision 2): the
 // file ends in the zeros of its window, and a record is there once its
 // magic, stored last, is.
 TEST_F(ContentUndoTest, AMappedJournalsRecordIsThereOnceItsMagicIs) {
@@ -792,6 +792,13 @@ TEST_F(ContentUndoTest, AClientInsideItsGuardKeepsPagesFromGoingBack) {
     return value;
   };
   EXPECT_EQ(get(0), kJournalControlMagic);
+  // The client lives: it holds its read lock on kJournalAliveAt.
+  struct flock alive {};
+  alive.l_type = F_RDLCK;
+  alive.l_whence = SEEK_SET;
+  alive.l_start = kJournalAliveAt;
+  alive.l_len = 1;
+  ASSERT_EQ(fcntl(control.get(), F_OFD_SETLK, &alive), 0);
   ASSERT_NO_FATAL_FAILURE(set(kJournalBusyAt, 1));
   auto dead = Attach(21);
   ASSERT_NO_FATAL_FAILURE(Write(*dead, 2 * kPage, 0, "dead"));
@@ -807,6 +814,17 @@ TEST_F(ContentUndoTest, AClientInsideItsGuardKeepsPagesFromGoingBack) {
   EXPECT_EQ(died.pages_restored, 1u);
   EXPECT_TRUE(SamePage(Page(3 * kPage), Pattern(3 * kPage, 'o')));
   EXPECT_EQ(get(kJournalClosedAt), 0u);
+
+  // The client died inside its guard (busy left set, its lock gone with
+  // it): not waited for.
+  ASSERT_NO_FATAL_FAILURE(set(kJournalBusyAt, 1));
+  alive.l_type = F_UNLCK;
+  ASSERT_EQ(fcntl(control.get(), F_OFD_SETLK, &alive), 0);
+  auto dead_third = Attach(23);
+  ASSERT_NO_FATAL_FAILURE(Write(*dead_third, 4 * kPage, 0, "dead third"));
+  died = Die(*dead_third);
+  EXPECT_EQ(died.pages_restored, 1u);
+  EXPECT_EQ(died.pages_handed_over, 0u);
 }
 
 TEST_F(ContentUndoHostileTest, AnOversizedJournalStopsBeingRead) {
@@ -830,7 +848,7 @@ TEST_F(ContentUndoHostileTest, SpaceTakenPastTheJournalsEndCounts) {
   ASSERT_NO_FATAL_FAILURE(Make(16 * kPage));
   auto s = Attach(6);
   ASSERT_NO_FATAL_FAILURE(Write(*s, kPage, 0, "written"));
-  ASSERT_EQ(fallocate(s->journal.get(), FALLOC_FL_KEEP_SIZE, 1 << 20, 64 << 20), 0);
+  ASSERT_EQ(fallocate(s->journal.get(), FALLOC_FL_KEEP_SIZE, 1 << 20, 256 << 20), 0);
   (void)undo_->MarkChanges();  // heapd reads the journals
   EXPECT_EQ(undo_->counts().bad_journals, 1u);
   struct stat st;

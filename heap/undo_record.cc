@@ -60,6 +60,13 @@ std::string EncodeUndoRecord(UndoRecordHeader header, absl::string_view image) {
   return out;
 }
 
+std::string EncodeJournalControl() {
+  std::string page(kJournalControlBytes, '\0');
+  const JournalControl control{kJournalControlMagic, 1, 0, 0};
+  std::memcpy(page.data(), &control, sizeof(control));
+  return page;
+}
+
 absl::StatusOr<std::optional<DecodedUndoRecord>> DecodeUndoRecord(absl::string_view bytes,
                                                                   uint64_t at) {
   if (bytes.size() < kUndoHeaderBytes) return std::nullopt;

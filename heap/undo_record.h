@@ -64,15 +64,16 @@ struct UndoRecordHeader {
 static_assert(sizeof(UndoRecordHeader) == 56, "on-disk layout");
 
 inline constexpr uint64_t kUndoHeaderBytes = sizeof(UndoRecordHeader);
-// The first page of a session journal that heapd 0.5 makes (records
-// follow it): its guard. A client takes a pre-image without a system call
+// The first page of a session journal that heapd of protocol revision 2
+// makes (records follow it): its guard. A client takes a pre-image without a system call
 // unless heapd is putting pages back (docs/consistency.md, "Object
 // contents"): it sets `busy` (sequentially consistent), then reads
 // `closed`; if `closed` is set it clears `busy` and takes the journal's
-// OFD lock instead, as a 0.4 client does for every pre-image. heapd, to
-// put pages back, takes every live journal's OFD lock, sets `closed`,
-// then waits until `busy` reads 0: a pre-image taken meanwhile is whole
-// in the journal, and any later one waits for heapd. heapd reads and
+// OFD lock instead, as a revision 1 client does for every pre-image.
+// heapd, to put pages back, takes every live journal's OFD lock, sets
+// `closed`, then waits until `busy` reads 0 (or its client is gone: see
+// kJournalAliveAt): a pre-image taken meanwhile is whole in the journal,
+// and any later one waits for heapd. heapd reads and
 // writes the page with pread and pwrite (a client may truncate its file:
 // heapd never maps it).
 struct JournalControl {
@@ -85,6 +86,13 @@ inline constexpr uint32_t kJournalControlMagic = 0x434a4448;  // "HDJC"
 inline constexpr uint64_t kJournalControlBytes = 4096;
 inline constexpr uint64_t kJournalBusyAt = offsetof(JournalControl, busy);
 inline constexpr uint64_t kJournalClosedAt = offsetof(JournalControl, closed);
+// The byte whose OFD read lock the client holds while it lives (the kernel
+// drops it with the client's last descriptor of the journal): a `busy` left
+// set by a client that died inside its guard is not waited for.
+inline constexpr uint64_t kJournalAliveAt = 1;
+
+// The control page of a new session journal.
+std::string EncodeJournalControl();
 
 // A client appending into a mapping of its journal extends the file this
 // much at a time (its window); heapd, emptying a journal cut off for its

@@ -332,10 +332,6 @@ int Put(Client& client, const std::string& heap_name, const std::string& name, u
   return 0;
 }
 
-// Stores `value` into NAME's uint64_t (after syncing once, so the store
-// is the session's first since its last sync), prints "stored" and dies of
-// SIGKILL without syncing it; with `wait`, stays attached instead and at
-// each SIGUSR1 stores value + 1 and prints "stored again".
 // Stores `value` at `object` as the kernel does for a system call: "read"
 // (read(2) from a pipe) or "vm-write" (another process's
 // process_vm_writev into this one).
@@ -372,6 +368,11 @@ absl::Status KernelStore(uint64_t* object, uint64_t value, const std::string& ho
   return absl::InvalidArgumentError(absl::StrCat("no kernel store ", how));
 }
 
+// Stores `value` into NAME's uint64_t (after syncing once, so the store
+// is the session's first since its last sync), prints "stored" and dies of
+// SIGKILL without syncing it (with `kernel_store`, the kernel stores it:
+// KernelStore); with `wait`, stays attached instead and at
+// each SIGUSR1 stores value + 1 and prints "stored again".
 int StoreAndDie(Client& client, const std::string& heap_name, const std::string& name,
                 uint64_t value, bool wait = false, bool sync_first = true,
                 const std::string& kernel_store = "") {
