@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/growth_fault_handler.h"
+#include "heap/fault_point.h"
 #include "heap/undo_record.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -226,6 +227,7 @@ void WriteTracker::Capture(uint64_t offset) {
     failed = absl::InternalError(
         absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {
+    if (guarded) FaultPoint("client.tracker.in_guard");
     UndoRecordHeader header;
     header.kind = static_cast<uint32_t>(UndoKind::kPreImage);
     header.page = offset;

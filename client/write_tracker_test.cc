@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "client/growth_fault_handler.h"
 #include "gtest/gtest.h"
+#include "heap/fault_point.h"
 #include "heap/test_dir.h"
 #include "heap/undo_record.h"
 #include "util/unique_fd.h"
@@ -177,32 +178,31 @@ TEST_P(WriteTrackerTest, ASequentialSweepTakesEachPageAtItsOwnStore) {
   EXPECT_TRUE(tracker_->error().ok()) << tracker_->error();
 }
 
-// The tracker takes pre-images inside its guard: a reader of the control
-// page (heapd's view) sees `busy` set while they are taken, and clear
-// once every store went through.
+// The tracker takes pre-images inside its guard: at a fault point inside
+// it, a reader of the control page (heapd's view) sees `busy` set; once
+// the stores went through, clear.
+std::atomic<const JournalControl*> control_seen_from_heapd{nullptr};
+std::atomic<int> guard_points{0}, guard_points_busy{0};
+
 TEST_P(WriteTrackerTest, PreImagesAreTakenInsideTheGuard) {
   if (!GetParam()) GTEST_SKIP() << "a 0.4 journal has no guard";
   UniqueFd control_fd(open(dir_.Sub("journal").c_str(), O_RDONLY | O_CLOEXEC));
   void* mapped = mmap(nullptr, kJournalControlBytes, PROT_READ, MAP_SHARED, control_fd.get(), 0);
   ASSERT_NE(mapped, MAP_FAILED);
-  const auto* control = static_cast<const JournalControl*>(mapped);
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> seen_busy{0};
-  std::thread heapd_side([&] {
-    while (!stop.load()) {
-      if (__atomic_load_n(&control->busy, __ATOMIC_SEQ_CST) != 0) seen_busy.fetch_add(1);
+  control_seen_from_heapd.store(static_cast<const JournalControl*>(mapped));
+  SetFaultHandler(+[](const char* point) {
+    if (std::string(point) != "client.tracker.in_guard") return;
+    guard_points.fetch_add(1);
+    if (__atomic_load_n(&control_seen_from_heapd.load()->busy, __ATOMIC_SEQ_CST) == 1) {
+      guard_points_busy.fetch_add(1);
     }
   });
-  constexpr uint64_t kPages = kBytes / kUndoPageBytes;
-  for (int generation = 0; generation < 300; ++generation) {
-    for (uint64_t page = 0; page < kPages; ++page) base_[page * kUndoPageBytes + 3] = 1;
-    tracker_->BeginSync();
-    tracker_->EndSync();
-  }
-  stop.store(true);
-  heapd_side.join();
-  EXPECT_GT(seen_busy.load(), 0u);
-  EXPECT_EQ(__atomic_load_n(&control->busy, __ATOMIC_SEQ_CST), 0u);
+  base_[3] = 1;
+  base_[5 * kUndoPageBytes] = 1;
+  SetFaultHandler(nullptr);
+  EXPECT_EQ(guard_points.load(), 2);
+  EXPECT_EQ(guard_points_busy.load(), 2);
+  EXPECT_EQ(__atomic_load_n(&control_seen_from_heapd.load()->busy, __ATOMIC_SEQ_CST), 0u);
   munmap(mapped, kJournalControlBytes);
 }
 
