@@ -123,8 +123,7 @@ uint64_t JournalRecordsStart(const std::string& path) {
 }
 
 // Where the records of a session's undo journal end, reading on from
-// `from` (a record's start): a mapped journal ends in zeros, not at its
-// size.
+// `from` (a record's start).
 uint64_t JournalRecordsEnd(const std::string& path, uint64_t from) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return from;
@@ -320,10 +319,10 @@ std::map<std::string, std::vector<double>> Run(bool tracked, int rep, uint64_t s
 // ---- The steps of a dirty page, each timed alone on a /dev/shm file of
 // kComponentPages pages mapped shared, as the client maps a heap. The
 // client's tracker does per fault: enter the journal's guard, encode the
-// pre-image (copy 4 KiB + XXH3) into its mapped journal window, leave the
-// guard, UFFDIO_WRITEPROTECT off (which wakes the faulting thread, whose
-// store then takes a minor fault); 0.4's tracker took an OFD lock, checked
-// with CRC-32 and appended with write(). The sync does one
+// pre-image (copy 4 KiB + XXH3), append it (write()), leave the guard,
+// UFFDIO_WRITEPROTECT off (which wakes the faulting thread, whose store
+// then takes a minor fault); 0.4's tracker took an OFD lock instead of the
+// guard and checked with CRC-32. The sync does one
 // UFFDIO_WRITEPROTECT on per page (ranges merged when adjacent); heapd
 // reads and checks each record at the sync.
 constexpr uint64_t kComponentPages = 8192;  // 32 MiB
@@ -467,21 +466,19 @@ void Components(std::vector<std::pair<std::string, double>>* out) {
   out->emplace_back("the same checked with CRC-32 (0.4)", per_page_us(t0));
   header.magic = kUndoMagic;
 
-  // Appended through a mapped journal window (journal_appender.h): each
-  // record encoded in place, a 4 MiB window extended and populated every
-  // ~1,000 records.
+  // Appended as the tracker does (journal_appender.h: one write()).
   {
-    char window_path[] = "/dev/shm/heapd-b8-window-XXXXXX";
-    const int window_fd = mkstemp(window_path);
-    if (window_fd < 0) DieErrno("mkstemp");
-    unlink(window_path);
-    JournalAppender appender(UniqueFd(window_fd), /*heapd_reads_mapped=*/true);
+    char appended_path[] = "/dev/shm/heapd-b8-appended-XXXXXX";
+    const int appended_fd = mkstemp(appended_path);
+    if (appended_fd < 0) DieErrno("mkstemp");
+    unlink(appended_path);
+    JournalAppender appender(UniqueFd(appended_fd), /*heapd_revision_2=*/true);
     t0 = Clock::now();
     for (char* p : pages) {
       header.page = static_cast<uint64_t>(p - base);
       if (!appender.Append(header, p).ok()) Die("components", absl::InternalError("append"));
     }
-    out->emplace_back("append it to a mapped tmpfs journal (windows included)", per_page_us(t0));
+    out->emplace_back("encode + append it to a tmpfs journal (write)", per_page_us(t0));
   }
   t0 = Clock::now();
   for (char* p : pages) {
@@ -490,7 +487,7 @@ void Components(std::vector<std::pair<std::string, double>>* out) {
     }
     (void)p;
   }
-  out->emplace_back("append it to a tmpfs journal with write() (0.4)", per_page_us(t0));
+  out->emplace_back("append an encoded record (write)", per_page_us(t0));
   t0 = Clock::now();
   for (char* p : pages) {
     lock(p, F_RDLCK);

@@ -169,7 +169,7 @@ TEST_F(GrowthFaultHandlerTest, TrackedGrowthIsProtectedBeforeAnyStoreReachesIt) 
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
   UniqueFd lifeline(pair[0]), heapd_end(pair[1]);
   auto tracker = WriteTracker::Start(base, &mapped, fd.get(), std::move(journal), lifeline.get(),
-                                     /*map_journal=*/true);
+                                     /*heapd_revision_2=*/true);
   if (!tracker.ok()) GTEST_SKIP() << tracker.status();
   GrowingHeap heap = Heap();
   heap.uffd = (*tracker)->fd();

@@ -82,7 +82,7 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
     if (!journal.valid()) return Unexpected(name_, "content rollback without an undo journal");
     absl::StatusOr<std::unique_ptr<WriteTracker>> tracker = WriteTracker::Start(
         base_, mapped_->mapped_bytes_counter(), data_fd_, std::move(journal), calls_->lifeline(),
-        /*map_journal=*/attached.protocol_revision() >= kMappedJournalsRevision);
+        /*heapd_revision_2=*/attached.protocol_revision() >= kGuardedJournalsRevision);
     if (!tracker.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("heap ", name_,

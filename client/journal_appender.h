@@ -1,23 +1,21 @@
-// JournalAppender: appends undo records (heap/undo_record.h) to a session's
-// journal for its client's write tracker (write_tracker.h). One writer: the
+// JournalAppender: a session's undo journal (heap/undo_record.h), as its
+// client's write tracker (write_tracker.h) appends to it. One writer: the
 // tracker's thread.
 //
-// Mapped (heapd reads such journals: protocol revision 2): the file is
-// extended a window at a time, the window mapped shared and populated
-// writable (its space taken before any record needs it: no store into the
-// mapping faults for want of space), and each record is encoded straight
-// into it: no system call per record. heapd reads the
-// file as before; a record is there once its magic, stored last, is.
-// The journal's guard (heap/undo_record.h, JournalControl) keeps heapd
-// from putting pages back while a pre-image is taken, without a system
-// call: EnterGuard, append, LeaveGuard. When heapd is putting pages back
-// (or the journal has no control page), EnterGuard says so and the caller
-// takes the journal's OFD lock instead.
+// Each record goes in with one write() (the journal is opened O_APPEND):
+// checked with XXH3 for a heapd of protocol revision 2, with CRC-32 for
+// one of revision 1 (0.4.0), what each reads. (Storing records through a
+// mapping of the file was tried and measured no faster: what a record
+// costs is tmpfs allocating and clearing its page, docs/performance.md.)
 //
-// On other file systems than tmpfs, ext4 and XFS (a copy-on-write one
-// needs space at stores into written pages), or if the file cannot be
-// mapped: one write() per record (the journal is opened O_APPEND). For a heapd of revision 1
-// (0.4.0): one write() per record checked with CRC-32, what it reads.
+// The journal's guard (JournalControl, in its first page, mapped here)
+// keeps heapd from putting pages back while a pre-image is taken, without
+// a system call: EnterGuard, Append, LeaveGuard. When heapd is putting
+// pages back, or the journal has no control page (a revision 1 heapd's),
+// EnterGuard says so and the caller takes the journal's OFD lock instead.
+// While the guard is mapped this process holds a read lock on the
+// journal's kJournalAliveAt byte: heapd does not wait on a guard its
+// client died in.
 #ifndef HEAPD_CLIENT_JOURNAL_APPENDER_H_
 #define HEAPD_CLIENT_JOURNAL_APPENDER_H_
 
@@ -32,8 +30,8 @@ namespace heapd {
 
 class JournalAppender {
  public:
-  // `heapd_reads_mapped`: heapd speaks protocol revision 2 or later.
-  JournalAppender(UniqueFd journal, bool heapd_reads_mapped);
+  // `heapd_revision_2`: heapd speaks protocol revision 2 or later.
+  JournalAppender(UniqueFd journal, bool heapd_revision_2);
   ~JournalAppender();
   JournalAppender(const JournalAppender&) = delete;
   JournalAppender& operator=(const JournalAppender&) = delete;
@@ -43,33 +41,19 @@ class JournalAppender {
   // returns). Once this returns OK, heapd reads the record.
   absl::Status Append(UndoRecordHeader header, const char* image);
 
-  // Maps the next window now if the next record of `bytes` needs it:
-  // before EnterGuard, so that heapd, waiting on the guard, does not wait
-  // for a window's allocation. Append does it too.
-  absl::Status MakeRoom(uint64_t bytes);
-
   // True: inside the guard, heapd puts no page back until LeaveGuard.
   // False: take the OFD lock instead.
   bool EnterGuard();
   void LeaveGuard();
 
   int fd() const { return journal_.get(); }
-  bool mapped() const { return mapped_; }
+  bool guarded() const { return control_ != nullptr; }
 
  private:
-  // Maps the window that holds the next record (at tail_).
-  absl::Status NextWindow();
-  // From now on, one write() per record (the file ends at tail_ again).
-  void StopMapping();
-
   const UniqueFd journal_;
-  const uint32_t magic_;  // of the records written
-  bool mapped_;
-  uint64_t tail_ = 0;                  // where the next record goes (mapped)
+  const uint32_t magic_;               // of the records written
   JournalControl* control_ = nullptr;  // mapped, if the journal has one
-  char* window_ = nullptr;
-  uint64_t window_at_ = 0;  // file offset of window_[0]
-  std::string record_;      // the record being written (write())
+  std::string record_;                 // the record being written
 };
 
 }  // namespace heapd

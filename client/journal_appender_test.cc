@@ -1,5 +1,5 @@
 // JournalAppender on real files: what heapd reads back (every record, in
-// order, checked), whichever way they were appended.
+// order, checked as the heapd of each revision checks), and the guard.
 #include "client/journal_appender.h"
 
 #include <fcntl.h>
@@ -26,37 +26,37 @@ std::string Image(uint64_t i) {
   return image;
 }
 
+UndoRecordHeader PreImage(uint64_t i) {
+  UndoRecordHeader h;
+  h.kind = static_cast<uint32_t>(UndoKind::kPreImage);
+  h.page = i * kUndoPageBytes;
+  h.time_ns = i + 1;
+  h.generation = 1;
+  return h;
+}
+
 class JournalAppenderTest : public ::testing::Test {
  protected:
-  UniqueFd Open() {
-    return UniqueFd(open(Path().c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  // The journal as heapd makes it: with a control page for revision 2.
+  UniqueFd Open(bool control_page) {
+    UniqueFd fd(open(Path().c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    if (control_page) {
+      const std::string control = EncodeJournalControl();
+      EXPECT_EQ(write(fd.get(), control.data(), control.size()),
+                static_cast<ssize_t>(control.size()));
+    }
+    return fd;
   }
   std::string Path() const { return dir_.Sub("journal"); }
-  uint64_t FileBytes() const {
-    struct stat st;
-    return stat(Path().c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  }
-  // Appends `records` pre-images of pages 0, 1, ...
-  static void AppendMany(JournalAppender& journal, uint64_t records) {
-    for (uint64_t i = 0; i < records; ++i) {
-      UndoRecordHeader h;
-      h.kind = static_cast<uint32_t>(UndoKind::kPreImage);
-      h.page = i * kUndoPageBytes;
-      h.time_ns = i + 1;
-      h.generation = 1;
-      const std::string image = Image(i);
-      ASSERT_TRUE(journal.Append(h, image.data()).ok());
-    }
-  }
-  // Reads the journal as heapd does; checks record i is page i's, with
-  // `magic`; returns how many there are before the end (or zeros).
-  uint64_t ReadBack(uint32_t magic) const {
+  // Reads the journal as heapd does from `start`; checks record i is page
+  // i's, with `magic`; returns how many there are.
+  uint64_t ReadBack(uint64_t start, uint32_t magic) const {
     std::string bytes;
     UniqueFd fd(open(Path().c_str(), O_RDONLY | O_CLOEXEC));
     char buffer[1 << 16];
     for (ssize_t n; (n = read(fd.get(), buffer, sizeof(buffer))) > 0;) bytes.append(buffer, n);
     uint64_t records = 0;
-    for (uint64_t at = 0;; ++records) {
+    for (uint64_t at = start;; ++records) {
       auto decoded = DecodeUndoRecord(absl::string_view(bytes).substr(at), at);
       EXPECT_TRUE(decoded.ok()) << decoded.status();
       if (!decoded.ok() || !decoded->has_value()) break;
@@ -66,87 +66,84 @@ class JournalAppenderTest : public ::testing::Test {
       EXPECT_EQ(bytes.substr(r.image_at, kUndoPageBytes), Image(records)) << records;
       at += r.size;
     }
+    EXPECT_EQ(bytes.size(), start + records * kUndoImageRecordBytes) << "bytes after the records";
     return records;
   }
 
   TestDir dir_{"/dev/shm"};
 };
 
-// More records than one window holds: the file grows a window at a time,
-// records run on across the windows' borders, and the file ends in zeros.
-TEST_F(JournalAppenderTest, MappedRecordsRunAcrossWindows) {
-  const uint64_t records = 2 * kUndoJournalWindowBytes / kUndoImageRecordBytes + 5;
-  {
-    JournalAppender journal(Open(), /*heapd_reads_mapped=*/true);
-    ASSERT_TRUE(journal.mapped());
-    ASSERT_NO_FATAL_FAILURE(AppendMany(journal, records));
-    EXPECT_EQ(ReadBack(kUndoMagic), records);  // while still mapped
+TEST_F(JournalAppenderTest, ForHeapdOfRevision2RecordsCheckedWithXxh3) {
+  JournalAppender journal(Open(/*control_page=*/true), /*heapd_revision_2=*/true);
+  EXPECT_TRUE(journal.guarded());
+  for (uint64_t i = 0; i < 100; ++i) {
+    const std::string image = Image(i);
+    ASSERT_TRUE(journal.Append(PreImage(i), image.data()).ok());
   }
-  EXPECT_EQ(ReadBack(kUndoMagic), records);
-  EXPECT_GT(FileBytes(), records * kUndoImageRecordBytes);
-  EXPECT_LE(FileBytes(), records * kUndoImageRecordBytes + kUndoJournalWindowBytes);
+  EXPECT_EQ(ReadBack(kJournalControlBytes, kUndoMagic), 100u);
 }
 
-// A journal that already holds records (an appender of the same session
-// before): the next ones follow them.
-TEST_F(JournalAppenderTest, MappedRecordsFollowTheFilesRecords) {
-  {
-    JournalAppender written(Open(), /*heapd_reads_mapped=*/false);
-    ASSERT_NO_FATAL_FAILURE(AppendMany(written, 1));
+// heapd 0.4.0 reads records checked with CRC-32, from the journal's start,
+// and has no guard.
+TEST_F(JournalAppenderTest, ForHeapdOfRevision1RecordsCheckedWithCrc32) {
+  JournalAppender journal(Open(/*control_page=*/false), /*heapd_revision_2=*/false);
+  EXPECT_FALSE(journal.guarded());
+  EXPECT_FALSE(journal.EnterGuard());
+  for (uint64_t i = 0; i < 10; ++i) {
+    const std::string image = Image(i);
+    ASSERT_TRUE(journal.Append(PreImage(i), image.data()).ok());
   }
-  UniqueFd fd = Open();
-  JournalAppender journal(std::move(fd), /*heapd_reads_mapped=*/true);
-  UndoRecordHeader h;
-  h.kind = static_cast<uint32_t>(UndoKind::kPreImage);
-  h.page = kUndoPageBytes;
-  h.generation = 1;
-  const std::string image = Image(1);
-  ASSERT_TRUE(journal.Append(h, image.data()).ok());
-  std::string bytes(2 * kUndoImageRecordBytes, '\0');
-  UniqueFd reader(open(Path().c_str(), O_RDONLY | O_CLOEXEC));
-  ASSERT_EQ(pread(reader.get(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
-  auto first = DecodeUndoRecord(bytes, 0);
-  auto second = DecodeUndoRecord(absl::string_view(bytes).substr(kUndoImageRecordBytes),
-                                 kUndoImageRecordBytes);
-  ASSERT_TRUE(first.ok() && first->has_value() && second.ok() && second->has_value());
-  EXPECT_EQ((*first)->header.magic, kUndoMagicCrc32);
-  EXPECT_EQ((*second)->header.magic, kUndoMagic);
-  EXPECT_EQ((*second)->header.page, kUndoPageBytes);
+  EXPECT_EQ(ReadBack(0, kUndoMagicCrc32), 10u);
 }
 
-// heapd 0.4.0 reads records appended with write() and checked with CRC-32,
-// nothing after them.
-TEST_F(JournalAppenderTest, ForAnOlderHeapdOneWritePerRecord) {
-  JournalAppender journal(Open(), /*heapd_reads_mapped=*/false);
-  EXPECT_FALSE(journal.mapped());
-  ASSERT_NO_FATAL_FAILURE(AppendMany(journal, 10));
-  EXPECT_EQ(FileBytes(), 10 * kUndoImageRecordBytes);
-  EXPECT_EQ(ReadBack(kUndoMagicCrc32), 10u);
+// The guard: entered while heapd has it open, refused (the caller takes the
+// OFD lock) once heapd closed it; this process's read lock on
+// kJournalAliveAt says it lives.
+TEST_F(JournalAppenderTest, TheGuardAndTheLockThatSaysTheClientLives) {
+  JournalAppender journal(Open(/*control_page=*/true), /*heapd_revision_2=*/true);
+  UniqueFd heapd_side(open(Path().c_str(), O_RDWR | O_CLOEXEC));
+  auto word = [&](uint64_t at) {
+    uint32_t value = 7;
+    EXPECT_EQ(pread(heapd_side.get(), &value, sizeof(value), at), 4);
+    return value;
+  };
+  ASSERT_TRUE(journal.EnterGuard());
+  EXPECT_EQ(word(kJournalBusyAt), 1u);
+  journal.LeaveGuard();
+  EXPECT_EQ(word(kJournalBusyAt), 0u);
+  const uint32_t closed = 1;
+  ASSERT_EQ(pwrite(heapd_side.get(), &closed, sizeof(closed), kJournalClosedAt), 4);
+  EXPECT_FALSE(journal.EnterGuard());
+  EXPECT_EQ(word(kJournalBusyAt), 0u);
+  struct flock alive {};
+  alive.l_type = F_WRLCK;
+  alive.l_whence = SEEK_SET;
+  alive.l_start = kJournalAliveAt;
+  alive.l_len = 1;
+  ASSERT_EQ(fcntl(heapd_side.get(), F_OFD_GETLK, &alive), 0);
+  EXPECT_EQ(alive.l_type, F_RDLCK);
 }
 
-// No room for the next window (here: a file size limit): the record is
-// refused (the tracker lets the store through and says the page cannot be
-// put back), and the records before it are all still read.
-TEST_F(JournalAppenderTest, NoRoomForTheNextWindowIsAnError) {
-  JournalAppender journal(Open(), /*heapd_reads_mapped=*/true);
-  const uint64_t fit = kUndoJournalWindowBytes / kUndoImageRecordBytes;  // in the first window
-  ASSERT_NO_FATAL_FAILURE(AppendMany(journal, fit));
+// A record the file system refuses (here a file size limit): an error, and
+// the records before it are all still read.
+TEST_F(JournalAppenderTest, ARecordThatCannotBeWrittenIsAnError) {
+  JournalAppender journal(Open(/*control_page=*/true), /*heapd_revision_2=*/true);
+  for (uint64_t i = 0; i < 3; ++i) {
+    const std::string image = Image(i);
+    ASSERT_TRUE(journal.Append(PreImage(i), image.data()).ok());
+  }
   struct rlimit before;
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
   struct rlimit limited = before;
-  limited.rlim_cur = kUndoJournalWindowBytes;
+  limited.rlim_cur = kJournalControlBytes + 3 * kUndoImageRecordBytes;
   signal(SIGXFSZ, SIG_IGN);
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
-  UndoRecordHeader h;
-  h.kind = static_cast<uint32_t>(UndoKind::kPreImage);
-  h.page = fit * kUndoPageBytes;
-  const std::string image = Image(fit);
-  const absl::Status refused = journal.Append(h, image.data());
+  const std::string image = Image(3);
+  const absl::Status refused = journal.Append(PreImage(3), image.data());
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &before), 0);
   signal(SIGXFSZ, SIG_DFL);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("extend the undo journal"), absl::string_view::npos) << refused;
-  EXPECT_EQ(ReadBack(kUndoMagic), fit);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_EQ(ReadBack(kJournalControlBytes, kUndoMagic), 3u);
 }
 
 }  // namespace

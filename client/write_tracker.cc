@@ -79,7 +79,7 @@ bool LockJournal(int fd, short type) {
 
 absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
     char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd journal, int lifeline,
-    bool map_journal) {
+    bool heapd_revision_2) {
   // Privileged (or vm.unprivileged_userfaultfd = 1): stores from system
   // calls are caught too. Otherwise user-mode stores only.
   UniqueFd uffd(static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)));
@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<WriteTracker>> WriteTracker::Start(
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno(errno, "eventfd");
   std::unique_ptr<WriteTracker> tracker(new WriteTracker(base, mapped, data_fd, std::move(uffd),
-                                                         std::move(journal), map_journal,
+                                                         std::move(journal), heapd_revision_2,
                                                          std::move(wake), lifeline));
   const uint64_t size = mapped->load(std::memory_order_acquire);
   if (size != 0) {
@@ -215,15 +215,9 @@ absl::Status WriteTracker::error() const {
 void WriteTracker::Capture(uint64_t offset) {
   absl::MutexLock lock(&mu_, absl::Condition(
                                  +[](bool* syncing) { return !*syncing; }, &syncing_));
-  // Room for the record before the guard: heapd may be waiting on it.
-  absl::Status failed = journal_.MakeRoom(kUndoImageRecordBytes);
-  const bool guarded = failed.ok() && journal_.EnterGuard();  // else the OFD lock
-  if (!failed.ok()) {
-    failed = absl::Status(failed.code(),
-                          absl::StrCat("pre-image of page ", offset, ": ", failed.message(),
-                                       "; that page cannot be put back if this process dies "
-                                       "before its next sync"));
-  } else if (!guarded && !LockJournal(journal_.fd(), F_WRLCK)) {
+  absl::Status failed;
+  const bool guarded = journal_.EnterGuard();  // else the OFD lock
+  if (!guarded && !LockJournal(journal_.fd(), F_WRLCK)) {
     failed = absl::InternalError(
         absl::StrCat("lock the undo journal for page ", offset, ": ", std::strerror(errno)));
   } else {

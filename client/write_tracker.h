@@ -9,7 +9,7 @@
 // to a protected page stops its thread; the tracker's thread enters the
 // journal's guard (or takes its OFD lock while heapd puts pages back:
 // heap/undo_record.h, JournalControl), appends the pre-image
-// (journal_appender.h: a copy into the mapped journal), leaves the guard
+// (journal_appender.h: one write()), leaves the guard
 // and lifts the protection, which lets the store through. The tracker's thread runs on
 // the CPU of a faulting thread bound to one (tracker_placement.h). Memory handed out free (fresh
 // chunks, large objects) is unprotected at once: it needs no pre-image, so filling new memory costs
@@ -70,13 +70,13 @@ class WriteTracker {
   // `data_fd`: the heap's data file
   // (not owned); `journal`: the session's undo journal (owned);
   // `lifeline`: the session's heapd.fd.sock connection (not owned; watched
-  // for its end); `map_journal`: heapd reads journals appended through a
-  // mapping (journal_appender.h). UNIMPLEMENTED naming why when the kernel
+  // for its end); `heapd_revision_2`: heapd speaks protocol revision 2
+  // (journal_appender.h). UNIMPLEMENTED naming why when the kernel
   // refuses.
   static absl::StatusOr<std::unique_ptr<WriteTracker>> Start(char* base,
                                                              const std::atomic<uint64_t>* mapped,
                                                              int data_fd, UniqueFd journal,
-                                                             int lifeline, bool map_journal);
+                                                             int lifeline, bool heapd_revision_2);
   ~WriteTracker();  // stops tracking; the mapping stays as it is
   WriteTracker(const WriteTracker&) = delete;
   WriteTracker& operator=(const WriteTracker&) = delete;
@@ -114,14 +114,14 @@ class WriteTracker {
 
  private:
   WriteTracker(char* base, const std::atomic<uint64_t>* mapped, int data_fd, UniqueFd uffd,
-               UniqueFd journal, bool map_journal, UniqueFd wake, int lifeline)
+               UniqueFd journal, bool heapd_revision_2, UniqueFd wake, int lifeline)
       : base_(base),
         mapped_(mapped),
         data_fd_(data_fd),
         uffd_(std::move(uffd)),
         wake_(std::move(wake)),
         lifeline_(lifeline),
-        journal_(std::move(journal), map_journal) {}
+        journal_(std::move(journal), heapd_revision_2) {}
 
   // How long the thread keeps reading faults after the last one before it
   // sleeps in poll again (unless it shares the faulting thread's CPU).

@@ -58,7 +58,7 @@ class WriteTrackerTest : public ::testing::TestWithParam<bool> {
     heapd_end_.reset(pair[1]);
     auto tracker =
         WriteTracker::Start(base_, &mapped_, data_.get(), std::move(journal), lifeline_.get(),
-                            /*map_journal=*/GetParam());
+                            /*heapd_revision_2=*/GetParam());
     if (!tracker.ok()) GTEST_SKIP() << tracker.status();
     tracker_ = *std::move(tracker);
   }

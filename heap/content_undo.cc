@@ -64,14 +64,9 @@ bool WriteAll(int fd, const std::string& bytes) {
   return write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
 }
 
-// Frees what a session's journal holds but its last kUndoJournalWindowBytes:
-// its client may be appending through a mapping of those, and a store into
-// a page freed under it could find the file system full (a SIGBUS).
-// Its control page stays too; space taken past the file's end goes (a
-// punch on tmpfs and XFS, a truncation to its size on ext4, whose punch
-// stops at the end). Only for a journal cut off for its size: its client
-// broke the protocol, and one racing this with a new window may find that
-// window gone (a SIGBUS in that client).
+// Frees what a session's journal holds but its control page, past its end
+// included (a punch on tmpfs and XFS, a truncation to its size on ext4,
+// whose punch stops at the end).
 void EmptyJournal(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return;
@@ -79,19 +74,17 @@ void EmptyJournal(int fd) {
   fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(size),
             off_t{1} << 60);
   (void)!ftruncate(fd, static_cast<off_t>(size));
-  const uint64_t keep = kJournalControlBytes + kUndoJournalWindowBytes;
-  if (size <= keep) return;
-  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kJournalControlBytes,
-            static_cast<off_t>(size - keep));
+  if (size > kJournalControlBytes) {
+    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kJournalControlBytes,
+              static_cast<off_t>(size - kJournalControlBytes));
+  }
 }
 
 // A journal may hold, after its control page and unpunched, at most a few
-// generations' pre-images of every page of the data file, and the zeros of
-// a client's mapped window after them: more is not a client following the
-// protocol.
+// generations' pre-images of every page of the data file: more is not a
+// client following the protocol.
 uint64_t MaxJournalBytes(uint64_t data_bytes) {
-  return kJournalControlBytes + 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes +
-         kUndoJournalWindowBytes;
+  return kJournalControlBytes + 3 * (data_bytes / kUndoPageBytes + 64) * kUndoImageRecordBytes;
 }
 
 // Takes (exclusive, without waiting) or releases the OFD lock on byte 0 of
@@ -228,10 +221,10 @@ absl::StatusOr<std::unique_ptr<ContentUndo>> ContentUndo::OpenAt(
         openat(dir, JournalName(id).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
     if (!journal.fd.valid()) continue;
     // Its void pre-images were punched out (Committed): they read as zeros
-    // up to the first record that was not, whose magic starts nonzero, or
-    // whose image does (a record its client was killed writing: its
-    // header, magic last, still zeros). Every record of a session journal
-    // is a pre-image, all of one size.
+    // up to the first record that was not, whose magic starts nonzero (or,
+    // in a journal not following the protocol, some later byte: every
+    // record of a session journal is a pre-image, all of one size, so the
+    // records resume on a record's boundary).
     const uint64_t start = RecordsStart(journal.fd.get());
     const uint64_t zeros = PunchedPrefix(journal.fd.get(), start) - start;
     journal.read_to = journal.punched =
@@ -278,9 +271,8 @@ absl::StatusOr<UniqueFd> ContentUndo::OpenJournal(ClientId session) {
 
 void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
   if (journal.broken) {
-    // A journal cut off for its size stays empty but for its control page
-    // and its client's window: what its client appends is dropped at every
-    // check.
+    // A journal cut off for its size stays empty but for its control page:
+    // what its client appends is dropped at every check.
     if (journal.oversized) EmptyJournal(journal.fd.get());
     return;
   }
@@ -312,16 +304,6 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
     if (n <= 0) return;
     absl::StatusOr<std::optional<DecodedUndoRecord>> decoded =
         DecodeUndoRecord(absl::string_view(record.data(), static_cast<size_t>(n)), journal.read_to);
-    if (!decoded.ok() && session != 0) {
-      // A client appending into a mapping of its journal stores the magic
-      // last; a read that saw the magic may have seen the image before it
-      // was whole (undo_record.h). Once more, after the magic.
-      std::atomic_thread_fence(std::memory_order_acquire);
-      const ssize_t again = pread(journal.fd.get(), record.data(), record.size(), journal.read_to);
-      if (again <= 0) return;
-      decoded = DecodeUndoRecord(absl::string_view(record.data(), static_cast<size_t>(again)),
-                                 journal.read_to);
-    }
     if (!decoded.ok()) return stop(std::string(decoded.status().message()));
     if (!decoded->has_value()) return;  // the tail is still being written
     const DecodedUndoRecord& r = **decoded;

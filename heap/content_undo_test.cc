@@ -417,17 +417,17 @@ TEST_F(ContentUndoTest, JournalsOfACrashedHeapdAreRecoveredAtOpen) {
   EXPECT_TRUE(SamePage(Page(0), Stored(Pattern(0, 'o'), 0, "after")));
 }
 
-// A client killed while it wrote a record into its mapped journal leaves
-// the image and no header (the magic goes last); its earlier records were
-// punched out by a sync. Recovery finds the records' start where the
-// punched zeros end, on a record's boundary, and reads nothing there.
-TEST_F(ContentUndoTest, ARecordItsClientWasKilledWritingIsNotReadAtOpen) {
+// Zeros, then bytes that are not a record's start (a journal not following
+// the protocol: a header of zeros), after records a sync punched out:
+// recovery looks for records on a record's boundary, and reads nothing
+// there.
+TEST_F(ContentUndoTest, AHeaderOfZerosAfterPunchedRecordsIsNotReadAtOpen) {
   ASSERT_NO_FATAL_FAILURE(Make(16 * kPage, 3));
   auto s = Attach(1);
   ASSERT_NO_FATAL_FAILURE(Write(*s, 0, 0, "synced"));
   ASSERT_NO_FATAL_FAILURE(Sync(*s));  // its pre-image punched out
   std::string torn(kUndoHeaderBytes, '\0');
-  torn += Page(kPage);  // the image only: the client died before the header
+  torn += Page(kPage);  // an image after a header of zeros
   ASSERT_NO_FATAL_FAILURE(Append(*s, torn));
   UndoCounts recovered;
   ASSERT_NO_FATAL_FAILURE(OpenUndo(epoch_, &recovered));  // heapd crashed
@@ -741,36 +741,6 @@ TEST_F(ContentUndoHostileTest, ARecordChangedAfterItWasReadIsNotRestored) {
   EXPECT_TRUE(SamePage(Page(kPage), stored));
 }
 
-// A client appending through a mapping of its journal (protocol revision 2): the
-// file ends in the zeros of its window, and a record is there once its
-// magic, stored last, is.
-TEST_F(ContentUndoTest, AMappedJournalsRecordIsThereOnceItsMagicIs) {
-  ASSERT_NO_FATAL_FAILURE(Make());
-  auto s = Attach(7);
-  ASSERT_EQ(fallocate(s->journal.get(), 0, kJournalControlBytes, kUndoJournalWindowBytes), 0);
-  void* mapped = mmap(nullptr, kUndoJournalWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                      s->journal.get(), kJournalControlBytes);
-  ASSERT_NE(mapped, MAP_FAILED);
-  char* window = static_cast<char*>(mapped);
-  // Two whole records, then one whose magic is not stored yet.
-  for (uint64_t i = 0; i < 3; ++i) {
-    const uint64_t page = (i + 1) * kPage;
-    const std::string record = PreImage(page, 1, Page(page));
-    char* at = window + i * kUndoImageRecordBytes;
-    std::memcpy(at + 4, record.data() + 4, record.size() - 4);
-    if (i < 2) std::memcpy(at, record.data(), 4);
-    ASSERT_NO_FATAL_FAILURE(Put(page, 0, "stored"));
-  }
-  const UndoCounts died = Die(*s);
-  munmap(mapped, kUndoJournalWindowBytes);
-  EXPECT_EQ(died.bad_journals, 0u);
-  EXPECT_EQ(died.pages_restored, 2u);
-  EXPECT_TRUE(SamePage(Page(kPage), Pattern(kPage, 'o')));
-  EXPECT_TRUE(SamePage(Page(2 * kPage), Pattern(2 * kPage, 'o')));
-  // (A client stores only once the record is whole: this one was not read.)
-  EXPECT_TRUE(SamePage(Page(3 * kPage), Stored(Pattern(3 * kPage, 'o'), 0, "stored")));
-}
-
 // A client inside its journal's guard (taking a pre-image without the OFD
 // lock) keeps heapd from putting pages back, as one holding its lock
 // does: after trying for kLockAttempts * kLockRetry, heapd hands the dead
@@ -853,8 +823,7 @@ TEST_F(ContentUndoHostileTest, SpaceTakenPastTheJournalsEndCounts) {
   EXPECT_EQ(undo_->counts().bad_journals, 1u);
   struct stat st;
   ASSERT_EQ(fstat(s->journal.get(), &st), 0);
-  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512,
-            kJournalControlBytes + kUndoJournalWindowBytes);
+  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, kJournalControlBytes + 2 * kUndoPageBytes);
 }
 
 // Marks (snapshot stores): a chunk's stamp says whether it may have changed

@@ -46,11 +46,7 @@ void EncodeUndoRecordInto(UndoRecordHeader header, const char* image, char* out)
   // page other processes are storing into meanwhile.
   if (header.image_bytes != 0) std::memcpy(out + sizeof(header), image, header.image_bytes);
   header.crc = Checksum(header, out + sizeof(header), header.image_bytes);
-  // Everything but the magic, then the magic.
-  static_assert(offsetof(UndoRecordHeader, magic) == 0 && sizeof(header.magic) == 4, "layout");
-  std::memcpy(out + sizeof(header.magic), reinterpret_cast<const char*>(&header) + 4,
-              sizeof(header) - sizeof(header.magic));
-  __atomic_store_n(reinterpret_cast<uint32_t*>(out), header.magic, __ATOMIC_RELEASE);
+  std::memcpy(out, &header, sizeof(header));
 }
 
 std::string EncodeUndoRecord(UndoRecordHeader header, absl::string_view image) {
@@ -76,7 +72,7 @@ absl::StatusOr<std::optional<DecodedUndoRecord>> DecodeUndoRecord(absl::string_v
   auto bad = [at](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("undo record at byte ", at, ": ", what));
   };
-  if (h.magic == 0) return std::nullopt;  // being written (a mapped journal)
+  if (h.magic == 0) return std::nullopt;  // zeros: nothing there (yet)
   if (h.magic != kUndoMagic && h.magic != kUndoMagicCrc32) return bad("bad magic");
   if (h.kind < static_cast<uint32_t>(UndoKind::kPreImage) ||
       h.kind > static_cast<uint32_t>(UndoKind::kGenerationEnd)) {

@@ -3,11 +3,9 @@
 // wrote it since its last sync, and what heapd knows of those pages.
 //
 // A record is a fixed header, followed by one page image for the kinds
-// that carry one. A journal is appended whole records at a time: with one
-// write each (O_APPEND), or by its client into a mapping of the file
-// (client/journal_appender.h), which writes the magic last: until then the
-// record, and whatever follows it, is not there yet. A reader stops at the
-// first record that is short, has no magic yet, or fails its check.
+// that carry one. Journals are appended whole records at a time (O_APPEND,
+// one write each); a reader stops at the first record that is short or
+// whose magic is 0 (not there yet) and flags one that fails its check.
 //
 // Everything here is pure: no I/O.
 #ifndef HEAPD_HEAP_UNDO_RECORD_H_
@@ -94,11 +92,6 @@ inline constexpr uint64_t kJournalAliveAt = 1;
 // The control page of a new session journal.
 std::string EncodeJournalControl();
 
-// A client appending into a mapping of its journal extends the file this
-// much at a time (its window); heapd, emptying a journal cut off for its
-// size, keeps the last this-many bytes, which that client may still store
-// into.
-inline constexpr uint64_t kUndoJournalWindowBytes = uint64_t{4} << 20;
 inline constexpr uint64_t kUndoImageRecordBytes = kUndoHeaderBytes + kUndoPageBytes;
 
 // True for the kinds that carry a page image.
@@ -111,10 +104,7 @@ bool UndoKindHasImage(uint32_t kind);
 std::string EncodeUndoRecord(UndoRecordHeader header, absl::string_view image);
 
 // The same, written into `out` (kUndoImageRecordBytes or kUndoHeaderBytes
-// bytes, whose magic reads 0 on entry when `out` is a mapped journal's
-// tail): the client's fault handler encodes without allocating, straight
-// into its mapped journal. The magic is stored last (release): a reader of
-// the same memory or file that sees it sees the whole record.
+// bytes): the client's fault handler encodes without allocating.
 void EncodeUndoRecordInto(UndoRecordHeader header, const char* image, char* out);
 
 struct DecodedUndoRecord {
@@ -127,10 +117,7 @@ struct DecodedUndoRecord {
 // `bytes`: nullopt when `bytes` ends before the record does or its magic
 // is 0 (a torn or unfinished tail); DATA_LOSS when it is not a valid record
 // (bad magic, kind, sizes, check, or a page not aligned). A valid record
-// may still name any page: callers bound it by the data file. A mapped
-// journal's reader that gets DATA_LOSS for a check reads the record again
-// once: it may have read the image before the writer finished it and the
-// magic after.
+// may still name any page: callers bound it by the data file.
 absl::StatusOr<std::optional<DecodedUndoRecord>> DecodeUndoRecord(absl::string_view bytes,
                                                                   uint64_t at);
 

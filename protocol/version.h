@@ -14,15 +14,15 @@ inline constexpr char kHeapdVersion[] = "0.4.0";
 // it at attach, and a client library refuses a heapd below the revision it
 // needs. Raised when heapd.v1 gains a message or field a client relies on;
 // heapd.v2 would be a new package. 1: 0.4.0 (Unbind by heap, removed store
-// parts, skipped snapshots; arrays). 2: undo journals appended through a
-// mapping (their tails read as zeros: heap/undo_record.h) and records
-// checked with XXH3.
+// parts, skipped snapshots; arrays). 2: undo journals start with a
+// control page, the guard that replaces the per-pre-image lock, and take
+// records checked with XXH3 (heap/undo_record.h).
 inline constexpr uint32_t kProtocolRevision = 2;
 inline constexpr uint32_t kMinProtocolRevision = 1;
-// A client appends to its undo journal through a mapping only when heapd
-// speaks this revision; with an older heapd it writes records checked with
-// CRC-32 (what that heapd reads).
-inline constexpr uint32_t kMappedJournalsRevision = 2;
+// A client uses its journal's guard and checks records with XXH3 only when
+// heapd speaks this revision; with an older heapd it takes the OFD lock for
+// every pre-image and checks with CRC-32 (what that heapd reads).
+inline constexpr uint32_t kGuardedJournalsRevision = 2;
 
 }  // namespace heapd
 
