@@ -325,12 +325,14 @@ B3Result RunB3(HeapdProcess& daemon, const std::vector<std::pair<uint64_t, uint6
   }
   Graph* graph = Check(heap->construct<Graph>("graph")(allocator<char>(*heap)), "construct");
   result.ingest = Ingest(*graph, edges);
-  if (tracked) {  // what the undo journal holds: the pre-images the ingest took
+  if (tracked) {  // what the undo journal holds (after its control page):
+                  // the pre-images the ingest took
     struct stat st;
     const std::string journal =
         absl::StrCat(daemon.state_dir(), "/heaps/b3/undo/session-", heap->session(), ".undo");
     if (stat(journal.c_str(), &st) != 0) Die("B3", absl::NotFoundError(journal));
-    result.pre_images = static_cast<double>(st.st_size) / kUndoImageRecordBytes;
+    const uint64_t records = static_cast<uint64_t>(st.st_size) - kJournalControlBytes;
+    result.pre_images = static_cast<double>(records) / kUndoImageRecordBytes;
   }
   const Clock::time_point t0 = Clock::now();
   Check(heap->sync(), "sync");
