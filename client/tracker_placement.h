@@ -5,8 +5,9 @@
 // A store to a protected page waits in the kernel until the tracker has
 // taken the page's pre-image. When the tracker runs on the faulting
 // thread's CPU, the kernel switches from one to the other and back (about
-// 7 us per first store on this machine kind); on another CPU each of them
-// must be woken there, across CPUs (about 25 us: docs/performance.md, B8). A
+// 7.5 us per first store on this machine kind); on another CPU each of
+// them must be woken there, across CPUs (about 23 us: docs/performance.md,
+// B8). A
 // thread bound to one CPU (srun --cpu-bind, mpirun --bind-to core,
 // OMP_PROC_BIND) never moves, so the tracker moves to it. A thread free to
 // run anywhere is not followed: the scheduler would move it away from the

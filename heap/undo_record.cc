@@ -25,8 +25,8 @@ uint32_t Checksum(const UndoRecordHeader& header, const char* image, uint64_t im
     if (image_bytes != 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(image), image_bytes);
     return static_cast<uint32_t>(crc);
   }
-  // XXH3 runs at memory speed; CRC-32 took a microsecond per page, a fifth
-  // of a first store's cost (docs/performance.md, B8).
+  // XXH3 runs at memory speed: copying and checking a page takes 0.67 us,
+  // 1.39 with CRC-32 (docs/performance.md, B8).
   uint64_t check = XXH3_64bits(&zeroed, sizeof(zeroed));
   if (image_bytes != 0) check = XXH3_64bits_withSeed(image, image_bytes, check);
   return static_cast<uint32_t>(check);
