@@ -9,12 +9,13 @@
 // to a protected page stops its thread; the tracker's thread enters the
 // journal's guard (or takes its OFD lock while heapd puts pages back:
 // heap/undo_record.h, JournalControl), appends the pre-image
-// (journal_appender.h: one write()), leaves the guard
-// and lifts the protection, which lets the store through. The tracker's thread runs on
-// the CPU of a faulting thread bound to one (tracker_placement.h). Memory handed out free (fresh
-// chunks, large objects) is unprotected at once: it needs no pre-image, so filling new memory costs
-// nothing. At each sync, BeginSync protects again every page unprotected
-// since the last one and starts a new generation.
+// (journal_appender.h: one write()), leaves the guard and lifts the
+// protection, which lets the store through. The tracker's thread runs on
+// the CPU of a faulting thread bound to one (tracker_placement.h). Memory
+// handed out free (fresh chunks, large objects) is unprotected at once: it
+// needs no pre-image, so filling new memory costs nothing. At each sync,
+// BeginSync protects again every page unprotected since the last one and
+// starts a new generation.
 //
 // Without privilege (vm.unprivileged_userfaultfd = 0) the userfaultfd
 // covers stores from user mode only: a system call that writes into a

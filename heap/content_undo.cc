@@ -591,7 +591,7 @@ absl::Status ContentUndo::AsOfCommit(const uint64_t* offsets, size_t count, char
   if (!window_.has_value()) return absl::OkStatus();
   AdoptNewJournalsLocked();
   // The pages were read before the journals: a store seen there was
-  // preceded by its record's magic (stored with release).
+  // preceded by its record's append.
   std::atomic_thread_fence(std::memory_order_acquire);
   RefreshAllLocked();
   const CommitWindow& w = *window_;

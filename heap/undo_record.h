@@ -62,18 +62,17 @@ struct UndoRecordHeader {
 static_assert(sizeof(UndoRecordHeader) == 56, "on-disk layout");
 
 inline constexpr uint64_t kUndoHeaderBytes = sizeof(UndoRecordHeader);
-// The first page of a session journal that heapd of protocol revision 2
-// makes (records follow it): its guard. A client takes a pre-image without a system call
-// unless heapd is putting pages back (docs/consistency.md, "Object
-// contents"): it sets `busy` (sequentially consistent), then reads
+// The first page of a session journal that a heapd of protocol revision 2
+// makes (records follow it): its guard. A client takes a pre-image without
+// a system call unless heapd is putting pages back (docs/consistency.md,
+// "Object contents"): it sets `busy` (sequentially consistent), then reads
 // `closed`; if `closed` is set it clears `busy` and takes the journal's
 // OFD lock instead, as a revision 1 client does for every pre-image.
 // heapd, to put pages back, takes every live journal's OFD lock, sets
 // `closed`, then waits until `busy` reads 0 (or its client is gone: see
 // kJournalAliveAt): a pre-image taken meanwhile is whole in the journal,
-// and any later one waits for heapd. heapd reads and
-// writes the page with pread and pwrite (a client may truncate its file:
-// heapd never maps it).
+// and any later one waits for heapd. heapd reads and writes the page with
+// pread and pwrite (a client may truncate its file: heapd never maps it).
 struct JournalControl {
   uint32_t magic = 0;    // kJournalControlMagic
   uint32_t version = 0;  // 1
