@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -120,6 +121,13 @@ class PowerLossTest : public ::testing::TestWithParam<std::string> {
   void Undo() {
     bool done = false;
     for (int attempt = 0; attempt < 600 && !(done = Sh(undo_.back())); ++attempt) usleep(100000);
+    // A mount still busy after that (a loop device over one of its files
+    // not let go yet: seen once under ASan on 2 loaded cores) is detached
+    // lazily: the kernel finishes the unmount when the last user goes.
+    if (!done && absl::StartsWith(undo_.back(), "umount ")) {
+      std::fprintf(stderr, "%s: still busy after 60 s; unmounting lazily\n", undo_.back().c_str());
+      done = Sh("umount -l " + undo_.back().substr(7));
+    }
     EXPECT_TRUE(done) << undo_.back();
     undo_.pop_back();
   }
