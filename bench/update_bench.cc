@@ -334,6 +334,21 @@ void Protect(int uffd, char* page, bool on) {
   if (ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) != 0) DieErrno("UFFDIO_WRITEPROTECT");
 }
 
+// A handler thread that only lifts the protection of each faulting page
+// (no pre-image), until `stop`.
+void LiftProtectionAtFaults(int uffd, const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    pollfd polled = {uffd, POLLIN, 0};
+    if (poll(&polled, 1, 10) <= 0) continue;
+    uffd_msg messages[16];
+    const ssize_t got = read(uffd, messages, sizeof(messages));
+    for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
+      const uint64_t at = messages[i].arg.pagefault.address & ~(kUndoPageBytes - 1);
+      Protect(uffd, reinterpret_cast<char*>(at), false);
+    }
+  }
+}
+
 void Components(std::vector<std::pair<std::string, double>>* out) {
   const uint64_t bytes = kComponentPages * kUndoPageBytes;
   char path[] = "/dev/shm/heapd-b8-components-XXXXXX";
@@ -378,18 +393,7 @@ void Components(std::vector<std::pair<std::string, double>>* out) {
   // that only lifts the protection (no pre-image).
   for (char* p : pages) Protect(uffd, p, true);
   std::atomic<bool> stop{false};
-  std::thread handler([&] {
-    while (!stop.load()) {
-      pollfd polled = {uffd, POLLIN, 0};
-      if (poll(&polled, 1, 10) <= 0) continue;
-      uffd_msg messages[16];
-      const ssize_t got = read(uffd, messages, sizeof(messages));
-      for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
-        const uint64_t at = messages[i].arg.pagefault.address & ~(kUndoPageBytes - 1);
-        Protect(uffd, reinterpret_cast<char*>(at), false);
-      }
-    }
-  });
+  std::thread handler([&] { LiftProtectionAtFaults(uffd, stop); });
   t0 = Clock::now();
   for (char* p : pages) *reinterpret_cast<volatile char*>(p + 64) = 1;
   out->emplace_back("write-protect fault round trip (no pre-image)", per_page_us(t0));
@@ -406,18 +410,7 @@ void Components(std::vector<std::pair<std::string, double>>* out) {
   CPU_SET(cpu, &one);
   if (sched_getaffinity(0, sizeof(unbound), &unbound) != 0) DieErrno("sched_getaffinity");
   if (sched_setaffinity(0, sizeof(one), &one) != 0) DieErrno("sched_setaffinity");
-  std::thread colocated([&] {  // inherits the CPU
-    while (!stop.load()) {
-      pollfd polled = {uffd, POLLIN, 0};
-      if (poll(&polled, 1, 10) <= 0) continue;
-      uffd_msg messages[16];
-      const ssize_t got = read(uffd, messages, sizeof(messages));
-      for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
-        const uint64_t at = messages[i].arg.pagefault.address & ~(kUndoPageBytes - 1);
-        Protect(uffd, reinterpret_cast<char*>(at), false);
-      }
-    }
-  });
+  std::thread colocated([&] { LiftProtectionAtFaults(uffd, stop); });  // inherits the CPU
   t0 = Clock::now();
   for (char* p : pages) *reinterpret_cast<volatile char*>(p + 128) = 1;
   out->emplace_back("the same, handler on the storing thread's CPU", per_page_us(t0));

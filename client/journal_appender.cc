@@ -27,11 +27,7 @@ JournalAppender::JournalAppender(UniqueFd journal, bool heapd_revision_2)
   if (page == MAP_FAILED) return;
   madvise(page, kJournalControlBytes, MADV_DONTFORK);  // a forked child has no business in it
   const auto* control = static_cast<const JournalControl*>(page);
-  struct flock alive {};
-  alive.l_type = F_RDLCK;
-  alive.l_whence = SEEK_SET;
-  alive.l_start = kJournalAliveAt;
-  alive.l_len = 1;
+  struct flock alive = JournalAliveLock(F_RDLCK);
   // Without it heapd would wait out a guard this process died in.
   if (control->magic != kJournalControlMagic || control->version != 1 ||
       fcntl(journal_.get(), F_OFD_SETLK, &alive) != 0) {

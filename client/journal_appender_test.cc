@@ -115,11 +115,7 @@ TEST_F(JournalAppenderTest, TheGuardAndTheLockThatSaysTheClientLives) {
   ASSERT_EQ(pwrite(heapd_side.get(), &closed, sizeof(closed), kJournalClosedAt), 4);
   EXPECT_FALSE(journal.EnterGuard());
   EXPECT_EQ(word(kJournalBusyAt), 0u);
-  struct flock alive {};
-  alive.l_type = F_WRLCK;
-  alive.l_whence = SEEK_SET;
-  alive.l_start = kJournalAliveAt;
-  alive.l_len = 1;
+  struct flock alive = JournalAliveLock(F_WRLCK);
   ASSERT_EQ(fcntl(heapd_side.get(), F_OFD_GETLK, &alive), 0);
   EXPECT_EQ(alive.l_type, F_RDLCK);
 }

@@ -240,7 +240,11 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
   // entries there, under a reservation.
   const StorageTier* held_on = nullptr;
   for (const StorageTier& t : tiers_) {
-    if (!replacing && held_on == nullptr && HasDirectoryOn(t, name)) held_on = &t;
+    if (replacing) break;
+    if (HasDirectoryOn(t, name)) {
+      held_on = &t;
+      break;
+    }
   }
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);

@@ -97,9 +97,10 @@ bool LockJournal(int fd, short type) {
   return fcntl(fd, F_OFD_SETLK, &lock) == 0;
 }
 
-// Sets heapd's word of a live journal's guard (JournalControl).
-void SetGuardClosed(int fd, uint32_t closed) {
-  (void)!pwrite(fd, &closed, sizeof(closed), kJournalClosedAt);
+// Sets heapd's word of a live journal's guard (JournalControl); false if
+// it could not be written (a full file system).
+bool SetGuardClosed(int fd, uint32_t closed) {
+  return pwrite(fd, &closed, sizeof(closed), kJournalClosedAt) == sizeof(closed);
 }
 
 // Whether a journal's client is inside its guard (taking a pre-image
@@ -110,12 +111,11 @@ void SetGuardClosed(int fd, uint32_t closed) {
 // kLockAttempts * kLockRetry.
 bool GuardBusy(int fd) {
   uint32_t busy = 0;
-  if (pread(fd, &busy, sizeof(busy), kJournalBusyAt) != sizeof(busy) || busy == 0) return false;
-  struct flock alive {};
-  alive.l_type = F_WRLCK;
-  alive.l_whence = SEEK_SET;
-  alive.l_start = kJournalAliveAt;
-  alive.l_len = 1;
+  const ssize_t read = pread(fd, &busy, sizeof(busy), kJournalBusyAt);
+  if (read < 0) return true;  // unknown: as if inside
+  // Shorter: its client cut its own control page off, and cannot be inside.
+  if (read != sizeof(busy) || busy == 0) return false;
+  struct flock alive = JournalAliveLock(F_WRLCK);
   if (fcntl(fd, F_OFD_GETLK, &alive) != 0) return true;
   return alive.l_type != F_UNLCK;  // someone holds it: the client lives
 }
@@ -877,10 +877,11 @@ bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
       // on a client waits for the lock held here, so wait (no longer than
       // the deadline) for those already inside to leave.
       for (auto& [session, journal] : journals_) {
-        if (session != except) SetGuardClosed(journal.fd.get(), 1);
+        // One not closed would let its client in while pages go back.
+        if (session != except && !SetGuardClosed(journal.fd.get(), 1)) all = false;
       }
       std::atomic_thread_fence(std::memory_order_seq_cst);  // the closes before the reads
-      for (;;) {
+      while (all) {
         bool inside = false;
         for (auto& [session, journal] : journals_) {
           if (session != except && GuardBusy(journal.fd.get())) inside = true;
@@ -903,7 +904,9 @@ bool ContentUndo::LockLiveJournalsLocked(ClientId except) {
 void ContentUndo::UnlockLiveJournalsLocked(ClientId except) {
   for (auto& [session, journal] : journals_) {
     if (session == except) continue;
-    SetGuardClosed(journal.fd.get(), 0);
+    // Left closed if this fails: its client takes the lock at every
+    // pre-image, as a 0.4 client does.
+    (void)SetGuardClosed(journal.fd.get(), 0);
     LockJournal(journal.fd.get(), F_UNLCK);
   }
 }

@@ -763,11 +763,7 @@ TEST_F(ContentUndoTest, AClientInsideItsGuardKeepsPagesFromGoingBack) {
   };
   EXPECT_EQ(get(0), kJournalControlMagic);
   // The client lives: it holds its read lock on kJournalAliveAt.
-  struct flock alive {};
-  alive.l_type = F_RDLCK;
-  alive.l_whence = SEEK_SET;
-  alive.l_start = kJournalAliveAt;
-  alive.l_len = 1;
+  struct flock alive = JournalAliveLock(F_RDLCK);
   ASSERT_EQ(fcntl(control.get(), F_OFD_SETLK, &alive), 0);
   ASSERT_NO_FATAL_FAILURE(set(kJournalBusyAt, 1));
   auto dead = Attach(21);
@@ -788,7 +784,7 @@ TEST_F(ContentUndoTest, AClientInsideItsGuardKeepsPagesFromGoingBack) {
   // The client died inside its guard (busy left set, its lock gone with
   // it): not waited for.
   ASSERT_NO_FATAL_FAILURE(set(kJournalBusyAt, 1));
-  alive.l_type = F_UNLCK;
+  alive = JournalAliveLock(F_UNLCK);
   ASSERT_EQ(fcntl(control.get(), F_OFD_SETLK, &alive), 0);
   auto dead_third = Attach(23);
   ASSERT_NO_FATAL_FAILURE(Write(*dead_third, 4 * kPage, 0, "dead third"));

@@ -56,6 +56,15 @@ std::string EncodeUndoRecord(UndoRecordHeader header, absl::string_view image) {
   return out;
 }
 
+struct flock JournalAliveLock(short type) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = kJournalAliveAt;
+  lock.l_len = 1;
+  return lock;
+}
+
 std::string EncodeJournalControl() {
   std::string page(kJournalControlBytes, '\0');
   const JournalControl control{kJournalControlMagic, 1, 0, 0};

@@ -11,6 +11,8 @@
 #ifndef HEAPD_HEAP_UNDO_RECORD_H_
 #define HEAPD_HEAP_UNDO_RECORD_H_
 
+#include <fcntl.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -87,6 +89,8 @@ inline constexpr uint64_t kJournalClosedAt = offsetof(JournalControl, closed);
 // drops it with the client's last descriptor of the journal): a `busy` left
 // set by a client that died inside its guard is not waited for.
 inline constexpr uint64_t kJournalAliveAt = 1;
+// The OFD lock request of `type` (F_RDLCK, F_WRLCK, F_UNLCK) on that byte.
+struct flock JournalAliveLock(short type);
 
 // The control page of a new session journal.
 std::string EncodeJournalControl();

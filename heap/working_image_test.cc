@@ -159,23 +159,19 @@ TEST_F(WorkingImageTest, ASyncCommitsItsPagesAsTheyAre) {
   {
     TwoSessions t;
     ASSERT_NO_FATAL_FAILURE(t.Start(path_));
-    Heap* const one = t.one.get();
-    Heap* const two = t.two.get();
-    InProcessSessionCalls* const calls1 = t.calls1;
-    InProcessSessionCalls* const calls2 = t.calls2;
-    mine = Allocate(*one, 4096);
-    theirs = Allocate(*two, 4096);
-    std::memset(one->at<char>(mine), '1', 4096);
-    std::memset(two->at<char>(theirs), '2', 4096);
-    ASSERT_TRUE(one->sync().ok());
-    ASSERT_TRUE(two->sync().ok());
+    mine = Allocate(*t.one, 4096);
+    theirs = Allocate(*t.two, 4096);
+    std::memset(t.one->at<char>(mine), '1', 4096);
+    std::memset(t.two->at<char>(theirs), '2', 4096);
+    ASSERT_TRUE(t.one->sync().ok());
+    ASSERT_TRUE(t.two->sync().ok());
     // Both write one's object; two writes its own too; only one syncs.
-    std::memset(one->at<char>(mine), 'a', 100);
-    std::memset(two->at<char>(mine) + 200, 'b', 100);
-    std::memset(two->at<char>(theirs), 'c', 100);
-    ASSERT_TRUE(one->sync().ok());
-    calls1->Close();
-    calls2->Close();
+    std::memset(t.one->at<char>(mine), 'a', 100);
+    std::memset(t.two->at<char>(mine) + 200, 'b', 100);
+    std::memset(t.two->at<char>(theirs), 'c', 100);
+    ASSERT_TRUE(t.one->sync().ok());
+    t.calls1->Close();
+    t.calls2->Close();
   }
   auto heap = PersistentHeap::Open(path_);
   ASSERT_TRUE(heap.ok()) << heap.status();
@@ -215,31 +211,27 @@ TEST_P(StoresDuringTheLog, StoresAfterTheCommitPointAreNotLogged) {
   {
     TwoSessions t;
     ASSERT_NO_FATAL_FAILURE(t.Start(path_));
-    Heap* const one = t.one.get();
-    Heap* const two = t.two.get();
-    InProcessSessionCalls* const calls1 = t.calls1;
-    InProcessSessionCalls* const calls2 = t.calls2;
-    mine = Allocate(*one, 4096);
-    shared = Allocate(*one, 4096);
-    std::memset(one->at<char>(mine), '1', 4096);
-    std::memset(one->at<char>(shared), '1', 4096);
-    ASSERT_TRUE(one->sync().ok());
-    ASSERT_TRUE(one->sync().ok());  // no longer memory handed out free
-    ASSERT_TRUE(two->sync().ok());
-    std::memset(one->at<char>(mine), 'a', 100);
-    std::memset(one->at<char>(shared), 'a', 100);
-    std::memset(two->at<char>(shared) + 200, 'b', 100);  // before one's sync
-    store_during_log = two;
-    dies_during_log = GetParam() ? calls2 : nullptr;
+    mine = Allocate(*t.one, 4096);
+    shared = Allocate(*t.one, 4096);
+    std::memset(t.one->at<char>(mine), '1', 4096);
+    std::memset(t.one->at<char>(shared), '1', 4096);
+    ASSERT_TRUE(t.one->sync().ok());
+    ASSERT_TRUE(t.one->sync().ok());  // no longer memory handed out free
+    ASSERT_TRUE(t.two->sync().ok());
+    std::memset(t.one->at<char>(mine), 'a', 100);
+    std::memset(t.one->at<char>(shared), 'a', 100);
+    std::memset(t.two->at<char>(shared) + 200, 'b', 100);  // before one's sync
+    store_during_log = t.two.get();
+    dies_during_log = GetParam() ? t.calls2 : nullptr;
     first_store_at = mine + 200;
     later_store_at = shared + 300;
     SetFaultHandler(StoreDuringLog);
-    const absl::Status synced = one->sync().status();
+    const absl::Status synced = t.one->sync().status();
     SetFaultHandler(nullptr);
     ASSERT_TRUE(synced.ok()) << synced;
     ASSERT_EQ(store_during_log, nullptr) << "the log was never reached";
-    calls1->Close();
-    if (!GetParam()) calls2->Close();
+    t.calls1->Close();
+    if (!GetParam()) t.calls2->Close();
   }
   auto heap = PersistentHeap::Open(path_);
   ASSERT_TRUE(heap.ok()) << heap.status();
