@@ -7,7 +7,9 @@
 namespace heapd {
 
 LeasePool::LeasePool(LeaseSource* source, uint64_t max_chunks, uint32_t lease_batch)
-    : source_(source), lease_batch_(std::max<uint32_t>(lease_batch, 1)), by_chunk_(max_chunks) {}
+    : source_(source), lease_batch_(std::max<uint32_t>(lease_batch, 1)), by_chunk_(max_chunks) {
+  next_batch_.fill(1);
+}
 
 absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
   std::vector<ChunkLease*>& candidates = with_space_[size_class];
@@ -19,8 +21,10 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
       return Allocate(size_class);
     }
   }
-  absl::StatusOr<std::vector<LeaseGrant>> grants = source_->LeaseChunks(size_class, lease_batch_);
+  absl::StatusOr<std::vector<LeaseGrant>> grants =
+      source_->LeaseChunks(size_class, next_batch_[size_class]);
   if (!grants.ok()) return grants.status();
+  next_batch_[size_class] = std::min(2 * next_batch_[size_class], lease_batch_);
   for (LeaseGrant& grant : *grants) {
     if (grant.size_class != size_class || by_chunk_.Get(grant.chunk) != nullptr ||
         grant.chunk >= by_chunk_.max_chunks()) {

@@ -48,7 +48,10 @@ enum class LocalFree {
 class LeasePool {
  public:
   // `max_chunks` bounds chunk indices (the heap's maximum size in chunks);
-  // `lease_batch` is how many chunks one LeaseChunks call asks for.
+  // `lease_batch` is the most chunks one LeaseChunks call asks for. A
+  // class's first call asks for one and each next call twice as many, up
+  // to `lease_batch`: a class used lightly holds one chunk, not a batch, and
+  // what a pool holds unused stays below what it uses.
   LeasePool(LeaseSource* source, uint64_t max_chunks, uint32_t lease_batch);
   LeasePool(const LeasePool&) = delete;
   LeasePool& operator=(const LeasePool&) = delete;
@@ -124,6 +127,7 @@ class LeasePool {
 
   LeaseSource* source_;
   uint32_t lease_batch_;
+  std::array<uint32_t, kNumSizeClasses> next_batch_;  // of each class's next call
   std::vector<std::unique_ptr<ChunkLease>> leases_;
   ChunkMap<ChunkLease> by_chunk_;
   std::array<ChunkLease*, kNumSizeClasses> current_{};

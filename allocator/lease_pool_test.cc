@@ -16,32 +16,44 @@ class DirectorySource : public LeaseSource {
   absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
                                                       uint32_t count) override {
     ++calls;
+    asked.push_back(count);
     auto grants = dir_->Lease(client_, size_class, count);
     if (grants.ok() && grants->empty()) return absl::ResourceExhaustedError("heap full");
     return grants;
   }
   int calls = 0;
+  std::vector<uint32_t> asked;  // count of each call
 
  private:
   ChunkDirectory* dir_;
   ClientId client_;
 };
 
-TEST(LeasePoolTest, AllocatesDistinctAlignedObjectsAndLeasesInBatches) {
+TEST(LeasePoolTest, AllocatesDistinctAlignedObjectsAndLeasesInDoublingBatches) {
   ChunkDirectory dir(64);
   DirectorySource source(&dir, 1);
   LeasePool pool(&source, 64, 4);
   const uint32_t c = SizeClassFor(100);
   std::set<uint64_t> seen;
-  for (uint32_t i = 0; i < 5 * SlotsPerChunk(c); ++i) {
+  for (uint32_t i = 0; i < 10 * SlotsPerChunk(c); ++i) {
     absl::StatusOr<uint64_t> offset = pool.Allocate(c);
     ASSERT_TRUE(offset.ok());
     ASSERT_EQ(*offset % 8, 0u);
     ASSERT_TRUE(seen.insert(*offset).second);
   }
-  EXPECT_EQ(source.calls, 2);  // 4 chunks, then 4 more
-  EXPECT_EQ(pool.leased_chunks(), 8u);
+  // 1 chunk, then 2, then the batch of 4 (7 chunks), then 4 more.
+  EXPECT_EQ(source.asked, (std::vector<uint32_t>{1, 2, 4, 4}));
+  EXPECT_EQ(pool.leased_chunks(), 11u);
   EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(LeasePoolTest, ALightlyUsedClassHoldsOneChunk) {
+  ChunkDirectory dir(64);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 64, 16);
+  for (uint32_t c = 0; c < 10; ++c) ASSERT_TRUE(pool.Allocate(c).ok());
+  EXPECT_EQ(pool.leased_chunks(), 10u);
+  EXPECT_EQ(dir.Stats().free_chunks, 54u);
 }
 
 TEST(LeasePoolTest, FreeValidatesLocally) {

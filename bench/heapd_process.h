@@ -42,6 +42,7 @@ class HeapdProcess {
 
   Client& client() { return *client_; }
   const std::string& dir() const { return dir_; }  // scratch space too
+  pid_t pid() const { return pid_; }
   std::string state_dir() const { return dir_ + "/state"; }
   std::string socket() const { return dir_ + "/run/heapd.sock"; }
 

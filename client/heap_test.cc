@@ -91,14 +91,14 @@ TEST_F(HeapTest, PointersIntoGrowthByAnotherClientAreMappedOnFirstTouch) {
   absl::StatusOr<Graph*> seen = reader->find<Graph>("g");
   ASSERT_TRUE(seen.ok());
   // The writer grows the heap well past what the reader has mapped.
-  for (uint64_t i = 0; i < 400000; ++i) (*graph)->AddEdge(i % 5000, i);
+  for (uint64_t i = 0; i < 800000; ++i) (*graph)->AddEdge(i % 5000, i);
   const uint64_t far = writer->offset_of(&(*graph)->map.find(4999)->second.back());
   ASSERT_GT(far, 64u << 20);
   // The reader follows the offset pointers into memory it never mapped.
   uint64_t edges = 0;
   for (const auto& [vertex, neighbours] : (*seen)->map) edges += neighbours.size();
-  EXPECT_EQ(edges, 400000u);
-  EXPECT_EQ(*reader->at<uint64_t>(far), 399999u);
+  EXPECT_EQ(edges, 800000u);
+  EXPECT_EQ(*reader->at<uint64_t>(far), 799999u);
   // A touch beyond the data file, or outside any heap, still faults.
   EXPECT_DEATH({ *reinterpret_cast<volatile int*>(reader->base() + reader->max_size() - 8) = 1; },
                "");

@@ -56,7 +56,7 @@ absl::StatusOr<uint64_t> LargeObjects::Allocate(uint64_t size) {
                                                   run->chunk, " for an object of ", need,
                                                   ", or over chunks this session holds"));
   }
-  next_reserve_chunks_ = std::min(2 * next_reserve_chunks_, kMaxReserveChunks);
+  next_reserve_chunks_ = static_cast<uint32_t>(std::min<uint64_t>(2 * want, kMaxReserveChunks));
   const std::optional<uint32_t> first = reserve_.Carve(need);
   if (!first) return Unexpected(session_.heap, "a reserve the object does not fit");
   return uint64_t{*first} << kChunkShift;

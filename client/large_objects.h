@@ -1,8 +1,10 @@
 // LargeObjects: a session's objects above kMaxSmallSize (1 MiB).
 //
 // Up to kMaxCarvedChunks chunks, they are carved from chunks heapd
-// reserves for the session in batches that double from kFirstReserveChunks
-// to kMaxReserveChunks (allocator/large_reserve.h): no call per object.
+// reserves for the session in batches: the first is what the object needs
+// (at least kFirstReserveChunks), each next one twice the last, up to
+// kMaxReserveChunks (allocator/large_reserve.h): no call per object, and
+// a session with one large object holds no more than it.
 // heapd learns of them ("told") at the next sync, or before one is bound to
 // a name, where they commit; what a session has not carved goes back at
 // each sync, and is freed when it ends. Larger objects are one call each.
@@ -34,7 +36,7 @@ namespace heapd {
 
 // Objects of up to this many chunks are carved from the reserve.
 constexpr uint32_t kMaxCarvedChunks = 64;  // 128 MiB
-constexpr uint32_t kFirstReserveChunks = 4;
+constexpr uint32_t kFirstReserveChunks = 1;
 constexpr uint32_t kMaxReserveChunks = 128;  // 256 MiB
 
 class LargeObjects {

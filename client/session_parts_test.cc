@@ -120,12 +120,14 @@ TEST_F(LargeObjectsTest, ObjectsAreCarvedFromReservesThatDoubleWithoutACallEach)
     ASSERT_TRUE(offset.ok()) << offset.status();
     offsets.push_back(*offset);
   }
-  // Two reserves for ten objects: 4 chunks, then 8.
-  ASSERT_EQ(calls_.allocations.size(), 2u);
-  EXPECT_TRUE(calls_.allocations[0].reserve());
-  EXPECT_EQ(calls_.allocations[0].size(), 4 * kChunkSize);
-  EXPECT_EQ(calls_.allocations[0].min_size(), kChunkSize);
-  EXPECT_EQ(calls_.allocations[1].size(), 8 * kChunkSize);
+  // Four reserves for ten objects: what the first needs (1 chunk), then
+  // twice the last: 2, 4 and 8.
+  ASSERT_EQ(calls_.allocations.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(calls_.allocations[i].reserve());
+    EXPECT_EQ(calls_.allocations[i].size(), (uint64_t{1} << i) * kChunkSize);
+    EXPECT_EQ(calls_.allocations[i].min_size(), kChunkSize);
+  }
   for (size_t i = 0; i < offsets.size(); ++i) {
     EXPECT_EQ(offsets[i] % kChunkSize, 0u);
     for (size_t j = 0; j < i; ++j) EXPECT_NE(offsets[i], offsets[j]);
@@ -136,12 +138,12 @@ TEST_F(LargeObjectsTest, ObjectsAreCarvedFromReservesThatDoubleWithoutACallEach)
   EXPECT_EQ(taken.placed.size(), 10u);
   uint64_t released = 0;
   for (const LargePlacement& run : taken.released) released += run.chunks;
-  EXPECT_EQ(released, 2u);
+  EXPECT_EQ(released, 5u);
   large_->SyncEnded(/*committed=*/true);
   EXPECT_FALSE(large_->Untold(static_cast<uint32_t>(offsets[0] >> kChunkShift)));
-  // Batches start again from the first size.
+  // Batches start again from what the object needs.
   ASSERT_TRUE(large_->Allocate(kChunkSize).ok());
-  EXPECT_EQ(calls_.allocations.back().size(), 4 * kChunkSize);
+  EXPECT_EQ(calls_.allocations.back().size(), kChunkSize);
 }
 
 TEST_F(LargeObjectsTest, ObjectsAboveTheCarvedLimitAreOneCallEach) {
@@ -177,7 +179,8 @@ TEST_F(LargeObjectsTest, FreesOfUntoldObjectsAreJudgedHere) {
 }
 
 TEST_F(LargeObjectsTest, AFullHeapGetsTheUnusedReserveBackAndTheCallIsRetried) {
-  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunks 1-4, carves one
+  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunk 1, carves it
+  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunks 2-3, carves 2
   free_below_ = next_chunk_;                       // heapd is full from here
   calls_.sync = [this](const v1::SyncRequest& request) {
     // heapd takes the runs back: there is room again.
@@ -189,9 +192,9 @@ TEST_F(LargeObjectsTest, AFullHeapGetsTheUnusedReserveBackAndTheCallIsRetried) {
   ASSERT_EQ(calls_.syncs.size(), 1u);
   EXPECT_TRUE(calls_.syncs[0].more());
   ASSERT_EQ(calls_.syncs[0].released_size(), 1);
-  EXPECT_EQ(calls_.syncs[0].released(0).chunks(), 3u);
+  EXPECT_EQ(calls_.syncs[0].released(0).chunks(), 1u);
   // Tried twice: before and after the reserve went back.
-  EXPECT_EQ(calls_.allocations.size(), 3u);
+  EXPECT_EQ(calls_.allocations.size(), 4u);
   free_below_ = kMaxChunks;
   EXPECT_TRUE(large_->Allocate((kMaxCarvedChunks + 1) * kChunkSize).ok());
 }
@@ -205,20 +208,21 @@ void TakeBackTopRuns(const v1::SyncRequest& request, uint64_t* next_chunk) {
 }
 
 TEST_F(LargeObjectsTest, AReserveGivenBackMakesTheRoomTheRetriedCallTakes) {
-  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunks 1-4, carves chunk 1
+  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunk 1, carves it
+  ASSERT_TRUE(large_->Allocate(kChunkSize).ok());  // reserves chunks 2-3, carves 2
   free_below_ = next_chunk_ + 1;                   // room for one chunk more
   calls_.sync = [this](const v1::SyncRequest& request) {
     TakeBackTopRuns(request, &next_chunk_);
     return absl::OkStatus();
   };
-  // 4 chunks: not in the reserve's 3 unused, nor in heapd's 1; after the 3
-  // went back, heapd has 4.
-  absl::StatusOr<uint64_t> object = large_->Allocate(4 * kChunkSize);
+  // 2 chunks: not in the reserve's 1 unused, nor in heapd's 1; after the
+  // unused one went back, heapd has 2.
+  absl::StatusOr<uint64_t> object = large_->Allocate(2 * kChunkSize);
   ASSERT_TRUE(object.ok()) << object.status();
-  EXPECT_EQ(*object, 2 * kChunkSize);
+  EXPECT_EQ(*object, 3 * kChunkSize);
   ASSERT_EQ(calls_.syncs.size(), 1u);
-  EXPECT_EQ(calls_.syncs[0].released(0).chunks(), 3u);
-  EXPECT_EQ(calls_.allocations.size(), 3u);  // the first reserve, then twice
+  EXPECT_EQ(calls_.syncs[0].released(0).chunks(), 1u);
+  EXPECT_EQ(calls_.allocations.size(), 4u);  // the two reserves, then twice
 }
 
 TEST_F(LargeObjectsTest, PendingFreesSentMakeTheRoomTheRetriedCallTakes) {
