@@ -31,6 +31,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "daemon/fd_server.h"
 #include "daemon/grpc_listener.h"
@@ -75,6 +76,13 @@ ABSL_FLAG(std::string, metrics_address, "",
           "HOST:PORT for Prometheus metrics over HTTP, or :PORT for the loopback address only "
           "(empty: no metrics endpoint). Heap names are in the metrics: bind beyond loopback "
           "only on a trusted network");
+ABSL_FLAG(uint64_t, metrics_heaps, 1000,
+          "heaps with per-heap metric series: those with the most reserved bytes (node totals "
+          "count every heap; heapd_heaps_unlisted says how many were left out)");
+ABSL_FLAG(std::string, size_class_metrics, "",
+          "heaps (NAME,...; * for every one) whose size classes get metric series: three per size "
+          "class in use, up to 64 classes a heap (empty: none; heapctl heap stat NAME shows them "
+          "anyway)");
 ABSL_FLAG(std::string, admin_group, "",
           "group (name or gid) whose members may administer every heap, besides root");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
@@ -347,7 +355,14 @@ std::thread ServeMetrics(Metrics* metrics, HeapRegistry* heaps, Sessions* sessio
   const std::string address = absl::GetFlag(FLAGS_metrics_address);
   if (address.empty()) return std::thread();
   auto serve = [metrics, heaps, sessions, address] {
-    const absl::Status served = metrics->Serve(address, heaps, sessions);
+    MetricsOptions options;
+    options.max_heaps = absl::GetFlag(FLAGS_metrics_heaps);
+    for (absl::string_view heap :
+         absl::StrSplit(absl::GetFlag(FLAGS_size_class_metrics), ',', absl::SkipEmpty())) {
+      if (heap == "*") options.size_classes_of_every_heap = true;
+      options.size_classes_of.emplace(heap);
+    }
+    const absl::Status served = metrics->Serve(address, heaps, sessions, options);
     if (served.ok()) {
       spdlog::info("metrics on http://{}/metrics (port {})", MetricsBindAddress(address),
                    metrics->port());

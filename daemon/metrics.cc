@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -36,8 +38,8 @@ std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(co
 // Gauges of every heap's state, read when Prometheus scrapes.
 class HeapStateCollector : public prometheus::Collectable {
  public:
-  HeapStateCollector(const HeapRegistry* heaps, const Sessions* sessions)
-      : heaps_(heaps), sessions_(sessions) {}
+  HeapStateCollector(const HeapRegistry* heaps, const Sessions* sessions, MetricsOptions options)
+      : heaps_(heaps), sessions_(sessions), options_(std::move(options)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     Families f;
@@ -92,8 +94,33 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& class_occupancy =
         f.Gauge("heapd_size_class_occupancy_ratio",
                 "Live slots over all slots in the chunks of a size class (1 - fragmentation).");
+    // Node totals over every heap; per-heap series for the heaps with the
+    // most reserved bytes, at most options_.max_heaps of them.
+    std::vector<std::pair<const ServedHeap*, HeapStats>> listed;
+    listed.reserve(served_heaps.size());
+    double reserved_total = 0;
+    double allocated_total = 0;
     for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
-      const HeapStats stats = served->heap->Stats();
+      listed.emplace_back(served.get(), served->heap->Stats());
+      reserved_total += static_cast<double>(listed.back().second.capacity_bytes);
+      allocated_total += static_cast<double>(listed.back().second.directory.allocated_bytes);
+    }
+    if (listed.size() > options_.max_heaps) {
+      std::partial_sort(listed.begin(), listed.begin() + options_.max_heaps, listed.end(),
+                        [](const auto& a, const auto& b) {
+                          return a.second.capacity_bytes > b.second.capacity_bytes;
+                        });
+      listed.resize(options_.max_heaps);
+    }
+    Add(f.Gauge("heapd_heaps_reserved_bytes", "Bytes reserved by every heap's data file."), {},
+        reserved_total);
+    Add(f.Gauge("heapd_heaps_allocated_bytes", "Bytes in live objects of every heap."), {},
+        allocated_total);
+    Add(f.Gauge("heapd_heaps_unlisted",
+                "Heaps without per-heap series: beyond --metrics_heaps, those with the least "
+                "reserved bytes."),
+        {}, static_cast<double>(served_heaps.size() - listed.size()));
+    for (const auto& [served, stats] : listed) {
       const DirectoryStats& d = stats.directory;
       const std::string& h = served->name;
       Add(max_size, {{"heap", h}}, static_cast<double>(stats.max_size));
@@ -122,6 +149,9 @@ class HeapStateCollector : public prometheus::Collectable {
            {"kind", BackingKindName(stats.backing)},
            {"reflink", served->reflink ? "true" : "false"}},
           1);
+      if (!options_.size_classes_of_every_heap && options_.size_classes_of.count(h) == 0) {
+        continue;
+      }
       for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
         const SizeClassUsage& usage = d.by_class[c];
         if (usage.chunks == 0) continue;
@@ -178,6 +208,7 @@ class HeapStateCollector : public prometheus::Collectable {
 
   const HeapRegistry* heaps_;
   const Sessions* sessions_;
+  const MetricsOptions options_;
 };
 
 }  // namespace
@@ -194,7 +225,9 @@ Metrics::Metrics()
                         .Register(*registry_)),
       sync_seconds_(prometheus::BuildHistogram()
                         .Name("heapd_sync_duration_seconds")
-                        .Help("Time to persist an epoch of a heap (client syncs and detaches).")
+                        .Help("Time to persist an epoch of any heap (client syncs and "
+                              "detaches; node-wide: one series per heap would not stay bounded "
+                              "at 10^4 heaps).")
                         .Register(*registry_)),
       sync_failures_(prometheus::BuildCounter()
                          .Name("heapd_sync_failures_total")
@@ -340,7 +373,7 @@ absl::Status CheckMetricsAddress(const std::string& address) {
 }
 
 absl::Status Metrics::Serve(const std::string& flag_address, const HeapRegistry* heaps,
-                            const Sessions* sessions) {
+                            const Sessions* sessions, MetricsOptions options) {
   const std::string address = MetricsBindAddress(flag_address);
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
@@ -348,7 +381,7 @@ absl::Status Metrics::Serve(const std::string& flag_address, const HeapRegistry*
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
-  heap_state_ = std::make_shared<HeapStateCollector>(heaps, sessions);
+  heap_state_ = std::make_shared<HeapStateCollector>(heaps, sessions, std::move(options));
   exposer_->RegisterCollectable(registry_);
   exposer_->RegisterCollectable(heap_state_);
   return absl::OkStatus();
@@ -371,15 +404,12 @@ void Metrics::CountSync(const std::string& heap, const absl::Status& status, dou
     failures.Increment();
     return;
   }
-  sync_seconds_.Add({{"heap", heap}}, LatencyBuckets()).Observe(seconds);
+  sync_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
 }
 
 void Metrics::ForgetHeap(const std::string& heap) {
   const prometheus::Labels labels = {{"heap", heap}};
   if (sync_failures_.Has(labels)) sync_failures_.Remove(&sync_failures_.Add(labels));
-  if (sync_seconds_.Has(labels)) {
-    sync_seconds_.Remove(&sync_seconds_.Add(labels, LatencyBuckets()));
-  }
 }
 
 void Metrics::CountReclaim(const char* reason, uint32_t chunks, uint32_t large_objects) {

@@ -6,11 +6,15 @@
 // never stale and costs nothing between scrapes.
 //
 // Labels are bounded: method and status code, heap name, size class, reason
-// and kind. Never object names, uids or pids.
+// and kind. Never object names, uids or pids. Series stay bounded with many
+// heaps: per-heap gauges for at most MetricsOptions::max_heaps heaps (node
+// totals cover the rest), size-class series only for heaps asked for, and
+// one sync histogram for the node.
 #ifndef HEAPD_DAEMON_METRICS_H_
 #define HEAPD_DAEMON_METRICS_H_
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,6 +36,15 @@ inline constexpr const char* kReclaimReasons[] = {"connection_closed", "token_ex
 class HeapRegistry;
 class Sessions;
 
+struct MetricsOptions {
+  // Heaps with per-heap gauges: those with the most reserved bytes.
+  size_t max_heaps = 1000;
+  // Heaps with size-class series (three per size class in use, up to 64
+  // classes): the ones named here, or every heap.
+  std::set<std::string> size_classes_of;
+  bool size_classes_of_every_heap = false;
+};
+
 class Metrics {
  public:
   Metrics();
@@ -40,7 +53,7 @@ class Metrics {
   // :PORT for the loopback address only; port 0 picks one). UNAVAILABLE if
   // it cannot bind.
   absl::Status Serve(const std::string& address, const HeapRegistry* heaps,
-                     const Sessions* sessions);
+                     const Sessions* sessions, MetricsOptions options = {});
   // The port served on (after Serve).
   int port() const;
 

@@ -19,8 +19,10 @@ trap cleanup EXIT
 FAILURES=0
 fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
 
+# Per-heap series for one heap (the one with the most reserved bytes), size
+# classes of heap h only: series stay bounded however many heaps there are.
 "$HEAPD" --state_dir="$DIR/state" --runtime_dir="$DIR/run" --metrics_address=127.0.0.1:0 \
-  2>"$DIR/heapd.log" &
+  --metrics_heaps=1 --size_class_metrics=h 2>"$DIR/heapd.log" &
 PIDS+=($!)
 S=$DIR/run/heapd.sock
 # The sockets and the metrics line come in either order: wait for both.
@@ -57,6 +59,7 @@ expect_value 'heapd_store_snapshot_bytes_total{kind="stored"}' 0
 grep -q 'heapd_heap_capacity_bytes' "$DIR/metrics.txt" && fail "heapd_heap_capacity_bytes is exposed"
 
 # What the test does, to be seen in the metrics:
+"$HEAPCTL" --socket="$S" heap create other >/dev/null || fail "create heap other"
 "$WORKER" "$S" h alloc 1 3000 >/dev/null || fail "alloc worker"                 # attach 1
 "$WORKER" "$S" h free-half 1 | grep -q "double free: INVALID_ARGUMENT" ||        # attach 2
   fail "free-half worker"
@@ -87,7 +90,7 @@ for _ in $(seq 400); do
 done
 
 expect_value 'heapd_heap_clients{heap="h"}' 1
-expect_value 'heapd_heaps_open' 1
+expect_value 'heapd_heaps_open' 2  # h and other
 expect_value 'heapd_rpc_calls_total{code="OK",method="Attach"}' 4
 expect_value 'heapd_rpc_calls_total{code="INVALID_ARGUMENT",method="Free"}' 1
 expect_value 'heapd_frees_rejected_total{code="INVALID_ARGUMENT"}' 1
@@ -124,7 +127,15 @@ small=$(value 'heapd_heap_chunks{heap="h",state="small"}')
 [ "$(value 'heapd_leases_reclaimed_total')" -gt 0 ] || fail "the killed client's leases were not counted"
 grep -q '^heapd_rpc_duration_seconds_bucket{method="Attach",le="2e-05"}' "$DIR/metrics.txt" ||
   fail "no 20 us latency bucket"
-grep -q '^heapd_sync_duration_seconds_count{heap="h"}' "$DIR/metrics.txt" || fail "no sync histogram"
+grep -q '^heapd_sync_duration_seconds_count ' "$DIR/metrics.txt" || fail "no sync histogram"
+# Bounded series: heap other (nothing reserved) has no per-heap gauges but
+# counts in the node totals; h has its size classes.
+expect_value 'heapd_heaps_unlisted' 1
+grep -q 'heap="other"' "$DIR/metrics.txt" && fail "heap other has series beyond --metrics_heaps=1"
+[ "$(value 'heapd_heaps_reserved_bytes')" = "$(value 'heapd_heap_reserved_bytes{heap="h"}')" ] ||
+  fail "heapd_heaps_reserved_bytes is not the sum over every heap"
+grep -q '^heapd_size_class_live_objects{heap="h",size_class="' "$DIR/metrics.txt" ||
+  fail "no size-class series for heap h, which --size_class_metrics names"
 
 # The exposition lints clean.
 lint=$(promtool check metrics <"$DIR/metrics.txt" 2>&1) || fail "promtool check metrics failed: $lint"
