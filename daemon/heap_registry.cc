@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/descriptor_room.h"
 #include "heap/data_file.h"
 #include "heap/heap_dir.h"
 #include "heap/metadata_store.h"
@@ -246,6 +247,8 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
       break;
     }
   }
+  // Counting descriptors takes a few ms at 10^4 heaps: before the lock.
+  if (absl::Status s = CheckDescriptorRoom(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);
   if (reserved_.count(name) != 0) {

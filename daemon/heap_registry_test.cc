@@ -1,11 +1,13 @@
 #include "daemon/heap_registry.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "daemon/descriptor_room.h"
 #include "gtest/gtest.h"
 #include "heap/test_dir.h"
 
@@ -214,6 +216,30 @@ TEST(HeapRegistryTest, PerUserLimitsCountHeapsAndBytesIncludingReservations) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(Make(**registry, "root" + std::to_string(i)).ok());
   pending = absl::InternalError("released");
   EXPECT_TRUE(Make(**registry, "c", 1000).ok());
+}
+
+// A heapd short of descriptors refuses a new heap before it makes
+// anything, naming the limit; the heaps it has stay served.
+TEST(HeapRegistryTest, AHeapIsRefusedWhenDescriptorsRunShort) {
+  TestDir dir;
+  auto registry = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ASSERT_TRUE(Make(**registry, "first").ok());
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // Room for the heap itself, not for it and the reserve.
+  rlimit tight = saved;
+  tight.rlim_cur = DescriptorsHeld() + kDescriptorReserve + kDescriptorsPerHeap / 2;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const absl::Status refused = Make(**registry, "second").status();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("LimitNOFILE"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("heap second"), std::string::npos) << refused;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/heaps/second"));
+  EXPECT_TRUE((*registry)->Get("first").ok());
+  // With room again, the name is free.
+  EXPECT_TRUE(Make(**registry, "second").ok());
 }
 
 TEST(HeapRegistryTest, AStateDirectoryOthersMayWriteIsRefused) {

@@ -15,6 +15,10 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
     case EFBIG:
     case ENOMEM:
       return absl::ResourceExhaustedError(message);
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(message, " (the descriptor limit: RLIMIT_NOFILE, LimitNOFILE in systemd)"));
     case ENOENT:
       return absl::NotFoundError(message);
     case EEXIST:

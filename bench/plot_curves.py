@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""Draws the CSV files of scale_bench (B12) and reservation_bench (B13) as
+PNG files, one per CSV: each column of a curve against its first column,
+and B13's reserved and allocated bytes per workload with the bound.
+
+    /usr/bin/python3 bench/plot_curves.py CSV_DIR OUT_DIR
+
+Uses Debian's python3-matplotlib (installed here when missing, as root).
+The PNGs carry no software version or date, so the same figures draw the
+same files.
+"""
+import csv
+import os
+import subprocess
+import sys
+
+try:
+    import matplotlib
+except ImportError:
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                    "python3-matplotlib"], check=True,
+                   env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+# What each column is, and how to show it: (label, scale divisor).
+COLUMNS = {
+    "max_size_bytes": ("heap maximum size (GiB)", GIB),
+    "names": ("names in the heap", 1),
+    "heaps": ("heaps on the node", 1),
+    "attach_us": ("attach + detach (µs)", 1),
+    "find_us": ("find by name (µs)", 1),
+    "sync_us": ("sync of one object (µs)", 1),
+    "bind_us": ("bind a name (µs)", 1),
+    "create_us": ("create a heap (µs)", 1),
+    "list_us": ("list heaps (µs)", 1),
+    "heapd_rss_bytes": ("heapd resident memory (MiB)", MIB),
+    "heapd_fds": ("heapd's file descriptors", 1),
+    "metric_series": ("metric series", 1),
+    "restart_s": ("heapd restart until served (s)", 1),
+}
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def save(figure, path):
+    figure.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(figure)
+    print("wrote", path)
+
+
+def plot_curve(rows, title, path):
+    x_name, *y_names = rows[0].keys()
+    x_label, x_div = COLUMNS[x_name]
+    xs = [float(r[x_name]) / x_div for r in rows]
+    columns = 3
+    lines = (len(y_names) + columns - 1) // columns
+    figure, axes = plt.subplots(lines, columns, figsize=(4 * columns, 3 * lines), squeeze=False)
+    for i, y_name in enumerate(y_names):
+        axis = axes[i // columns][i % columns]
+        y_label, y_div = COLUMNS[y_name]
+        axis.plot(xs, [float(r[y_name]) / y_div for r in rows], marker="o")
+        axis.set_xscale("log")
+        axis.set_xlabel(x_label)
+        axis.set_title(y_label, fontsize=10)
+        axis.set_ylim(bottom=0)
+        axis.grid(True, which="both", alpha=0.3)
+    for i in range(len(y_names), lines * columns):
+        axes[i // columns][i % columns].axis("off")
+    figure.suptitle(title)
+    figure.tight_layout()
+    save(figure, path)
+
+
+def plot_reservations(rows, path):
+    names = [r["workload"] for r in rows]
+    at = range(len(rows))
+    figure, axis = plt.subplots(figsize=(10, 4))
+    width = 0.4
+    axis.bar([i - width / 2 for i in at], [int(r["allocated_bytes"]) / MIB for r in rows],
+             width, label="allocated")
+    axis.bar([i + width / 2 for i in at], [int(r["reserved_bytes"]) / MIB for r in rows],
+             width, label="reserved")
+    axis.scatter(list(at), [int(r["bound_bytes"]) / MIB for r in rows], marker="_", s=400,
+                 color="black", label="target: 2 x allocated + 32 MiB", zorder=3)
+    for i, r in enumerate(rows):
+        if r["error"]:
+            axis.annotate("failed: heap full", (i, 1), rotation=90, ha="center", va="bottom",
+                          fontsize=8)
+    axis.set_yscale("log")
+    axis.set_ylabel("MiB")
+    axis.set_xticks(list(at))
+    axis.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    axis.legend(fontsize=8)
+    axis.set_title("B13: reserved against allocated bytes per workload (tmpfs)")
+    figure.tight_layout()
+    save(figure, path)
+
+
+TITLES = {
+    "heap_size": "B12: costs against a heap's maximum size (64 MiB of objects in it)",
+    "names": "B12: costs against names in one heap",
+    "heaps": "B12: costs against heaps on one node",
+}
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    csv_dir, out_dir = sys.argv[1:]
+    os.makedirs(out_dir, exist_ok=True)
+    for name, title in TITLES.items():
+        path = os.path.join(csv_dir, name + ".csv")
+        if os.path.exists(path):
+            plot_curve(read(path), title, os.path.join(out_dir, "b12-" + name + ".png"))
+    path = os.path.join(csv_dir, "reservations.csv")
+    if os.path.exists(path):
+        plot_reservations(read(path), os.path.join(out_dir, "b13-reservations.png"))
+
+
+if __name__ == "__main__":
+    main()
