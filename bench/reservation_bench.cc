@@ -48,8 +48,7 @@ struct Row {
   std::string error;  // the workload failed (a full heap): why
 };
 
-std::unique_ptr<Heap> AttachNew(HeapdProcess& daemon, const std::string& name,
-                                uint64_t max_size) {
+std::unique_ptr<Heap> AttachNew(HeapdProcess& daemon, const std::string& name, uint64_t max_size) {
   AttachOptions options;
   options.create_if_missing = true;
   options.max_size = max_size;
@@ -67,7 +66,8 @@ Row Measure(HeapdProcess& daemon, const std::string& name, uint64_t max_size,
   row.max_size = max_size;
   std::unique_ptr<Heap> heap = AttachNew(daemon, name, max_size);
   if (absl::Status s = work(*heap); !s.ok()) row.error = std::string(s.message());
-  if (absl::StatusOr<uint64_t> epoch = heap->sync(); !epoch.ok()) Die("sync " + name, epoch.status());
+  if (absl::StatusOr<uint64_t> epoch = heap->sync(); !epoch.ok())
+    Die("sync " + name, epoch.status());
   absl::StatusOr<v1::HeapStats> stats = StatHeap(daemon.client(), name);
   if (!stats.ok()) Die("stat " + name, stats.status());
   row.max_size = stats->info().max_size();
@@ -146,12 +146,13 @@ int Main() {
   }
   for (const Row& row : rows) {
     const uint64_t bound = 2 * row.allocated + 32 * kMiB;
-    const std::string verdict = !row.error.empty()     ? "failed: " + row.error
+    const std::string verdict = !row.error.empty()      ? "failed: " + row.error
                                 : row.reserved <= bound ? "yes"
                                                         : "no";
     char ratio[32] = "-";
     if (row.error.empty() && row.allocated != 0) {
-      std::snprintf(ratio, sizeof(ratio), "%.2f", static_cast<double>(row.reserved) / row.allocated);
+      std::snprintf(ratio, sizeof(ratio), "%.2f",
+                    static_cast<double>(row.reserved) / row.allocated);
     }
     std::printf("%-24s %10s %14s %13s %13s %7s  %s\n", row.workload.c_str(),
                 Mib(row.max_size).c_str(), Mib(row.allocated).c_str(), Mib(row.reserved).c_str(),

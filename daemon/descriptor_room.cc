@@ -51,10 +51,11 @@ absl::Status CheckDescriptorRoom(absl::string_view heap) {
   }
   const uint64_t held = DescriptorsHeld();
   if (held + wanted <= limit.rlim_cur) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "heap ", heap, " not made: heapd holds ", held, " file descriptors of its limit of ",
-      limit.rlim_cur, " (RLIMIT_NOFILE; an open heap takes about 7, a session 2 or 3): raise "
-      "LimitNOFILE in heapd.service (deploy/systemd sets 1048576)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("heap ", heap, " not made: heapd holds ", held,
+                   " file descriptors of its limit of ", limit.rlim_cur,
+                   " (RLIMIT_NOFILE; an open heap takes about 7, a session 2 or 3): raise "
+                   "LimitNOFILE in heapd.service (deploy/systemd sets 1048576)"));
 }
 
 }  // namespace heapd
