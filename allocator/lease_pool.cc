@@ -7,7 +7,9 @@
 namespace heapd {
 
 LeasePool::LeasePool(LeaseSource* source, uint64_t max_chunks, uint32_t lease_batch)
-    : source_(source), lease_batch_(std::max<uint32_t>(lease_batch, 1)), by_chunk_(max_chunks) {
+    : source_(source),
+      lease_batch_(std::clamp<uint32_t>(lease_batch, 1, kMaxLeaseBatch)),
+      by_chunk_(max_chunks) {
   next_batch_.fill(1);
 }
 

@@ -48,10 +48,11 @@ enum class LocalFree {
 class LeasePool {
  public:
   // `max_chunks` bounds chunk indices (the heap's maximum size in chunks);
-  // `lease_batch` is the most chunks one LeaseChunks call asks for. A
-  // class's first call asks for one and each next call twice as many, up
-  // to `lease_batch`: a class used lightly holds one chunk, not a batch, and
-  // what a pool holds unused stays below what it uses.
+  // `lease_batch` (clamped to 1..kMaxLeaseBatch) is the most chunks one
+  // LeaseChunks call asks for. A class's first call asks for one and each
+  // next call twice as many, up to `lease_batch`: a class used lightly
+  // holds one chunk, not a batch, and a class's chunks leased ahead of use
+  // are at most as many as it filled.
   LeasePool(LeaseSource* source, uint64_t max_chunks, uint32_t lease_batch);
   LeasePool(const LeasePool&) = delete;
   LeasePool& operator=(const LeasePool&) = delete;

@@ -9,6 +9,9 @@
 
 namespace heapd {
 
+// The most chunks one lease call may ask for (heapd refuses more).
+inline constexpr uint32_t kMaxLeaseBatch = 64;
+
 // Identifies one client session of one heap. 0 is never a client.
 using ClientId = uint64_t;
 

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Draws the CSV files of scale_bench (B12) and reservation_bench (B13) as
 PNG files, one per CSV: each column of a curve against its first column,
-and B13's reserved and allocated bytes per workload with the bound.
+and B13's reserved and allocated bytes per workload with the bound (and
+the reserved bytes of the build before, from reservations_before.csv).
 
     /usr/bin/python3 bench/plot_curves.py CSV_DIR OUT_DIR
 
@@ -80,15 +81,19 @@ def plot_curve(rows, title, path):
     save(figure, path)
 
 
-def plot_reservations(rows, path):
+def plot_reservations(rows, before, path):
+    """`before`: the same workloads' rows from the build before (or None)."""
     names = [r["workload"] for r in rows]
     at = range(len(rows))
     figure, axis = plt.subplots(figsize=(10, 4))
-    width = 0.4
-    axis.bar([i - width / 2 for i in at], [int(r["allocated_bytes"]) / MIB for r in rows],
-             width, label="allocated")
-    axis.bar([i + width / 2 for i in at], [int(r["reserved_bytes"]) / MIB for r in rows],
-             width, label="reserved")
+    bars = [("allocated", rows, "allocated_bytes"), ("reserved", rows, "reserved_bytes")]
+    if before is not None:
+        bars.append(("reserved, build before", before, "reserved_bytes"))
+    width = 0.8 / len(bars)
+    for k, (label, source, column) in enumerate(bars):
+        offset = (k - (len(bars) - 1) / 2) * width
+        axis.bar([i + offset for i in at], [int(r[column]) / MIB for r in source], width,
+                 label=label)
     axis.scatter(list(at), [int(r["bound_bytes"]) / MIB for r in rows], marker="_", s=400,
                  color="black", label="target: 2 x allocated + 32 MiB", zorder=3)
     for i, r in enumerate(rows):
@@ -122,8 +127,10 @@ def main():
         if os.path.exists(path):
             plot_curve(read(path), title, os.path.join(out_dir, "b12-" + name + ".png"))
     path = os.path.join(csv_dir, "reservations.csv")
+    before = os.path.join(csv_dir, "reservations_before.csv")
     if os.path.exists(path):
-        plot_reservations(read(path), os.path.join(out_dir, "b13-reservations.png"))
+        plot_reservations(read(path), read(before) if os.path.exists(before) else None,
+                          os.path.join(out_dir, "b13-reservations.png"))
 
 
 if __name__ == "__main__":

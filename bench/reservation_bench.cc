@@ -1,5 +1,5 @@
 // B13 of issue 25: memory that follows the data. Runs each workload in a
-// heap of its own on a heapd of its own (tmpfs, where reserved space is the
+// heap of its own on one heapd (tmpfs, where reserved space is the
 // node's memory), and after its allocation phase and a sync compares the
 // heap's reserved bytes (its data file, capacity_bytes) with its allocated
 // bytes. The target: reserved at most 2 x allocated + 32 MiB. A heap's

@@ -20,5 +20,7 @@ echo "== daemon_bench: B2 (threads, 2 processes), B3 (with and without content t
 "$bin/bench/daemon_bench" --heapd="$bin/daemon/heapd" --reps="$reps"
 echo "== update_bench: B8, 10% of a 1 GiB heap updated between syncs, with and without content tracking ($reps runs of 8 rounds each)"
 "$bin/bench/update_bench" --heapd="$bin/daemon/heapd" --reps="$reps" --rounds=8
-echo "== store_bench: B9a, B9b and restores, snapshot stores next to full copies (median of $reps)"
+echo "== store_bench: B9a, B9c, B9b and restores, snapshot stores next to full copies (median of $reps)"
 "$bin/bench/store_bench" --heapd="$bin/daemon/heapd" --reps="$reps" | sed -n '/^== medians/,$p'
+echo "== reservation_bench: B13, reserved against allocated bytes per workload (one run)"
+"$bin/bench/reservation_bench" --heapd="$bin/daemon/heapd"

@@ -105,6 +105,7 @@ uint64_t OpenDescriptors(pid_t pid) {
 // The series (sample lines) of heapd's metrics on 127.0.0.1:`port`.
 uint64_t MetricSeries(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) Die("scrape", absl::UnavailableError("socket"));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
@@ -120,6 +121,7 @@ uint64_t MetricSeries(int port) {
   for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) answer.append(buffer, n);
   close(fd);
   const size_t body = answer.find("\r\n\r\n");
+  if (body == std::string::npos) Die("scrape", absl::DataLossError("no HTTP header end"));
   uint64_t series = 0;
   for (absl::string_view line : absl::StrSplit(absl::string_view(answer).substr(body + 4), '\n')) {
     series += !line.empty() && line[0] != '#';

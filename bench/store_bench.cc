@@ -4,11 +4,15 @@
 // same points in the same run. Stores and full copies go to one directory
 // on --dir's file system (standing for the parallel file system).
 //
-//   store_bench --heapd=PATH [--dir=/tmp] [--only=b9a,b9b,restore]
+//   store_bench --heapd=PATH [--dir=/tmp] [--only=b9a,b9c,b9b,restore]
 //               [--b9b_values=10000000] [--block_bytes=N] [--zstd_level=N]
 //
 //   B9a: the B3 graph (2^22 R-MAT edges, scale 18) ingested in 16
-//        increments of 2^18 edges, a snapshot after each.
+//        increments of 2^18 edges, a snapshot after each; the first
+//        version (into the empty store) is also shown on its own.
+//   B9c: a small change: a scale-16 graph (2^20 edges) as the first
+//        version, then 1,000 edges as a new named graph: what the second
+//        version adds to the store.
 //   B9b: 10^7 64-bit integers inserted into a vector and into a map
 //        (boost::container::map), a snapshot every 10^6; random, then
 //        sequential integers.
@@ -45,7 +49,7 @@
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "the heapd binary");
 ABSL_FLAG(std::string, dir, "/tmp", "where stores and full copies go");
-ABSL_FLAG(std::string, only, "b9a,b9b,restore", "which benchmarks");
+ABSL_FLAG(std::string, only, "b9a,b9c,b9b,restore", "which benchmarks");
 ABSL_FLAG(uint64_t, b9b_values, 10000000, "B9b: integers inserted into each container");
 ABSL_FLAG(uint32_t, block_bytes, 0, "the stores' block size (0: heapd's default)");
 ABSL_FLAG(int, zstd_level, 0, "the stores' zstd level (0: heapd's default)");
@@ -93,6 +97,7 @@ struct Snapshots {
   std::string store, copies;
   double store_seconds = 0, copy_seconds = 0;
   double daemon_seconds = 0;  // heapd's own time for the store's creates
+  double first_store_seconds = 0, first_copy_seconds = 0;  // the first version's
   uint64_t logical = 0, hashed = 0;
   int taken = 0;
 
@@ -118,6 +123,7 @@ struct Snapshots {
       const grpc::Status status = StubOf(client).CreateSnapshot(&context, request, &manifest);
       const double took = Seconds(Clock::now() - t0);
       if (!status.ok()) Die("snapshot " + name, absl::InternalError(status.error_message()));
+      if (taken == 1) (to_store ? first_store_seconds : first_copy_seconds) = took;
       if (to_store) {
         store_seconds += took;
         daemon_seconds += manifest.store().duration_us() / 1e6;
@@ -139,6 +145,8 @@ struct Snapshots {
     Record(what + ": full copies s", copy_seconds);
     Record(what + ": full copies / store bytes", copied / stored);
     Record(what + ": store / full copies time", store_seconds / copy_seconds);
+    Record(what + ": first version, store / full copy time",
+           first_store_seconds / first_copy_seconds);
     std::printf("%s: %d snapshots of %.1f MiB logical in all (%.1f MiB hashed)\n", what.c_str(),
                 taken, logical / 1048576.0, hashed / 1048576.0);
     std::printf("  store:       %10.1f MiB on disk  %8.3f s (heapd %.3f s)\n", stored / 1048576.0,
@@ -146,6 +154,8 @@ struct Snapshots {
     std::printf("  full copies: %10.1f MiB on disk  %8.3f s\n", copied / 1048576.0, copy_seconds);
     std::printf("  store / full copies: %.4f of the bytes (%.1fx less), %.2f of the time\n",
                 stored / copied, copied / stored, store_seconds / copy_seconds);
+    std::printf("  first version into the empty store: %.3f s, its full copy %.3f s (%.2f)\n",
+                first_store_seconds, first_copy_seconds, first_store_seconds / first_copy_seconds);
   }
 };
 
@@ -185,6 +195,38 @@ Snapshots RunB9a(HeapdProcess& daemon, const std::string& base) {
   if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
   snapshots.Print("B9a (B3 graph, 16 increments of 2^18 edges)");
   return snapshots;
+}
+
+// B9c: a small change. A scale-16 graph (2^20 edges) as the first
+// version, then 1,000 edges more as a new named graph: what the second
+// version adds to the store, against the store's bytes.
+void RunB9c(HeapdProcess& daemon, const std::string& base) {
+  Client& client = daemon.client();
+  Snapshots snapshots(base, "b9c");
+  std::unique_ptr<Heap> heap = NewHeap(client, "b9c");
+  auto ingest = [&](const std::string& name, int scale, uint64_t edges) {
+    Graph* graph = Check(heap->construct<Graph>(name)(allocator<char>(*heap)), "construct");
+    RmatGenerator rmat(scale, 2026);
+    for (uint64_t i = 0; i < edges; ++i) {
+      const auto [source, destination] = rmat.Next();
+      graph->AddEdge(source, destination);
+    }
+    graph->edges = edges;
+  };
+  ingest("graph", 16, uint64_t{1} << 20);
+  Pause(client, heap, "b9c", [&] { snapshots.Take(client, "b9c"); });
+  const double first = static_cast<double>(DiskBytes(snapshots.store));
+  ingest("more", 16, 1000);
+  Pause(client, heap, "b9c", [&] { snapshots.Take(client, "b9c"); });
+  if (absl::Status s = heap->detach(); !s.ok()) Die("detach", s);
+  const double both = static_cast<double>(DiskBytes(snapshots.store));
+  Record("B9c: first version MiB", first / 1048576.0);
+  Record("B9c: second version adds MiB", (both - first) / 1048576.0);
+  Record("B9c: second version adds, % of the store", 100 * (both - first) / both);
+  std::printf(
+      "B9c (scale-16 graph, then 1,000 edges as a new graph): first version %.2f MiB, "
+      "the second adds %.3f MiB (%.1f%% of the store)\n",
+      first / 1048576.0, (both - first) / 1048576.0, 100 * (both - first) / both);
 }
 
 void RunB9b(HeapdProcess& daemon, const std::string& base, bool sequential) {
@@ -294,6 +336,7 @@ int Run() {
       heapd::Snapshots b9a = heapd::RunB9a(*daemon, base);
       if (only.find("restore") != std::string::npos) heapd::RunRestores(heapd_binary, b9a);
     }
+    if (only.find("b9c") != std::string::npos) heapd::RunB9c(*daemon, base);
     if (only.find("b9b") != std::string::npos) {
       heapd::RunB9b(*daemon, base, /*sequential=*/false);
       heapd::RunB9b(*daemon, base, /*sequential=*/true);

@@ -3,19 +3,21 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "util/errno_status.h"
 
 namespace heapd {
 
-uint64_t DescriptorsHeld() {
+absl::StatusOr<uint64_t> DescriptorsHeld() {
   // Counted, not guessed from the lowest free number: closed descriptors
   // leave holes below the highest. A few ms at 10^5 descriptors.
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return 0;
+  if (dir == nullptr) return ErrnoStatus(errno, "count this process's descriptors");
   uint64_t held = 0;
   while (const dirent* entry = readdir(dir)) held += entry->d_name[0] != '.';
   closedir(dir);
@@ -49,10 +51,16 @@ absl::Status CheckDescriptorRoom(absl::string_view heap) {
       table != UINT64_MAX && table + wanted <= limit.rlim_cur) {
     return absl::OkStatus();
   }
-  const uint64_t held = DescriptorsHeld();
+  const absl::StatusOr<uint64_t> counted = DescriptorsHeld();
+  // None left to count with (EMFILE): no room. /proc unreadable: unknown,
+  // and the heap's own opens will say.
+  if (!counted.ok() && counted.status().code() != absl::StatusCode::kResourceExhausted) {
+    return absl::OkStatus();
+  }
+  const uint64_t held = counted.ok() ? *counted : limit.rlim_cur;
   if (held + wanted <= limit.rlim_cur) return absl::OkStatus();
   return absl::ResourceExhaustedError(
-      absl::StrCat("heap ", heap, " not made: heapd holds ", held,
+      absl::StrCat("heap ", heap, " not made or restored: heapd holds ", held,
                    " file descriptors of its limit of ", limit.rlim_cur,
                    " (RLIMIT_NOFILE; an open heap takes about 7, a session 2 or 3): raise "
                    "LimitNOFILE in heapd.service (deploy/systemd sets 1048576)"));

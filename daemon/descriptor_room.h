@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace heapd {
@@ -21,8 +22,9 @@ inline constexpr int kDescriptorsPerHeap = 12;
 // Kept free for sessions, connections and snapshots.
 inline constexpr int kDescriptorReserve = 256;
 
-// The descriptors this process holds (0 if /proc cannot say).
-uint64_t DescriptorsHeld();
+// The descriptors this process holds; RESOURCE_EXHAUSTED if none is left
+// to count them with, another error if /proc cannot say.
+absl::StatusOr<uint64_t> DescriptorsHeld();
 
 // OK if this process may open kDescriptorsPerHeap + kDescriptorReserve
 // more descriptors below its limit; RESOURCE_EXHAUSTED naming the limit

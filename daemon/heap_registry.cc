@@ -247,8 +247,11 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
       break;
     }
   }
-  // Counting descriptors takes a few ms at 10^4 heaps: before the lock.
-  if (absl::Status s = CheckDescriptorRoom(name); !s.ok()) return s;
+  // Counting descriptors takes a few ms at 10^4 heaps: before the lock. A
+  // replaced heap gives back what its replacement takes.
+  if (!replacing) {
+    if (absl::Status s = CheckDescriptorRoom(name); !s.ok()) return s;
+  }
   absl::MutexLock lock(&mu_);
   auto existing = heaps_.find(name);
   if (reserved_.count(name) != 0) {

@@ -229,10 +229,17 @@ TEST(HeapRegistryTest, AHeapIsRefusedWhenDescriptorsRunShort) {
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
   // Room for the heap itself, not for it and the reserve.
   rlimit tight = saved;
-  tight.rlim_cur = DescriptorsHeld() + kDescriptorReserve + kDescriptorsPerHeap / 2;
+  absl::StatusOr<uint64_t> held = DescriptorsHeld();
+  ASSERT_TRUE(held.ok()) << held.status();
+  tight.rlim_cur = *held + kDescriptorReserve + kDescriptorsPerHeap / 2;
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
   const absl::Status refused = Make(**registry, "second").status();
+  // None left at all, not even to count them with: refused too.
+  tight.rlim_cur = *held;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const absl::Status exhausted = Make(**registry, "second").status();
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(exhausted.code(), absl::StatusCode::kResourceExhausted) << exhausted;
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("LimitNOFILE"), std::string::npos) << refused;
   EXPECT_NE(refused.message().find("heap second"), std::string::npos) << refused;

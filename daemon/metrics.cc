@@ -94,21 +94,35 @@ class HeapStateCollector : public prometheus::Collectable {
     auto& class_occupancy =
         f.Gauge("heapd_size_class_occupancy_ratio",
                 "Live slots over all slots in the chunks of a size class (1 - fragmentation).");
-    // Node totals over every heap; per-heap series for the heaps with the
-    // most reserved bytes, at most options_.max_heaps of them.
-    std::vector<std::pair<const ServedHeap*, HeapStats>> listed;
+    // Node totals over every heap; per-heap series for at most
+    // options_.max_heaps heaps: first those the alerts watch (clients
+    // attached, or over 90% full), then the most reserved, ties by name
+    // (the same heaps scrape after scrape).
+    struct Listed {
+      const ServedHeap* served;
+      HeapStats stats;
+      bool watched;
+    };
+    std::vector<Listed> listed;
     listed.reserve(served_heaps.size());
     double reserved_total = 0;
     double allocated_total = 0;
     for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
-      listed.emplace_back(served.get(), served->heap->Stats());
-      reserved_total += static_cast<double>(listed.back().second.capacity_bytes);
-      allocated_total += static_cast<double>(listed.back().second.directory.allocated_bytes);
+      HeapStats stats = served->heap->Stats();
+      reserved_total += static_cast<double>(stats.capacity_bytes);
+      allocated_total += static_cast<double>(stats.directory.allocated_bytes);
+      const bool watched = sessions_->CountOn(served->name) > 0 ||
+                           stats.directory.allocated_bytes > stats.max_size / 10 * 9;
+      listed.push_back({served.get(), std::move(stats), watched});
     }
     if (listed.size() > options_.max_heaps) {
       std::partial_sort(listed.begin(), listed.begin() + options_.max_heaps, listed.end(),
-                        [](const auto& a, const auto& b) {
-                          return a.second.capacity_bytes > b.second.capacity_bytes;
+                        [](const Listed& a, const Listed& b) {
+                          if (a.watched != b.watched) return a.watched;
+                          if (a.stats.capacity_bytes != b.stats.capacity_bytes) {
+                            return a.stats.capacity_bytes > b.stats.capacity_bytes;
+                          }
+                          return a.served->name < b.served->name;
                         });
       listed.resize(options_.max_heaps);
     }
@@ -117,10 +131,12 @@ class HeapStateCollector : public prometheus::Collectable {
     Add(f.Gauge("heapd_heaps_allocated_bytes", "Bytes in live objects of every heap."), {},
         allocated_total);
     Add(f.Gauge("heapd_heaps_unlisted",
-                "Heaps without per-heap series: beyond --metrics_heaps, those with the least "
-                "reserved bytes."),
+                "Heaps without per-heap series: beyond --metrics_heaps, those without clients, "
+                "under 90% full and with the least reserved bytes."),
         {}, static_cast<double>(served_heaps.size() - listed.size()));
-    for (const auto& [served, stats] : listed) {
+    for (const Listed& each : listed) {
+      const ServedHeap* served = each.served;
+      const HeapStats& stats = each.stats;
       const DirectoryStats& d = stats.directory;
       const std::string& h = served->name;
       Add(max_size, {{"heap", h}}, static_cast<double>(stats.max_size));

@@ -15,13 +15,14 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "allocator/lease_types.h"
 #include "proto/heapd.pb.h"
 
 namespace heapd {
 
 // Bounds on one request, so that a hostile client cannot make the daemon
 // do unbounded work in one call.
-inline constexpr uint32_t kMaxLeasesPerWant = 64;               // LeaseWant.count: 1..this
+inline constexpr uint32_t kMaxLeasesPerWant = kMaxLeaseBatch;   // LeaseWant.count: 1..this
 inline constexpr int kMaxFreesPerCall = 1 << 16;                // FreeRequest.objects
 inline constexpr int kMaxPlacementsPerCall = 1 << 16;           // Sync/DetachRequest.placed
 inline constexpr int kMaxLookupsPerAttach = 64;                 // AttachRequest.lookup

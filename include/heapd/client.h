@@ -40,7 +40,7 @@ struct AttachOptions {
   std::string storage;
   // The most chunks (2 MiB each) a thread leases at a time, per size class:
   // a class's first lease takes one chunk, each next one twice as many up
-  // to this, so a class used lightly holds one chunk.
+  // to this (at most 64), so a class used lightly holds one chunk.
   uint32_t lease_batch = 4;
   // Frees of objects this process does not lease sent to heapd in one call
   // (at the latest at the next sync); 1: each at once, and deallocate
