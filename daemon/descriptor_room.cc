@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -44,7 +45,9 @@ absl::Status CheckDescriptorRoom(absl::string_view heap) {
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
     return absl::OkStatus();
   }
-  const uint64_t wanted = kDescriptorsPerHeap + kDescriptorReserve;
+  // A small limit (tests, a user's own heapd) keeps an eighth of it free.
+  const uint64_t wanted =
+      kDescriptorsPerHeap + std::min<uint64_t>(kDescriptorReserve, limit.rlim_cur / 8);
   // The descriptor table's size bounds the descriptors held from above and
   // costs nothing to read: count only when it does not settle it.
   if (const uint64_t table = DescriptorTableSize();

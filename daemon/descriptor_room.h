@@ -19,15 +19,16 @@ namespace heapd {
 
 // Descriptors an open heap may hold, with room for its working image.
 inline constexpr int kDescriptorsPerHeap = 12;
-// Kept free for sessions, connections and snapshots.
+// Kept free for sessions, connections and snapshots (an eighth of a limit
+// below 2048).
 inline constexpr int kDescriptorReserve = 256;
 
 // The descriptors this process holds; RESOURCE_EXHAUSTED if none is left
 // to count them with, another error if /proc cannot say.
 absl::StatusOr<uint64_t> DescriptorsHeld();
 
-// OK if this process may open kDescriptorsPerHeap + kDescriptorReserve
-// more descriptors below its limit; RESOURCE_EXHAUSTED naming the limit
+// OK if this process may open kDescriptorsPerHeap more descriptors below
+// its limit and keep the reserve free; RESOURCE_EXHAUSTED naming the limit
 // and `heap` otherwise.
 absl::Status CheckDescriptorRoom(absl::string_view heap);
 

@@ -227,11 +227,11 @@ TEST(HeapRegistryTest, AHeapIsRefusedWhenDescriptorsRunShort) {
   ASSERT_TRUE(Make(**registry, "first").ok());
   rlimit saved{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  // Room for the heap itself, not for it and the reserve.
+  // Not even room for the heap itself.
   rlimit tight = saved;
   absl::StatusOr<uint64_t> held = DescriptorsHeld();
   ASSERT_TRUE(held.ok()) << held.status();
-  tight.rlim_cur = *held + kDescriptorReserve + kDescriptorsPerHeap / 2;
+  tight.rlim_cur = *held + kDescriptorsPerHeap / 2;
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
   const absl::Status refused = Make(**registry, "second").status();
   // None left at all, not even to count them with: refused too.
