@@ -8,6 +8,7 @@
 // heap. Prints a table and, with --csv, writes it as CSV.
 //
 //   reservation_bench --heapd=PATH [--csv=FILE] [--max_scale=20]
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include "client/examples/rmat.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
+#include "util/errno_status.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "heapd binary");
 ABSL_FLAG(std::string, csv, "", "also write the table here as CSV");
@@ -141,7 +143,7 @@ int Main() {
   std::FILE* csv = nullptr;
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
     csv = std::fopen(path.c_str(), "w");
-    if (csv == nullptr) Die("open " + path, absl::UnknownError("cannot write"));
+    if (csv == nullptr) Die("write the CSV", ErrnoStatus(errno, "create " + path));
     std::fprintf(csv, "workload,max_size,allocated_bytes,reserved_bytes,bound_bytes,error\n");
   }
   for (const Row& row : rows) {

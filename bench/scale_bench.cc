@@ -19,10 +19,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -41,6 +43,7 @@
 #include "heapd/client.h"
 #include "heapd/heap.h"
 #include "proto/heapd.grpc.pb.h"
+#include "util/errno_status.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "heapd binary");
 ABSL_FLAG(std::string, out_dir, ".", "directory of the CSV files");
@@ -139,7 +142,7 @@ std::unique_ptr<Heap> Attach(HeapdProcess& daemon, const std::string& name, uint
 class Csv {
  public:
   Csv(const std::string& path, const std::string& header) : out_(path) {
-    if (!out_) Die("write " + path, absl::UnknownError("cannot open"));
+    if (!out_) Die("write the CSV", ErrnoStatus(errno, "create " + path));
     out_ << header << "\n";
     std::printf("%s\n", header.c_str());
   }
@@ -299,7 +302,10 @@ void HeapsCurve(const std::string& out_dir) {
 void RaiseDescriptorLimit() {
   rlimit limit{1 << 20, 1 << 20};
   if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    std::fprintf(stderr, "scale_bench: cannot raise RLIMIT_NOFILE to 2^20 (not root?)\n");
+    std::fprintf(stderr,
+                 "scale_bench: cannot raise RLIMIT_NOFILE to 2^20 (%s; raising the hard limit "
+                 "needs CAP_SYS_RESOURCE): the heaps curve stops where heapd refuses a heap\n",
+                 std::strerror(errno));
   }
 }
 
