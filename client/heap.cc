@@ -11,6 +11,7 @@
 #include "client/heapd_answers.h"
 #include "client/owner_gate.h"
 #include "client/sync_parts.h"
+#include "heap/fixed_address.h"
 #include "heap/undo_record.h"
 #include "protocol/proto_convert.h"
 #include "protocol/version.h"
@@ -69,13 +70,20 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
       return s;
     }
   }
+  const uint64_t fixed_base = attached.heap().fixed_address();
+  if (fixed_base != 0) {
+    if (absl::Status s = ValidateFixedBase(fixed_base, max_size); !s.ok()) {
+      return Unexpected(name_, std::string(s.message()));
+    }
+  }
   absl::StatusOr<std::unique_ptr<MappedHeap>> mapped =
       MappedHeap::Map(name_, data_fd_, max_size, attached.heap().capacity_bytes(), !read_only_,
-                      kProcessHeaderBytes);
+                      kProcessHeaderBytes, fixed_base);
   if (!mapped.ok()) return mapped.status();
   mapped_ = *std::move(mapped);
   base_ = mapped_->base();
   max_size_ = max_size;
+  fixed_address_ = fixed_base != 0;
   *process_header() = ProcessHeader{ProcessHeader::kMagic, this};
   content_rollback_note_ = attached.heap().content_rollback_note();
   if (attached.heap().content_rollback() && !read_only_) {
@@ -464,6 +472,7 @@ bool Heap::fenced() const { return HeapImpl::Of(*this).fenced(); }
 void Heap::prepare_write(void* p, uint64_t size) { HeapImpl::Of(*this).prepare_write(p, size); }
 uint64_t Heap::session() const { return HeapImpl::Of(*this).session(); }
 uint64_t Heap::max_size() const { return HeapImpl::Of(*this).max_size(); }
+bool Heap::fixed_address() const { return HeapImpl::Of(*this).fixed_address(); }
 absl::StatusOr<Heap::Named> Heap::Lookup(const std::string& name) {
   return HeapImpl::Of(*this).Lookup(name);
 }

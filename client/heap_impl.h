@@ -69,6 +69,7 @@ class HeapImpl final : public Heap {
   absl::Status KeepPrivatelyAfterFork();
   uint64_t session() const { return session_; }
   uint64_t max_size() const { return max_size_; }
+  bool fixed_address() const { return fixed_address_; }
   absl::StatusOr<Named> Lookup(const std::string& name);
   absl::Status Unbind(const std::string& name) { return Remove(name).status(); }
   absl::StatusOr<Named> Remove(const std::string& name);
@@ -139,6 +140,7 @@ class HeapImpl final : public Heap {
   // either).
   std::unique_ptr<MappedHeap> mapped_;
   uint64_t max_size_ = 0;  // mapped_'s, kept here for the fast paths
+  bool fixed_address_ = false;
 
   // Set by Start on a heap with content rollback; reset by detach.
   std::unique_ptr<WriteTracker> tracker_;

@@ -15,10 +15,17 @@ namespace heapd {
 
 absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_name, int data_fd,
                                                             uint64_t max_size, uint64_t capacity,
-                                                            bool writable, uint64_t prefix_bytes) {
+                                                            bool writable, uint64_t prefix_bytes,
+                                                            uint64_t fixed_base) {
   absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
-      HeapMapping::Map(data_fd, max_size, capacity, writable, prefix_bytes);
-  if (!mapping.ok()) return mapping.status();
+      HeapMapping::Map(data_fd, max_size, capacity, writable, prefix_bytes, fixed_base);
+  if (!mapping.ok()) {
+    if (fixed_base == 0) return mapping.status();
+    return absl::Status(
+        mapping.status().code(),
+        absl::StrCat("heap ", heap_name, " is a fixed-address heap, and ",
+                     mapping.status().message(), " (a process maps a fixed-address heap once)"));
+  }
   return std::unique_ptr<MappedHeap>(
       new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping)));
 }

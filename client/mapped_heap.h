@@ -33,11 +33,13 @@ class MappedHeap {
  public:
   // Maps the first `capacity` bytes of `data_fd` (not owned; it must
   // outlive this) in a reservation of `max_size` bytes, with
-  // `prefix_bytes` of private memory before base(). `heap_name` names it
-  // in errors.
+  // `prefix_bytes` of private memory before base(), at exactly
+  // `fixed_base` if not 0 (a fixed-address heap). `heap_name` names it in
+  // errors.
   static absl::StatusOr<std::unique_ptr<MappedHeap>> Map(std::string heap_name, int data_fd,
                                                          uint64_t max_size, uint64_t capacity,
-                                                         bool writable, uint64_t prefix_bytes);
+                                                         bool writable, uint64_t prefix_bytes,
+                                                         uint64_t fixed_base = 0);
   ~MappedHeap();  // stops growth, then unmaps
   MappedHeap(const MappedHeap&) = delete;
   MappedHeap& operator=(const MappedHeap&) = delete;

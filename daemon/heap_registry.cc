@@ -79,7 +79,8 @@ HeapRegistry::Reservation::~Reservation() {
 HeapRegistry::Reservation::Reservation(Reservation&& other) noexcept
     : registry_(std::exchange(other.registry_, nullptr)),
       name_(std::move(other.name_)),
-      storage_(std::move(other.storage_)) {}
+      storage_(std::move(other.storage_)),
+      fixed_base_(other.fixed_base_) {}
 
 absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir,
                                                                  HeapOptions options,
@@ -161,6 +162,23 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
       registry->broken_.emplace(name, heap.status());
       continue;
     }
+    if (const HeapConfig& config = (*heap)->config(); config.fixed_base != 0) {
+      const AddressRange range = FixedRangeOf(config.fixed_base, config.max_size);
+      bool overlaps = false;
+      for (const auto& [holder, held] : registry->FixedRangesLocked("")) {
+        if (!held.Overlaps(range)) continue;
+        // Two heaps recorded on one range (a heap directory copied by
+        // hand): the first by name is served.
+        const absl::Status clash = absl::FailedPreconditionError(
+            absl::StrCat("its fixed address range ", RangeString(range), " overlaps heap ", holder,
+                         "'s ", RangeString(held), "; not served until one is removed"));
+        spdlog::error("heap {}: {}", name, std::string(clash.message()));
+        registry->broken_.emplace(name, clash);
+        overlaps = true;
+        break;
+      }
+      if (overlaps) continue;
+    }
     spdlog::info("opened heap {} on tier {} at epoch {}", name, tier.name, (*heap)->epoch());
     registry->heaps_.emplace(name, MakeServedHeap(name, tier.name, *std::move(heap)));
   }
@@ -213,12 +231,56 @@ HeapRegistry::Usage HeapRegistry::UsageOfLocked(uint32_t uid) const {
     ++usage.heaps;
     usage.bytes += served->heap->config().max_size;
   }
-  for (const auto& [name, owner_and_size] : reserved_) {
-    if (owner_and_size.first != uid) continue;
+  for (const auto& [name, reserved] : reserved_) {
+    if (reserved.owner_uid != uid) continue;
     ++usage.heaps;
-    usage.bytes += owner_and_size.second;
+    usage.bytes += reserved.max_size;
   }
   return usage;
+}
+
+std::vector<std::pair<std::string, AddressRange>> HeapRegistry::FixedRangesLocked(
+    absl::string_view except) const {
+  std::vector<std::pair<std::string, AddressRange>> ranges;
+  for (const auto& [name, served] : heaps_) {
+    const HeapConfig& config = served->heap->config();
+    if (config.fixed_base == 0 || name == except) continue;
+    ranges.emplace_back(name, FixedRangeOf(config.fixed_base, config.max_size));
+  }
+  for (const auto& [name, reserved] : reserved_) {
+    if (reserved.fixed_base == 0 || name == except) continue;
+    ranges.emplace_back(name, FixedRangeOf(reserved.fixed_base, reserved.max_size));
+  }
+  return ranges;
+}
+
+absl::StatusOr<uint64_t> HeapRegistry::PlaceLocked(const std::string& name, uint64_t max_size,
+                                                   FixedPlacement fixed, bool replacing) const {
+  if (!fixed.fixed) return 0;
+  // A replaced heap gives its range to its replacement.
+  const std::vector<std::pair<std::string, AddressRange>> held =
+      FixedRangesLocked(replacing ? absl::string_view(name) : absl::string_view());
+  if (fixed.base == 0) {
+    std::vector<AddressRange> taken;
+    for (const auto& [holder, range] : held) taken.push_back(range);
+    absl::StatusOr<uint64_t> base = FindFixedBase(std::move(taken), max_size);
+    if (!base.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("heap ", name, ": ", base.status().message()));
+    }
+    return base;
+  }
+  if (absl::Status s = ValidateFixedBase(fixed.base, max_size); !s.ok()) return s;
+  const AddressRange wanted = FixedRangeOf(fixed.base, max_size);
+  for (const auto& [holder, range] : held) {
+    if (range.Overlaps(wanted)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", name, " maps at the fixed address range ", RangeString(wanted),
+          " recorded with it, and heap ", holder, " holds ", RangeString(range),
+          " on this node; remove or move heap ", holder, " first, or restore over it (replace)"));
+    }
+  }
+  return fixed.base;
 }
 
 uint64_t HeapRegistry::HeapBytesLeft(uint32_t uid) const {
@@ -231,7 +293,8 @@ uint64_t HeapRegistry::HeapBytesLeft(uint32_t uid) const {
 absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::string& name,
                                                                 uint32_t owner_uid,
                                                                 uint64_t max_size, bool replacing,
-                                                                const std::string& storage) {
+                                                                const std::string& storage,
+                                                                FixedPlacement fixed) {
   if (absl::Status s = ValidateHeapName(name); !s.ok()) return s;
   const StorageTier* tier = FindTier(storage);
   if (tier == nullptr) return ChooseStorage(name, storage).status();
@@ -284,8 +347,10 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
           " (--max_heap_bytes_per_user)"));
     }
   }
-  reserved_[name] = {owner_uid, max_size};
-  return Reservation(this, name, tier->name);
+  absl::StatusOr<uint64_t> fixed_base = PlaceLocked(name, max_size, fixed, replacing);
+  if (!fixed_base.ok()) return fixed_base.status();
+  reserved_[name] = {owner_uid, max_size, *fixed_base};
+  return Reservation(this, name, tier->name, *fixed_base);
 }
 
 void HeapRegistry::Release(const std::string& name) {
@@ -343,8 +408,10 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Create(Reservation res
   // Built on disk with no lock held: Get and List go on meanwhile.
   absl::StatusOr<std::string> heaps_dir = HeapsDir(reservation.storage());
   if (!heaps_dir.ok()) return heaps_dir.status();
+  HeapConfig placed = config;
+  placed.fixed_base = reservation.fixed_base();
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
-      PersistentHeap::Create(absl::StrCat(*heaps_dir, "/", reservation.name()), config, options_);
+      PersistentHeap::Create(absl::StrCat(*heaps_dir, "/", reservation.name()), placed, options_);
   if (!heap.ok()) return heap.status();
   return Add(std::move(reservation), *std::move(heap));
 }
@@ -357,6 +424,10 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::AddRestored(Reservatio
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
       PersistentHeap::Open(absl::StrCat(*heaps_dir, "/", reservation.name()), options_);
   if (!heap.ok()) return heap.status();
+  if ((*heap)->config().fixed_base != reservation.fixed_base()) {
+    return absl::InternalError(absl::StrCat("restored heap ", reservation.name(),
+                                            " opened at another fixed address than was reserved"));
+  }
   return Add(std::move(reservation), *std::move(heap));
 }
 
@@ -427,8 +498,8 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
   // to come), no other heap may take the name: a snapshot's manifest
   // would name the new heap for the old one's files.
   if (reserved_.count(name) == 0) {
-    reserved_[std::string(name)] = {0, 0};  // counts against no user
-    removed.name_held.reset(new Reservation(this, std::string(name), tier->name));
+    reserved_[std::string(name)] = {0, 0, 0};  // counts against no user, holds no range
+    removed.name_held.reset(new Reservation(this, std::string(name), tier->name, 0));
   }
   return removed;
 }

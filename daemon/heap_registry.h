@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "daemon/limits.h"
 #include "daemon/storage_tiers.h"
+#include "heap/fixed_address.h"
 #include "heap/heap.h"
 #include "heap/heap_name.h"
 
@@ -85,10 +86,19 @@ class ServedHeap {
 std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, const std::string& storage,
                                            std::unique_ptr<PersistentHeap> heap);
 
+// Where a new heap maps (heap/fixed_address.h).
+struct FixedPlacement {
+  bool fixed = false;
+  // With `fixed`: the base a restored heap recorded, kept; 0: heapd picks
+  // the lowest free range of its window.
+  uint64_t base = 0;
+};
+
 class HeapRegistry {
  public:
   // A name held for a heap being built, with its owner's share of the
-  // limits; released when it goes unless the heap was added.
+  // limits and its fixed address range if it has one; released when it
+  // goes unless the heap was added.
   class Reservation {
    public:
     ~Reservation();
@@ -97,14 +107,19 @@ class HeapRegistry {
     Reservation& operator=(const Reservation&) = delete;
     const std::string& name() const { return name_; }
     const std::string& storage() const { return storage_; }
+    uint64_t fixed_base() const { return fixed_base_; }  // 0: not fixed
 
    private:
     friend class HeapRegistry;
-    Reservation(HeapRegistry* registry, std::string name, std::string storage)
-        : registry_(registry), name_(std::move(name)), storage_(std::move(storage)) {}
+    Reservation(HeapRegistry* registry, std::string name, std::string storage, uint64_t fixed_base)
+        : registry_(registry),
+          name_(std::move(name)),
+          storage_(std::move(storage)),
+          fixed_base_(fixed_base) {}
     HeapRegistry* registry_;
     std::string name_;
     std::string storage_;  // the tier it is made on
+    uint64_t fixed_base_;
   };
 
   // Opens every heap on `tiers` (the first is the default; each root and
@@ -131,9 +146,13 @@ class HeapRegistry {
   // existing heap does not count against the limits (the caller removes it
   // before adding the new one). RESOURCE_EXHAUSTED naming the limit the
   // owner would pass (limits count heaps on every tier together).
+  // A `fixed` heap also holds its address range from here on: the one
+  // `fixed` recorded (FAILED_PRECONDITION naming the heap that holds it;
+  // the heap replaced does not), else the lowest free one
+  // (RESOURCE_EXHAUSTED when the window is full).
   absl::StatusOr<Reservation> Reserve(const std::string& name, uint32_t owner_uid,
                                       uint64_t max_size, bool replacing = false,
-                                      const std::string& storage = "");
+                                      const std::string& storage = "", FixedPlacement fixed = {});
 
   // What a new heap `name` of at most `max_size` bytes on tier `storage`
   // maps: `asked`, else the default (ImageModeFor the tier and size).
@@ -146,7 +165,7 @@ class HeapRegistry {
                                         uint64_t max_size = 0) const;
 
   // Creates the reserved heap on its tier (config.image as ChooseImage
-  // said).
+  // said, at the reservation's fixed address if it has one).
   absl::StatusOr<std::shared_ptr<ServedHeap>> Create(Reservation reservation,
                                                      const HeapConfig& config);
 
@@ -214,6 +233,13 @@ class HeapRegistry {
   absl::StatusOr<std::shared_ptr<ServedHeap>> Add(Reservation reservation,
                                                   std::unique_ptr<PersistentHeap> heap);
   Usage UsageOfLocked(uint32_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The fixed address ranges held, by heap name, except `except`'s.
+  std::vector<std::pair<std::string, AddressRange>> FixedRangesLocked(
+      absl::string_view except) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The base `fixed` gives heap `name` of `max_size` bytes (0: none).
+  absl::StatusOr<uint64_t> PlaceLocked(const std::string& name, uint64_t max_size,
+                                       FixedPlacement fixed, bool replacing) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::vector<StorageTier> tiers_;  // never empty
   const HeapOptions options_;
@@ -221,8 +247,13 @@ class HeapRegistry {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<ServedHeap>, std::less<>> heaps_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status, std::less<>> broken_ ABSL_GUARDED_BY(mu_);
-  // Names being built: owner and maximum size.
-  std::map<std::string, std::pair<uint32_t, uint64_t>, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
+  // Names being built.
+  struct Reserved {
+    uint32_t owner_uid;
+    uint64_t max_size;
+    uint64_t fixed_base;  // 0: not fixed
+  };
+  std::map<std::string, Reserved, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace heapd

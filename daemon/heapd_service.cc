@@ -133,6 +133,7 @@ void HeapdService::FillInfo(const ServedHeap& served, bool with_usage, v1::HeapI
   info->set_content_rollback_note(served.heap->content_rollback_note());
   info->set_image(config.image == ImageMode::kWorkingImage ? v1::IMAGE_WORKING : v1::IMAGE_DIRECT);
   info->set_storage(served.storage);
+  info->set_fixed_address(config.fixed_base);
   if (!with_usage) {
     info->set_capacity_bytes(served.heap->capacity_bytes());
     info->set_epoch(served.heap->epoch());
@@ -166,18 +167,16 @@ grpc::Status HeapdService::CreateHeap(grpc::ServerContext* context,
   return Serve(context, "CreateHeap", *request, [&](const Caller& caller) -> absl::Status {
     absl::StatusOr<std::shared_ptr<ServedHeap>> served =
         NewHeap(request->name(), request->max_size(), request->mode(), request->image(),
-                request->storage(), caller);
+                request->storage(), request->fixed_address(), caller);
     if (!served.ok()) return served.status();
     FillInfo(**served, /*with_usage=*/true, info);
     return absl::OkStatus();
   });
 }
 
-absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::string& name,
-                                                                  uint64_t max_size, uint32_t mode,
-                                                                  v1::ImageKind image,
-                                                                  const std::string& storage,
-                                                                  const Caller& caller) {
+absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(
+    const std::string& name, uint64_t max_size, uint32_t mode, v1::ImageKind image,
+    const std::string& storage, bool fixed_address, const Caller& caller) {
   if (max_size == 0) max_size = options_.default_max_size;
   if (max_size > kMaxHeapBytes) {
     return absl::InvalidArgumentError(
@@ -198,13 +197,16 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(const std::str
   if (!chosen.ok()) return chosen.status();
   config.image = *chosen;
   absl::StatusOr<HeapRegistry::Reservation> reserved =
-      heaps_->Reserve(name, caller.uid, config.max_size, /*replacing=*/false, *tier);
+      heaps_->Reserve(name, caller.uid, config.max_size, /*replacing=*/false, *tier,
+                      FixedPlacement{fixed_address, 0});
   if (!reserved.ok()) return CountIfLimited(reserved.status());
+  const uint64_t fixed_base = reserved->fixed_base();
   absl::StatusOr<std::shared_ptr<ServedHeap>> served = heaps_->Create(*std::move(reserved), config);
   if (served.ok()) {
-    spdlog::info("heap {} created by {} on tier {}: maximum size {} bytes, mode 0{:o}, {}", name,
+    spdlog::info("heap {} created by {} on tier {}: maximum size {} bytes, mode 0{:o}, {}{}", name,
                  caller.ToString(), *tier, config.max_size, config.mode,
-                 ImageModeName(config.image));
+                 ImageModeName(config.image),
+                 fixed_base == 0 ? "" : absl::StrCat(", fixed at 0x", absl::Hex(fixed_base)));
   }
   return served;
 }
@@ -339,7 +341,8 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
           request->create_if_missing()) {
         served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
-                         request->create_image(), request->create_storage(), caller);
+                         request->create_image(), request->create_storage(),
+                         request->create_fixed_address(), caller);
         created = served.ok();
         if (served.status().code() == absl::StatusCode::kAlreadyExists) {
           // Another call was first: use the heap it makes.
@@ -359,6 +362,18 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     }
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
     const HeapConfig& config = (*served)->heap->config();
+    if (config.fixed_base != 0 && request->client_revision() < kFixedAddressRevision) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", (*served)->name, " is a fixed-address heap, and this client speaks revision ",
+          request->client_revision(),
+          " of heapd.v1: it would map the heap elsewhere; use a "
+          "heapd client library of revision ",
+          kFixedAddressRevision, " (heapd 0.5) or later"));
+    }
+    if (request->create_if_missing() && request->create_fixed_address() && config.fixed_base == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("heap ", request->heap(), " exists and is not a fixed-address heap"));
+    }
     if (!MayAccess(caller, config, access)) {
       return absl::PermissionDeniedError(
           absl::StrCat(caller.ToString(), " may not attach heap ", (*served)->name,
@@ -733,7 +748,8 @@ grpc::Status HeapdService::RestoreSnapshot(grpc::ServerContext* context,
       }
       // Reserved first: if a limit refuses the new heap, the old one stays.
       absl::StatusOr<HeapRegistry::Reservation> reservation =
-          heaps_->Reserve(heap, config.owner_uid, config.max_size, /*replacing=*/exists, *tier);
+          heaps_->Reserve(heap, config.owner_uid, config.max_size, /*replacing=*/exists, *tier,
+                          FixedPlacement{config.fixed_base != 0, config.fixed_base});
       if (!reservation.ok()) return CountIfLimited(reservation.status());
       reserved.emplace(*std::move(reservation));
       if (exists) {

@@ -125,12 +125,13 @@ class HeapdService final : public v1::Heapd::Service {
                                              const std::string& name);
   // Creates heap `name` owned by `caller` (max_size 0: the default; mode 0:
   // 0600; image IMAGE_UNKNOWN: the default, HeapRegistry::ChooseImage) on
-  // tier `storage` (empty: the default). ALREADY_EXISTS if it exists;
-  // RESOURCE_EXHAUSTED at a limit.
+  // tier `storage` (empty: the default), at a fixed address if
+  // `fixed_address`. ALREADY_EXISTS if it exists; RESOURCE_EXHAUSTED at a
+  // limit or with the fixed-address window full.
   absl::StatusOr<std::shared_ptr<ServedHeap>> NewHeap(const std::string& name, uint64_t max_size,
                                                       uint32_t mode, v1::ImageKind image,
                                                       const std::string& storage,
-                                                      const Caller& caller);
+                                                      bool fixed_address, const Caller& caller);
   // Takes heap `name` out of service for `caller` (owner or admin, no
   // clients), for HeapRegistry::DeleteRemoved to close and delete with no
   // lock held (closing waits for a growth in progress).

@@ -20,6 +20,7 @@
 #include "allocator/size_class.h"
 #include "allocator/slot_bitmap.h"
 #include "heap/fault_point.h"
+#include "heap/fixed_address.h"
 #include "heap/heap_dir.h"
 #include "util/errno_status.h"
 #include "util/random_name.h"
@@ -138,6 +139,7 @@ absl::Status ValidateHeapConfig(const HeapConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("heap mode 0", absl::StrFormat("%o", config.mode), " has bits beyond 0777"));
   }
+  if (config.fixed_base != 0) return ValidateFixedBase(config.fixed_base, config.max_size);
   return absl::OkStatus();
 }
 

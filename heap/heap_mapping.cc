@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "heap/data_file.h"
@@ -16,20 +20,78 @@
 #define MAP_SYNC 0x80000
 #endif
 
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
 namespace heapd {
+namespace {
+
+// What this process has mapped in [begin, end), from /proc/self/maps: the
+// first mapping there, "0x...-0x... PATH".
+std::string MappedWithin(uint64_t begin, uint64_t end) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uint64_t from = 0, to = 0;
+    char path[512] = "";
+    if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64 " %*s %*s %*s %*s %511[^\n]", &from, &to,
+                    path) < 2) {
+      continue;
+    }
+    if (from < end && begin < to) {
+      return absl::StrCat("0x", absl::Hex(from), "-0x", absl::Hex(to), " ",
+                          path[0] == '\0' ? "(anonymous)" : path);
+    }
+  }
+  return "a mapping /proc/self/maps does not show";
+}
+
+// Reserves `length` bytes at exactly `at`, or says what is in the way.
+absl::StatusOr<void*> ReserveAt(uint64_t at, uint64_t length) {
+  void* wanted = reinterpret_cast<void*>(at);
+  void* got = mmap(wanted, length, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  if (got == wanted) return got;
+  const int error = errno;
+  const std::string range = absl::StrCat("0x", absl::Hex(at), "-0x", absl::Hex(at + length));
+  if (got != MAP_FAILED) {  // a kernel before 4.17 took the flag for a hint
+    munmap(got, length);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot map at the fixed address range ", range,
+                     ": the kernel placed the mapping elsewhere (MAP_FIXED_NOREPLACE needs Linux "
+                     "4.17 or later)"));
+  }
+  if (error == EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat("the fixed address range ", range,
+                                                      " is taken in this process by ",
+                                                      MappedWithin(at, at + length)));
+  }
+  return ErrnoStatus(error, absl::StrCat("reserve the fixed address range ", range));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t max_size,
                                                               uint64_t size, bool writable,
-                                                              uint64_t prefix_bytes) {
+                                                              uint64_t prefix_bytes,
+                                                              uint64_t fixed_base) {
   if (size > max_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot map ", size, " bytes in a ", max_size, "-byte reservation"));
   }
-  void* reserved = mmap(nullptr, prefix_bytes + max_size, PROT_NONE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED) {
-    return ErrnoStatus(
-        errno, absl::StrCat("reserve ", prefix_bytes + max_size, " bytes of address space"));
+  void* reserved;
+  if (fixed_base != 0) {
+    absl::StatusOr<void*> at = ReserveAt(fixed_base - prefix_bytes, prefix_bytes + max_size);
+    if (!at.ok()) return at.status();
+    reserved = *at;
+  } else {
+    reserved = mmap(nullptr, prefix_bytes + max_size, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) {
+      return ErrnoStatus(
+          errno, absl::StrCat("reserve ", prefix_bytes + max_size, " bytes of address space"));
+    }
   }
   if (prefix_bytes != 0 && mmap(reserved, prefix_bytes, PROT_READ | PROT_WRITE,
                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {

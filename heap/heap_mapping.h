@@ -2,7 +2,8 @@
 // space for the heap's maximum size once (PROT_NONE) and maps the file into
 // its start; growth maps the new range in place, so objects never move
 // while the heap is mapped. Each process may map at another address, which
-// is why objects link with offset pointers.
+// is why objects link with offset pointers; a fixed-address heap
+// (heap/fixed_address.h) is mapped at its one address in every process.
 //
 // On fs-dax the file is mapped MAP_SHARED_VALIDATE | MAP_SYNC when the
 // kernel accepts it (stores reach persistence with a cache flush), else
@@ -42,10 +43,13 @@ class HeapMapping {
   // Maps the first `size` bytes of `fd` in a reservation of `max_size`
   // bytes; read-only when !writable (stray stores fault). With
   // `prefix_bytes`, that much private read-write memory sits just before
-  // base() (the client keeps its per-process header there).
-  // REQUIRES: size <= max_size; all three multiples of the page size.
+  // base() (the client keeps its per-process header there). With
+  // `fixed_base`, base() is exactly there (MAP_FIXED_NOREPLACE), or
+  // FAILED_PRECONDITION naming what this process has mapped in the way.
+  // REQUIRES: size <= max_size; all four multiples of the page size.
   static absl::StatusOr<std::unique_ptr<HeapMapping>> Map(int fd, uint64_t max_size, uint64_t size,
-                                                          bool writable, uint64_t prefix_bytes = 0);
+                                                          bool writable, uint64_t prefix_bytes = 0,
+                                                          uint64_t fixed_base = 0);
   ~HeapMapping();
   HeapMapping(const HeapMapping&) = delete;
   HeapMapping& operator=(const HeapMapping&) = delete;

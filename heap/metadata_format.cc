@@ -185,6 +185,11 @@ std::string EncodeCheckpoint(const Checkpoint& cp) {
   for (const ChunkRecord& c : cp.chunks) PutChunk(w, c);
   w.Put<uint32_t>(static_cast<uint32_t>(cp.names.size()));
   for (const NameEntry& e : cp.names) PutName(w, e);
+  if (cp.config.fixed_base != 0) {
+    w.Put<uint32_t>(static_cast<uint32_t>(cp.config.image));
+    w.Put<uint64_t>(cp.config.fixed_base);
+    return Frame(FrameKind::kCheckpoint, w.out(), kFixedAddressFormatVersion);
+  }
   if (cp.config.image == ImageMode::kDirect) return Frame(FrameKind::kCheckpoint, w.out());
   w.Put<uint32_t>(static_cast<uint32_t>(cp.config.image));
   return Frame(FrameKind::kCheckpoint, w.out(), kWorkingImageFormatVersion);
@@ -223,10 +228,10 @@ absl::StatusOr<DecodedFrame> DecodeFrame(absl::string_view bytes, absl::string_v
     return absl::DataLossError(
         absl::StrCat("metadata file ", file, ": bad magic 0x", absl::Hex(magic)));
   }
-  if (version != kFormatVersion && version != kWorkingImageFormatVersion) {
+  if (version < kFormatVersion || version > kFixedAddressFormatVersion) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": format version ", version,
-                                            ", this heapd reads ", kFormatVersion, " and ",
-                                            kWorkingImageFormatVersion));
+                                            ", this heapd reads ", kFormatVersion, " to ",
+                                            kFixedAddressFormatVersion));
   }
   if (bytes.size() - kFrameHeaderSize < length) {
     return absl::DataLossError(absl::StrCat("metadata file ", file, ": frame of ", length,
@@ -258,13 +263,23 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(absl::string_view payload, absl::str
   cp.capacity_chunks = r.Get<uint32_t>();
   cp.chunks = GetList<ChunkRecord>(r, GetChunk);
   cp.names = GetList<NameEntry>(r, GetName);
-  if (version == kWorkingImageFormatVersion) {
+  if (version >= kWorkingImageFormatVersion) {
     const uint32_t image = r.Get<uint32_t>();
-    if (r.ok() && image != static_cast<uint32_t>(ImageMode::kWorkingImage)) {
+    const uint32_t lowest = version == kWorkingImageFormatVersion
+                                ? static_cast<uint32_t>(ImageMode::kWorkingImage)
+                                : static_cast<uint32_t>(ImageMode::kDirect);
+    if (r.ok() && (image < lowest || image > static_cast<uint32_t>(ImageMode::kWorkingImage))) {
       return absl::DataLossError(
           absl::StrCat("metadata file ", file, ": unknown image mode ", image));
     }
-    cp.config.image = ImageMode::kWorkingImage;
+    cp.config.image = static_cast<ImageMode>(image);
+  }
+  if (version == kFixedAddressFormatVersion) {
+    cp.config.fixed_base = r.Get<uint64_t>();
+    if (r.ok() && cp.config.fixed_base == 0) {
+      return absl::DataLossError(
+          absl::StrCat("metadata file ", file, ": a fixed-address checkpoint without an address"));
+    }
   }
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return cp;

@@ -25,8 +25,12 @@ inline constexpr uint32_t kFrameMagic = 0x50414548;  // "HEAP"
 // image mode; a heapd that reads only version 1 refuses such a heap rather
 // than open its data file without the redo log's pages. Epoch records stay
 // version 1: a checkpoint is always read first.
+// Version 3: checkpoints of a fixed-address heap, which carry its image
+// mode and its address; a heapd that reads only versions 1 and 2 refuses
+// such a heap rather than serve it to clients that map it anywhere.
 inline constexpr uint16_t kFormatVersion = 1;
 inline constexpr uint16_t kWorkingImageFormatVersion = 2;
+inline constexpr uint16_t kFixedAddressFormatVersion = 3;
 inline constexpr size_t kFrameHeaderSize = 16;
 
 enum class FrameKind : uint16_t { kCheckpoint = 1, kEpoch = 2 };
@@ -51,10 +55,14 @@ struct HeapConfig {
   uint32_t mode = 0600;
   int64_t created_unix_ns = 0;
   ImageMode image = ImageMode::kDirect;
+  // Where every process maps the heap (heap/fixed_address.h); 0: each
+  // process maps it where it likes.
+  uint64_t fixed_base = 0;
 
   bool operator==(const HeapConfig& o) const {
     return max_size == o.max_size && owner_uid == o.owner_uid && owner_gid == o.owner_gid &&
-           mode == o.mode && created_unix_ns == o.created_unix_ns && image == o.image;
+           mode == o.mode && created_unix_ns == o.created_unix_ns && image == o.image &&
+           fixed_base == o.fixed_base;
   }
 };
 

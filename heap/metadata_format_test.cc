@@ -41,6 +41,30 @@ TEST(MetadataFormatTest, CheckpointRoundTrips) {
   EXPECT_EQ(decoded->names, cp.names);
 }
 
+TEST(MetadataFormatTest, FixedAddressCheckpointsAreVersion3AndKeepTheirAddress) {
+  for (ImageMode image : {ImageMode::kDirect, ImageMode::kWorkingImage}) {
+    Checkpoint cp = SampleCheckpoint();
+    cp.config.image = image;
+    cp.config.fixed_base = uint64_t{0x110000200000};
+    const std::string bytes = EncodeCheckpoint(cp);
+    absl::StatusOr<DecodedFrame> frame = DecodeFrame(bytes, "checkpoint");
+    ASSERT_TRUE(frame.ok()) << frame.status();
+    EXPECT_EQ(frame->version, kFixedAddressFormatVersion);
+    absl::StatusOr<Checkpoint> decoded =
+        DecodeCheckpoint(frame->payload, "checkpoint", frame->version);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->config, cp.config);
+    // Read as version 2 (what an older heapd would see if it ignored the
+    // version), the address is left over: DATA_LOSS, not a heap without it.
+    EXPECT_EQ(
+        DecodeCheckpoint(frame->payload, "checkpoint", kWorkingImageFormatVersion).status().code(),
+        absl::StatusCode::kDataLoss);
+  }
+  // A heap that is not fixed keeps the format an older heapd reads.
+  EXPECT_EQ(DecodeFrame(EncodeCheckpoint(SampleCheckpoint()), "checkpoint")->version,
+            kFormatVersion);
+}
+
 TEST(MetadataFormatTest, EpochRecordRoundTrips) {
   EpochRecord record;
   record.epoch = 8;

@@ -16,13 +16,17 @@ inline constexpr char kHeapdVersion[] = "0.4.0";
 // heapd.v2 would be a new package. 1: 0.4.0 (Unbind by heap, removed store
 // parts, skipped snapshots; arrays). 2: undo journals start with a
 // control page, the guard that replaces the per-pre-image lock, and take
-// records checked with XXH3 (heap/undo_record.h).
-inline constexpr uint32_t kProtocolRevision = 2;
+// records checked with XXH3 (heap/undo_record.h). 3: fixed-address heaps;
+// clients say their revision at attach.
+inline constexpr uint32_t kProtocolRevision = 3;
 inline constexpr uint32_t kMinProtocolRevision = 1;
 // A client uses its journal's guard and checks records with XXH3 only when
 // heapd speaks this revision; with an older heapd it takes the OFD lock for
 // every pre-image and checks with CRC-32 (what that heapd reads).
 inline constexpr uint32_t kGuardedJournalsRevision = 2;
+// heapd serves fixed-address heaps only to clients of this revision or
+// later, which map them at their address (or fail).
+inline constexpr uint32_t kFixedAddressRevision = 3;
 
 }  // namespace heapd
 

@@ -22,8 +22,10 @@
 //
 // Every process maps the heap at its own address: link objects with offset
 // pointers (boost::interprocess::offset_ptr, as heapd::allocator does) or
-// offset_of() / at(). Objects that other processes allocate after this one
-// mapped the heap are mapped on first touch.
+// offset_of() / at(). A fixed-address heap (AttachOptions::fixed_address)
+// is mapped at one address in every process, and objects may hold plain
+// pointers (heapd::raw_allocator). Objects that other processes allocate
+// after this one mapped the heap are mapped on first touch.
 #ifndef HEAPD_HEAPD_HEAP_H_
 #define HEAPD_HEAPD_HEAP_H_
 
@@ -174,6 +176,9 @@ class Heap {
   void prepare_write(void* p, uint64_t size);
   uint64_t session() const;
   uint64_t max_size() const;
+  // A fixed-address heap: base() is the same in every process, so objects
+  // may hold plain pointers into the heap (heapd/raw_allocator.h).
+  bool fixed_address() const;
   ProcessHeader* process_header() const {
     return reinterpret_cast<ProcessHeader*>(base() - kProcessHeaderBytes);
   }
