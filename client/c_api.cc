@@ -178,6 +178,7 @@ heapd_heap* heapd_attach(const char* name, const heapd_attach_options* options) 
   attach.max_size = given.max_size;
   attach.mode = given.mode;
   if (given.storage != nullptr) attach.storage = given.storage;
+  attach.fixed_address = given.fixed_address != 0;
   switch (given.image) {
     case HEAPD_IMAGE_DEFAULT:
       break;
@@ -357,6 +358,7 @@ int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats) try {
   filled.epoch = got->info().epoch();
   filled.clients = got->info().clients();
   filled.content_rollback = got->info().content_rollback() ? 1 : 0;
+  filled.fixed_address = got->info().fixed_address();
   std::memcpy(stats, &filled, std::min(stats->struct_size, sizeof(filled)));
   return 0;
 } catch (const std::exception& e) {

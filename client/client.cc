@@ -218,7 +218,7 @@ absl::StatusOr<std::unique_ptr<Heap>> Client::Attach(const std::string& name,
   if (options.image == HeapImage::kDirect) request.set_create_image(v1::IMAGE_DIRECT);
   if (options.image == HeapImage::kWorking) request.set_create_image(v1::IMAGE_WORKING);
   request.set_create_storage(options.storage);
-  request.set_create_fixed_address(options.fixed_address);
+  request.set_fixed_address(options.fixed_address);
   request.set_client_revision(kProtocolRevision);
   for (const std::string& lookup : options.prefetch_names) request.add_lookup(lookup);
   request.set_snapshot(options.snapshot);

@@ -1,5 +1,7 @@
 // Fixed-address heaps and heapd::raw_allocator against a real heapd, with
 // real processes attaching (client/examples/raw_pointers).
+#include "heap/fixed_address.h"
+
 #include <sys/mman.h>
 
 #include <memory>
@@ -10,7 +12,6 @@
 #include "client/client_channel.h"
 #include "client/examples/raw_catalog.h"
 #include "gtest/gtest.h"
-#include "heap/fixed_address.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
 #include "heapd/raw_allocator.h"
@@ -147,8 +148,8 @@ TEST_F(FixedAddressTest, HeapsGetTheirOwnRangesInTheWindow) {
   huge.set_max_size(kFixedWindowEnd - kFixedWindowBegin);
   huge.set_fixed_address(true);
   v1::HeapInfo info;
-  const absl::Status refused = Call(
-      [&](grpc::ClientContext* ctx) { return StubOf(*client_).CreateHeap(ctx, huge, &info); });
+  const absl::Status refused =
+      Call([&](grpc::ClientContext* ctx) { return StubOf(*client_).CreateHeap(ctx, huge, &info); });
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("window"), std::string::npos) << refused;
 }

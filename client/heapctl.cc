@@ -126,6 +126,12 @@ void PrintHeapRow(const v1::HeapInfo& heap) {
               Time(heap.last_sync_unix_ns()).c_str());
 }
 
+// ", at the fixed address 0x..." for a fixed-address heap, else empty.
+std::string FixedAddress(const v1::HeapInfo& heap) {
+  if (heap.fixed_address() == 0) return "";
+  return absl::StrCat(", at the fixed address 0x", absl::Hex(heap.fixed_address()));
+}
+
 void PrintHeapHeader() {
   std::printf("%-24s %10s %10s %10s %8s %7s %6s %5s %4s %-5s %-8s %s\n", "HEAP", "MAX", "RESERVED",
               "ALLOCATED", "EPOCH", "CLIENTS", "NAMES", "UID", "MODE", "KIND", "STORAGE",
@@ -170,14 +176,16 @@ int HeapCreate(const Call& call) {
   if (image == "direct") request.set_image(v1::IMAGE_DIRECT);
   if (image == "working") request.set_image(v1::IMAGE_WORKING);
   request.set_storage(call.args.String("storage"));
+  request.set_fixed_address(call.args.Bool("fixed_address"));
   v1::HeapInfo info;
   grpc::ClientContext context;
   if (absl::Status s = FromGrpc(call.stub.CreateHeap(&context, request, &info)); !s.ok()) {
     return Fail(s);
   }
   if (call.json) return PrintJson(info);
-  std::printf("created heap %s (maximum %s, mode %04o) on storage tier %s\n", info.name().c_str(),
-              Bytes(info.max_size()).c_str(), info.mode(), info.storage().c_str());
+  std::printf("created heap %s (maximum %s, mode %04o) on storage tier %s%s\n", info.name().c_str(),
+              Bytes(info.max_size()).c_str(), info.mode(), info.storage().c_str(),
+              FixedAddress(info).c_str());
   return 0;
 }
 
@@ -216,6 +224,12 @@ int HeapStat(const Call& call) {
   PrintHeapHeader();
   PrintHeapRow(stats.info());
   std::printf("\nstorage tier: %s\n", stats.info().storage().c_str());
+  if (stats.info().fixed_address() == 0) {
+    std::printf("mapped at: an address of each process's choosing (offset pointers)\n");
+  } else {
+    std::printf("mapped at: 0x%llx in every process (plain pointers)\n",
+                static_cast<unsigned long long>(stats.info().fixed_address()));
+  }
   std::printf("reflink (snapshots share extents): %s\n", stats.info().reflink() ? "yes" : "no");
   std::printf("clients map: %s\n", stats.info().image() == v1::IMAGE_WORKING
                                        ? "a working image in memory (the data file changes "

@@ -102,6 +102,9 @@ const std::vector<FlagSpec>& HeapctlFlags() {
       {"storage", FlagKind::kString, "TIER",
        "the storage tier to make the heap on, as heapd's --storage names it (default: heapd's "
        "first; a restore replacing the heap --heap names: that heap's)"},
+      {"fixed_address", FlagKind::kBool, "",
+       "every process maps the heap at one address heapd assigns, so objects may hold plain "
+       "pointers (heapd::raw_allocator; docs/api.md, \"Fixed-address heaps\")"},
       {"owner", FlagKind::kUint, "UID", "only heaps of this uid"},
       {"quiet", FlagKind::kBool, "",
        "names only (heap ls), 'SNAPSHOT HEAP' or 'VERSION NODE HEAP' lines (snapshot ls)"},
@@ -138,7 +141,7 @@ const std::vector<CommandSpec>& HeapctlCommands() {
        "NAME",
        1,
        1,
-       {"max_size", "mode", "image", "storage"},
+       {"max_size", "mode", "image", "storage", "fixed_address"},
        {},
        "create a heap"},
       {Command::kHeapLs, "heap ls", "", 0, 0, {"owner", "quiet"}, {}, "list the heaps"},

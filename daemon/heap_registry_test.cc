@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "daemon/descriptor_room.h"
@@ -108,6 +109,68 @@ TEST(HeapRegistryTest, CreateGetListRemoveAndReopen) {
   ASSERT_TRUE(reopened.ok());
   ASSERT_EQ((*reopened)->List().size(), 1u);
   EXPECT_EQ((*reopened)->List()[0]->name, "a");
+}
+
+// Fixed-address heaps hold their ranges in the registry: reserved ones
+// too, across a restart, and two heap directories recording one range
+// (one copied by hand) are not both served.
+TEST(HeapRegistryTest, FixedAddressRangesAreHeldOnceAndKeptAcrossRestarts) {
+  TestDir dir;
+  auto registry = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  const HeapConfig config = Config();
+  absl::StatusOr<HeapRegistry::Reservation> a =
+      (*registry)->Reserve("a", 0, config.max_size, false, "", FixedPlacement{true, 0});
+  ASSERT_TRUE(a.ok()) << a.status();
+  const uint64_t at_a = a->fixed_base();
+  // Still only reserved: the next heap goes elsewhere.
+  std::optional<HeapRegistry::Reservation> b;
+  {
+    absl::StatusOr<HeapRegistry::Reservation> reserved =
+        (*registry)->Reserve("b", 0, config.max_size, false, "", FixedPlacement{true, 0});
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    b.emplace(*std::move(reserved));
+  }
+  const uint64_t at_b = b->fixed_base();
+  EXPECT_FALSE(FixedRangeOf(at_a, config.max_size).Overlaps(FixedRangeOf(at_b, config.max_size)));
+  // A restore keeping a's range beside it: refused, naming a.
+  absl::StatusOr<HeapRegistry::Reservation> beside =
+      (*registry)->Reserve("c", 0, config.max_size, false, "", FixedPlacement{true, at_a});
+  EXPECT_EQ(beside.status().code(), absl::StatusCode::kFailedPrecondition) << beside.status();
+  EXPECT_NE(beside.status().message().find("heap a holds"), std::string::npos) << beside.status();
+  // A range outside the window (a hostile snapshot's): refused.
+  EXPECT_EQ((*registry)
+                ->Reserve("d", 0, config.max_size, false, "", FixedPlacement{true, 0x555555554000})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*registry)->Create(*std::move(a), config).ok());
+  ASSERT_EQ((*registry)->Get("a").value()->heap->config().fixed_base, at_a);
+  b.reset();  // b was not made: its range is free again
+  absl::StatusOr<HeapRegistry::Reservation> again =
+      (*registry)->Reserve("b", 0, config.max_size, false, "", FixedPlacement{true, 0});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->fixed_base(), at_b);
+  ASSERT_TRUE((*registry)->SyncAll().ok());
+  registry->reset();
+
+  // A copy of a's directory records a's range too.
+  std::filesystem::copy(dir.Sub("heaps/a"), dir.Sub("heaps/z"),
+                        std::filesystem::copy_options::recursive);
+  auto reopened = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  absl::StatusOr<std::shared_ptr<ServedHeap>> kept = (*reopened)->Get("a");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ((*kept)->heap->config().fixed_base, at_a);
+  const absl::Status copy = (*reopened)->Get("z").status();
+  EXPECT_EQ(copy.code(), absl::StatusCode::kFailedPrecondition) << copy;
+  EXPECT_NE(copy.message().find("overlaps heap a's"), std::string::npos) << copy;
+  // A new heap avoids a's range.
+  absl::StatusOr<HeapRegistry::Reservation> next =
+      (*reopened)->Reserve("n", 0, config.max_size, false, "", FixedPlacement{true, 0});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(FixedRangeOf(at_a, config.max_size)
+                   .Overlaps(FixedRangeOf(next->fixed_base(), config.max_size)));
 }
 
 // A call still holding a removed heap (a snapshot, a sync) must not reach

@@ -342,7 +342,7 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
           request->create_if_missing()) {
         served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
                          request->create_image(), request->create_storage(),
-                         request->create_fixed_address(), caller);
+                         request->fixed_address(), caller);
         created = served.ok();
         if (served.status().code() == absl::StatusCode::kAlreadyExists) {
           // Another call was first: use the heap it makes.
@@ -362,23 +362,22 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
     }
     const Access access = request->read_only() ? Access::kRead : Access::kWrite;
     const HeapConfig& config = (*served)->heap->config();
-    if (config.fixed_base != 0 && request->client_revision() < kFixedAddressRevision) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "heap ", (*served)->name, " is a fixed-address heap, and this client speaks revision ",
-          request->client_revision(),
-          " of heapd.v1: it would map the heap elsewhere; use a "
-          "heapd client library of revision ",
-          kFixedAddressRevision, " (heapd 0.5) or later"));
-    }
-    if (request->create_if_missing() && request->create_fixed_address() && config.fixed_base == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("heap ", request->heap(), " exists and is not a fixed-address heap"));
-    }
     if (!MayAccess(caller, config, access)) {
       return absl::PermissionDeniedError(
           absl::StrCat(caller.ToString(), " may not attach heap ", (*served)->name,
                        request->read_only() ? " read-only" : " read-write", " (owner uid ",
                        config.owner_uid, ", mode 0", absl::StrFormat("%o", config.mode), ")"));
+    }
+    if (config.fixed_base != 0 && request->client_revision() < kFixedAddressRevision) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", (*served)->name, " is a fixed-address heap, and this client speaks revision ",
+          request->client_revision(),
+          " of heapd.v1 and would map it elsewhere; use a heapd client library of revision ",
+          kFixedAddressRevision, " or later (this heapd's own)"));
+    }
+    if (request->fixed_address() && config.fixed_base == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", (*served)->name, " is not a fixed-address heap (asked with fixed_address)"));
     }
     if (!request->read_only()) {
       if (absl::Status s = (*served)->heap->broken(); !s.ok()) return s;

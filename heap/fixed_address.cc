@@ -17,10 +17,10 @@ std::string RangeString(const AddressRange& range) {
 absl::Status ValidateFixedBase(uint64_t fixed_base, uint64_t max_size) {
   if (fixed_base % kFixedGuardBytes != 0 || fixed_base < kFixedWindowBegin + kFixedGuardBytes ||
       fixed_base > kFixedWindowEnd || max_size > kFixedWindowEnd - fixed_base) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fixed address 0x", absl::Hex(fixed_base), " for a heap of ", max_size,
-        " bytes is not 2 MiB aligned inside heapd's window ",
-        RangeString(AddressRange{kFixedWindowBegin, kFixedWindowEnd})));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fixed address 0x", absl::Hex(fixed_base), " for a heap of ", max_size,
+                     " bytes is not 2 MiB aligned inside heapd's window ",
+                     RangeString(AddressRange{kFixedWindowBegin, kFixedWindowEnd})));
   }
   return absl::OkStatus();
 }
@@ -44,9 +44,9 @@ absl::StatusOr<uint64_t> FindFixedBase(std::vector<AddressRange> taken, uint64_t
   return absl::ResourceExhaustedError(absl::StrCat(
       "no room for a fixed-address heap of ", max_size, " bytes: heapd's window ",
       RangeString(AddressRange{kFixedWindowBegin, kFixedWindowEnd}), " (",
-      (kFixedWindowEnd - kFixedWindowBegin) >> 30, " GiB) has no free range that large: ",
-      taken.size(), " fixed-address heaps hold ", taken_bytes >> 30,
-      " GiB of it; remove one, or make this heap smaller or not fixed"));
+      (kFixedWindowEnd - kFixedWindowBegin) >> 30,
+      " GiB) has no free range that large: ", taken.size(), " fixed-address heaps hold ",
+      taken_bytes >> 30, " GiB of it; remove one, or make this heap smaller or not fixed"));
 }
 
 }  // namespace heapd

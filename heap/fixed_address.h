@@ -38,9 +38,7 @@ inline constexpr uint64_t kFixedGuardBytes = uint64_t{2} << 20;
 struct AddressRange {
   uint64_t begin = 0;
   uint64_t end = 0;  // exclusive
-  bool Overlaps(const AddressRange& other) const {
-    return begin < other.end && other.begin < end;
-  }
+  bool Overlaps(const AddressRange& other) const { return begin < other.end && other.begin < end; }
 };
 
 // The range a heap at `fixed_base` of `max_size` bytes occupies.

@@ -45,8 +45,8 @@ TEST(FixedAddressTest, RunningOutOfTheWindowIsResourceExhausted) {
 }
 
 TEST(FixedAddressTest, RecordedBasesOutsideTheWindowAreRefused) {
-  EXPECT_FALSE(ValidateFixedBase(0x555555554000, kGiB).ok());  // where PIE binaries go
-  EXPECT_FALSE(ValidateFixedBase(0x7fff8000, kGiB).ok());      // ASan's shadow
+  EXPECT_FALSE(ValidateFixedBase(0x555555554000, kGiB).ok());     // where PIE binaries go
+  EXPECT_FALSE(ValidateFixedBase(0x7fff8000, kGiB).ok());         // ASan's shadow
   EXPECT_FALSE(ValidateFixedBase(kFixedWindowBegin, kGiB).ok());  // no room for its guard
   EXPECT_FALSE(ValidateFixedBase(kFixedWindowBegin + kFixedGuardBytes + 4096, kGiB).ok());
   EXPECT_FALSE(ValidateFixedBase(kFixedWindowEnd - kGiB + kFixedGuardBytes, kGiB).ok());

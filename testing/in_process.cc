@@ -168,6 +168,7 @@ absl::StatusOr<std::unique_ptr<Heap>> AttachInProcess(PersistentHeap* heap, Clie
   attached.set_protocol_revision(kProtocolRevision);
   v1::HeapInfo* info = attached.mutable_heap();
   info->set_max_size(heap->config().max_size);
+  info->set_fixed_address(heap->config().fixed_base);
   info->set_capacity_bytes(heap->capacity_bytes());
   info->set_content_rollback(heap->content_rollback());
   info->set_content_rollback_note(heap->content_rollback_note());

@@ -156,6 +156,72 @@ TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
 
 // The first object of a new heap may start at its first byte: its link is
 // still not the null link.
+// A fixed-address heap: C structs hold plain pointers, and another process
+// follows them as they are.
+struct CNode {
+  uint64_t value;
+  struct CNode* next;
+};
+
+TEST_F(CApiTest, AFixedAddressHeapKeepsPlainPointers) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer keeps heapd's fixed-address window for its shadow";
+#endif
+  heapd_attach_options options = options_;
+  options.fixed_address = 1;
+  heapd_heap* fixed = heapd_attach("c-fixed", &options);
+  ASSERT_NE(fixed, nullptr) << heapd_last_error();
+  heapd_heap_stats stats;
+  stats.struct_size = sizeof(stats);
+  ASSERT_EQ(heapd_stats(fixed, &stats), 0) << heapd_last_error();
+  ASSERT_NE(stats.fixed_address, 0u);
+  CNode** head = static_cast<CNode**>(heapd_named_malloc(fixed, "head", sizeof(CNode*)));
+  ASSERT_NE(head, nullptr) << heapd_last_error();
+  *head = nullptr;
+  for (uint64_t i = 0; i < 100; ++i) {
+    CNode* node = static_cast<CNode*>(heapd_malloc(fixed, sizeof(CNode)));
+    ASSERT_NE(node, nullptr) << heapd_last_error();
+    *node = CNode{i, *head};
+    *head = node;
+  }
+  ASSERT_EQ(heapd_detach(fixed), 0) << heapd_last_error();
+
+  // Another process (this binary, running only the reader below) follows
+  // the same plain pointers.
+  setenv("HEAPD_TEST_SOCKET", socket_.c_str(), 1);
+  setenv("HEAPD_TEST_HEAD", std::to_string(reinterpret_cast<uintptr_t>(head)).c_str(), 1);
+  const ChildResult read = RunChild({"/proc/self/exe", "--gtest_also_run_disabled_tests",
+                                     "--gtest_filter=CApiFixedReader.DISABLED_FollowsPointers"});
+  EXPECT_TRUE(read.Exited(0)) << read.output;
+  EXPECT_NE(read.output.find("[  PASSED  ] 1 test"), std::string::npos) << read.output;
+
+  // A heap that is not fixed-address, asked for as one: refused.
+  EXPECT_EQ(heapd_attach("c", &options), nullptr);
+  EXPECT_NE(std::string(heapd_last_error()).find("not a fixed-address heap"), std::string::npos)
+      << heapd_last_error();
+}
+
+// The reader AFixedAddressHeapKeepsPlainPointers runs in another process.
+TEST(CApiFixedReader, DISABLED_FollowsPointers) {
+  heapd_attach_options reader;
+  heapd_attach_options_init(&reader);
+  reader.socket = getenv("HEAPD_TEST_SOCKET");
+  reader.read_only = 1;
+  reader.fixed_address = 1;
+  ASSERT_NE(reader.socket, nullptr);
+  heapd_heap* seen = heapd_attach("c-fixed", &reader);
+  ASSERT_NE(seen, nullptr) << heapd_last_error();
+  CNode** found = static_cast<CNode**>(heapd_find(seen, "head", nullptr));
+  ASSERT_NE(found, nullptr) << heapd_last_error();
+  EXPECT_EQ(std::to_string(reinterpret_cast<uintptr_t>(found)), getenv("HEAPD_TEST_HEAD"));
+  uint64_t expected = 100;
+  for (const CNode* node = *found; node != nullptr; node = node->next) {
+    ASSERT_EQ(node->value, --expected);
+  }
+  EXPECT_EQ(expected, 0u);
+  EXPECT_EQ(heapd_detach(seen), 0) << heapd_last_error();
+}
+
 TEST_F(CApiTest, TheFirstObjectOfANewHeapHasALink) {
   heapd_attach_options options = options_;
   heapd_heap* fresh = heapd_attach("fresh", &options);

@@ -9,6 +9,7 @@ HEAPD=$PWD/daemon/heapd
 HEAPCTL=$PWD/client/heapctl
 INGEST=$PWD/client/examples/graph_ingest
 QUERY=$PWD/client/examples/graph_query
+RAW=$PWD/client/examples/raw_pointers
 WORKER=$PWD/tests/heap_worker
 GRPCURL=$(command -v grpcurl || ls /usr/local/bin/grpcurl "$HOME/go/bin/grpcurl" 2>/dev/null | head -1)
 
@@ -58,6 +59,22 @@ out=$("$HEAPCTL" heap frobnicate 2>&1)
 out=$("$HEAPCTL" --socket="$DIR/none.sock" heap ls 2>&1) && fail "no daemon, yet success"
 expect_in "UNAVAILABLE" "$out"
 out=$("$HEAPCTL" heap rm other) || fail "heap rm: $out"
+
+# A fixed-address heap: heapctl says where, and the raw-pointer example
+# writes and reads it in two processes.
+out=$("$HEAPCTL" heap create catalog --max_size=256M --fixed_address) || fail "fixed create: $out"
+expect_in "at the fixed address 0x" "$out"
+at=${out##*fixed address }
+out=$("$HEAPCTL" heap stat catalog)
+expect_in "mapped at: $at in every process" "$out"
+out=$("$RAW" --heap=catalog write 2>&1) || fail "raw_pointers write: $out"
+expect_in "write ok: heap catalog at $at" "$out"
+out=$("$RAW" --heap=catalog read 2>&1) || fail "raw_pointers read: $out"
+expect_in "read ok: heap catalog at $at" "$out"
+out=$("$HEAPCTL" heap stat graph)
+expect_in "mapped at: an address of each process's choosing" "$out"
+out=$("$RAW" --heap=graph read 2>&1) && fail "raw_pointers read a heap that is not fixed"
+expect_in "heap graph is not a fixed-address heap" "$out"
 
 # Snapshots: to a directory of the test's (standing for the parallel file
 # system) and to heapd's own.

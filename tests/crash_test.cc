@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "heap/fault_point.h"
+#include "heap/fixed_address.h"
 #include "heap/heap.h"
 #include "heap/test_dir.h"
 #include "testing/in_process.h"
@@ -27,6 +28,8 @@ namespace {
 constexpr int kKillRuns = 300;
 // On a working image every sync is an fdatasync on a disk.
 constexpr int kWorkingImageKillRuns = 192;
+// A fixed-address heap differs only in where it is mapped.
+constexpr int kFixedAddressKillRuns = 96;
 constexpr int kMaxSteps = 600;
 constexpr int kSyncsPerMille = 50;
 
@@ -41,11 +44,15 @@ HeapOptions Options() {
 }
 
 ImageMode g_image = ImageMode::kDirect;
+bool g_fixed_address = false;
 
 HeapConfig Config() {
   HeapConfig config;
   config.max_size = 1024 * kChunkSize;
   config.image = g_image;
+  // Every run's heap at the window's first range: each process maps one
+  // at a time.
+  if (g_fixed_address) config.fixed_base = kFixedWindowBegin + kFixedGuardBytes;
   return config;
 }
 
@@ -123,20 +130,33 @@ std::string Bytes(const PersistentHeap& heap, const NameEntry& entry) {
 }
 
 // The parent of the heaps: /dev/shm (tmpfs, direct), or "" (the test
-// directory, with a working image).
-class CrashTest : public testing::TestWithParam<std::string> {};
+// directory, with a working image); and whether the heaps are
+// fixed-address ones.
+struct Storage {
+  std::string parent;
+  bool fixed_address;
+};
+class CrashTest : public testing::TestWithParam<Storage> {};
 
-INSTANTIATE_TEST_SUITE_P(Storage, CrashTest, testing::Values("/dev/shm", ""),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           return info.param.empty() ? "WorkingImage" : "Tmpfs";
+INSTANTIATE_TEST_SUITE_P(Storage, CrashTest,
+                         testing::Values(Storage{"/dev/shm", false}, Storage{"", false},
+                                         Storage{"/dev/shm", true}),
+                         [](const testing::TestParamInfo<Storage>& info) {
+                           return std::string(info.param.parent.empty() ? "WorkingImage"
+                                                                        : "Tmpfs") +
+                                  (info.param.fixed_address ? "FixedAddress" : "");
                          });
 
 TEST_P(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
-  if (!GetParam().empty() && access(GetParam().c_str(), W_OK) != 0) GTEST_SKIP() << "no /dev/shm";
-  TestDir root(GetParam());
-  g_image = GetParam().empty() ? ImageMode::kWorkingImage : ImageMode::kDirect;
+  const std::string& parent = GetParam().parent;
+  if (!parent.empty() && access(parent.c_str(), W_OK) != 0) GTEST_SKIP() << "no /dev/shm";
+  TestDir root(parent);
+  g_image = parent.empty() ? ImageMode::kWorkingImage : ImageMode::kDirect;
+  g_fixed_address = GetParam().fixed_address;
   std::map<std::string, int> kills_by_point;
-  const int runs = g_image == ImageMode::kWorkingImage ? kWorkingImageKillRuns : kKillRuns;
+  const int runs = g_fixed_address                       ? kFixedAddressKillRuns
+                   : g_image == ImageMode::kWorkingImage ? kWorkingImageKillRuns
+                                                         : kKillRuns;
   for (int run = 0; run < runs; ++run) {
     const uint64_t seed = 7000 + run;
     std::mt19937_64 rng(seed);
@@ -218,7 +238,10 @@ TEST_P(CrashTest, EveryKillPointReopensAtTheLastCompletedSync) {
     // The recovered heap goes on working.
     const uint64_t live = (*recovered)->Stats().directory.live_objects;
     auto after = AttachInProcess(recovered->get(), 99);
-    ASSERT_TRUE(after.ok()) << where;
+    ASSERT_TRUE(after.ok()) << where << ": " << after.status();
+    if (g_fixed_address) {
+      ASSERT_EQ(reinterpret_cast<uintptr_t>((*after)->base()), Config().fixed_base) << where;
+    }
     for (int i = 0; i < 100; ++i) ASSERT_TRUE((*after)->allocate(1 + i * 37).ok()) << where;
     ASSERT_TRUE((*after)->detach().ok()) << where;
     EXPECT_EQ((*recovered)->Stats().directory.live_objects, live + 100) << where;

@@ -235,6 +235,34 @@ class HostileUserTest : public ::testing::Test {
     ChownTree(dir);
     return dir;
   }
+  // A snapshot NAME of an empty heap whose checkpoint records `config`,
+  // with a manifest that matches it (forged from attacker/snaps/legit).
+  void ForgeSnapshot(const std::string& name, const HeapConfig& config) const {
+    const std::string dir = Forge(name);
+    Checkpoint checkpoint;
+    checkpoint.config = config;
+    checkpoint.epoch = 1;
+    checkpoint.log_generation = 1;
+    const std::string bytes = EncodeCheckpoint(checkpoint);
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().filename().string().rfind("log.", 0) == 0) unlink(entry.path().c_str());
+    }
+    WriteAll(dir + "/checkpoint", bytes);
+    ASSERT_EQ(truncate((dir + "/data").c_str(), 0), 0);
+    v1::SnapshotManifest manifest;
+    manifest.set_name(name);
+    manifest.set_heap("a-heap");
+    manifest.set_epoch(1);
+    manifest.set_data_bytes(0);
+    (*manifest.mutable_metadata_crc32())["checkpoint"] = static_cast<uint32_t>(
+        crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+              static_cast<uInt>(bytes.size())));
+    std::string json;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(manifest, &json).ok());
+    WriteAll(dir + "/manifest.json", json);
+    ChownTree(dir);
+  }
+
   static void ChownTree(const std::string& dir) {
     lchown(dir.c_str(), kAttacker, kAttacker);
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -464,32 +492,12 @@ TEST_F(HostileUserTest, AForgedSnapshotConfigGivesNeitherOwnershipNorSize) {
   MakeAttackerHeapAndSnapshot();
   for (const auto& [name, max_size] : std::vector<std::pair<std::string, uint64_t>>{
            {"huge", uint64_t{32} << 40}, {"rooted", uint64_t{64} << 20}}) {
-    const std::string dir = Forge(name);
-    Checkpoint checkpoint;
-    checkpoint.config.max_size = max_size;
-    checkpoint.config.owner_uid = 0;
-    checkpoint.config.owner_gid = 0;
-    checkpoint.config.mode = 0777;
-    checkpoint.epoch = 1;
-    checkpoint.log_generation = 1;
-    const std::string bytes = EncodeCheckpoint(checkpoint);
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-      if (entry.path().filename().string().rfind("log.", 0) == 0) unlink(entry.path().c_str());
-    }
-    WriteAll(dir + "/checkpoint", bytes);
-    ASSERT_EQ(truncate((dir + "/data").c_str(), 0), 0);
-    v1::SnapshotManifest manifest;
-    manifest.set_name(name);
-    manifest.set_heap("a-heap");
-    manifest.set_epoch(1);
-    manifest.set_data_bytes(0);
-    (*manifest.mutable_metadata_crc32())["checkpoint"] = static_cast<uint32_t>(
-        crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
-              static_cast<uInt>(bytes.size())));
-    std::string json;
-    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(manifest, &json).ok());
-    WriteAll(dir + "/manifest.json", json);
-    ChownTree(dir);
+    HeapConfig config;
+    config.max_size = max_size;
+    config.owner_uid = 0;
+    config.owner_gid = 0;
+    config.mode = 0777;
+    ForgeSnapshot(name, config);
   }
   const std::string to = "--to=" + Dir("attacker/snaps");
   EXPECT_FALSE(Ctl(kAttacker, {"snapshot", "restore", "huge", to, "--heap=big"}).Exited(0));
@@ -505,6 +513,46 @@ TEST_F(HostileUserTest, AForgedSnapshotConfigGivesNeitherOwnershipNorSize) {
   EXPECT_EQ(stats.info().owner_uid(), kAttacker);
   EXPECT_EQ(stats.info().owner_gid(), kAttacker);
   EXPECT_FALSE(std::filesystem::exists(Dir("state/heaps/big")));
+  ExpectVictimsUntouched();
+}
+
+// Forged fixed addresses: a snapshot recording a base outside heapd's
+// window (where PIE binaries load), or another user's heap's range, is
+// restored as nothing, and the other user's heap keeps its range.
+TEST_F(HostileUserTest, AForgedFixedAddressTakesNoOnesRange) {
+  ASSERT_TRUE(
+      Ctl(kOtherUser, {"heap", "create", "o-fixed", "--max_size=67108864", "--fixed_address"})
+          .Exited(0));
+  const ChildResult stat = RunChild(
+      {Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "o-fixed"});
+  v1::HeapStats stats;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(stat.output, &stats).ok()) << stat.output;
+  const uint64_t victim_base = stats.info().fixed_address();
+  ASSERT_NE(victim_base, 0u);
+  MakeAttackerHeapAndSnapshot();
+  for (const auto& [name, base] : std::vector<std::pair<std::string, uint64_t>>{
+           {"pie", uint64_t{0x555555400000}},
+           {"squat", victim_base},
+           {"overlap", victim_base + (uint64_t{32} << 20)}}) {
+    HeapConfig config;
+    config.max_size = uint64_t{64} << 20;
+    config.owner_uid = kAttacker;
+    config.owner_gid = kAttacker;
+    config.fixed_base = base;
+    ForgeSnapshot(name, config);
+    const ChildResult restored =
+        Ctl(kAttacker,
+            {"snapshot", "restore", name, "--to=" + Dir("attacker/snaps"), "--heap=" + name});
+    EXPECT_FALSE(restored.Exited(0)) << name << ": " << restored.output;
+    EXPECT_FALSE(std::filesystem::exists(Dir("state/heaps/" + name))) << name;
+  }
+  // The victim's heap is mapped where it always was.
+  const ChildResult attached = RunChild(As(kOtherUser, Worker("o-fixed", {"attach", "rw"})));
+  EXPECT_TRUE(attached.Exited(0)) << attached.output;
+  const ChildResult again = RunChild(
+      {Dir("heapctl"), "--socket=" + daemon_->socket(), "--json", "heap", "stat", "o-fixed"});
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(again.output, &stats).ok());
+  EXPECT_EQ(stats.info().fixed_address(), victim_base);
   ExpectVictimsUntouched();
 }
 

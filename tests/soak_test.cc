@@ -136,6 +136,7 @@ ABSL_FLAG(double, restart_at, 0.45,
           "heapd is SIGTERMed and restarted once at this fraction of the run (negative: never)");
 ABSL_FLAG(int, restarts, 1, "how many times heapd is restarted, from --restart_at on");
 ABSL_FLAG(uint64_t, seed, 0, "random seed (0: from the clock)");
+ABSL_FLAG(bool, fixed_address, false, "soak a fixed-address heap (mapped at one address)");
 ABSL_FLAG(int, drain_timeout_s, 300, "seconds the workers get to drain and detach");
 ABSL_FLAG(std::string, state_parent, "",
           "where heapd's heaps live (empty: under /tmp, a file system, where heapd runs with "
@@ -229,9 +230,9 @@ TEST(SoakTest, WorkersKilledAndHeapdRestartedLeaveNothingBehind) {
   ASSERT_LE(workers, 64);
   std::printf(
       "soak: %d workers, %s, kills every %.1f s on average, %d restart(s) from %.0f%%, "
-      "seed %" PRIu64 "\n",
+      "seed %" PRIu64 "%s\n",
       workers, absl::FormatDuration(duration).c_str(), kill_interval, restarts_wanted,
-      restart_at * 100, seed);
+      restart_at * 100, seed, absl::GetFlag(FLAGS_fixed_address) ? ", a fixed-address heap" : "");
   std::mt19937_64 rng(seed);
 
   // Contents that do not roll back (see --state_parent).
@@ -250,8 +251,10 @@ TEST(SoakTest, WorkersKilledAndHeapdRestartedLeaveNothingBehind) {
   ASSERT_NE(control, nullptr);
   const std::string worker = Runfile("tests/soak_worker");
   {
-    const ChildResult setup =
-        RunChild({worker, daemon.socket(), kHeap, "setup", std::to_string(workers)});
+    std::vector<std::string> argv = {worker, daemon.socket(), kHeap, "setup",
+                                     std::to_string(workers)};
+    if (absl::GetFlag(FLAGS_fixed_address)) argv.push_back("fixed");
+    const ChildResult setup = RunChild(argv);
     ASSERT_TRUE(setup.Exited(0)) << setup.output << daemon.Log();
   }
 

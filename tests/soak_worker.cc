@@ -2,8 +2,10 @@
 // and what it and its successors may trust after a SIGKILL or a heapd
 // restart, is the protocol described at the top of tests/soak_test.cc.
 //
-//   soak_worker SOCKET HEAP setup WORKERS     create the heap, its registry and one
-//                                             slot per worker; print "ok"
+//   soak_worker SOCKET HEAP setup WORKERS [fixed]
+//                                             create the heap (a fixed-address
+//                                             one with "fixed"), its registry and
+//                                             one slot per worker; print "ok"
 //   soak_worker SOCKET HEAP run SLOT CONTROL LOG SEED
 //                                             be worker SLOT (taking over from a
 //                                             killed predecessor) until drained;
@@ -987,10 +989,11 @@ int Fail(const std::string& what) {
   return 3;
 }
 
-int Setup(Client& client, const std::string& heap_name, uint32_t workers) {
+int Setup(Client& client, const std::string& heap_name, uint32_t workers, bool fixed_address) {
   if (workers < 2 || workers > kMaxWorkers) return Fail("workers must be 2..64");
   AttachOptions options;
   options.create_if_missing = true;
+  options.fixed_address = fixed_address;
   options.max_size = uint64_t{64} << 30;
   absl::StatusOr<std::unique_ptr<Heap>> heap = client.Attach(heap_name, options);
   if (!heap.ok()) return Fail(heap.status().ToString());
@@ -1271,8 +1274,9 @@ int Main(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status().ToString());
   if (mode == "setup") {
     uint32_t workers = 0;
-    if (argc != 5 || !absl::SimpleAtoi(argv[4], &workers)) return 2;
-    return Setup(**client, heap, workers);
+    if (argc < 5 || argc > 6 || !absl::SimpleAtoi(argv[4], &workers)) return 2;
+    if (argc == 6 && std::string(argv[5]) != "fixed") return 2;
+    return Setup(**client, heap, workers, /*fixed_address=*/argc == 6);
   }
   if (mode == "finish") return Finish(**client, heap);
   return 2;

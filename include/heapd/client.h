@@ -38,10 +38,10 @@ struct AttachOptions {
   // When creating: the storage tier heapd makes it on (as its --storage
   // names them); empty: heapd's default.
   std::string storage;
-  // When creating: every process maps the heap at one address heapd
+  // A fixed-address heap: every process maps it at one address heapd
   // assigns, so objects may hold plain pointers (heapd::raw_allocator;
-  // docs/api.md, "Fixed-address heaps"). Attaching an existing heap that
-  // is not one with create_if_missing and this set is FAILED_PRECONDITION.
+  // docs/api.md, "Fixed-address heaps"). Made as one when creating; a heap
+  // that is not one is FAILED_PRECONDITION.
   bool fixed_address = false;
   // The most chunks (2 MiB each) a thread leases at a time, per size class:
   // a class's first lease takes one chunk, each next one twice as many up

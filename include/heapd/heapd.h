@@ -67,6 +67,11 @@ typedef struct heapd_attach_options {
   /* The storage tier to make it on, when creating, as heapd's --storage
    * names them ("nvme"); NULL: heapd's default. */
   const char* storage;
+  /* 1: a fixed-address heap (made as one when creating; one that is not
+   * fails): every process maps it at one address, so objects in it may
+   * hold plain pointers to each other (docs/api.md, "Fixed-address
+   * heaps"). */
+  int fixed_address;
 } heapd_attach_options;
 
 enum {
@@ -160,6 +165,9 @@ typedef struct heapd_heap_stats {
   uint64_t epoch;       /* its last persisted sync point */
   uint32_t clients;     /* sessions attached */
   int content_rollback; /* 1: contents go back to the last sync after a crash */
+  /* Where every process maps a fixed-address heap; 0: each maps it where
+   * it likes (link objects with heapd_offset and heapd_pointer). */
+  uint64_t fixed_address;
 } heapd_heap_stats;
 int heapd_stats(heapd_heap* heap, heapd_heap_stats* stats);
 

@@ -1,7 +1,9 @@
 // heapd's C++ API in one include: heapd::Client (connect, attach),
 // heapd::Heap (allocate, construct / find / destroy named objects, sync,
 // detach), heapd::allocator<T> (offset pointers, for Boost.Container and
-// boost::unordered containers in the heap) and HEAPD_TYPE_NAME.
+// boost::unordered containers in the heap), heapd::raw_allocator<T> (plain
+// pointers in fixed-address heaps, for the standard library's containers)
+// and HEAPD_TYPE_NAME.
 //
 //   #include <heapd/heapd.hpp>
 //   auto client = heapd::Client::Connect();
@@ -15,6 +17,7 @@
 #include "heapd/allocator.h"
 #include "heapd/client.h"
 #include "heapd/heap.h"
+#include "heapd/raw_allocator.h"
 #include "heapd/type_name.h"
 
 #endif  // HEAPD_HEAPD_HEAPD_HPP_

@@ -11,7 +11,8 @@
 //   // a string in the heap (std::string itself allocates in DRAM):
 //   using String = std::basic_string<char, std::char_traits<char>, heapd::raw_allocator<char>>;
 //   // containers of containers pass the allocator down:
-//   using Alloc = std::scoped_allocator_adaptor<heapd::raw_allocator<std::pair<const String, Vec>>>;
+//   using Alloc = std::scoped_allocator_adaptor<heapd::raw_allocator<std::pair<const String,
+//   Vec>>>;
 //
 // Constructing one over a heap that is not fixed-address throws
 // std::invalid_argument saying so: a plain pointer into such a heap is

@@ -90,7 +90,7 @@ _IMAGES = {None: 0, "direct": 1, "working": 2}
 
 
 def attach(name, create=False, max_size=None, read_only=False, socket=None, mode=0, image=None,
-           storage=None):
+           storage=None, fixed_address=False):
     """Attaches heap `name` and maps it: a Heap, to use as a context manager.
 
     create: make the heap if there is none (max_size: bytes or "64G", else
@@ -98,13 +98,16 @@ def attach(name, create=False, max_size=None, read_only=False, socket=None, mode
     clients map, "working" (a working image in memory: the data file
     changes only at syncs) or "direct" (the data file), else heapd's
     choice; storage: the tier to make it on, as heapd's --storage names it,
-    else heapd's default). socket: heapd's socket, else $HEAPD_SOCKET or
-    heapd's default.
+    else heapd's default). fixed_address: a heap every process maps at one
+    address (made as one with create; HeapdError FAILED_PRECONDITION if it
+    is not one), for C, C++ and Fortran structures that hold plain
+    pointers. socket: heapd's socket, else $HEAPD_SOCKET or heapd's
+    default.
     """
     if image not in _IMAGES:
         raise ValueError(f"image {image!r}: 'working', 'direct' or None (heapd's choice)")
     handle = _heapd.attach(name, bool(create), _parse_size(max_size), bool(read_only), socket,
-                           int(mode), _IMAGES[image], storage)
+                           int(mode), _IMAGES[image], storage, bool(fixed_address))
     return Heap(handle, name, bool(read_only))
 
 
@@ -177,7 +180,8 @@ class Heap:
 
     def stats(self):
         """The heap's usage: max_size, reserved_bytes, allocated_bytes,
-        live_objects, names, epoch, clients, content_rollback."""
+        live_objects, names, epoch, clients, content_rollback, fixed_address
+        (where every process maps it; 0: not a fixed-address heap)."""
         return self._handle.stats()
 
     def close(self):

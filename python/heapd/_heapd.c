@@ -286,13 +286,14 @@ static PyObject* HandleStats(Handle* self, PyObject* unused) {
   PyEval_RestoreThread(unlocked);
   Leave(self);
   if (rc != 0) return RaiseLast();
-  return Py_BuildValue("{sKsKsKsKsKsKsIsO}", "max_size", (unsigned long long)stats.max_size,
+  return Py_BuildValue("{sKsKsKsKsKsKsIsOsK}", "max_size", (unsigned long long)stats.max_size,
                        "reserved_bytes", (unsigned long long)stats.reserved_bytes,
                        "allocated_bytes", (unsigned long long)stats.allocated_bytes, "live_objects",
                        (unsigned long long)stats.live_objects, "names",
                        (unsigned long long)stats.names, "epoch", (unsigned long long)stats.epoch,
                        "clients", (unsigned int)stats.clients, "content_rollback",
-                       stats.content_rollback ? Py_True : Py_False);
+                       stats.content_rollback ? Py_True : Py_False, "fixed_address",
+                       (unsigned long long)stats.fixed_address);
 }
 
 /* Syncs (unless read-only) and closes; the detach waits for the Mappings. */
@@ -349,7 +350,8 @@ static PyTypeObject HandleType = {
     .tp_getset = HandleGetSet,
 };
 
-/* attach(name, create, max_size, read_only, socket, mode, image, storage) -> Handle */
+/* attach(name, create, max_size, read_only, socket, mode, image, storage, fixed_address)
+ * -> Handle */
 static PyObject* Attach(PyObject* module, PyObject* args) {
   const char* name;
   int create, read_only;
@@ -357,8 +359,9 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   const char* socket = NULL;
   const char* storage = NULL;
   unsigned int mode, image;
-  if (!PyArg_ParseTuple(args, "spKpzIIz", &name, &create, &max_size, &read_only, &socket, &mode,
-                        &image, &storage)) {
+  int fixed_address;
+  if (!PyArg_ParseTuple(args, "spKpzIIzp", &name, &create, &max_size, &read_only, &socket, &mode,
+                        &image, &storage, &fixed_address)) {
     return NULL;
   }
   heapd_attach_options options;
@@ -370,6 +373,7 @@ static PyObject* Attach(PyObject* module, PyObject* args) {
   options.image = image;
   options.socket = socket;
   options.storage = storage;
+  options.fixed_address = fixed_address;
   heapd_heap* heap;
   PyThreadState* unlocked = PyEval_SaveThread();
   heap = heapd_attach(name, &options);

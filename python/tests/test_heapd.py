@@ -226,3 +226,19 @@ def test_a_new_heap_chooses_its_image():
     assert "tmpfs" in str(refused.value)
     with heapd.attach("py-direct-" + str(os.getpid()), create=True, image="direct") as h:
         assert h.stats()["content_rollback"]
+
+
+def test_a_fixed_address_heap_is_mapped_at_one_address():
+    name = "py-fixed-" + str(os.getpid())
+    with heapd.attach(name, create=True, max_size="64M", fixed_address=True) as h:
+        at = h.stats()["fixed_address"]
+        assert at != 0
+        h.array("a", (4,), np.int64)[:] = 7
+    with heapd.attach(name, fixed_address=True) as h:
+        assert h.stats()["fixed_address"] == at
+        assert h["a"].tolist() == [7, 7, 7, 7]
+    with pytest.raises(heapd.HeapdError) as refused:
+        heapd.attach(HEAP + "-plain", create=True, max_size="64M").close()
+        heapd.attach(HEAP + "-plain", fixed_address=True)
+    assert refused.value.code == "FAILED_PRECONDITION"
+    assert "not a fixed-address heap" in str(refused.value)
