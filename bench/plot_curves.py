@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""Draws the CSV files of scale_bench (B12) and reservation_bench (B13) as
-PNG files, one per CSV: each column of a curve against its first column,
-and B13's reserved and allocated bytes per workload with the bound (and
-the reserved bytes of the build before, from reservations_before.csv).
+"""Draws the CSV files of scale_bench (B12), reservation_bench (B13) and
+raw_pointer_bench (B3 over raw pointers) as PNG files, one per CSV: each
+column of a curve against its first column; B13's reserved and allocated
+bytes per workload with the bound (and the reserved bytes of the build
+before, from reservations_before.csv); B3's ingest rates, medians of the
+reps, in DRAM and in a fixed-address heap.
 
     /usr/bin/python3 bench/plot_curves.py CSV_DIR OUT_DIR
 
@@ -117,6 +119,34 @@ TITLES = {
 }
 
 
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def plot_raw_pointers(rows, path):
+    containers = list(dict.fromkeys(row["container"] for row in rows))
+    places = [("dram_s", "DRAM, std::allocator (cold)"),
+              ("warm_dram_s", "DRAM, std::allocator (warm)"),
+              ("heap_s", "fixed-address heap, heapd::raw_allocator")]
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(places)
+    for i, (column, label) in enumerate(places):
+        rates = []
+        for container in containers:
+            of = [row for row in rows if row["container"] == container]
+            rates.append(int(of[0]["edges"]) / median(float(r[column]) for r in of) / 1e6)
+        positions = [c + (i - 1) * width for c in range(len(containers))]
+        bars = axes.bar(positions, rates, width, label=label)
+        axes.bar_label(bars, fmt="%.1f")
+    axes.set_xticks(range(len(containers)), containers)
+    axes.set_ylabel("ingest (M edges/s, median)")
+    axes.set_title("B3 over raw pointers: 2^22 R-MAT edges, same run")
+    axes.set_ylim(0, axes.get_ylim()[1] * 1.3)
+    axes.legend(loc="upper left")
+    save(figure, path)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -131,6 +161,9 @@ def main():
     if os.path.exists(path):
         plot_reservations(read(path), read(before) if os.path.exists(before) else None,
                           os.path.join(out_dir, "b13-reservations.png"))
+    path = os.path.join(csv_dir, "raw_pointers.csv")
+    if os.path.exists(path):
+        plot_raw_pointers(read(path), os.path.join(out_dir, "b3-raw-pointers.png"))
 
 
 if __name__ == "__main__":

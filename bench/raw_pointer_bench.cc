@@ -7,11 +7,13 @@
 // its free memory back (malloc_trim), as a fresh program's would be, so
 // each faults its pages in. A second DRAM run right after the first (its
 // memory warm in glibc's free lists) is shown too. Prints each rep, then
-// medians and heapd / DRAM per container. The target: at least 0.9x.
+// medians and heapd / DRAM per container; with --csv, every rep as CSV
+// (bench/plot_curves.py draws it). The target: at least 0.9x.
 //
-//   raw_pointer_bench --heapd=PATH [--reps=5]
+//   raw_pointer_bench --heapd=PATH [--reps=7] [--csv=FILE]
 #include <malloc.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,10 +34,12 @@
 #include "heapd/client.h"
 #include "heapd/heap.h"
 #include "heapd/raw_allocator.h"
+#include "util/errno_status.h"
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "heapd binary");
 ABSL_FLAG(int, reps, 7, "runs of each figure; medians are printed");
 ABSL_FLAG(std::vector<std::string>, heapd_flags, {}, "more flags for heapd, comma-separated");
+ABSL_FLAG(std::string, csv, "", "also write every rep here as CSV");
 ABSL_FLAG(bool, huge_pages, false,
           "heapd's state on a tmpfs of its own mounted huge=within_size (needs root)");
 
@@ -167,6 +171,21 @@ int Main() {
         "boost::unordered_flat_map %.3f s DRAM (warm %.3f), %.3f s heap\n",
         rep, heap_first ? "heap" : "DRAM", std_map.dram.back(), std_map.warm_dram.back(),
         std_map.heap.back(), flat_map.dram.back(), flat_map.warm_dram.back(), flat_map.heap.back());
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
+    FILE* csv = std::fopen(path.c_str(), "w");
+    if (csv == nullptr) Die("create " + path, ErrnoStatus(errno, "fopen"));
+    std::fprintf(csv, "rep,container,edges,dram_s,warm_dram_s,heap_s\n");
+    for (int rep = 0; rep < reps; ++rep) {
+      for (const auto& [container, figures] :
+           {std::pair<const char*, const Figures*>{"std::unordered_map", &std_map},
+            std::pair<const char*, const Figures*>{"boost::unordered_flat_map", &flat_map}}) {
+        std::fprintf(csv, "%d,%s,%llu,%.6f,%.6f,%.6f\n", rep, container,
+                     static_cast<unsigned long long>(kEdges), figures->dram[rep],
+                     figures->warm_dram[rep], figures->heap[rep]);
+      }
+    }
+    if (std::fclose(csv) != 0) Die("write " + path, ErrnoStatus(errno, "fclose"));
   }
   std::printf("== medians of %d (B3 over raw pointers, %llu edges, scale %d)\n", reps,
               static_cast<unsigned long long>(kEdges), kScale);

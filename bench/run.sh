@@ -18,6 +18,8 @@ for b in allocator_bench sync_bench; do
 done
 echo "== daemon_bench: B2 (threads, 2 processes), B3 (with and without content tracking), B4, B5, B11 through heapd (median of $reps)"
 "$bin/bench/daemon_bench" --heapd="$bin/daemon/heapd" --reps="$reps"
+echo "== raw_pointer_bench: B3 over raw pointers, std containers in DRAM and in a fixed-address heap (median of $reps)"
+"$bin/bench/raw_pointer_bench" --heapd="$bin/daemon/heapd" --reps="$reps" | sed -n '/^== medians/,$p'
 echo "== update_bench: B8, 10% of a 1 GiB heap updated between syncs, with and without content tracking ($reps runs of 8 rounds each)"
 "$bin/bench/update_bench" --heapd="$bin/daemon/heapd" --reps="$reps" --rounds=8
 echo "== store_bench: B9a, B9c, B9b and restores, snapshot stores next to full copies (median of $reps)"
