@@ -7,21 +7,32 @@
 //                   restart (reopen) time against names in one heap
 //   heaps.csv       heapd's RSS, descriptors and metric series, create,
 //                   attach and list time and restart time against heaps
+//   clients.csv     attach, find, sync and stat time, heapd's RSS and
+//                   descriptors against sessions attached to one heap, and
+//                   how long heapd takes to end them all when their
+//                   process is killed at once
+//   versions.csv    a snapshot store's create, ls, du, gc and restore time
+//                   and its bytes on disk against the versions in it (each
+//                   version rewrites 1 MiB of a 64 MiB object)
 //
-//   scale_bench --heapd=PATH --out_dir=DIR [--curves=heap_size,names,heaps]
+//   scale_bench --heapd=PATH --out_dir=DIR
+//               [--curves=heap_size,names,heaps,clients,versions]
 //               [--max_names=1000000] [--max_heaps=10000] [--max_heap_gib=1024]
+//               [--max_clients=256] [--max_versions=100]
 //
 // bench/plot_curves.py draws the CSVs. Times are medians of --reps calls.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,7 +58,12 @@
 
 ABSL_FLAG(std::string, heapd, "bazel-bin/daemon/heapd", "heapd binary");
 ABSL_FLAG(std::string, out_dir, ".", "directory of the CSV files");
-ABSL_FLAG(std::string, curves, "heap_size,names,heaps", "curves to measure");
+ABSL_FLAG(std::string, curves, "heap_size,names,heaps,clients,versions", "curves to measure");
+ABSL_FLAG(uint64_t, max_clients, 256, "largest count of sessions on one heap (from 1, x4)");
+ABSL_FLAG(uint64_t, max_versions, 100, "versions in the snapshot store (points at 1, 2, 5, ...)");
+ABSL_FLAG(uint64_t, hold_sessions, 0, "internal: attach this many sessions, say so, wait");
+ABSL_FLAG(std::string, socket, "", "internal: with --hold_sessions");
+ABSL_FLAG(std::string, heap, "", "internal: with --hold_sessions");
 ABSL_FLAG(uint64_t, max_names, 1000000, "largest count of names (from 10^3, x10)");
 ABSL_FLAG(uint64_t, max_heaps, 10000, "largest count of heaps (from 10, x10)");
 ABSL_FLAG(uint64_t, max_heap_gib, 1024, "largest heap maximum size in GiB (from 1, x4)");
@@ -295,6 +311,165 @@ void HeapsCurve(const std::string& out_dir) {
   }
 }
 
+template <typename Request, typename Response>
+absl::Status Call(HeapdProcess& daemon,
+                  grpc::Status (v1::Heapd::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                          Response*),
+                  const Request& request, Response* response) {
+  grpc::ClientContext context;
+  ChannelOf(daemon.client()).Prepare(&context);
+  return FromGrpc((StubOf(daemon.client()).*method)(&context, request, response));
+}
+
+uint32_t ClientsOf(HeapdProcess& daemon, const std::string& heap) {
+  return Check(StatHeap(daemon.client(), heap), "stat " + heap).info().clients();
+}
+
+// --hold_sessions: `count` read-write sessions on --heap, then "ready" on
+// stdout, then waits to be killed.
+int HoldSessions(uint64_t count) {
+  std::unique_ptr<Client> client =
+      Check(Client::Connect(absl::GetFlag(FLAGS_socket)), "connect to hold sessions");
+  std::vector<std::unique_ptr<Heap>> held;
+  for (uint64_t i = 0; i < count; ++i) {
+    held.push_back(Check(client->Attach(absl::GetFlag(FLAGS_heap)), "attach a held session"));
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  pause();
+  return 0;
+}
+
+// Starts this program holding `count` sessions on `heap`, waits until they
+// are attached, kills it (SIGKILL) and returns how long heapd took to end
+// every session it held (no client listed).
+double SecondsToReclaim(HeapdProcess& daemon, const std::string& heap, uint64_t count) {
+  int out[2];
+  if (pipe(out) != 0) Die("pipe", ErrnoStatus(errno, "pipe"));
+  const uint32_t before = ClientsOf(daemon, heap);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    execl("/proc/self/exe", "scale_bench", absl::StrCat("--hold_sessions=", count).c_str(),
+          ("--socket=" + daemon.socket()).c_str(), ("--heap=" + heap).c_str(), nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  char ready[6] = {};
+  if (read(out[0], ready, 5) != 5 || std::string(ready) != "ready") {
+    Die("hold sessions", absl::InternalError("the holding process did not attach"));
+  }
+  close(out[0]);
+  const Clock::time_point killed = Clock::now();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  while (ClientsOf(daemon, heap) > before) usleep(1000);
+  return Seconds(Clock::now() - killed);
+}
+
+void ClientsCurve(const std::string& out_dir) {
+  Csv csv(out_dir + "/clients.csv",
+          "clients,attach_us,find_us,sync_us,stat_us,heapd_rss_bytes,heapd_fds,reclaim_all_s");
+  std::unique_ptr<HeapdProcess> daemon = StartHeapd();
+  {
+    std::unique_ptr<Heap> heap = Attach(*daemon, "shared", kGiB);
+    void* root = Check(heap->allocate(8), "allocate root");
+    Check(heap->Bind("root", root, 8, "uint64_t"), "bind root");
+    Check(heap->detach(), "detach");
+  }
+  std::vector<std::unique_ptr<Heap>> held;
+  for (uint64_t target = 1; target <= absl::GetFlag(FLAGS_max_clients); target *= 4) {
+    while (held.size() < target) held.push_back(Attach(*daemon, "shared"));
+    const SessionCosts costs = MeasureSession(*daemon, "shared");
+    const double stat_us = MedianMicros(
+        absl::GetFlag(FLAGS_reps), [&] { Check(StatHeap(daemon->client(), "shared"), "stat"); });
+    const uint64_t rss = RssBytes(daemon->pid());
+    const uint64_t fds = OpenDescriptors(daemon->pid());
+    // As many again, in one process killed at once.
+    const double reclaim_s = SecondsToReclaim(*daemon, "shared", target);
+    csv.Row(absl::StrCat(target, ",", costs.attach_us, ",", costs.find_us, ",", costs.sync_us, ",",
+                         stat_us, ",", rss, ",", fds, ",", reclaim_s));
+  }
+  for (std::unique_ptr<Heap>& heap : held) Check(heap->detach(), "detach");
+}
+
+void VersionsCurve(const std::string& out_dir) {
+  Csv csv(out_dir + "/versions.csv", "versions,create_ms,ls_ms,du_ms,gc_ms,restore_ms,store_bytes");
+  std::unique_ptr<HeapdProcess> daemon = StartHeapd();
+  const std::string store = daemon->dir() + "/store";
+  std::filesystem::create_directories(store);
+  constexpr uint64_t kObject = 64 * kMiB;
+  {
+    std::unique_ptr<Heap> heap = Attach(*daemon, "versioned", kGiB);
+    char* data = static_cast<char*>(Check(heap->allocate(kObject), "allocate"));
+    std::mt19937_64 random(12);
+    for (uint64_t i = 0; i < kObject / 8; ++i) reinterpret_cast<uint64_t*>(data)[i] = random();
+    Check(heap->Bind("data", data, kObject, "bytes"), "bind data");
+    Check(heap->detach(), "detach");
+  }
+  const uint64_t max_versions = absl::GetFlag(FLAGS_max_versions);
+  std::vector<uint64_t> points;
+  for (uint64_t decade = 1; decade <= max_versions; decade *= 10) {
+    for (uint64_t step : {1, 2, 5}) {
+      if (decade * step <= max_versions) points.push_back(decade * step);
+    }
+  }
+  auto ms_of = [](const std::function<void()>& call) {
+    const Clock::time_point start = Clock::now();
+    call();
+    return Seconds(Clock::now() - start) * 1e3;
+  };
+  for (uint64_t version = 1; version <= max_versions; ++version) {
+    {  // Rewrite 1 MiB, a different one each version.
+      std::unique_ptr<Heap> heap = Attach(*daemon, "versioned");
+      char* data = static_cast<char*>(Check(heap->Lookup("data"), "find data").object);
+      char* changed = data + (version * kMiB) % kObject;
+      for (uint64_t i = 0; i < kMiB / 8; ++i) reinterpret_cast<uint64_t*>(changed)[i] += version;
+      Check(heap->detach(), "detach");
+    }
+    v1::CreateSnapshotRequest create;
+    create.set_heap("versioned");
+    create.set_name(absl::StrCat("v", version));
+    create.set_store_dir(store);
+    v1::SnapshotManifest manifest;
+    const double create_ms = ms_of([&] {
+      Check(Call(*daemon, &v1::Heapd::Stub::CreateSnapshot, create, &manifest), "store a version");
+    });
+    if (std::find(points.begin(), points.end(), version) == points.end()) continue;
+    v1::ListSnapshotsRequest ls;
+    ls.set_store_dir(store);
+    v1::ListSnapshotsResponse listed;
+    const double ls_ms =
+        ms_of([&] { Check(Call(*daemon, &v1::Heapd::Stub::ListSnapshots, ls, &listed), "ls"); });
+    if (listed.snapshots_size() != static_cast<int>(version)) {
+      Die("ls", absl::DataLossError(absl::StrCat(listed.snapshots_size(), " versions listed")));
+    }
+    v1::StoreUsageRequest du;
+    du.set_store_dir(store);
+    v1::StoreUsageResponse usage;
+    const double du_ms =
+        ms_of([&] { Check(Call(*daemon, &v1::Heapd::Stub::StoreUsage, du, &usage), "du"); });
+    v1::GcStoreRequest gc;
+    gc.set_store_dir(store);
+    gc.set_grace_s(0);
+    v1::GcStoreResponse collected;
+    const double gc_ms =
+        ms_of([&] { Check(Call(*daemon, &v1::Heapd::Stub::GcStore, gc, &collected), "gc"); });
+    v1::RestoreSnapshotRequest restore;
+    restore.set_store_dir(store);
+    restore.set_name(create.name());
+    restore.set_heap("restored");
+    restore.set_replace(true);
+    v1::HeapInfo info;
+    const double restore_ms = ms_of([&] {
+      Check(Call(*daemon, &v1::Heapd::Stub::RestoreSnapshot, restore, &info), "restore");
+    });
+    csv.Row(absl::StrCat(version, ",", create_ms, ",", ls_ms, ",", du_ms, ",", gc_ms, ",",
+                         restore_ms, ",", usage.stored_bytes()));
+  }
+}
+
 // As heapd.service does (LimitNOFILE=1048576): the heapds started here
 // inherit the limit, and 10^4 heaps hold about 70,000 descriptors. Needs
 // root beyond the hard limit; without it, the curve stops where heapd
@@ -310,6 +485,9 @@ void RaiseDescriptorLimit() {
 }
 
 int Main() {
+  if (const uint64_t count = absl::GetFlag(FLAGS_hold_sessions); count != 0) {
+    return HoldSessions(count);
+  }
   RaiseDescriptorLimit();
   const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
   std::filesystem::create_directories(out_dir);
@@ -321,6 +499,10 @@ int Main() {
       NamesCurve(out_dir);
     } else if (curve == "heaps") {
       HeapsCurve(out_dir);
+    } else if (curve == "clients") {
+      ClientsCurve(out_dir);
+    } else if (curve == "versions") {
+      VersionsCurve(out_dir);
     } else {
       Die("--curves", absl::InvalidArgumentError(absl::StrCat("no curve '", curve, "'")));
     }

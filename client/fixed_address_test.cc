@@ -20,18 +20,12 @@
 namespace heapd {
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kUnderTsan = true;
-#else
-constexpr bool kUnderTsan = false;
-#endif
-
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 class FixedAddressTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (kUnderTsan) {
+    if (!kFixedAddressesMappable) {
       GTEST_SKIP() << "ThreadSanitizer keeps heapd's fixed-address window for its shadow";
     }
     daemon_.Start();

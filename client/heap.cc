@@ -23,6 +23,7 @@ HeapImpl::HeapImpl(std::unique_ptr<SessionCalls> calls, std::string name,
     : calls_(std::move(calls)),
       name_(std::move(name)),
       read_only_(options.read_only),
+      fixed_address_asked_(options.fixed_address),
       session_(session),
       data_fd_(data_fd),
       caches_(name_, std::max<uint32_t>(options.lease_batch, 1),
@@ -71,6 +72,17 @@ absl::Status HeapImpl::Start(const v1::AttachResponse& attached, UniqueFd journa
     }
   }
   const uint64_t fixed_base = attached.heap().fixed_address();
+  if (fixed_address_asked_ && fixed_base == 0) {
+    // A heapd before revision 3 ignores the request and makes or serves a
+    // heap mapped anywhere.
+    return absl::FailedPreconditionError(
+        absl::StrCat("heap ", name_, " is not a fixed-address heap, and fixed_address was asked",
+                     attached.protocol_revision() < kFixedAddressRevision
+                         ? absl::StrCat(": heapd speaks revision ", attached.protocol_revision(),
+                                        " of heapd.v1, and fixed-address heaps need ",
+                                        kFixedAddressRevision, "; upgrade heapd")
+                         : ""));
+  }
   if (fixed_base != 0) {
     if (absl::Status s = ValidateFixedBase(fixed_base, max_size); !s.ok()) {
       return Unexpected(name_, std::string(s.message()));

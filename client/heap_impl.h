@@ -129,6 +129,7 @@ class HeapImpl final : public Heap {
   const std::unique_ptr<SessionCalls> calls_;
   const std::string name_;
   const bool read_only_;
+  const bool fixed_address_asked_;  // AttachOptions::fixed_address
   const uint64_t session_;
   const int data_fd_;
   // The session's lifeline (its heapd.fd.sock connection), as Start saw it:

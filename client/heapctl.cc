@@ -182,6 +182,12 @@ int HeapCreate(const Call& call) {
   if (absl::Status s = FromGrpc(call.stub.CreateHeap(&context, request, &info)); !s.ok()) {
     return Fail(s);
   }
+  if (request.fixed_address() && info.fixed_address() == 0) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("heapd made heap ", info.name(),
+                     " but not at a fixed address: it predates fixed-address heaps; remove the "
+                     "heap, upgrade heapd and create it again")));
+  }
   if (call.json) return PrintJson(info);
   std::printf("created heap %s (maximum %s, mode %04o) on storage tier %s%s\n", info.name().c_str(),
               Bytes(info.max_size()).c_str(), info.mode(), info.storage().c_str(),

@@ -162,27 +162,38 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
       registry->broken_.emplace(name, heap.status());
       continue;
     }
-    if (const HeapConfig& config = (*heap)->config(); config.fixed_base != 0) {
-      const AddressRange range = FixedRangeOf(config.fixed_base, config.max_size);
-      bool overlaps = false;
-      for (const auto& [holder, held] : registry->FixedRangesLocked("")) {
-        if (!held.Overlaps(range)) continue;
-        // Two heaps recorded on one range (a heap directory copied by
-        // hand): the first by name is served.
-        const absl::Status clash = absl::FailedPreconditionError(
-            absl::StrCat("its fixed address range ", RangeString(range), " overlaps heap ", holder,
-                         "'s ", RangeString(held), "; not served until one is removed"));
-        spdlog::error("heap {}: {}", name, std::string(clash.message()));
-        registry->broken_.emplace(name, clash);
-        overlaps = true;
-        break;
-      }
-      if (overlaps) continue;
-    }
     spdlog::info("opened heap {} on tier {} at epoch {}", name, tier.name, (*heap)->epoch());
     registry->heaps_.emplace(name, MakeServedHeap(name, tier.name, *std::move(heap)));
   }
+  registry->RefuseOverlappingRangesLocked();
   return registry;
+}
+
+void HeapRegistry::RefuseOverlappingRangesLocked() {
+  // Two heaps recording overlapping ranges (a heap directory copied by
+  // hand, or a heap restored over the range of one that failed to open):
+  // neither is served, since which one is the rightful owner cannot be
+  // known (a restored heap's records come from its snapshot).
+  const std::vector<std::pair<std::string, AddressRange>> ranges = FixedRangesLocked("");
+  std::map<std::string, std::string> clashes;  // heap -> one it overlaps
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    for (size_t j = i + 1; j < ranges.size(); ++j) {
+      if (!ranges[i].second.Overlaps(ranges[j].second)) continue;
+      clashes.emplace(ranges[i].first, ranges[j].first);
+      clashes.emplace(ranges[j].first, ranges[i].first);
+    }
+  }
+  for (const auto& [name, other] : clashes) {
+    auto it = heaps_.find(name);
+    const AddressRange range =
+        FixedRangeOf(it->second->heap->config().fixed_base, it->second->heap->config().max_size);
+    const absl::Status clash = absl::FailedPreconditionError(
+        absl::StrCat("its fixed address range ", RangeString(range), " overlaps heap ", other,
+                     "'s; neither is served until one is removed"));
+    spdlog::error("heap {}: {}", name, std::string(clash.message()));
+    heaps_.erase(it);
+    broken_.emplace(name, clash);
+  }
 }
 
 bool HeapRegistry::HasDirectoryOn(const StorageTier& tier, absl::string_view name) {

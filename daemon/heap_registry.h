@@ -236,6 +236,8 @@ class HeapRegistry {
   // The fixed address ranges held, by heap name, except `except`'s.
   std::vector<std::pair<std::string, AddressRange>> FixedRangesLocked(
       absl::string_view except) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // At Open: heaps whose fixed address ranges overlap go to broken_.
+  void RefuseOverlappingRangesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The base `fixed` gives heap `name` of `max_size` bytes (0: none).
   absl::StatusOr<uint64_t> PlaceLocked(const std::string& name, uint64_t max_size,
                                        FixedPlacement fixed, bool replacing) const

@@ -154,17 +154,33 @@ TEST(HeapRegistryTest, FixedAddressRangesAreHeldOnceAndKeptAcrossRestarts) {
   ASSERT_TRUE((*registry)->SyncAll().ok());
   registry->reset();
 
-  // A copy of a's directory records a's range too.
+  // Reopened: a keeps its range.
+  {
+    auto reopened = HeapRegistry::Open(dir.path());
+    ASSERT_TRUE(reopened.ok()) << reopened.status();
+    absl::StatusOr<std::shared_ptr<ServedHeap>> kept = (*reopened)->Get("a");
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ((*kept)->heap->config().fixed_base, at_a);
+  }
+  // A copy of a's directory records a's range too: neither is served.
   std::filesystem::copy(dir.Sub("heaps/a"), dir.Sub("heaps/z"),
                         std::filesystem::copy_options::recursive);
   auto reopened = HeapRegistry::Open(dir.path());
   ASSERT_TRUE(reopened.ok()) << reopened.status();
-  absl::StatusOr<std::shared_ptr<ServedHeap>> kept = (*reopened)->Get("a");
-  ASSERT_TRUE(kept.ok()) << kept.status();
-  EXPECT_EQ((*kept)->heap->config().fixed_base, at_a);
+  const absl::Status original = (*reopened)->Get("a").status();
+  EXPECT_EQ(original.code(), absl::StatusCode::kFailedPrecondition) << original;
+  EXPECT_NE(original.message().find("overlaps heap z's"), std::string::npos) << original;
   const absl::Status copy = (*reopened)->Get("z").status();
   EXPECT_EQ(copy.code(), absl::StatusCode::kFailedPrecondition) << copy;
   EXPECT_NE(copy.message().find("overlaps heap a's"), std::string::npos) << copy;
+  // Removing the copy lets a be served after the next start.
+  absl::StatusOr<HeapRegistry::Removed> removed = (*reopened)->Remove("z");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  (*reopened)->DeleteRemoved(*std::move(removed));
+  reopened->reset();
+  reopened = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  ASSERT_TRUE((*reopened)->Get("a").ok());
   // A new heap avoids a's range.
   absl::StatusOr<HeapRegistry::Reservation> next =
       (*reopened)->Reserve("n", 0, config.max_size, false, "", FixedPlacement{true, 0});

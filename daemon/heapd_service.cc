@@ -340,6 +340,12 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       served = heaps_->GetMade(request->heap(), kWaitForCreation);
       if (!served.ok() && served.status().code() == absl::StatusCode::kNotFound &&
           request->create_if_missing()) {
+        if (request->fixed_address() && request->client_revision() < kFixedAddressRevision) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("fixed_address from a client of revision ", request->client_revision(),
+                           " of heapd.v1: a fixed-address heap is served from revision ",
+                           kFixedAddressRevision));
+        }
         served = NewHeap(request->heap(), request->create_max_size(), request->create_mode(),
                          request->create_image(), request->create_storage(),
                          request->fixed_address(), caller);
@@ -351,6 +357,14 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
       }
     }
     if (!served.ok()) return served.status();
+    if ((*served)->heap->config().fixed_base != 0 &&
+        request->client_revision() < kFixedAddressRevision) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "heap ", (*served)->name, " is a fixed-address heap, and this client speaks revision ",
+          request->client_revision(),
+          " of heapd.v1 and would map it elsewhere; use a heapd client library of revision ",
+          kFixedAddressRevision, " or later (this heapd's own)"));
+    }
     // Asked to make its own heap, a caller does not silently get another
     // user's heap of that name (squatted to read what it writes).
     if (request->create_if_missing() && !created &&
@@ -367,13 +381,6 @@ grpc::Status HeapdService::Attach(grpc::ServerContext* context, const v1::Attach
           absl::StrCat(caller.ToString(), " may not attach heap ", (*served)->name,
                        request->read_only() ? " read-only" : " read-write", " (owner uid ",
                        config.owner_uid, ", mode 0", absl::StrFormat("%o", config.mode), ")"));
-    }
-    if (config.fixed_base != 0 && request->client_revision() < kFixedAddressRevision) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "heap ", (*served)->name, " is a fixed-address heap, and this client speaks revision ",
-          request->client_revision(),
-          " of heapd.v1 and would map it elsewhere; use a heapd client library of revision ",
-          kFixedAddressRevision, " or later (this heapd's own)"));
     }
     if (request->fixed_address() && config.fixed_base == 0) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -30,6 +30,22 @@
 
 namespace heapd {
 
+// Whether this program can map fixed-address heaps: not under
+// ThreadSanitizer (its shadow covers the window; clang defines no
+// __SANITIZE_THREAD__, hence __has_feature).
+#if defined(__SANITIZE_THREAD__)
+#define HEAPD_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HEAPD_UNDER_TSAN 1
+#endif
+#endif
+#if defined(HEAPD_UNDER_TSAN)
+inline constexpr bool kFixedAddressesMappable = false;
+#else
+inline constexpr bool kFixedAddressesMappable = true;
+#endif
+
 inline constexpr uint64_t kFixedWindowBegin = uint64_t{0x110000000000};  // 17 TiB
 inline constexpr uint64_t kFixedWindowEnd = uint64_t{0x2a0000000000};    // 42 TiB
 // Ranges start at multiples of this (a heap's base is 2 MiB aligned).

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "heap/fixed_address.h"
 #include "heapd/heapd.h"
 #include "testing/test_daemon.h"
 
@@ -154,8 +155,6 @@ TEST_F(CApiTest, ObjectsNamesAndLinksOutliveTheProcess) {
   EXPECT_EQ(errno, ENOENT);
 }
 
-// The first object of a new heap may start at its first byte: its link is
-// still not the null link.
 // A fixed-address heap: C structs hold plain pointers, and another process
 // follows them as they are.
 struct CNode {
@@ -164,9 +163,9 @@ struct CNode {
 };
 
 TEST_F(CApiTest, AFixedAddressHeapKeepsPlainPointers) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "ThreadSanitizer keeps heapd's fixed-address window for its shadow";
-#endif
+  if (!kFixedAddressesMappable) {
+    GTEST_SKIP() << "ThreadSanitizer keeps heapd's fixed-address window for its shadow";
+  }
   heapd_attach_options options = options_;
   options.fixed_address = 1;
   heapd_heap* fixed = heapd_attach("c-fixed", &options);
@@ -222,6 +221,8 @@ TEST(CApiFixedReader, DISABLED_FollowsPointers) {
   EXPECT_EQ(heapd_detach(seen), 0) << heapd_last_error();
 }
 
+// The first object of a new heap may start at its first byte: its link is
+// still not the null link.
 TEST_F(CApiTest, TheFirstObjectOfANewHeapHasALink) {
   heapd_attach_options options = options_;
   heapd_heap* fresh = heapd_attach("fresh", &options);

@@ -38,11 +38,6 @@ struct AttachOptions {
   // When creating: the storage tier heapd makes it on (as its --storage
   // names them); empty: heapd's default.
   std::string storage;
-  // A fixed-address heap: every process maps it at one address heapd
-  // assigns, so objects may hold plain pointers (heapd::raw_allocator;
-  // docs/api.md, "Fixed-address heaps"). Made as one when creating; a heap
-  // that is not one is FAILED_PRECONDITION.
-  bool fixed_address = false;
   // The most chunks (2 MiB each) a thread leases at a time, per size class:
   // a class's first lease takes one chunk, each next one twice as many up
   // to this (at most 64), so a class used lightly holds one chunk.
@@ -58,6 +53,12 @@ struct AttachOptions {
   // snapshot directory) in place, instead of a heap; read_only must be set.
   std::string snapshot;
   std::string snapshot_dir;
+  // (Last: fields are added at the end, docs/api.md "ABI and versions".)
+  // A fixed-address heap: every process maps it at one address heapd
+  // assigns, so objects may hold plain pointers (heapd::raw_allocator;
+  // docs/api.md, "Fixed-address heaps"). Made as one when creating; a heap
+  // that is not one is FAILED_PRECONDITION.
+  bool fixed_address = false;
 };
 
 struct ClientOptions {

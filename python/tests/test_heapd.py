@@ -237,8 +237,8 @@ def test_a_fixed_address_heap_is_mapped_at_one_address():
     with heapd.attach(name, fixed_address=True) as h:
         assert h.stats()["fixed_address"] == at
         assert h["a"].tolist() == [7, 7, 7, 7]
+    heapd.attach(HEAP + "-plain", create=True, max_size="64M").close()
     with pytest.raises(heapd.HeapdError) as refused:
-        heapd.attach(HEAP + "-plain", create=True, max_size="64M").close()
         heapd.attach(HEAP + "-plain", fixed_address=True)
     assert refused.value.code == "FAILED_PRECONDITION"
     assert "not a fixed-address heap" in str(refused.value)
