@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # B12, B13 and B3 over raw pointers (issue 25), measured and drawn:
 # reservation_bench (reserved against allocated bytes per workload),
-# scale_bench (costs against heap size, names per heap and heaps per node)
+# scale_bench (costs against heap size, names per heap, heaps per node,
+# clients per heap and versions in a snapshot store)
 # and raw_pointer_bench (std containers in DRAM and in a fixed-address
 # heap) write CSV to DIR, and
 # plot_curves.py draws them as PNGs into docs/images (Debian's

@@ -46,6 +46,16 @@ COLUMNS = {
     "heapd_fds": ("heapd's file descriptors", 1),
     "metric_series": ("metric series", 1),
     "restart_s": ("heapd restart until served (s)", 1),
+    "clients": ("sessions attached to the heap", 1),
+    "stat_us": ("stat of the heap (µs)", 1),
+    "reclaim_all_s": ("end as many sessions killed at once (s)", 1),
+    "versions": ("versions in the store", 1),
+    "create_ms": ("store one version (ms)", 1),
+    "ls_ms": ("ls the store (ms)", 1),
+    "du_ms": ("du of the store (ms)", 1),
+    "gc_ms": ("gc of the store (ms)", 1),
+    "restore_ms": ("restore the newest version (ms)", 1),
+    "store_bytes": ("store on disk (MiB)", MIB),
 }
 
 
@@ -116,6 +126,8 @@ TITLES = {
     "heap_size": "B12: costs against a heap's maximum size (64 MiB of objects in it)",
     "names": "B12: costs against names in one heap",
     "heaps": "B12: costs against heaps on one node",
+    "clients": "B12: costs against sessions on one heap",
+    "versions": "B12: a snapshot store against its versions (1 MiB changed in each)",
 }
 
 
