@@ -59,7 +59,8 @@ expect_value 'heapd_store_snapshot_bytes_total{kind="stored"}' 0
 grep -q 'heapd_heap_capacity_bytes' "$DIR/metrics.txt" && fail "heapd_heap_capacity_bytes is exposed"
 
 # What the test does, to be seen in the metrics:
-"$HEAPCTL" --socket="$S" heap create other >/dev/null || fail "create heap other"
+"$HEAPCTL" --socket="$S" heap create other --max_size=64M --fixed_address >/dev/null ||
+  fail "create heap other"
 "$WORKER" "$S" h alloc 1 3000 >/dev/null || fail "alloc worker"                 # attach 1
 "$WORKER" "$S" h free-half 1 | grep -q "double free: INVALID_ARGUMENT" ||        # attach 2
   fail "free-half worker"
@@ -136,6 +137,9 @@ grep -q 'heap="other"' "$DIR/metrics.txt" && fail "heap other has series beyond 
   fail "heapd_heaps_reserved_bytes is not the sum over every heap"
 grep -q '^heapd_size_class_live_objects{heap="h",size_class="' "$DIR/metrics.txt" ||
   fail "no size-class series for heap h, which --size_class_metrics names"
+# The fixed-address window: other (64 MiB and its 2 MiB guard) holds part of it.
+expect_value 'heapd_fixed_address_window_held_bytes' $(((64 + 2) << 20))
+expect_value 'heapd_fixed_address_window_bytes' $((0x2a0000000000 - 0x110000000000))
 
 # The exposition lints clean.
 lint=$(promtool check metrics <"$DIR/metrics.txt" 2>&1) || fail "promtool check metrics failed: $lint"
