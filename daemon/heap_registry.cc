@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -19,9 +20,11 @@
 #include "snapshot/block_store.h"
 #include "snapshot/snapshot_store.h"
 #include "spdlog/spdlog.h"
+#include "util/dir_files.h"
 #include "util/errno_status.h"
 #include "util/own_directory.h"
 #include "util/random_name.h"
+#include "util/unique_fd.h"
 
 namespace heapd {
 
@@ -81,6 +84,26 @@ HeapRegistry::Reservation::Reservation(Reservation&& other) noexcept
       name_(std::move(other.name_)),
       storage_(std::move(other.storage_)),
       fixed_base_(other.fixed_base_) {}
+
+namespace {
+
+// The fixed address range the heap directory `dir` records, if its
+// checkpoint reads and records one (heapd's own directory: trusted as far
+// as ValidateFixedBase).
+std::optional<AddressRange> RecordedFixedRange(const std::string& dir) {
+  UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return std::nullopt;
+  absl::StatusOr<std::string> bytes = ReadFileAt(fd.get(), kCheckpointFileName, uint64_t{1} << 30);
+  if (!bytes.ok()) return std::nullopt;
+  absl::StatusOr<Checkpoint> checkpoint = DecodeCheckpointFile(*bytes, dir);
+  if (!checkpoint.ok() || checkpoint->config.fixed_base == 0 ||
+      !ValidateFixedBase(checkpoint->config.fixed_base, checkpoint->config.max_size).ok()) {
+    return std::nullopt;
+  }
+  return FixedRangeOf(checkpoint->config.fixed_base, checkpoint->config.max_size);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(const std::string& state_dir,
                                                                  HeapOptions options,
@@ -160,6 +183,10 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
       spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
                     heap.status().ToString());
       registry->broken_.emplace(name, heap.status());
+      if (std::optional<AddressRange> range =
+              RecordedFixedRange(absl::StrCat(HeapsDirOf(tier), "/", name))) {
+        registry->broken_ranges_.emplace(name, *range);
+      }
       continue;
     }
     spdlog::info("opened heap {} on tier {} at epoch {}", name, tier.name, (*heap)->epoch());
@@ -185,6 +212,7 @@ void HeapRegistry::RefuseOverlappingRangesLocked() {
   }
   for (const auto& [name, other] : clashes) {
     auto it = heaps_.find(name);
+    if (it == heaps_.end()) continue;  // a heap that failed to open already
     const AddressRange range =
         FixedRangeOf(it->second->heap->config().fixed_base, it->second->heap->config().max_size);
     const absl::Status clash = absl::FailedPreconditionError(
@@ -261,6 +289,9 @@ std::vector<std::pair<std::string, AddressRange>> HeapRegistry::FixedRangesLocke
   for (const auto& [name, reserved] : reserved_) {
     if (reserved.fixed_base == 0 || name == except) continue;
     ranges.emplace_back(name, FixedRangeOf(reserved.fixed_base, reserved.max_size));
+  }
+  for (const auto& [name, range] : broken_ranges_) {
+    if (name != except) ranges.emplace_back(name, range);
   }
   return ranges;
 }
@@ -493,6 +524,7 @@ absl::StatusOr<HeapRegistry::Removed> HeapRegistry::Remove(absl::string_view nam
   }
   if (broken != broken_.end()) {
     broken_.erase(broken);
+    broken_ranges_.erase(std::string(name));
     // A copy left on another tier: not served before heapd restarts, and
     // its name not free meanwhile.
     for (const StorageTier& t : tiers_) {

@@ -236,7 +236,8 @@ class HeapRegistry {
   // The fixed address ranges held, by heap name, except `except`'s.
   std::vector<std::pair<std::string, AddressRange>> FixedRangesLocked(
       absl::string_view except) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // At Open: heaps whose fixed address ranges overlap go to broken_.
+  // At Open: served heaps whose fixed address ranges overlap another's go
+  // to broken_.
   void RefuseOverlappingRangesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The base `fixed` gives heap `name` of `max_size` bytes (0: none).
   absl::StatusOr<uint64_t> PlaceLocked(const std::string& name, uint64_t max_size,
@@ -249,6 +250,9 @@ class HeapRegistry {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<ServedHeap>, std::less<>> heaps_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status, std::less<>> broken_ ABSL_GUARDED_BY(mu_);
+  // The fixed address ranges heaps in broken_ record (those whose
+  // checkpoint could be read): held, so no other heap takes them.
+  std::map<std::string, AddressRange, std::less<>> broken_ranges_ ABSL_GUARDED_BY(mu_);
   // Names being built.
   struct Reserved {
     uint32_t owner_uid;

@@ -189,6 +189,44 @@ TEST(HeapRegistryTest, FixedAddressRangesAreHeldOnceAndKeptAcrossRestarts) {
                    .Overlaps(FixedRangeOf(next->fixed_base(), config.max_size)));
 }
 
+// A fixed-address heap that fails to open keeps its range held (its
+// checkpoint says which) until it is removed.
+TEST(HeapRegistryTest, AHeapThatFailsToOpenKeepsItsRange) {
+  TestDir dir;
+  const HeapConfig config = Config();
+  uint64_t at = 0;
+  {
+    auto registry = HeapRegistry::Open(dir.path());
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    absl::StatusOr<HeapRegistry::Reservation> reserved =
+        (*registry)->Reserve("f", 0, config.max_size, false, "", FixedPlacement{true, 0});
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    at = reserved->fixed_base();
+    ASSERT_TRUE((*registry)->Create(*std::move(reserved), config).ok());
+  }
+  // Its data file replaced by a directory: it cannot open; its checkpoint
+  // still reads.
+  std::filesystem::remove(dir.Sub("heaps/f/data"));
+  std::filesystem::create_directory(dir.Sub("heaps/f/data"));
+  auto registry = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ASSERT_EQ((*registry)->Broken().count("f"), 1u);
+  const absl::Status taken =
+      (*registry)->Reserve("g", 0, config.max_size, false, "", FixedPlacement{true, at}).status();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kFailedPrecondition) << taken;
+  EXPECT_NE(taken.message().find("heap f holds"), std::string::npos) << taken;
+  absl::StatusOr<HeapRegistry::Reservation> other =
+      (*registry)->Reserve("h", 0, config.max_size, false, "", FixedPlacement{true, 0});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->fixed_base(), at);
+  // Removed, it lets the range go.
+  absl::StatusOr<HeapRegistry::Removed> removed = (*registry)->Remove("f");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  (*registry)->DeleteRemoved(*std::move(removed));
+  EXPECT_TRUE(
+      (*registry)->Reserve("g", 0, config.max_size, false, "", FixedPlacement{true, at}).ok());
+}
+
 // A call still holding a removed heap (a snapshot, a sync) must not reach
 // the files of the heap that takes its name next (a restore replacing it):
 // it gets NOT_FOUND, and the new heap's files are untouched.
