@@ -198,8 +198,8 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
 
 void HeapRegistry::RefuseOverlappingRangesLocked() {
   // Two heaps recording overlapping ranges (a heap directory copied by
-  // hand, or a heap restored over the range of one that failed to open):
-  // neither is served, since which one is the rightful owner cannot be
+  // hand; a heap that failed to open holds its range too): no served one
+  // of them stays served, since which is the rightful owner cannot be
   // known (a restored heap's records come from its snapshot).
   const std::vector<std::pair<std::string, AddressRange>> ranges = FixedRangesLocked("");
   std::map<std::string, std::string> clashes;  // heap -> one it overlaps
