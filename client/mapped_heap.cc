@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,11 +13,45 @@
 #include "util/errno_status.h"
 
 namespace heapd {
+namespace {
+
+// The fixed-address heaps mapped in this process (or inherited by it):
+// slots a MappedHeap takes and gives back with compare-and-swap, so that a
+// forked child finds them whatever another thread did at the fork.
+constexpr int kFixedSlots = 256;
+std::atomic<MappedHeap*> fixed_heaps[kFixedSlots];
+
+void List(MappedHeap* heap) {
+  for (std::atomic<MappedHeap*>& slot : fixed_heaps) {
+    MappedHeap* empty = nullptr;
+    if (slot.compare_exchange_strong(empty, heap)) return;
+  }
+  // Unlisted: its range stays inherited by forked children (as in every
+  // process attaching more than 256 fixed-address heaps at once).
+}
+
+void Unlist(MappedHeap* heap) {
+  for (std::atomic<MappedHeap*>& slot : fixed_heaps) {
+    MappedHeap* listed = heap;
+    if (slot.compare_exchange_strong(listed, nullptr)) return;
+  }
+}
+
+// In a forked child: gives back the fixed-address ranges it inherited and
+// did not keep.
+void GiveBackInheritedRanges() {
+  for (std::atomic<MappedHeap*>& slot : fixed_heaps) {
+    if (MappedHeap* heap = slot.load(); heap != nullptr) heap->GiveBackInherited();
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_name, int data_fd,
                                                             uint64_t max_size, uint64_t capacity,
                                                             bool writable, uint64_t prefix_bytes,
                                                             uint64_t fixed_base) {
+  if (fixed_base != 0) GiveBackInheritedRanges();
   absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
       HeapMapping::Map(data_fd, max_size, capacity, writable, prefix_bytes, fixed_base);
   if (!mapping.ok()) {
@@ -26,11 +61,30 @@ absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_nam
         absl::StrCat("heap ", heap_name, " is a fixed-address heap, and ",
                      mapping.status().message(), " (a process maps a fixed-address heap once)"));
   }
-  return std::unique_ptr<MappedHeap>(
-      new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping)));
+  std::unique_ptr<MappedHeap> mapped(
+      new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping), fixed_base != 0));
+  if (mapped->fixed_) {
+    mapped->holder_.store(getpid());
+    List(mapped.get());
+  }
+  return mapped;
 }
 
-MappedHeap::~MappedHeap() { StopGrowth(); }
+MappedHeap::~MappedHeap() {
+  StopGrowth();
+  if (fixed_) Unlist(this);
+}
+
+void MappedHeap::GiveBackInherited() {
+  if (!fixed_ || holder_.load() == getpid() || given_back_.exchange(true)) return;
+  mapping_->Unmap();
+}
+
+void MappedHeap::UnmapInForkedChild() {
+  if (fixed_) Unlist(this);
+  given_back_.store(true);
+  mapping_->Unmap();
+}
 
 void MappedHeap::StartGrowth(WriteTracker* tracker) {
   if (tracker != nullptr) {
@@ -86,6 +140,13 @@ absl::Status MappedHeap::MapPrivately(bool writable) {
   // The fork emptied this process's fault slots (growth_fault_handler.cc):
   // the slot number may be another heap's once this process attaches one.
   fault_slot_ = -1;
+  if (given_back_.load()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heap ", heap_name_,
+        ": this forked child mapped the fixed-address heap anew, and its parent's mapping "
+        "is gone"));
+  }
+  holder_.store(getpid());  // kept: this child's range now
   const uint64_t mapped = mapped_bytes();
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (mapped != 0 &&

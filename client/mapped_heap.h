@@ -8,9 +8,16 @@
 // process grew the heap (client/growth_fault_handler.h). mapped_bytes()
 // says how far either got; the HeapMapping adopts that before it flushes.
 //
+// A fixed-address heap's MappedHeap is listed process-wide with the
+// process that holds its range. After fork() the child holds none of them
+// until it keeps one (MapPrivately); mapping a fixed-address heap gives
+// back first the ranges the child inherited and did not keep, so a child
+// can attach a heap its parent had attached.
+//
 // Thread safety: MapUpTo, MapUpToFileSize, Flush and the accessors may run
 // on any thread, beside the fault handler. StartGrowth, StopGrowth,
-// MapPrivately and the destructor must not run beside anything else.
+// MapPrivately, GiveBackInherited and the destructor must not run beside
+// anything else.
 #ifndef HEAPD_CLIENT_MAPPED_HEAP_H_
 #define HEAPD_CLIENT_MAPPED_HEAP_H_
 
@@ -62,8 +69,17 @@ class MappedHeap {
   absl::Status Flush();
   // In a child after fork(): what is mapped becomes this process's own
   // copy-on-write view of the file, and growth is not followed (the fork
-  // emptied the child's fault slots).
+  // emptied the child's fault slots). A fixed-address heap's range is this
+  // process's from now on.
   absl::Status MapPrivately(bool writable);
+  // In a child after fork(), for a fixed-address heap it did not keep:
+  // unmaps the range the parent's mapping holds, so this process may map
+  // the heap anew. Nothing may use this object's memory afterwards.
+  void GiveBackInherited();
+  // In a child after fork(), whether it kept the mapping or not: unmaps it
+  // and unlists it (the C API's detach of an inherited heap, which leaks
+  // the rest of the parent's objects on purpose).
+  void UnmapInForkedChild();
 
   char* base() const { return mapping_->base(); }
   uint64_t max_size() const { return mapping_->max_size(); }
@@ -72,9 +88,10 @@ class MappedHeap {
   std::atomic<uint64_t>* mapped_bytes_counter() { return &mapped_bytes_; }
 
  private:
-  MappedHeap(std::string heap_name, int data_fd, std::unique_ptr<HeapMapping> mapping)
+  MappedHeap(std::string heap_name, int data_fd, std::unique_ptr<HeapMapping> mapping, bool fixed)
       : heap_name_(std::move(heap_name)),
         data_fd_(data_fd),
+        fixed_(fixed),
         mapping_(std::move(mapping)),
         mapped_bytes_(mapping_->size()),
         growing_{base(),        max_size(), data_fd_, mapping_->writable(), mapping_->map_sync(),
@@ -82,6 +99,9 @@ class MappedHeap {
 
   const std::string heap_name_;
   const int data_fd_;
+  const bool fixed_;                     // a fixed-address heap, listed process-wide
+  std::atomic<pid_t> holder_{0};         // with fixed_: the process whose range it is
+  std::atomic<bool> given_back_{false};  // GiveBackInherited unmapped it
   // Grows by MapHeapGrowth (MapUpTo, holding mu_, and the fault handler),
   // which raises mapped_bytes_; mapping_ adopts that size under mu_, and
   // the rest of HeapMapping may run beside them.

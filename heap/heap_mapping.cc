@@ -105,7 +105,13 @@ absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t m
   return mapping;
 }
 
-HeapMapping::~HeapMapping() { munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_); }
+HeapMapping::~HeapMapping() { Unmap(); }
+
+void HeapMapping::Unmap() {
+  if (unmapped_) return;
+  unmapped_ = true;
+  munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_);
+}
 
 bool FileTakesMapSync(int fd) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -152,7 +158,7 @@ void HeapMapping::Adopt(uint64_t size) {
 
 absl::Status HeapMapping::Flush() {
   const uint64_t size = size_.load(std::memory_order_acquire);
-  if (size == 0 || !writable_) return absl::OkStatus();
+  if (size == 0 || !writable_ || unmapped_) return absl::OkStatus();
   if (msync(base_, size, MS_SYNC) != 0) return ErrnoStatus(errno, "msync heap mapping");
   return absl::OkStatus();
 }

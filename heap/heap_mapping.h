@@ -65,6 +65,11 @@ class HeapMapping {
   // Writes dirty pages of the mapping back to the file (msync MS_SYNC).
   absl::Status Flush();
 
+  // Unmaps the reservation now (the destructor then leaves it alone): for
+  // a forked child giving back a fixed-address heap's range it inherited.
+  // Nothing may use the mapping afterwards.
+  void Unmap();
+
   char* base() const { return base_; }
   uint64_t size() const { return size_.load(std::memory_order_acquire); }
   uint64_t max_size() const { return max_size_; }
@@ -87,7 +92,8 @@ class HeapMapping {
   uint64_t prefix_bytes_;
   std::atomic<uint64_t> size_{0};  // written by Extend only
   bool writable_;
-  const bool map_sync_;  // every range is mapped with MAP_SYNC
+  const bool map_sync_;    // every range is mapped with MAP_SYNC
+  bool unmapped_ = false;  // by Unmap
 };
 
 }  // namespace heapd

@@ -200,6 +200,46 @@ TEST_F(CApiTest, AFixedAddressHeapKeepsPlainPointers) {
       << heapd_last_error();
 }
 
+// A forked child of a process with a fixed-address heap attached attaches
+// that heap itself: at once if it did not keep the parent's mapping, after
+// detaching it if it did (until then the range is taken).
+TEST_F(CApiTest, AForkedChildAttachesAFixedAddressHeapItself) {
+  if (!kFixedAddressesMappable) {
+    GTEST_SKIP() << "ThreadSanitizer keeps heapd's fixed-address window for its shadow";
+  }
+  heapd_attach_options options = options_;
+  options.fixed_address = 1;
+  heapd_heap* fixed = heapd_attach("c-forked", &options);
+  ASSERT_NE(fixed, nullptr) << heapd_last_error();
+  auto* value = static_cast<uint64_t*>(heapd_named_malloc(fixed, "v", sizeof(uint64_t)));
+  ASSERT_NE(value, nullptr) << heapd_last_error();
+  *value = 41;
+  ASSERT_EQ(heapd_sync(fixed), 0) << heapd_last_error();
+  for (bool kept : {false, true}) {
+    const uint64_t before = *value;
+    const pid_t child = fork();
+    if (child == 0) {
+      if (kept) {
+        if (heapd_forked_child(fixed) != 0) _exit(10);
+        if (*value != before) _exit(11);  // the parent's mapping, kept
+        if (heapd_attach("c-forked", &options) != nullptr || errno != EPERM) _exit(12);
+        if (heapd_detach(fixed) != 0) _exit(13);
+      }
+      heapd_heap* own = heapd_attach("c-forked", &options);
+      if (own == nullptr) _exit(14);
+      auto* seen = static_cast<uint64_t*>(heapd_find(own, "v", nullptr));
+      if (seen != value || *seen != before) _exit(15);  // the same address, the heap's contents
+      *seen = kept ? 43 : 42;
+      _exit(heapd_detach(own) == 0 ? 0 : 16);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "kept " << kept << ": " << status;
+    EXPECT_EQ(*value, kept ? 43u : 42u) << "the child's own session wrote the heap";
+  }
+  EXPECT_EQ(heapd_detach(fixed), 0) << heapd_last_error();
+}
+
 // The reader AFixedAddressHeapKeepsPlainPointers runs in another process.
 TEST(CApiFixedReader, DISABLED_FollowsPointers) {
   heapd_attach_options reader;
