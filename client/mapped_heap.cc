@@ -15,33 +15,47 @@
 namespace heapd {
 namespace {
 
-// The fixed-address heaps mapped in this process (or inherited by it):
-// slots a MappedHeap takes and gives back with compare-and-swap, so that a
-// forked child finds them whatever another thread did at the fork.
+// The fixed-address heaps mapped in this process (or inherited by it),
+// each with the process holding its range. No lock (a forked child would
+// inherit it held): a slot is claimed by its holder (0 -> pid), then
+// points at its heap; it is emptied in the opposite order. Only a holder
+// that is not this process leads to its heap being touched, and in the
+// parent every slot's holder is the parent: a heap another thread is
+// destroying there is never dereferenced.
+struct FixedSlot {
+  std::atomic<pid_t> holder{0};
+  std::atomic<MappedHeap*> heap{nullptr};
+};
 constexpr int kFixedSlots = 256;
-std::atomic<MappedHeap*> fixed_heaps[kFixedSlots];
+FixedSlot fixed_slots[kFixedSlots];
 
-void List(MappedHeap* heap) {
-  for (std::atomic<MappedHeap*>& slot : fixed_heaps) {
-    MappedHeap* empty = nullptr;
-    if (slot.compare_exchange_strong(empty, heap)) return;
+// The slot now holding `heap` for this process, or -1 (more than 256 at
+// once: its range stays inherited by forked children).
+int List(MappedHeap* heap) {
+  for (int i = 0; i < kFixedSlots; ++i) {
+    pid_t free = 0;
+    if (fixed_slots[i].holder.compare_exchange_strong(free, getpid())) {
+      fixed_slots[i].heap.store(heap);
+      return i;
+    }
   }
-  // Unlisted: its range stays inherited by forked children (as in every
-  // process attaching more than 256 fixed-address heaps at once).
+  return -1;
 }
 
-void Unlist(MappedHeap* heap) {
-  for (std::atomic<MappedHeap*>& slot : fixed_heaps) {
-    MappedHeap* listed = heap;
-    if (slot.compare_exchange_strong(listed, nullptr)) return;
-  }
+void Unlist(int slot) {
+  if (slot < 0) return;
+  fixed_slots[slot].heap.store(nullptr);
+  fixed_slots[slot].holder.store(0);
 }
 
 // In a forked child: gives back the fixed-address ranges it inherited and
 // did not keep.
 void GiveBackInheritedRanges() {
-  for (std::atomic<MappedHeap*>& slot : fixed_heaps) {
-    if (MappedHeap* heap = slot.load(); heap != nullptr) heap->GiveBackInherited();
+  const pid_t self = getpid();
+  for (FixedSlot& slot : fixed_slots) {
+    const pid_t holder = slot.holder.load();
+    if (holder == 0 || holder == self) continue;
+    if (MappedHeap* heap = slot.heap.load(); heap != nullptr) heap->GiveBackInherited();
   }
 }
 
@@ -62,28 +76,26 @@ absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_nam
                      mapping.status().message(), " (a process maps a fixed-address heap once)"));
   }
   std::unique_ptr<MappedHeap> mapped(
-      new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping), fixed_base != 0));
-  if (mapped->fixed_) {
-    mapped->holder_.store(getpid());
-    List(mapped.get());
-  }
+      new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping)));
+  if (fixed_base != 0) mapped->fixed_slot_ = List(mapped.get());
   return mapped;
 }
 
 MappedHeap::~MappedHeap() {
   StopGrowth();
-  if (fixed_) Unlist(this);
+  Unlist(std::exchange(fixed_slot_, -1));
 }
 
 void MappedHeap::GiveBackInherited() {
-  if (!fixed_ || holder_.load() == getpid() || given_back_.exchange(true)) return;
+  if (given_back_.exchange(true)) return;
   mapping_->Unmap();
+  Unlist(std::exchange(fixed_slot_, -1));
 }
 
 void MappedHeap::UnmapInForkedChild() {
-  if (fixed_) Unlist(this);
   given_back_.store(true);
   mapping_->Unmap();
+  Unlist(std::exchange(fixed_slot_, -1));
 }
 
 void MappedHeap::StartGrowth(WriteTracker* tracker) {
@@ -146,7 +158,7 @@ absl::Status MappedHeap::MapPrivately(bool writable) {
         ": this forked child mapped the fixed-address heap anew, and its parent's mapping "
         "is gone"));
   }
-  holder_.store(getpid());  // kept: this child's range now
+  if (fixed_slot_ >= 0) fixed_slots[fixed_slot_].holder.store(getpid());  // kept: this child's
   const uint64_t mapped = mapped_bytes();
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (mapped != 0 &&

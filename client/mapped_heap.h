@@ -88,10 +88,9 @@ class MappedHeap {
   std::atomic<uint64_t>* mapped_bytes_counter() { return &mapped_bytes_; }
 
  private:
-  MappedHeap(std::string heap_name, int data_fd, std::unique_ptr<HeapMapping> mapping, bool fixed)
+  MappedHeap(std::string heap_name, int data_fd, std::unique_ptr<HeapMapping> mapping)
       : heap_name_(std::move(heap_name)),
         data_fd_(data_fd),
-        fixed_(fixed),
         mapping_(std::move(mapping)),
         mapped_bytes_(mapping_->size()),
         growing_{base(),        max_size(), data_fd_, mapping_->writable(), mapping_->map_sync(),
@@ -99,9 +98,9 @@ class MappedHeap {
 
   const std::string heap_name_;
   const int data_fd_;
-  const bool fixed_;                     // a fixed-address heap, listed process-wide
-  std::atomic<pid_t> holder_{0};         // with fixed_: the process whose range it is
-  std::atomic<bool> given_back_{false};  // GiveBackInherited unmapped it
+  // A fixed-address heap's slot in the process-wide list (-1: none).
+  int fixed_slot_ = -1;
+  std::atomic<bool> given_back_{false};  // its mapping is gone (a forked child's)
   // Grows by MapHeapGrowth (MapUpTo, holding mu_, and the fault handler),
   // which raises mapped_bytes_; mapping_ adopts that size under mu_, and
   // the rest of HeapMapping may run beside them.
