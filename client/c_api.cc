@@ -213,9 +213,8 @@ int heapd_forked_child(heapd_heap* heap) {
 int heapd_detach(heapd_heap* heap) try {
   if (Inherited(heap)) {
     // The parent's objects: released, never destroyed here (the gRPC
-    // channel and session are the parent's); only the mapping goes, so
-    // that this process may attach the heap anew (a fixed-address heap
-    // needs its range back).
+    // channel and session are the parent's). A fixed-address heap's
+    // mapping goes, so that this process may attach the heap anew.
     heapd::HeapImpl::Of(*heap->heap).UnmapInForkedChild();
     (void)heap->client.release();
     (void)heap->heap.release();

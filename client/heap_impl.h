@@ -67,7 +67,8 @@ class HeapImpl final : public Heap {
   // the Heap is left as detached. (On a heap with content rollback the
   // child inherited no mapping at all: MADV_DONTFORK.)
   absl::Status KeepPrivatelyAfterFork();
-  // In a forked child: unmaps the parent's mapping (kept or not).
+  // In a forked child: unmaps the parent's mapping of a fixed-address heap
+  // (kept or not), giving its range back.
   void UnmapInForkedChild() { mapped_->UnmapInForkedChild(); }
   uint64_t session() const { return session_; }
   uint64_t max_size() const { return max_size_; }

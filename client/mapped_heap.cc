@@ -1,62 +1,45 @@
 #include "client/mapped_heap.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
+#include "heap/fixed_address.h"
 #include "util/errno_status.h"
 
 namespace heapd {
 namespace {
 
 // The fixed-address heaps mapped in this process (or inherited by it),
-// each with the process holding its range. No lock (a forked child would
-// inherit it held): a slot is claimed by its holder (0 -> pid), then
-// points at its heap; it is emptied in the opposite order. Only a holder
-// that is not this process leads to its heap being touched, and in the
-// parent every slot's holder is the parent: a heap another thread is
-// destroying there is never dereferenced.
-struct FixedSlot {
-  std::atomic<pid_t> holder{0};
-  std::atomic<MappedHeap*> heap{nullptr};
+// each with the process whose range it is. One lock, which the forking
+// thread holds across fork() (pthread_atfork): a child finds it free and
+// the list whole.
+struct FixedHeaps {
+  std::mutex mu;
+  std::vector<std::pair<MappedHeap*, pid_t>> listed;  // guarded by mu
 };
-constexpr int kFixedSlots = 256;
-FixedSlot fixed_slots[kFixedSlots];
 
-// The slot now holding `heap` for this process, or -1 (more than 256 at
-// once: its range stays inherited by forked children).
-int List(MappedHeap* heap) {
-  for (int i = 0; i < kFixedSlots; ++i) {
-    pid_t free = 0;
-    if (fixed_slots[i].holder.compare_exchange_strong(free, getpid())) {
-      fixed_slots[i].heap.store(heap);
-      return i;
-    }
-  }
-  return -1;
+FixedHeaps& Fixed() {
+  static FixedHeaps* const fixed = [] {
+    auto* made = new FixedHeaps;
+    pthread_atfork([] { Fixed().mu.lock(); }, [] { Fixed().mu.unlock(); },
+                   [] { Fixed().mu.unlock(); });
+    return made;
+  }();
+  return *fixed;
 }
 
-void Unlist(int slot) {
-  if (slot < 0) return;
-  fixed_slots[slot].heap.store(nullptr);
-  fixed_slots[slot].holder.store(0);
-}
-
-// In a forked child: gives back the fixed-address ranges it inherited and
-// did not keep.
-void GiveBackInheritedRanges() {
-  const pid_t self = getpid();
-  for (FixedSlot& slot : fixed_slots) {
-    const pid_t holder = slot.holder.load();
-    if (holder == 0 || holder == self) continue;
-    if (MappedHeap* heap = slot.heap.load(); heap != nullptr) heap->GiveBackInherited();
-  }
+AddressRange RangeOf(const MappedHeap& heap) {
+  return FixedRangeOf(reinterpret_cast<uintptr_t>(heap.base()), heap.max_size());
 }
 
 }  // namespace
@@ -65,7 +48,22 @@ absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_nam
                                                             uint64_t max_size, uint64_t capacity,
                                                             bool writable, uint64_t prefix_bytes,
                                                             uint64_t fixed_base) {
-  if (fixed_base != 0) GiveBackInheritedRanges();
+  if (fixed_base != 0) {
+    // In a forked child: a mapping of this range inherited and not kept
+    // goes first (anything else of the process there is named below).
+    const AddressRange wanted = FixedRangeOf(fixed_base, max_size);
+    std::lock_guard<std::mutex> lock(Fixed().mu);
+    std::vector<std::pair<MappedHeap*, pid_t>>& listed = Fixed().listed;
+    for (auto it = listed.begin(); it != listed.end();) {
+      if (it->second != getpid() && RangeOf(*it->first).Overlaps(wanted)) {
+        it->first->given_back_.store(true);
+        it->first->mapping_->Unmap();
+        it = listed.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   absl::StatusOr<std::unique_ptr<HeapMapping>> mapping =
       HeapMapping::Map(data_fd, max_size, capacity, writable, prefix_bytes, fixed_base);
   if (!mapping.ok()) {
@@ -77,25 +75,35 @@ absl::StatusOr<std::unique_ptr<MappedHeap>> MappedHeap::Map(std::string heap_nam
   }
   std::unique_ptr<MappedHeap> mapped(
       new MappedHeap(std::move(heap_name), data_fd, *std::move(mapping)));
-  if (fixed_base != 0) mapped->fixed_slot_ = List(mapped.get());
+  if (fixed_base != 0) {
+    mapped->fixed_ = true;
+    std::lock_guard<std::mutex> lock(Fixed().mu);
+    Fixed().listed.emplace_back(mapped.get(), getpid());
+  }
   return mapped;
 }
 
 MappedHeap::~MappedHeap() {
   StopGrowth();
-  Unlist(std::exchange(fixed_slot_, -1));
+  if (fixed_) Unlist();
 }
 
-void MappedHeap::GiveBackInherited() {
-  if (given_back_.exchange(true)) return;
-  mapping_->Unmap();
-  Unlist(std::exchange(fixed_slot_, -1));
+void MappedHeap::Unlist() {
+  std::lock_guard<std::mutex> lock(Fixed().mu);
+  std::vector<std::pair<MappedHeap*, pid_t>>& listed = Fixed().listed;
+  for (auto it = listed.begin(); it != listed.end(); ++it) {
+    if (it->first == this) {
+      listed.erase(it);
+      return;
+    }
+  }
 }
 
 void MappedHeap::UnmapInForkedChild() {
+  if (!fixed_) return;
+  Unlist();
   given_back_.store(true);
   mapping_->Unmap();
-  Unlist(std::exchange(fixed_slot_, -1));
 }
 
 void MappedHeap::StartGrowth(WriteTracker* tracker) {
@@ -116,6 +124,7 @@ void MappedHeap::StopGrowth() {
 
 absl::Status MappedHeap::MapUpTo(uint64_t capacity) {
   if (capacity <= mapped_bytes()) return absl::OkStatus();
+  if (given_back_.load()) return GivenBack();
   if (capacity > max_size()) {
     return absl::InternalError(absl::StrCat("heap ", heap_name_, ": heapd answered capacity ",
                                             capacity, " beyond the heap's maximum ", max_size()));
@@ -148,17 +157,24 @@ absl::Status MappedHeap::Flush() {
   return mapping_->Flush();
 }
 
+absl::Status MappedHeap::GivenBack() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("heap ", heap_name_,
+                   ": this forked child gave the fixed-address heap's range back to map the heap "
+                   "anew; its parent's mapping is gone"));
+}
+
 absl::Status MappedHeap::MapPrivately(bool writable) {
   // The fork emptied this process's fault slots (growth_fault_handler.cc):
   // the slot number may be another heap's once this process attaches one.
   fault_slot_ = -1;
-  if (given_back_.load()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "heap ", heap_name_,
-        ": this forked child mapped the fixed-address heap anew, and its parent's mapping "
-        "is gone"));
+  if (fixed_) {
+    std::lock_guard<std::mutex> lock(Fixed().mu);
+    if (given_back_.load()) return GivenBack();
+    for (std::pair<MappedHeap*, pid_t>& each : Fixed().listed) {
+      if (each.first == this) each.second = getpid();  // kept: this child's range now
+    }
   }
-  if (fixed_slot_ >= 0) fixed_slots[fixed_slot_].holder.store(getpid());  // kept: this child's
   const uint64_t mapped = mapped_bytes();
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (mapped != 0 &&

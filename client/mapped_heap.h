@@ -8,16 +8,17 @@
 // process grew the heap (client/growth_fault_handler.h). mapped_bytes()
 // says how far either got; the HeapMapping adopts that before it flushes.
 //
-// A fixed-address heap's MappedHeap is listed process-wide with the
-// process that holds its range. After fork() the child holds none of them
-// until it keeps one (MapPrivately); mapping a fixed-address heap gives
-// back first the ranges the child inherited and did not keep, so a child
-// can attach a heap its parent had attached.
+// A fixed-address heap's MappedHeap is listed process-wide (under one
+// lock) with the process whose range it is. After fork() the child holds
+// none of them until it keeps one (MapPrivately); mapping a fixed-address
+// heap first gives back an inherited, unkept mapping of the same range
+// (after which that MappedHeap maps nothing more), so a child can attach
+// a heap its parent had attached.
 //
 // Thread safety: MapUpTo, MapUpToFileSize, Flush and the accessors may run
 // on any thread, beside the fault handler. StartGrowth, StopGrowth,
-// MapPrivately, GiveBackInherited and the destructor must not run beside
-// anything else.
+// MapPrivately, UnmapInForkedChild and the destructor must not run beside
+// anything else on this object.
 #ifndef HEAPD_CLIENT_MAPPED_HEAP_H_
 #define HEAPD_CLIENT_MAPPED_HEAP_H_
 
@@ -72,13 +73,10 @@ class MappedHeap {
   // emptied the child's fault slots). A fixed-address heap's range is this
   // process's from now on.
   absl::Status MapPrivately(bool writable);
-  // In a child after fork(), for a fixed-address heap it did not keep:
-  // unmaps the range the parent's mapping holds, so this process may map
-  // the heap anew. Nothing may use this object's memory afterwards.
-  void GiveBackInherited();
-  // In a child after fork(), whether it kept the mapping or not: unmaps it
-  // and unlists it (the C API's detach of an inherited heap, which leaks
-  // the rest of the parent's objects on purpose).
+  // In a child after fork(), for a fixed-address heap, kept or not:
+  // unmaps it and gives its range back (the C API's detach of an inherited
+  // heap, which leaks the rest of the parent's objects on purpose). No-op
+  // for other heaps.
   void UnmapInForkedChild();
 
   char* base() const { return mapping_->base(); }
@@ -98,8 +96,10 @@ class MappedHeap {
 
   const std::string heap_name_;
   const int data_fd_;
-  // A fixed-address heap's slot in the process-wide list (-1: none).
-  int fixed_slot_ = -1;
+  void Unlist();
+  absl::Status GivenBack() const;  // FAILED_PRECONDITION: given_back_
+
+  bool fixed_ = false;                   // listed process-wide
   std::atomic<bool> given_back_{false};  // its mapping is gone (a forked child's)
   // Grows by MapHeapGrowth (MapUpTo, holding mu_, and the fault handler),
   // which raises mapped_bytes_; mapping_ adopts that size under mu_, and

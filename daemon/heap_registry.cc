@@ -221,6 +221,7 @@ void HeapRegistry::RefuseOverlappingRangesLocked() {
     spdlog::error("heap {}: {}", name, std::string(clash.message()));
     heaps_.erase(it);
     broken_.emplace(name, clash);
+    broken_ranges_.emplace(name, range);  // still held: no third heap takes it
   }
 }
 

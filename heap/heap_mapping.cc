@@ -108,8 +108,7 @@ absl::StatusOr<std::unique_ptr<HeapMapping>> HeapMapping::Map(int fd, uint64_t m
 HeapMapping::~HeapMapping() { Unmap(); }
 
 void HeapMapping::Unmap() {
-  if (unmapped_) return;
-  unmapped_ = true;
+  if (unmapped_.exchange(true)) return;
   munmap(base_ - prefix_bytes_, prefix_bytes_ + max_size_);
 }
 
@@ -141,6 +140,7 @@ absl::Status HeapMapping::MapRange(uint64_t begin, uint64_t end) {
 absl::Status HeapMapping::Extend(uint64_t new_size) {
   const uint64_t size = size_.load(std::memory_order_relaxed);
   if (new_size <= size) return absl::OkStatus();
+  if (unmapped_.load()) return absl::FailedPreconditionError("the heap's mapping is gone");
   if (new_size > max_size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot map ", new_size, " bytes in a ", max_size_, "-byte reservation"));

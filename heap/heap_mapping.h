@@ -92,8 +92,8 @@ class HeapMapping {
   uint64_t prefix_bytes_;
   std::atomic<uint64_t> size_{0};  // written by Extend only
   bool writable_;
-  const bool map_sync_;    // every range is mapped with MAP_SYNC
-  bool unmapped_ = false;  // by Unmap
+  const bool map_sync_;                // every range is mapped with MAP_SYNC
+  std::atomic<bool> unmapped_{false};  // by Unmap
 };
 
 }  // namespace heapd

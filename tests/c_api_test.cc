@@ -2,6 +2,7 @@
 // links by offset, arrays, errors with errno and heapd_last_error, and what
 // a second process sees.
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -211,6 +212,14 @@ TEST_F(CApiTest, AForkedChildAttachesAFixedAddressHeapItself) {
   options.fixed_address = 1;
   heapd_heap* fixed = heapd_attach("c-forked", &options);
   ASSERT_NE(fixed, nullptr) << heapd_last_error();
+  // Another fixed-address heap the children inherit: attaching the first
+  // gives back only that one's range.
+  heapd_heap* other = heapd_attach("c-other", &options);
+  ASSERT_NE(other, nullptr) << heapd_last_error();
+  heapd_heap_stats other_stats;
+  other_stats.struct_size = sizeof(other_stats);
+  ASSERT_EQ(heapd_stats(other, &other_stats), 0) << heapd_last_error();
+  char* const other_header = reinterpret_cast<char*>(other_stats.fixed_address) - 4096;
   auto* value = static_cast<uint64_t*>(heapd_named_malloc(fixed, "v", sizeof(uint64_t)));
   ASSERT_NE(value, nullptr) << heapd_last_error();
   *value = 41;
@@ -227,6 +236,10 @@ TEST_F(CApiTest, AForkedChildAttachesAFixedAddressHeapItself) {
       }
       heapd_heap* own = heapd_attach("c-forked", &options);
       if (own == nullptr) _exit(14);
+      // c-other's inherited mapping is still there (its header page).
+      void* probe = mmap(other_header, 4096, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      if (probe != MAP_FAILED || errno != EEXIST) _exit(17);
       auto* seen = static_cast<uint64_t*>(heapd_find(own, "v", nullptr));
       if (seen != value || *seen != before) _exit(15);  // the same address, the heap's contents
       *seen = kept ? 43 : 42;
@@ -238,6 +251,7 @@ TEST_F(CApiTest, AForkedChildAttachesAFixedAddressHeapItself) {
     EXPECT_EQ(*value, kept ? 43u : 42u) << "the child's own session wrote the heap";
   }
   EXPECT_EQ(heapd_detach(fixed), 0) << heapd_last_error();
+  EXPECT_EQ(heapd_detach(other), 0) << heapd_last_error();
 }
 
 // The reader AFixedAddressHeapKeepsPlainPointers runs in another process.

@@ -101,10 +101,12 @@ int heapd_detach(heapd_heap* heap);
  * copy-on-write view (what it reads is the heap, what it writes stays in the
  * child) and lets go of the parent's session (heapd sees the parent's end
  * when it comes). Every call on `heap` but heapd_offset, heapd_pointer and
- * heapd_detach (which then only forgets it) fails with EPERM afterwards —
- * as it does in a child that did not call this, whose inherited mapping is
- * then left as it is (on a heap with content rollback: absent). To share
- * writes, attach the heap in the child. */
+ * heapd_detach (which then only forgets it; a fixed-address heap's mapping
+ * it also unmaps) fails with EPERM afterwards — as it does in a child that
+ * did not call this, whose inherited mapping is then left as it is (on a
+ * heap with content rollback: absent) until the child attaches that
+ * fixed-address heap itself. To share writes, attach the heap in the
+ * child: a fixed-address heap kept here only once this copy is detached. */
 int heapd_forked_child(heapd_heap* heap);
 
 /* `size` bytes aligned to 16 (as malloc's), uninitialized; NULL when the
