@@ -291,14 +291,6 @@ double Ingest(Graph& graph, const std::vector<std::pair<uint64_t, uint64_t>>& ed
   return Seconds(Clock::now() - t0);
 }
 
-void RemoveHeap(Client& client, const std::string& name) {
-  v1::RemoveHeapRequest request;
-  request.set_heap(name);
-  v1::RemoveHeapResponse response;
-  grpc::ClientContext context;
-  (void)StubOf(client).RemoveHeap(&context, request, &response);
-}
-
 struct B3Result {
   double ingest = 0;       // s
   double close = 0;        // sync + detach, s

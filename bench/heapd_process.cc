@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/client_channel.h"
 
 extern char** environ;
 
@@ -97,6 +98,15 @@ HeapdProcess::~HeapdProcess() {
     umount2(dir_.c_str(), MNT_DETACH);
     std::filesystem::remove(dir_, ignored);
   }
+}
+
+void RemoveHeap(Client& client, const std::string& name) {
+  v1::RemoveHeapRequest request;
+  request.set_heap(name);
+  v1::RemoveHeapResponse response;
+  grpc::ClientContext context;
+  ChannelOf(client).Prepare(&context);
+  (void)StubOf(client).RemoveHeap(&context, request, &response);
 }
 
 double Median(std::vector<double> values) {

@@ -57,6 +57,10 @@ class HeapdProcess {
   std::unique_ptr<Client> client_;
 };
 
+// Removes heap `name` through `client`, if it exists (an error is ignored:
+// the benchmarks call it to start clean and to free tmpfs pages).
+void RemoveHeap(Client& client, const std::string& name);
+
 // The median (the upper one of an even count). REQUIRES: !values.empty().
 double Median(std::vector<double> values);
 

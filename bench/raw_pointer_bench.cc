@@ -89,14 +89,6 @@ double Ingest(Graph& graph, const Edges& edges) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void RemoveHeap(Client& client, const std::string& name) {
-  v1::RemoveHeapRequest request;
-  request.set_heap(name);
-  v1::RemoveHeapResponse response;
-  grpc::ClientContext context;
-  (void)StubOf(client).RemoveHeap(&context, request, &response);
-}
-
 // With `cold`, after glibc gave its free memory back.
 template <template <typename...> class MapTemplate>
 double InDram(const Edges& edges, bool cold) {

@@ -297,6 +297,13 @@ std::vector<std::pair<std::string, AddressRange>> HeapRegistry::FixedRangesLocke
   return ranges;
 }
 
+uint64_t HeapRegistry::FixedBytesHeld() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t held = 0;
+  for (const auto& [name, range] : FixedRangesLocked("")) held += range.end - range.begin;
+  return held;
+}
+
 absl::StatusOr<uint64_t> HeapRegistry::PlaceLocked(const std::string& name, uint64_t max_size,
                                                    FixedPlacement fixed, bool replacing) const {
   if (!fixed.fixed) return 0;

@@ -205,6 +205,10 @@ class HeapRegistry {
 
   std::vector<std::shared_ptr<ServedHeap>> List() const;
 
+  // Bytes of the fixed-address window held (heap/fixed_address.h): by
+  // served heaps, reservations and heaps that failed to open.
+  uint64_t FixedBytesHeld() const;
+
   // Heaps that failed to open, with why.
   std::map<std::string, absl::Status> Broken() const;
 

@@ -213,6 +213,7 @@ TEST(HeapRegistryTest, AHeapThatFailsToOpenKeepsItsRange) {
   auto registry = HeapRegistry::Open(dir.path());
   ASSERT_TRUE(registry.ok()) << registry.status();
   ASSERT_EQ((*registry)->Broken().count("f"), 1u);
+  EXPECT_EQ((*registry)->FixedBytesHeld(), config.max_size + kFixedGuardBytes);
   const absl::Status taken =
       (*registry)->Reserve("g", 0, config.max_size, false, "", FixedPlacement{true, at}).status();
   EXPECT_EQ(taken.code(), absl::StatusCode::kFailedPrecondition) << taken;

@@ -108,12 +108,7 @@ class HeapStateCollector : public prometheus::Collectable {
     listed.reserve(served_heaps.size());
     double reserved_total = 0;
     double allocated_total = 0;
-    double fixed_window_held = 0;
     for (const std::shared_ptr<ServedHeap>& served : served_heaps) {
-      if (const HeapConfig& config = served->heap->config(); config.fixed_base != 0) {
-        const AddressRange range = FixedRangeOf(config.fixed_base, config.max_size);
-        fixed_window_held += static_cast<double>(range.end - range.begin);
-      }
       HeapStats stats = served->heap->Stats();
       reserved_total += static_cast<double>(stats.capacity_bytes);
       allocated_total += static_cast<double>(stats.directory.allocated_bytes);
@@ -140,9 +135,9 @@ class HeapStateCollector : public prometheus::Collectable {
                 "Size of the node-wide window fixed-address heaps are mapped in."),
         {}, static_cast<double>(kFixedWindowEnd - kFixedWindowBegin));
     Add(f.Gauge("heapd_fixed_address_window_held_bytes",
-                "Bytes of that window the fixed-address heaps served hold (maximum sizes and "
-                "guards)."),
-        {}, fixed_window_held);
+                "Bytes of that window fixed-address heaps hold (maximum sizes and guards; heaps "
+                "being made and heaps that failed to open too)."),
+        {}, static_cast<double>(heaps_->FixedBytesHeld()));
     Add(f.Gauge("heapd_heaps_unlisted",
                 "Heaps without per-heap series: beyond --metrics_heaps, those without clients, "
                 "under 90% full and with the least reserved bytes."),
