@@ -237,6 +237,11 @@ class ChunkDirectory {
   // Chunk `chunk` as a crash now would recover it (free, small with its
   // bitmap, or a committed large run's head). REQUIRES: within capacity.
   ChunkRecord PersistedRecord(uint32_t chunk) const { return Persisted(chunk); }
+  // The first chunk of the large run `chunk` lies in (its head), else
+  // `chunk` itself. REQUIRES: within capacity.
+  uint32_t RunStart(uint32_t chunk) const {
+    return chunks_[chunk].kind == ChunkKind::kLargeTail ? chunks_[chunk].head_chunk : chunk;
+  }
 
   // Leases held by `client`.
   size_t LeaseCount(ClientId client) const;

@@ -682,7 +682,13 @@ std::vector<FreshChunk> PersistentHeap::FreshChunksLocked(
   std::vector<FreshChunk> chunks;
   for (const std::pair<uint64_t, uint64_t>& range : ranges) {
     const uint64_t end = std::min(range.first + range.second, capacity);
-    for (uint64_t chunk = range.first / kChunkSize; chunk * kChunkSize < end;) {
+    if (range.first >= end) continue;
+    // A large object may begin before the range: memory handed out free at
+    // different times, next to each other, is one run to the client's
+    // reserve, which carves objects across them. Its pages in the range
+    // are this range's to log (LivePages cuts the run to the range).
+    for (uint64_t chunk = directory_->RunStart(static_cast<uint32_t>(range.first / kChunkSize));
+         chunk * kChunkSize < end;) {
       ChunkRecord record = directory_->PersistedRecord(static_cast<uint32_t>(chunk));
       chunk += record.kind == ChunkKind::kLargeHead ? record.run_chunks : 1;
       if (record.kind == ChunkKind::kFree) continue;

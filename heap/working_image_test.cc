@@ -321,6 +321,40 @@ TEST_F(WorkingImageTest, AnObjectReportedASyncLateInFreshMemoryIsLogged) {
       << "the page reads '" << ReadFd((*heap)->data_fd(), page, 1) << "...'";
 }
 
+// Chunks reserved for a session at different times, next to each other,
+// are one run to its client, which may carve a large object across them:
+// the sync logs the object's pages in both (found by multiprocess_test: the
+// pages past the first reservation never reached the data file).
+TEST_F(WorkingImageTest, ALargeObjectAcrossTwoReservationsIsLoggedWhole) {
+  const std::string head(4096, 'h'), tail(4096, 't');
+  uint64_t object = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(16));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    PersistentHeap& h = **heap;
+    auto journal = h.OpenUndoJournal(1);
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    auto first = h.ReserveLarge(1, 1, 1);
+    auto second = h.ReserveLarge(1, 1, 1);
+    ASSERT_TRUE(first.ok() && second.ok());
+    ASSERT_EQ(second->chunk, first->chunk + 1) << "the reservations are neighbours";
+    object = uint64_t{first->chunk} * kChunkSize;
+    const uint64_t last_page = object + 2 * kChunkSize - 4096;
+    ASSERT_EQ(pwrite(h.data_fd(), head.data(), 4096, static_cast<off_t>(object)), 4096);
+    ASSERT_EQ(pwrite(h.data_fd(), tail.data(), 4096, static_cast<off_t>(last_page)), 4096);
+    ReserveReport reserve;
+    reserve.placed.push_back(LargePlacement{first->chunk, 2});
+    ASSERT_TRUE(h.Sync(1, {}, 1, reserve).ok());
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, 1u);
+  EXPECT_TRUE(ReadFd((*heap)->data_fd(), object, 4096) == head);
+  EXPECT_TRUE(ReadFd((*heap)->data_fd(), object + 2 * kChunkSize - 4096, 4096) == tail)
+      << "the last page reads '" << ReadFd((*heap)->data_fd(), object + 2 * kChunkSize - 4096, 1)
+      << "...'";
+}
+
 // A sync with no content generation from a session that tracks its
 // stores commits none of them: refused on a working image, where the log
 // must carry what the sync commits; nothing changes.
