@@ -266,15 +266,17 @@ absl::StatusOr<std::string> HeapRegistry::ChooseStorage(const std::string& name,
 
 HeapRegistry::Usage HeapRegistry::UsageOfLocked(uint32_t uid) const {
   Usage usage;
-  for (const auto& [name, served] : heaps_) {
-    if (served->heap->config().owner_uid != uid) continue;
+  auto add = [&usage](uint64_t max_size, uint64_t fixed_base) {
     ++usage.heaps;
-    usage.bytes += served->heap->config().max_size;
+    usage.bytes += max_size;
+    if (fixed_base != 0) usage.fixed_bytes += FixedRangeBytes(max_size);
+  };
+  for (const auto& [name, served] : heaps_) {
+    const HeapConfig& config = served->heap->config();
+    if (config.owner_uid == uid) add(config.max_size, config.fixed_base);
   }
   for (const auto& [name, reserved] : reserved_) {
-    if (reserved.owner_uid != uid) continue;
-    ++usage.heaps;
-    usage.bytes += reserved.max_size;
+    if (reserved.owner_uid == uid) add(reserved.max_size, reserved.fixed_base);
   }
   return usage;
 }
@@ -382,8 +384,10 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
     Usage usage = UsageOfLocked(owner_uid);
     if (replacing && existing != heaps_.end() &&
         existing->second->heap->config().owner_uid == owner_uid) {
+      const HeapConfig& replaced = existing->second->heap->config();
       --usage.heaps;
-      usage.bytes -= existing->second->heap->config().max_size;
+      usage.bytes -= replaced.max_size;
+      if (replaced.fixed_base != 0) usage.fixed_bytes -= FixedRangeBytes(replaced.max_size);
     }
     if (usage.heaps >= limits_.heaps) {
       return absl::ResourceExhaustedError(
@@ -395,6 +399,14 @@ absl::StatusOr<HeapRegistry::Reservation> HeapRegistry::Reserve(const std::strin
           "uid ", owner_uid, "'s heaps have ", usage.bytes, " bytes of maximum size; heap ", name,
           " of ", max_size, " more would pass its limit of ", limits_.heap_bytes,
           " (--max_heap_bytes_per_user)"));
+    }
+    if (fixed.fixed &&
+        usage.fixed_bytes + FixedRangeBytes(max_size) > limits_.fixed_address_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", owner_uid, "'s fixed-address heaps hold ", usage.fixed_bytes,
+          " bytes of the node's fixed-address window; heap ", name, " would take ",
+          FixedRangeBytes(max_size), " more (its maximum size and a guard), past the limit of ",
+          limits_.fixed_address_bytes, " (--max_fixed_address_bytes_per_user)"));
     }
   }
   absl::StatusOr<uint64_t> fixed_base = PlaceLocked(name, max_size, fixed, replacing);

@@ -224,7 +224,8 @@ class HeapRegistry {
  private:
   struct Usage {
     uint32_t heaps = 0;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;        // of maximum size
+    uint64_t fixed_bytes = 0;  // of the fixed-address window
   };
   HeapRegistry(std::vector<StorageTier> tiers, HeapOptions options, UserLimits limits)
       : tiers_(std::move(tiers)), options_(options), limits_(limits) {}

@@ -114,6 +114,40 @@ TEST(HeapRegistryTest, CreateGetListRemoveAndReopen) {
 // Fixed-address heaps hold their ranges in the registry: reserved ones
 // too, across a restart, and two heap directories recording one range
 // (one copied by hand) are not both served.
+// A user's fixed-address ranges (reservations and heaps) count against
+// their share of the window; a replaced heap's range is its
+// replacement's; root is not limited.
+TEST(HeapRegistryTest, AUsersFixedAddressRangesStayWithinTheirShare) {
+  TestDir dir;
+  UserLimits limits;
+  const HeapConfig config = Config(1000);
+  limits.fixed_address_bytes = 2 * FixedRangeBytes(config.max_size);
+  auto registry = HeapRegistry::Open(dir.path(), HeapOptions(), limits);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  const FixedPlacement fixed{true, 0};
+  absl::StatusOr<HeapRegistry::Reservation> a =
+      (*registry)->Reserve("a", 1000, config.max_size, false, "", fixed);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*registry)->Create(*std::move(a), config).ok());
+  {
+    absl::StatusOr<HeapRegistry::Reservation> b =
+        (*registry)->Reserve("b", 1000, config.max_size, false, "", fixed);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const absl::Status third =
+        (*registry)->Reserve("c", 1000, config.max_size, false, "", fixed).status();
+    EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+    EXPECT_NE(third.message().find("uid 1000's fixed-address heaps hold"), std::string::npos)
+        << third;
+    // Not fixed, or another user's, or root's: not this share.
+    EXPECT_TRUE((*registry)->Reserve("plain", 1000, config.max_size).ok());
+    EXPECT_TRUE((*registry)->Reserve("theirs", 1001, config.max_size, false, "", fixed).ok());
+    EXPECT_TRUE((*registry)->Reserve("root", 0, config.max_size, false, "", fixed).ok());
+    // Replacing a keeps within the share: a's range becomes its replacement's.
+    EXPECT_TRUE((*registry)->Reserve("a", 1000, config.max_size, true, "", fixed).ok());
+  }  // b goes: its range is free again
+  EXPECT_TRUE((*registry)->Reserve("c", 1000, config.max_size, false, "", fixed).ok());
+}
+
 TEST(HeapRegistryTest, FixedAddressRangesAreHeldOnceAndKeptAcrossRestarts) {
   TestDir dir;
   auto registry = HeapRegistry::Open(dir.path());

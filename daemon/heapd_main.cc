@@ -135,6 +135,10 @@ ABSL_FLAG(heapd::ByteSize, store_cache_bytes, heapd::ByteSize{uint64_t{1} << 30}
 ABSL_FLAG(uint32_t, max_heaps_per_user, heapd::UserLimits().heaps, "heaps a user may own");
 ABSL_FLAG(heapd::ByteSize, max_heap_bytes_per_user, heapd::ByteSize{heapd::UserLimits().heap_bytes},
           "sum of the maximum sizes of a user's heaps");
+ABSL_FLAG(heapd::ByteSize, max_fixed_address_bytes_per_user,
+          heapd::ByteSize{heapd::UserLimits().fixed_address_bytes},
+          "bytes of the node's fixed-address window a user's fixed-address heaps may hold "
+          "(their maximum sizes plus a 2 MiB guard each; the window is 25 TiB for every user)");
 ABSL_FLAG(uint64_t, max_names_per_heap, heapd::UserLimits().names_per_heap,
           "names one heap may hold");
 ABSL_FLAG(uint32_t, max_sessions_per_user, heapd::UserLimits().sessions,
@@ -214,6 +218,7 @@ UserLimits LimitsFromFlags() {
   UserLimits limits;
   limits.heaps = absl::GetFlag(FLAGS_max_heaps_per_user);
   limits.heap_bytes = absl::GetFlag(FLAGS_max_heap_bytes_per_user).bytes;
+  limits.fixed_address_bytes = absl::GetFlag(FLAGS_max_fixed_address_bytes_per_user).bytes;
   limits.names_per_heap = absl::GetFlag(FLAGS_max_names_per_heap);
   limits.sessions = absl::GetFlag(FLAGS_max_sessions_per_user);
   limits.connections = absl::GetFlag(FLAGS_max_connections_per_user);

@@ -16,6 +16,11 @@ struct UserLimits {
   uint32_t heaps = 64;
   // Sum of the maximum sizes of a user's heaps (a restore counts too).
   uint64_t heap_bytes = uint64_t{1} << 40;
+  // Bytes of the node's fixed-address window (heap/fixed_address.h, 25
+  // TiB) a user's fixed-address heaps hold: their ranges, guards included.
+  // The window is one budget for every user: at this default, 100 users'
+  // full shares fit in it.
+  uint64_t fixed_address_bytes = uint64_t{256} << 30;
   // Names bound in one heap (by anyone).
   uint64_t names_per_heap = uint64_t{1} << 20;
   // Sessions a user has attached at once.
@@ -35,10 +40,10 @@ struct UserLimits {
 
 // The limit names of heapd_limit_refusals_total, as the flags without
 // their "max_" prefix.
-inline constexpr const char* kLimitNames[] = {"heaps_per_user",          "heap_bytes_per_user",
-                                              "names_per_heap",          "sessions_per_user",
-                                              "connections_per_user",    "snapshot_bytes_per_user",
-                                              "snapshot_calls_per_user", "calls_per_user"};
+inline constexpr const char* kLimitNames[] = {
+    "heaps_per_user",          "heap_bytes_per_user",  "names_per_heap",
+    "sessions_per_user",       "connections_per_user", "snapshot_bytes_per_user",
+    "snapshot_calls_per_user", "calls_per_user",       "fixed_address_bytes_per_user"};
 
 }  // namespace heapd
 

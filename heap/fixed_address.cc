@@ -10,6 +10,8 @@ AddressRange FixedRangeOf(uint64_t fixed_base, uint64_t max_size) {
   return AddressRange{fixed_base - kFixedGuardBytes, fixed_base + max_size};
 }
 
+uint64_t FixedRangeBytes(uint64_t max_size) { return kFixedGuardBytes + max_size; }
+
 std::string RangeString(const AddressRange& range) {
   return absl::StrCat("0x", absl::Hex(range.begin), "..0x", absl::Hex(range.end));
 }

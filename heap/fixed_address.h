@@ -59,6 +59,8 @@ struct AddressRange {
 
 // The range a heap at `fixed_base` of `max_size` bytes occupies.
 AddressRange FixedRangeOf(uint64_t fixed_base, uint64_t max_size);
+// Its length: the bytes of the window such a heap holds.
+uint64_t FixedRangeBytes(uint64_t max_size);
 
 // OK if a heap of `max_size` bytes may sit at `fixed_base`: 2 MiB aligned
 // and its whole range inside the window. INVALID_ARGUMENT saying which

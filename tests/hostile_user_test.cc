@@ -559,6 +559,32 @@ TEST_F(HostileUserTest, AForgedFixedAddressTakesNoOnesRange) {
   ExpectVictimsUntouched();
 }
 
+// The fixed-address window is one budget for the node: a user who makes
+// fixed-address heaps until heapd refuses stops at their share
+// (--max_fixed_address_bytes_per_user, 256 GiB by default), and another
+// user still gets a range.
+TEST_F(HostileUserTest, FixedAddressHeapsStopAtTheirOwnersShareOfTheWindow) {
+  const std::string size = absl::StrCat("--max_size=", uint64_t{64} << 30);
+  int made = 0;
+  ChildResult refused;
+  for (int i = 0; i < 8; ++i) {
+    refused = Ctl(kAttacker, {"heap", "create", absl::StrCat("fill-", i), size, "--fixed_address"});
+    if (!refused.Exited(0)) break;
+    ++made;
+  }
+  EXPECT_EQ(made, 3) << "64 GiB ranges and their guards: three fit in 256 GiB";
+  EXPECT_NE(refused.output.find("--max_fixed_address_bytes_per_user"), std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("RESOURCE_EXHAUSTED"), std::string::npos) << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(Dir("state/heaps/fill-3")));
+  const ChildResult other =
+      Ctl(kOtherUser, {"heap", "create", "o-share", "--max_size=67108864", "--fixed_address"});
+  EXPECT_TRUE(other.Exited(0)) << other.output;
+  // A heap that is not fixed counts only against the other limits.
+  EXPECT_TRUE(Ctl(kAttacker, {"heap", "create", "fill-plain", "--max_size=67108864"}).Exited(0));
+  ExpectVictimsUntouched();
+}
+
 // Another user binds a socket where a client would look for heapd: the
 // client sends it nothing.
 TEST_F(HostileUserTest, ASquattedSocketGetsNothingFromClients) {
