@@ -298,6 +298,8 @@ void ContentUndo::RefreshLocked(ClientId session, Journal& journal) {
     EmptyJournal(journal.fd.get());
     return;
   }
+  // Every sync looks at every live journal: most have nothing new.
+  if (journal.read_to + kUndoHeaderBytes > size) return;
   std::string record(kUndoImageRecordBytes, '\0');
   while (journal.read_to + kUndoHeaderBytes <= size) {
     const ssize_t n = pread(journal.fd.get(), record.data(), record.size(), journal.read_to);
