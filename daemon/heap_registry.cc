@@ -90,7 +90,7 @@ namespace {
 // The fixed address range the heap directory `dir` records, if its
 // checkpoint reads and records one (heapd's own directory: trusted as far
 // as ValidateFixedBase).
-std::optional<AddressRange> RecordedFixedRange(const std::string& dir) {
+std::optional<HeldRange> RecordedFixedRange(const std::string& dir) {
   UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.valid()) return std::nullopt;
   absl::StatusOr<std::string> bytes = ReadFileAt(fd.get(), kCheckpointFileName, uint64_t{1} << 30);
@@ -100,7 +100,8 @@ std::optional<AddressRange> RecordedFixedRange(const std::string& dir) {
       !ValidateFixedBase(checkpoint->config.fixed_base, checkpoint->config.max_size).ok()) {
     return std::nullopt;
   }
-  return FixedRangeOf(checkpoint->config.fixed_base, checkpoint->config.max_size);
+  return HeldRange{FixedRangeOf(checkpoint->config.fixed_base, checkpoint->config.max_size),
+                   checkpoint->config.owner_uid};
 }
 
 }  // namespace
@@ -183,7 +184,7 @@ absl::StatusOr<std::unique_ptr<HeapRegistry>> HeapRegistry::Open(std::vector<Sto
       spdlog::error("heap {} cannot be opened and is left as it is: {}", name,
                     heap.status().ToString());
       registry->broken_.emplace(name, heap.status());
-      if (std::optional<AddressRange> range =
+      if (std::optional<HeldRange> range =
               RecordedFixedRange(absl::StrCat(HeapsDirOf(tier), "/", name))) {
         registry->broken_ranges_.emplace(name, *range);
       }
@@ -219,9 +220,10 @@ void HeapRegistry::RefuseOverlappingRangesLocked() {
         absl::StrCat("its fixed address range ", RangeString(range), " overlaps heap ", other,
                      "'s; neither is served until one is removed"));
     spdlog::error("heap {}: {}", name, std::string(clash.message()));
+    // Still held: no third heap takes it.
+    broken_ranges_.emplace(name, HeldRange{range, it->second->heap->config().owner_uid});
     heaps_.erase(it);
     broken_.emplace(name, clash);
-    broken_ranges_.emplace(name, range);  // still held: no third heap takes it
   }
 }
 
@@ -278,6 +280,11 @@ HeapRegistry::Usage HeapRegistry::UsageOfLocked(uint32_t uid) const {
   for (const auto& [name, reserved] : reserved_) {
     if (reserved.owner_uid == uid) add(reserved.max_size, reserved.fixed_base);
   }
+  // Heaps that failed to open still hold their ranges (only the share of
+  // the window counts them: they are not served).
+  for (const auto& [name, held] : broken_ranges_) {
+    if (held.owner_uid == uid) usage.fixed_bytes += held.range.end - held.range.begin;
+  }
   return usage;
 }
 
@@ -293,8 +300,8 @@ std::vector<std::pair<std::string, AddressRange>> HeapRegistry::FixedRangesLocke
     if (reserved.fixed_base == 0 || name == except) continue;
     ranges.emplace_back(name, FixedRangeOf(reserved.fixed_base, reserved.max_size));
   }
-  for (const auto& [name, range] : broken_ranges_) {
-    if (name != except) ranges.emplace_back(name, range);
+  for (const auto& [name, held] : broken_ranges_) {
+    if (name != except) ranges.emplace_back(name, held.range);
   }
   return ranges;
 }
@@ -485,12 +492,32 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::AddRestored(Reservatio
   if (absl::Status s = restored.Commit(reservation.name()); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<PersistentHeap>> heap =
       PersistentHeap::Open(absl::StrCat(*heaps_dir, "/", reservation.name()), options_);
-  if (!heap.ok()) return heap.status();
+  if (!heap.ok()) return AddBroken(std::move(reservation), heap.status());
   if ((*heap)->config().fixed_base != reservation.fixed_base()) {
-    return absl::InternalError(absl::StrCat("restored heap ", reservation.name(),
-                                            " opened at another fixed address than was reserved"));
+    absl::Status moved =
+        absl::InternalError(absl::StrCat("restored heap ", reservation.name(),
+                                         " opened at another fixed address than was reserved"));
+    return AddBroken(std::move(reservation), std::move(moved));
   }
   return Add(std::move(reservation), *std::move(heap));
+}
+
+absl::Status HeapRegistry::AddBroken(Reservation reservation, absl::Status why) {
+  spdlog::error("heap {} cannot be opened and is left as it is: {}", reservation.name(),
+                why.ToString());
+  absl::MutexLock lock(&mu_);
+  auto reserved = reserved_.find(reservation.name());
+  if (reserved != reserved_.end()) {
+    if (reserved->second.fixed_base != 0) {
+      broken_ranges_.emplace(reservation.name(), HeldRange{FixedRangeOf(reserved->second.fixed_base,
+                                                                        reserved->second.max_size),
+                                                           reserved->second.owner_uid});
+    }
+    reserved_.erase(reserved);
+  }
+  reservation.registry_ = nullptr;
+  broken_.emplace(reservation.name(), why);
+  return why;
 }
 
 absl::StatusOr<std::shared_ptr<ServedHeap>> HeapRegistry::Get(absl::string_view name) const {

@@ -86,6 +86,13 @@ class ServedHeap {
 std::shared_ptr<ServedHeap> MakeServedHeap(const std::string& name, const std::string& storage,
                                            std::unique_ptr<PersistentHeap> heap);
 
+// A fixed address range a heap that failed to open holds, and whose heap it
+// was.
+struct HeldRange {
+  AddressRange range;
+  uint32_t owner_uid = 0;
+};
+
 // Where a new heap maps (heap/fixed_address.h).
 struct FixedPlacement {
   bool fixed = false;
@@ -170,7 +177,9 @@ class HeapRegistry {
                                                      const HeapConfig& config);
 
   // Renames the restored heap directory (built in the reservation's tier's
-  // heaps_dir) into place as the reserved heap and opens it.
+  // heaps_dir) into place as the reserved heap and opens it. One that then
+  // fails to open stays as a heap that failed to open (Get says why, Remove
+  // removes it), holding its fixed address range.
   absl::StatusOr<std::shared_ptr<ServedHeap>> AddRestored(Reservation reservation,
                                                           RestoredHeapDir& restored);
 
@@ -237,6 +246,10 @@ class HeapRegistry {
   void Release(const std::string& name);
   absl::StatusOr<std::shared_ptr<ServedHeap>> Add(Reservation reservation,
                                                   std::unique_ptr<PersistentHeap> heap);
+  // The reserved heap's directory is in place but failed to open (`why`,
+  // returned): it is listed as a heap that failed to open, holding its
+  // fixed address range, until removed.
+  absl::Status AddBroken(Reservation reservation, absl::Status why);
   Usage UsageOfLocked(uint32_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The fixed address ranges held, by heap name, except `except`'s.
   std::vector<std::pair<std::string, AddressRange>> FixedRangesLocked(
@@ -257,7 +270,7 @@ class HeapRegistry {
   std::map<std::string, absl::Status, std::less<>> broken_ ABSL_GUARDED_BY(mu_);
   // The fixed address ranges heaps in broken_ record (those whose
   // checkpoint could be read): held, so no other heap takes them.
-  std::map<std::string, AddressRange, std::less<>> broken_ranges_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, HeldRange, std::less<>> broken_ranges_ ABSL_GUARDED_BY(mu_);
   // Names being built.
   struct Reserved {
     uint32_t owner_uid;

@@ -10,7 +10,9 @@
 
 #include "daemon/descriptor_room.h"
 #include "gtest/gtest.h"
+#include "heap/heap_dir.h"
 #include "heap/test_dir.h"
+#include "snapshot/snapshot_store.h"
 
 namespace heapd {
 namespace {
@@ -229,13 +231,15 @@ TEST(HeapRegistryTest, FixedAddressRangesAreHeldOnceAndKeptAcrossRestarts) {
 // checkpoint says which) until it is removed.
 TEST(HeapRegistryTest, AHeapThatFailsToOpenKeepsItsRange) {
   TestDir dir;
-  const HeapConfig config = Config();
+  const HeapConfig config = Config(1000);
+  UserLimits limits;
+  limits.fixed_address_bytes = FixedRangeBytes(config.max_size);  // one heap's
   uint64_t at = 0;
   {
-    auto registry = HeapRegistry::Open(dir.path());
+    auto registry = HeapRegistry::Open(dir.path(), HeapOptions(), limits);
     ASSERT_TRUE(registry.ok()) << registry.status();
     absl::StatusOr<HeapRegistry::Reservation> reserved =
-        (*registry)->Reserve("f", 0, config.max_size, false, "", FixedPlacement{true, 0});
+        (*registry)->Reserve("f", 1000, config.max_size, false, "", FixedPlacement{true, 0});
     ASSERT_TRUE(reserved.ok()) << reserved.status();
     at = reserved->fixed_base();
     ASSERT_TRUE((*registry)->Create(*std::move(reserved), config).ok());
@@ -244,10 +248,14 @@ TEST(HeapRegistryTest, AHeapThatFailsToOpenKeepsItsRange) {
   // still reads.
   std::filesystem::remove(dir.Sub("heaps/f/data"));
   std::filesystem::create_directory(dir.Sub("heaps/f/data"));
-  auto registry = HeapRegistry::Open(dir.path());
+  auto registry = HeapRegistry::Open(dir.path(), HeapOptions(), limits);
   ASSERT_TRUE(registry.ok()) << registry.status();
   ASSERT_EQ((*registry)->Broken().count("f"), 1u);
   EXPECT_EQ((*registry)->FixedBytesHeld(), config.max_size + kFixedGuardBytes);
+  // It still counts against its owner's share of the window.
+  const absl::Status share =
+      (*registry)->Reserve("e", 1000, config.max_size, false, "", FixedPlacement{true, 0}).status();
+  EXPECT_EQ(share.code(), absl::StatusCode::kResourceExhausted) << share;
   const absl::Status taken =
       (*registry)->Reserve("g", 0, config.max_size, false, "", FixedPlacement{true, at}).status();
   EXPECT_EQ(taken.code(), absl::StatusCode::kFailedPrecondition) << taken;
@@ -262,6 +270,61 @@ TEST(HeapRegistryTest, AHeapThatFailsToOpenKeepsItsRange) {
   (*registry)->DeleteRemoved(*std::move(removed));
   EXPECT_TRUE(
       (*registry)->Reserve("g", 0, config.max_size, false, "", FixedPlacement{true, at}).ok());
+}
+
+// A restored heap directory renamed into place that then fails to open
+// stays a heap that failed to open: listed, holding its range (no other
+// heap takes it), removable.
+TEST(HeapRegistryTest, ARestoreThatFailsToOpenHoldsItsRangeUntilRemoved) {
+  TestDir dir;
+  auto registry = HeapRegistry::Open(dir.path());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  const HeapConfig config = Config();
+  uint64_t at = 0;
+  {
+    absl::StatusOr<HeapRegistry::Reservation> reserved =
+        (*registry)->Reserve("src", 0, config.max_size, false, "", FixedPlacement{true, 0});
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    at = reserved->fixed_base();
+    ASSERT_TRUE((*registry)->Create(*std::move(reserved), config).ok());
+  }
+  ASSERT_TRUE((*registry)->SyncAll().ok());
+  std::filesystem::copy(dir.Sub("heaps/src"), dir.Sub("copy"),
+                        std::filesystem::copy_options::recursive);
+  absl::StatusOr<HeapRegistry::Removed> removed = (*registry)->Remove("src");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  (*registry)->DeleteRemoved(*std::move(removed));
+  // The restore: src's files, but a data file that cannot open.
+  absl::StatusOr<std::unique_ptr<HeapDirBuilder>> built =
+      HeapDirBuilder::Start(dir.Sub("heaps"), "r", HiddenPurpose::kRestoring);
+  ASSERT_TRUE(built.ok()) << built.status();
+  for (const auto& entry : std::filesystem::directory_iterator(dir.Sub("copy"))) {
+    const std::string name = entry.path().filename();
+    if (name == "lock") continue;
+    if (name == "data") {
+      std::filesystem::create_directory((*built)->PathOf(name));
+    } else {
+      std::filesystem::copy(entry.path(), (*built)->PathOf(name),
+                            std::filesystem::copy_options::recursive);
+    }
+  }
+  RestoredHeapDir restored(*std::move(built), config);
+  absl::StatusOr<HeapRegistry::Reservation> reserved =
+      (*registry)->Reserve("r", 0, config.max_size, false, "", FixedPlacement{true, at});
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  const absl::Status failed = (*registry)->AddRestored(*std::move(reserved), restored).status();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ((*registry)->Get("r").status().code(), failed.code());
+  EXPECT_EQ((*registry)->Broken().count("r"), 1u);
+  EXPECT_EQ((*registry)->FixedBytesHeld(), FixedRangeBytes(config.max_size));
+  const absl::Status taken =
+      (*registry)->Reserve("s", 0, config.max_size, false, "", FixedPlacement{true, at}).status();
+  EXPECT_NE(taken.message().find("heap r holds"), std::string::npos) << taken;
+  removed = (*registry)->Remove("r");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  (*registry)->DeleteRemoved(*std::move(removed));
+  EXPECT_EQ((*registry)->FixedBytesHeld(), 0u);
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("heaps/r")));
 }
 
 // A call still holding a removed heap (a snapshot, a sync) must not reach

@@ -214,7 +214,9 @@ absl::StatusOr<std::shared_ptr<ServedHeap>> HeapdService::NewHeap(
 absl::Status HeapdService::CountIfLimited(absl::Status status) const {
   if (status.code() != absl::StatusCode::kResourceExhausted) return status;
   for (const char* limit : kLimitNames) {
-    if (absl::StrContains(status.message(), absl::StrCat("--max_", limit))) {
+    // Messages end the limit's part with "(--max_LIMIT)"; heap names,
+    // which messages carry too, cannot hold a parenthesis.
+    if (absl::StrContains(status.message(), absl::StrCat("(--max_", limit, ")"))) {
       metrics_->CountLimitRefusal(limit);
     }
   }

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "heap/heap_dir.h"
 #include "heap/test_dir.h"
+#include "prometheus/metric_family.h"
 
 namespace heapd {
 namespace {
@@ -142,6 +143,31 @@ class HeapdServiceTest : public ::testing::Test {
   Caller caller_;
   std::unique_ptr<HeapdService> service_;
 };
+
+// A refusal counts once, under its own limit's label, whatever the heap's
+// name says (names may hold "--max_...").
+TEST_F(HeapdServiceTest, ARefusalCountsUnderItsOwnLimitOnly) {
+  auto refusals = [this](const std::string& limit) {
+    for (const prometheus::MetricFamily& family : metrics_.registry().Collect()) {
+      if (family.name != "heapd_limit_refusals_total") continue;
+      for (const prometheus::ClientMetric& metric : family.metric) {
+        for (const prometheus::ClientMetric::Label& label : metric.label) {
+          if (label.value == limit) return metric.counter.value;
+        }
+      }
+    }
+    return -1.0;
+  };
+  v1::CreateHeapRequest create;
+  create.set_name("x--max_heaps_per_user--max_calls_per_user");
+  create.set_max_size(uint64_t{2} << 40);  // past Alice's 1 TiB
+  v1::HeapInfo info;
+  const grpc::Status refused = Call(&HeapdService::CreateHeap, create, &info);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_EQ(refusals("heap_bytes_per_user"), 1.0);
+  EXPECT_EQ(refusals("heaps_per_user"), 0.0);
+  EXPECT_EQ(refusals("calls_per_user"), 0.0);
+}
 
 TEST_F(HeapdServiceTest, AHeapIsReadAndWrittenAsItsOwnerAndModeAllow) {
   caller_ = kBob;  // neither owner nor in the group
