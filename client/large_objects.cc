@@ -15,6 +15,12 @@ namespace heapd {
 absl::StatusOr<uint64_t> LargeObjects::Allocate(uint64_t size) {
   const uint64_t chunks = (size + kChunkSize - 1) / kChunkSize;
   if (chunks > kMaxCarvedChunks) {
+    // With the sync lock held from the grant to its Unprotect, as for a
+    // top-up: heapd keeps memory it hands out free open to stores without
+    // pre-images across one sync of the session, never two
+    // (ContentUndo::Forget); a thread stalled in between while others
+    // synced would store where heapd no longer logs.
+    absl::MutexLock sync_lock(session_.sync_mu);
     absl::StatusOr<LargePlacement> run;
     if (absl::Status s = WithReserveBack(
             [&] { return (run = TakeFromHeapd(size, /*reserve=*/false, 0)).status(); });
