@@ -136,14 +136,35 @@ void ChunkDirectory::Settle(uint32_t chunk) {
   }
 }
 
+bool ChunkDirectory::Reclass(ClientId client, uint32_t chunk, uint32_t size_class) {
+  if (chunk >= chunks_.size() || size_class >= kNumSizeClasses) return false;
+  Chunk& c = chunks_[chunk];
+  if (c.kind != ChunkKind::kSmall || c.lessee != client || client == 0 ||
+      c.size_class == size_class || c.bitmap->live() != 0 || !c.remote_frees.empty()) {
+    return false;
+  }
+  ++c.incarnation;
+  c.size_class = static_cast<uint8_t>(size_class);
+  c.bitmap = std::make_unique<SlotBitmap>(SlotsPerChunk(size_class));
+  MarkDirty(chunk);
+  return true;
+}
+
 absl::StatusOr<std::vector<LeaseGrant>> ChunkDirectory::Lease(ClientId client, uint32_t size_class,
-                                                              uint32_t count) {
+                                                              uint32_t count,
+                                                              absl::Span<const uint32_t> reuse) {
   if (client == 0) return absl::InvalidArgumentError("client id 0 is reserved");
   if (size_class >= kNumSizeClasses) {
     return absl::InvalidArgumentError(
         absl::StrCat("size class ", size_class, " does not exist (0..", kNumSizeClasses - 1, ")"));
   }
   std::vector<LeaseGrant> grants;
+  for (uint32_t chunk : reuse) {
+    if (grants.size() == count) break;
+    if (Reclass(client, chunk, size_class)) {
+      grants.push_back(LeaseGrant{chunk, size_class, chunks_[chunk].bitmap->words()});
+    }
+  }
   std::set<uint32_t>& partial = leasable_[size_class];
   while (grants.size() < count) {
     uint32_t chunk;

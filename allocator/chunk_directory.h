@@ -123,11 +123,23 @@ class ChunkDirectory {
   // Adds free chunks up to `capacity_chunks`. REQUIRES: not a shrink.
   void Grow(uint32_t capacity_chunks);
 
-  // Leases up to `count` chunks of `size_class` to `client`: unleased partly
-  // used chunks first, then free ones. Returns an empty vector when no chunk
-  // is available (the caller grows the heap and retries).
+  // Leases up to `count` chunks of `size_class` to `client`: first the
+  // chunks of `reuse` it may take back as this class (Reclass), then
+  // unleased partly used chunks, then free ones. Returns an empty vector
+  // when no chunk is available (the caller grows the heap and retries).
   absl::StatusOr<std::vector<LeaseGrant>> Lease(ClientId client, uint32_t size_class,
-                                                uint32_t count);
+                                                uint32_t count,
+                                                absl::Span<const uint32_t> reuse = {});
+  // Makes `client`'s leased chunk `chunk`, which its client emptied, a
+  // chunk of `size_class` (still leased to it, empty): true if it did. Only
+  // a chunk with no object as the daemon knows it (its last report, or as
+  // it was leased, is empty: the last commit holds none there, so a crash
+  // or the client's death leaves it empty too), no free of another queued
+  // there, and of another class. Frees deferred against its old objects
+  // are then void (its incarnation moves on, as a chunk's that became
+  // free). Anything else (not this client's, not small, a hostile offer)
+  // is left as it is: false.
+  bool Reclass(ClientId client, uint32_t chunk, uint32_t size_class);
 
   // Records `client`'s view of chunks it leases and returns what the daemon
   // changed in it: frees by others of slots live in the client's view (in

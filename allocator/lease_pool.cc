@@ -23,11 +23,19 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
       return Allocate(size_class);
     }
   }
+  const std::vector<uint32_t> offered = Offers(size_class, next_batch_[size_class]);
   absl::StatusOr<std::vector<LeaseGrant>> grants =
-      source_->LeaseChunks(size_class, next_batch_[size_class]);
+      source_->LeaseChunks(size_class, next_batch_[size_class], offered);
   if (!grants.ok()) return grants.status();
   next_batch_[size_class] = std::min(2 * next_batch_[size_class], lease_batch_);
   for (LeaseGrant& grant : *grants) {
+    if (ChunkLease* held = by_chunk_.Get(grant.chunk);
+        held != nullptr && grant.size_class == size_class &&
+        std::find(offered.begin(), offered.end(), grant.chunk) != offered.end()) {
+      if (absl::Status s = Reclass(held, grant); !s.ok()) return s;
+      if (!held->bitmap.full()) candidates.push_back(held);
+      continue;
+    }
     if (grant.size_class != size_class || by_chunk_.Get(grant.chunk) != nullptr ||
         grant.chunk >= by_chunk_.max_chunks()) {
       return absl::InternalError(absl::StrCat("lease source granted chunk ", grant.chunk,
@@ -39,7 +47,7 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
     if (!bitmap.ok()) return bitmap.status();
     auto lease = std::make_unique<ChunkLease>(
         ChunkLease{uint64_t{grant.chunk} << kChunkShift, grant.chunk, size_class,
-                   ClassSize(size_class), false, *std::move(bitmap)});
+                   ClassSize(size_class), false, false, *std::move(bitmap)});
     by_chunk_.Set(grant.chunk, lease.get());
     if (!lease->bitmap.full()) candidates.push_back(lease.get());
     leases_.push_back(std::move(lease));
@@ -54,6 +62,38 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
   current_[size_class] = candidates.back();
   candidates.pop_back();
   return Allocate(size_class);
+}
+
+std::vector<uint32_t> LeasePool::Offers(uint32_t size_class, uint32_t most) {
+  std::vector<uint32_t> offers;
+  size_t kept = 0;
+  for (ChunkLease* lease : emptied_) {
+    if (lease->bitmap.live() != 0 || lease == current_[lease->size_class]) {
+      lease->emptied = false;
+      continue;
+    }
+    emptied_[kept++] = lease;
+    if (lease->size_class != size_class && offers.size() < most) offers.push_back(lease->chunk);
+  }
+  emptied_.resize(kept);
+  return offers;
+}
+
+absl::Status LeasePool::Reclass(ChunkLease* lease, const LeaseGrant& grant) {
+  absl::StatusOr<SlotBitmap> bitmap =
+      SlotBitmap::FromWords(SlotsPerChunk(grant.size_class), grant.words);
+  if (!bitmap.ok()) return bitmap.status();
+  std::vector<ChunkLease*>& old_list = with_space_[lease->size_class];
+  old_list.erase(std::remove(old_list.begin(), old_list.end(), lease), old_list.end());
+  emptied_.erase(std::remove(emptied_.begin(), emptied_.end(), lease), emptied_.end());
+  lease->emptied = false;
+  lease->size_class = grant.size_class;
+  lease->slot_size = ClassSize(grant.size_class);
+  lease->bitmap = *std::move(bitmap);
+  // Reported at the next sync whatever it holds: that report replaces any
+  // of the old class a failed sync left staged at the daemon.
+  lease->dirty = true;
+  return absl::OkStatus();
 }
 
 int LeasePool::SizeClassAt(uint64_t offset) const {
@@ -91,6 +131,7 @@ std::vector<LeaseReport> LeasePool::ReleaseAll() {
   leases_.clear();
   current_.fill(nullptr);
   for (auto& list : with_space_) list.clear();
+  emptied_.clear();
   return reports;
 }
 
@@ -140,6 +181,15 @@ absl::Status LeasePool::CheckInvariants() const {
       return absl::InternalError(
           absl::StrCat("chunk ", lease->chunk, " has free slots but cannot be found"));
     }
+  }
+  size_t marked = 0;
+  for (const auto& lease : leases_) marked += lease->emptied ? 1 : 0;
+  for (const ChunkLease* lease : emptied_) {
+    if (!lease->emptied) return absl::InternalError("an unmarked lease in the emptied list");
+  }
+  if (marked != emptied_.size()) {
+    return absl::InternalError(
+        absl::StrCat(marked, " leases marked emptied, ", emptied_.size(), " in the list"));
   }
   for (uint32_t c = 0; c < kNumSizeClasses; ++c) {
     if (current_[c] != nullptr && current_[c]->size_class != c) {

@@ -10,7 +10,13 @@
 //   - by_chunk_ maps exactly the leased chunks to their records;
 //   - current_[c], if set, is a lease of class c;
 //   - a lease of class c with a free slot is current_[c] or in with_space_[c]
-//     (the lists may also hold leases that filled up since; they are skipped).
+//     (the lists may also hold leases that filled up since; they are skipped);
+//   - emptied_ holds exactly the leases marked `emptied` (each once).
+//
+// Memory follows the data: a lease a free empties, not its class's current
+// one, is offered to the daemon when the pool next leases for another
+// class (ChunkDirectory::Reclass), so a program whose objects move on to
+// larger classes (growing vectors) reuses the chunks they leave.
 #ifndef HEAPD_ALLOCATOR_LEASE_POOL_H_
 #define HEAPD_ALLOCATOR_LEASE_POOL_H_
 
@@ -34,9 +40,12 @@ namespace heapd {
 class LeaseSource {
  public:
   virtual ~LeaseSource() = default;
-  // Leases up to `count` chunks of `size_class` (at least one on success).
-  virtual absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
-                                                              uint32_t count) = 0;
+  // Leases up to `count` chunks of `size_class` (at least one on success),
+  // first of `reuse` (at most `count` chunks of the pool's, emptied, of
+  // other classes) those the daemon gives back as this class
+  // (ChunkDirectory::Reclass).
+  virtual absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class, uint32_t count,
+                                                              absl::Span<const uint32_t> reuse) = 0;
 };
 
 enum class LocalFree {
@@ -84,8 +93,12 @@ class LeasePool {
     const bool was_full = lease->bitmap.full();
     lease->bitmap.Free(slot);
     lease->dirty = true;
-    if (was_full && lease != current_[lease->size_class]) {
-      with_space_[lease->size_class].push_back(lease);
+    if (lease != current_[lease->size_class]) {
+      if (was_full) with_space_[lease->size_class].push_back(lease);
+      if (lease->bitmap.live() == 0 && !lease->emptied) {
+        lease->emptied = true;
+        emptied_.push_back(lease);
+      }
     }
     return LocalFree::kFreed;
   }
@@ -120,10 +133,17 @@ class LeasePool {
     uint32_t size_class;
     uint32_t slot_size;
     bool dirty;
+    bool emptied;  // in emptied_
     SlotBitmap bitmap;
   };
 
   absl::StatusOr<uint64_t> AllocateSlow(uint32_t size_class);
+  // The chunks to offer for a lease of `size_class`: emptied leases of
+  // other classes, at most `most`. Drops from emptied_ those no longer
+  // empty or now current.
+  std::vector<uint32_t> Offers(uint32_t size_class, uint32_t most);
+  // `lease`, offered, came back as an empty chunk of `size_class`.
+  absl::Status Reclass(ChunkLease* lease, const LeaseGrant& grant);
   LeaseReport ReportOf(const ChunkLease& lease) const;
 
   LeaseSource* source_;
@@ -133,6 +153,8 @@ class LeasePool {
   ChunkMap<ChunkLease> by_chunk_;
   std::array<ChunkLease*, kNumSizeClasses> current_{};
   std::array<std::vector<ChunkLease*>, kNumSizeClasses> with_space_;
+  // Leases a free emptied while not current (see the file comment).
+  std::vector<ChunkLease*> emptied_;
 };
 
 }  // namespace heapd

@@ -13,16 +13,18 @@ namespace {
 class DirectorySource : public LeaseSource {
  public:
   DirectorySource(ChunkDirectory* dir, ClientId client) : dir_(dir), client_(client) {}
-  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
-                                                      uint32_t count) override {
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class, uint32_t count,
+                                                      absl::Span<const uint32_t> reuse) override {
     ++calls;
     asked.push_back(count);
-    auto grants = dir_->Lease(client_, size_class, count);
+    offered.insert(offered.end(), reuse.begin(), reuse.end());
+    auto grants = dir_->Lease(client_, size_class, count, reuse);
     if (grants.ok() && grants->empty()) return absl::ResourceExhaustedError("heap full");
     return grants;
   }
   int calls = 0;
-  std::vector<uint32_t> asked;  // count of each call
+  std::vector<uint32_t> asked;    // count of each call
+  std::vector<uint32_t> offered;  // chunks offered for reuse, every call
 
  private:
   ChunkDirectory* dir_;
@@ -54,6 +56,47 @@ TEST(LeasePoolTest, ALightlyUsedClassHoldsOneChunk) {
   for (uint32_t c = 0; c < 10; ++c) ASSERT_TRUE(pool.Allocate(c).ok());
   EXPECT_EQ(pool.leased_chunks(), 10u);
   EXPECT_EQ(dir.Stats().free_chunks, 54u);
+}
+
+// Objects that move on to larger classes (a growing vector's buffers)
+// leave their chunks empty: the next lease for another class takes them
+// back, instead of new chunks.
+TEST(LeasePoolTest, ChunksAClassEmptiedServeTheNextClass) {
+  ChunkDirectory dir(64);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 64, 1);
+  uint32_t size = 64;
+  for (int step = 0; step < 12; ++step, size *= 2) {
+    const uint32_t c = SizeClassFor(size);
+    // Fill two chunks of the class, then free every object of it.
+    std::vector<uint64_t> objects;
+    for (uint32_t i = 0; i < SlotsPerChunk(c) + 1; ++i) {
+      absl::StatusOr<uint64_t> offset = pool.Allocate(c);
+      ASSERT_TRUE(offset.ok()) << offset.status() << " at step " << step;
+      objects.push_back(*offset);
+    }
+    for (uint64_t offset : objects) ASSERT_EQ(pool.Free(offset), LocalFree::kFreed);
+    ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  }
+  // Each class keeps its current chunk; the other one moved on each time.
+  EXPECT_EQ(pool.leased_chunks(), 13u);
+  EXPECT_EQ(dir.Stats().free_chunks, 64u - 13u);
+  EXPECT_FALSE(source.offered.empty());
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+  // A chunk that holds an object the directory knows of stays its class.
+  ChunkDirectory other(8);
+  const uint32_t small = SizeClassFor(64);
+  auto leased = other.Lease(1, small, 1);
+  ASSERT_TRUE(leased.ok() && leased->size() == 1);
+  LeaseReport report{(*leased)[0].chunk, (*leased)[0].words};
+  report.words[0] |= 1;
+  ASSERT_TRUE(other.Report(1, {report}, /*release=*/false).ok());
+  EXPECT_FALSE(other.Reclass(1, report.chunk, SizeClassFor(4096)));
+  EXPECT_FALSE(other.Reclass(2, report.chunk, SizeClassFor(4096)));  // not its lease
+  report.words[0] &= ~uint64_t{1};
+  ASSERT_TRUE(other.Report(1, {report}, /*release=*/false).ok());
+  EXPECT_TRUE(other.Reclass(1, report.chunk, SizeClassFor(4096)));
+  EXPECT_TRUE(other.CheckInvariants().ok());
 }
 
 TEST(LeasePoolTest, FreeValidatesLocally) {

@@ -26,6 +26,7 @@ struct ObjectRef {
 struct LeaseWant {
   uint32_t size_class = 0;
   uint32_t count = 0;
+  std::vector<uint32_t> reuse;  // emptied chunks of the client's, offered first
 };
 
 // A chunk handed to a client: its index, its size class and the slot bitmap

@@ -27,7 +27,9 @@ HeapImpl::HeapImpl(std::unique_ptr<SessionCalls> calls, std::string name,
       session_(session),
       data_fd_(data_fd),
       caches_(name_, std::max<uint32_t>(options.lease_batch, 1),
-              [this](uint32_t size_class, uint32_t count) { return Lease(size_class, count); }),
+              [this](uint32_t size_class, uint32_t count, absl::Span<const uint32_t> reuse) {
+                return Lease(size_class, count, reuse);
+              }),
       frees_(calls_.get(), session, options.free_batch) {}
 
 absl::StatusOr<std::unique_ptr<Heap>> HeapImpl::Start(std::unique_ptr<SessionCalls> calls,
@@ -141,13 +143,15 @@ absl::Status HeapImpl::DetachedError() const {
   return absl::FailedPreconditionError(absl::StrCat("heap ", name_, " is detached"));
 }
 
-absl::StatusOr<std::vector<LeaseGrant>> HeapImpl::Lease(uint32_t size_class, uint32_t count) {
+absl::StatusOr<std::vector<LeaseGrant>> HeapImpl::Lease(uint32_t size_class, uint32_t count,
+                                                        absl::Span<const uint32_t> reuse) {
   if (detached_) return DetachedError();  // its pools were handed back
   v1::LeaseChunksRequest request;
   request.set_session(session_);
   v1::LeaseWant* want = request.add_wants();
   want->set_size_class(size_class);
   want->set_count(count);
+  for (uint32_t chunk : reuse) want->add_reuse(chunk);
   v1::LeaseChunksResponse response;
   const absl::Status leased = large_->WithReserveBack([&] {
     response.Clear();

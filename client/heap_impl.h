@@ -107,7 +107,8 @@ class HeapImpl final : public Heap {
 
   // Leases `count` chunks of `size_class` for a thread cache: checked,
   // mapped, and unprotected where nothing in them is allocated.
-  absl::StatusOr<std::vector<LeaseGrant>> Lease(uint32_t size_class, uint32_t count);
+  absl::StatusOr<std::vector<LeaseGrant>> Lease(uint32_t size_class, uint32_t count,
+                                                absl::Span<const uint32_t> reuse);
   // The entry `name` binds (prefetched at attach, else looked up), checked
   // to lie within the heap.
   absl::StatusOr<NameEntry> EntryOf(const std::string& name);

@@ -270,9 +270,11 @@ TEST_F(LargeObjectsTest, TellingUntoldObjectsCommitsThemOrKeepsThemForTheNextSyn
 }
 
 TEST(ThreadCachesTest, EachThreadHasOneCacheAndQueuedFreesAreJudgedByItsPool) {
-  ThreadCaches caches("h", 4, [](uint32_t, uint32_t) -> absl::StatusOr<std::vector<LeaseGrant>> {
-    return absl::UnavailableError("no leases in this test");
-  });
+  ThreadCaches caches("h", 4,
+                      [](uint32_t, uint32_t,
+                         absl::Span<const uint32_t>) -> absl::StatusOr<std::vector<LeaseGrant>> {
+                        return absl::UnavailableError("no leases in this test");
+                      });
   caches.Start(kMaxChunks);
   ThreadCaches::Cache* mine = caches.OfThisThread();
   EXPECT_EQ(caches.OfThisThread(), mine);
@@ -296,9 +298,11 @@ TEST(ThreadCachesTest, EachThreadHasOneCacheAndQueuedFreesAreJudgedByItsPool) {
   EXPECT_TRUE(absl::StrContains(rejected.message(), "another thread")) << rejected;
   EXPECT_TRUE(caches.TakeRejected().ok());
   // Another session's caches are its own, on the same thread.
-  ThreadCaches second("h2", 4, [](uint32_t, uint32_t) -> absl::StatusOr<std::vector<LeaseGrant>> {
-    return absl::UnavailableError("no leases");
-  });
+  ThreadCaches second("h2", 4,
+                      [](uint32_t, uint32_t,
+                         absl::Span<const uint32_t>) -> absl::StatusOr<std::vector<LeaseGrant>> {
+                        return absl::UnavailableError("no leases");
+                      });
   second.Start(kMaxChunks);
   EXPECT_NE(second.OfThisThread(), mine);
 }

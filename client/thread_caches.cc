@@ -11,9 +11,9 @@ std::atomic<uint64_t> next_serial{1};
 
 }  // namespace
 
-absl::StatusOr<std::vector<LeaseGrant>> ThreadCaches::Cache::LeaseChunks(uint32_t size_class,
-                                                                         uint32_t count) {
-  absl::StatusOr<std::vector<LeaseGrant>> grants = caches->leaser_(size_class, count);
+absl::StatusOr<std::vector<LeaseGrant>> ThreadCaches::Cache::LeaseChunks(
+    uint32_t size_class, uint32_t count, absl::Span<const uint32_t> reuse) {
+  absl::StatusOr<std::vector<LeaseGrant>> grants = caches->leaser_(size_class, count, reuse);
   if (!grants.ok()) return grants;
   for (const LeaseGrant& grant : *grants) {
     caches->owner_[grant.chunk].store(this, std::memory_order_release);

@@ -37,14 +37,14 @@ class ThreadCaches {
  public:
   // Leases `count` chunks of `size_class` from heapd for a pool: checked
   // and mapped (HeapImpl's).
-  using Leaser =
-      std::function<absl::StatusOr<std::vector<LeaseGrant>>(uint32_t size_class, uint32_t count)>;
+  using Leaser = std::function<absl::StatusOr<std::vector<LeaseGrant>>(
+      uint32_t size_class, uint32_t count, absl::Span<const uint32_t> reuse)>;
 
   struct Cache final : LeaseSource {
     Cache(ThreadCaches* caches, uint64_t max_chunks, uint32_t lease_batch)
         : caches(caches), pool(this, max_chunks, lease_batch) {}
-    absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class,
-                                                        uint32_t count) override;
+    absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(uint32_t size_class, uint32_t count,
+                                                        absl::Span<const uint32_t> reuse) override;
 
     ThreadCaches* const caches;
     OwnerGate gate;

@@ -114,6 +114,11 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
           absl::StrCat(field, "[", i, "].count"),
           absl::StrCat("lease count ", want.count(), " is not in 1..", kMaxLeasesPerWant));
     }
+    if (static_cast<uint32_t>(want.reuse_size()) > want.count()) {
+      return Invalid(absl::StrCat(field, "[", i, "].reuse"),
+                     absl::StrCat(want.reuse_size(), " chunks offered for a lease of ",
+                                  want.count(), "; at most as many as it asks for"));
+    }
   }
   return absl::OkStatus();
 }

@@ -26,7 +26,7 @@ absl::StatusOr<std::vector<LeaseGrant>> LeaseAll(const Session& session,
   std::vector<LeaseGrant> grants;
   for (const LeaseWant& want : wants) {
     absl::StatusOr<std::vector<LeaseGrant>> got =
-        heap.LeaseChunks(session.id, want.size_class, want.count);
+        heap.LeaseChunks(session.id, want.size_class, want.count, want.reuse);
     if (!got.ok()) {
       std::vector<LeaseReport> back;
       for (const LeaseGrant& grant : grants) back.push_back({grant.chunk, grant.words});

@@ -457,9 +457,8 @@ absl::Status PersistentHeap::Grow(uint32_t chunks, uint32_t capacity_seen) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId client,
-                                                                    uint32_t size_class,
-                                                                    uint32_t count) {
+absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(
+    ClientId client, uint32_t size_class, uint32_t count, absl::Span<const uint32_t> reuse) {
   if (count == 0) return absl::InvalidArgumentError("lease of 0 chunks");
   for (int attempt = 0;; ++attempt) {
     uint32_t capacity_seen;
@@ -468,7 +467,8 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(ClientId cli
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("lease chunks"); !s.ok()) return s;
-      grants = directory_->Lease(client, size_class, count);
+      grants = directory_->Lease(client, size_class, count, reuse);
+      reuse = {};  // taken on the first attempt
       capacity_seen = directory_->capacity_chunks();
       grow_ahead = GrowAheadDueLocked();
     }

@@ -206,10 +206,12 @@ class PersistentHeap {
   PersistentHeap& operator=(const PersistentHeap&) = delete;
 
   // Leases up to `count` chunks of `size_class`, growing the data file when
-  // none is free. RESOURCE_EXHAUSTED when the heap is at its maximum size or
-  // the file system is full.
+  // none is free; first those of `reuse` the client may take back as this
+  // class (ChunkDirectory::Reclass). RESOURCE_EXHAUSTED when the heap is at
+  // its maximum size or the file system is full.
   absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(ClientId client, uint32_t size_class,
-                                                      uint32_t count);
+                                                      uint32_t count,
+                                                      absl::Span<const uint32_t> reuse = {});
 
   // Allocates a large object (whole chunks) of `size` bytes, growing the
   // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks.

@@ -437,6 +437,56 @@ TEST_F(WorkingImageTest, EveryLargeObjectOfTheLastSyncReadsWholeAfterADeath) {
   }
 }
 
+// Objects moving on to larger classes leave chunks empty, which the
+// client's next lease of another class takes back as that class
+// (ChunkDirectory::Reclass): what the last sync committed there reads
+// whole after heapd dies, and a session that dies leaves them consistent.
+TEST_F(WorkingImageTest, ChunksTakenBackAsAnotherClassKeepWhatTheLastSyncCommitted) {
+  std::vector<std::pair<uint64_t, uint64_t>> kept;  // offset, size
+  uint32_t chunks_used = 0;
+  {
+    auto heap = PersistentHeap::Create(path_, WorkingImageConfig(64));
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    InProcessSessionCalls* calls = nullptr;
+    std::unique_ptr<Heap> session = Attach(heap->get(), 1, &calls);
+    ASSERT_NE(session, nullptr);
+    for (uint64_t size = 64; size <= (uint64_t{64} << 10); size *= 2) {
+      std::vector<void*> objects;
+      for (uint64_t i = 0; i < 2 * kChunkSize / size + 1; ++i) {
+        absl::StatusOr<void*> object = session->allocate(size);
+        ASSERT_TRUE(object.ok()) << object.status();
+        std::memset(*object, static_cast<int>('a' + kept.size() % 26), size);
+        objects.push_back(*object);
+      }
+      // One object of each class stays; the rest go.
+      kept.emplace_back(session->offset_of(objects.back()), size);
+      objects.pop_back();
+      for (void* object : objects) ASSERT_TRUE(session->deallocate(object).ok());
+    }
+    ASSERT_TRUE(session->sync().ok());
+    chunks_used = static_cast<uint32_t>((*heap)->Stats().directory.capacity_chunks -
+                                        (*heap)->Stats().directory.free_chunks);
+    // Without the chunks taken back, every class would hold three.
+    EXPECT_LT(chunks_used, 3u * 11u);
+    // More work that goes with heapd's death.
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(session->allocate(100000).ok());
+    calls->Close();
+    EXPECT_TRUE((*heap)->CheckInvariants().ok()) << (*heap)->CheckInvariants();
+  }
+  auto heap = PersistentHeap::Open(path_);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_TRUE((*heap)->CheckInvariants().ok()) << (*heap)->CheckInvariants();
+  EXPECT_EQ((*heap)->Stats().directory.live_objects, kept.size());
+  std::unique_ptr<Heap> session = Attach(heap->get(), 2);
+  ASSERT_NE(session, nullptr);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const auto [offset, size] = kept[i];
+    EXPECT_EQ(std::string(session->at<char>(offset), size),
+              std::string(size, static_cast<char>('a' + i % 26)))
+        << "object of " << size << " bytes at " << offset;
+  }
+}
+
 // A sync with no content generation from a session that tracks its
 // stores commits none of them: refused on a working image, where the log
 // must carry what the sync commits; nothing changes.

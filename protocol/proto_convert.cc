@@ -64,7 +64,9 @@ std::vector<LeaseReport> FromProto(
 std::vector<LeaseWant> FromProto(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants) {
   std::vector<LeaseWant> out;
   out.reserve(wants.size());
-  for (const v1::LeaseWant& want : wants) out.push_back({want.size_class(), want.count()});
+  for (const v1::LeaseWant& want : wants) {
+    out.push_back({want.size_class(), want.count(), {want.reuse().begin(), want.reuse().end()}});
+  }
   return out;
 }
 

@@ -49,7 +49,7 @@ absl::Status InProcessSessionCalls::LeaseChunks(const v1::LeaseChunksRequest& re
   std::vector<LeaseGrant> grants;
   for (const LeaseWant& want : FromProto(request.wants())) {
     absl::StatusOr<std::vector<LeaseGrant>> got =
-        heap_->LeaseChunks(session_, want.size_class, want.count);
+        heap_->LeaseChunks(session_, want.size_class, want.count, want.reuse);
     if (!got.ok()) {
       // All or none, as heapd: what the earlier wants got goes back.
       std::vector<LeaseReport> back;
