@@ -261,10 +261,10 @@ class ChunkDirectory {
   // allocated the large object at `offset` while it is uncommitted, or the
   // one `offset`'s chunk is reserved for; 0 if none.
   ClientId LesseeOf(uint64_t offset) const;
-  // Times the chunk holding `offset` became free (wrapping); 0 outside the
-  // heap. A free checked now and applied later applies only if it is the
-  // same then: else the object it named is gone, and its chunk was handed
-  // out again.
+  // Times the chunk holding `offset` became free or changed class
+  // (wrapping); 0 outside the heap. A free checked now and applied later
+  // applies only if it is the same then: else the object it named is gone,
+  // and its chunk was handed out again.
   uint32_t IncarnationOf(uint64_t offset) const;
 
   absl::Status CheckInvariants() const;
@@ -281,7 +281,7 @@ class ChunkDirectory {
     ChunkKind kind = ChunkKind::kFree;
     uint8_t size_class = 0;
     bool dirty = false;
-    uint32_t incarnation = 0;              // times the chunk became free
+    uint32_t incarnation = 0;              // times the chunk became free or changed class
     uint32_t run_chunks = 0;               // kLargeHead: run length
     uint32_t head_chunk = 0;               // kLargeTail: its head
     ClientId lessee = 0;                   // kSmall: leasing client, 0 if none; kReserved

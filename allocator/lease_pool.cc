@@ -26,7 +26,10 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
   const std::vector<uint32_t> offered = Offers(size_class, next_batch_[size_class]);
   absl::StatusOr<std::vector<LeaseGrant>> grants =
       source_->LeaseChunks(size_class, next_batch_[size_class], offered);
-  if (!grants.ok()) return grants.status();
+  if (!grants.ok()) {
+    Drop(offered);
+    return grants.status();
+  }
   next_batch_[size_class] = std::min(2 * next_batch_[size_class], lease_batch_);
   for (LeaseGrant& grant : *grants) {
     if (ChunkLease* held = by_chunk_.Get(grant.chunk);
@@ -45,9 +48,9 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
     absl::StatusOr<SlotBitmap> bitmap =
         SlotBitmap::FromWords(SlotsPerChunk(size_class), grant.words);
     if (!bitmap.ok()) return bitmap.status();
-    auto lease = std::make_unique<ChunkLease>(
-        ChunkLease{uint64_t{grant.chunk} << kChunkShift, grant.chunk, size_class,
-                   ClassSize(size_class), false, false, *std::move(bitmap)});
+    auto lease = std::make_unique<ChunkLease>(ChunkLease{
+        uint64_t{grant.chunk} << kChunkShift, grant.chunk, size_class, ClassSize(size_class), false,
+        false, bitmap->live() == 0, false, *std::move(bitmap)});
     by_chunk_.Set(grant.chunk, lease.get());
     if (!lease->bitmap.full()) candidates.push_back(lease.get());
     leases_.push_back(std::move(lease));
@@ -73,7 +76,10 @@ std::vector<uint32_t> LeasePool::Offers(uint32_t size_class, uint32_t most) {
       continue;
     }
     emptied_[kept++] = lease;
-    if (lease->size_class != size_class && offers.size() < most) offers.push_back(lease->chunk);
+    if (lease->size_class != size_class && lease->heapd_empty && !lease->reporting &&
+        offers.size() < most) {
+      offers.push_back(lease->chunk);
+    }
   }
   emptied_.resize(kept);
   return offers;
@@ -87,6 +93,7 @@ absl::Status LeasePool::Reclass(ChunkLease* lease, const LeaseGrant& grant) {
   old_list.erase(std::remove(old_list.begin(), old_list.end(), lease), old_list.end());
   emptied_.erase(std::remove(emptied_.begin(), emptied_.end(), lease), emptied_.end());
   lease->emptied = false;
+  lease->heapd_empty = true;
   lease->size_class = grant.size_class;
   lease->slot_size = ClassSize(grant.size_class);
   lease->bitmap = *std::move(bitmap);
@@ -94,6 +101,19 @@ absl::Status LeasePool::Reclass(ChunkLease* lease, const LeaseGrant& grant) {
   // of the old class a failed sync left staged at the daemon.
   lease->dirty = true;
   return absl::OkStatus();
+}
+
+void LeasePool::Drop(absl::Span<const uint32_t> offered) {
+  for (uint32_t chunk : offered) {
+    ChunkLease* lease = by_chunk_.Get(chunk);
+    if (lease == nullptr) continue;
+    std::vector<ChunkLease*>& list = with_space_[lease->size_class];
+    list.erase(std::remove(list.begin(), list.end(), lease), list.end());
+    emptied_.erase(std::remove(emptied_.begin(), emptied_.end(), lease), emptied_.end());
+    by_chunk_.Set(chunk, nullptr);
+    leases_.erase(std::find_if(leases_.begin(), leases_.end(),
+                               [lease](const auto& held) { return held.get() == lease; }));
+  }
 }
 
 int LeasePool::SizeClassAt(uint64_t offset) const {
@@ -111,13 +131,29 @@ std::vector<LeaseReport> LeasePool::TakeDirtyReports() {
     if (!lease->dirty) continue;
     reports.push_back(ReportOf(*lease));
     lease->dirty = false;
+    lease->reporting = true;
   }
   return reports;
 }
 
 void LeasePool::Redirty(absl::Span<const LeaseReport> reports) {
   for (const LeaseReport& report : reports) {
-    if (ChunkLease* lease = by_chunk_.Get(report.chunk)) lease->dirty = true;
+    ChunkLease* lease = by_chunk_.Get(report.chunk);
+    if (lease == nullptr) continue;
+    lease->dirty = true;
+    lease->reporting = false;
+    // Applied or not: empty for sure only if it was before and the report too.
+    lease->heapd_empty =
+        lease->heapd_empty && SlotBitmap::NoneAllocated(lease->bitmap.slot_count(), report.words);
+  }
+}
+
+void LeasePool::ReportsApplied(absl::Span<const LeaseReport> reports) {
+  for (const LeaseReport& report : reports) {
+    ChunkLease* lease = by_chunk_.Get(report.chunk);
+    if (lease == nullptr) continue;
+    lease->reporting = false;
+    lease->heapd_empty = SlotBitmap::NoneAllocated(lease->bitmap.slot_count(), report.words);
   }
 }
 

@@ -16,7 +16,13 @@
 // Memory follows the data: a lease a free empties, not its class's current
 // one, is offered to the daemon when the pool next leases for another
 // class (ChunkDirectory::Reclass), so a program whose objects move on to
-// larger classes (growing vectors) reuses the chunks they leave.
+// larger classes (growing vectors) reuses the chunks they leave. Only a
+// chunk the daemon is known to hold empty is offered (granted empty, or
+// its last report the daemon answered was empty) and none whose report is
+// in flight: a report of the old class must never reach the daemon after
+// the chunk changed class. If the lease call fails, the chunks offered
+// leave the pool (the daemon holds them empty, of one class or the other;
+// they come back when the session ends).
 #ifndef HEAPD_ALLOCATOR_LEASE_POOL_H_
 #define HEAPD_ALLOCATOR_LEASE_POOL_H_
 
@@ -110,8 +116,12 @@ class LeasePool {
   std::vector<LeaseReport> TakeDirtyReports();
 
   // Marks the chunks of `reports` changed again, so the next
-  // TakeDirtyReports includes them (the daemon did not take the reports).
+  // TakeDirtyReports includes them (the daemon did not answer the sync that
+  // carried them: it may have applied them or not).
   void Redirty(absl::Span<const LeaseReport> reports);
+  // The daemon answered the sync that carried `reports` (TakeDirtyReports'):
+  // it holds those chunks as they said.
+  void ReportsApplied(absl::Span<const LeaseReport> reports);
 
   // Reports for every leased chunk and forgets them all (detach).
   std::vector<LeaseReport> ReleaseAll();
@@ -133,7 +143,9 @@ class LeasePool {
     uint32_t size_class;
     uint32_t slot_size;
     bool dirty;
-    bool emptied;  // in emptied_
+    bool emptied;      // in emptied_
+    bool heapd_empty;  // the daemon holds it with no object (see the file comment)
+    bool reporting;    // a report of it is in flight
     SlotBitmap bitmap;
   };
 
@@ -144,6 +156,8 @@ class LeasePool {
   std::vector<uint32_t> Offers(uint32_t size_class, uint32_t most);
   // `lease`, offered, came back as an empty chunk of `size_class`.
   absl::Status Reclass(ChunkLease* lease, const LeaseGrant& grant);
+  // The chunks `offered` leave the pool (a lease that offered them failed).
+  void Drop(absl::Span<const uint32_t> offered);
   LeaseReport ReportOf(const ChunkLease& lease) const;
 
   LeaseSource* source_;

@@ -19,12 +19,14 @@ class DirectorySource : public LeaseSource {
     asked.push_back(count);
     offered.insert(offered.end(), reuse.begin(), reuse.end());
     auto grants = dir_->Lease(client_, size_class, count, reuse);
+    if (fail_after_lease) return absl::UnavailableError("the answer was lost");
     if (grants.ok() && grants->empty()) return absl::ResourceExhaustedError("heap full");
     return grants;
   }
   int calls = 0;
   std::vector<uint32_t> asked;    // count of each call
   std::vector<uint32_t> offered;  // chunks offered for reuse, every call
+  bool fail_after_lease = false;  // the directory leases, the caller hears an error
 
  private:
   ChunkDirectory* dir_;
@@ -97,6 +99,64 @@ TEST(LeasePoolTest, ChunksAClassEmptiedServeTheNextClass) {
   ASSERT_TRUE(other.Report(1, {report}, /*release=*/false).ok());
   EXPECT_TRUE(other.Reclass(1, report.chunk, SizeClassFor(4096)));
   EXPECT_TRUE(other.CheckInvariants().ok());
+}
+
+// A chunk is offered only while the daemon is known to hold it empty and
+// no report of it is in flight: a report of the old class must never land
+// after the chunk changed class.
+TEST(LeasePoolTest, AChunkWhoseReportIsInFlightOrNotEmptyIsNotOffered) {
+  ChunkDirectory dir(16);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 16, 1);
+  const uint32_t a = SizeClassFor(65536);  // 32 slots a chunk
+  std::vector<uint64_t> objects;
+  for (uint32_t i = 0; i < SlotsPerChunk(a) + 1; ++i) objects.push_back(*pool.Allocate(a));
+  const uint32_t first = static_cast<uint32_t>(objects.front() >> kChunkShift);
+  // A sync takes the reports (the first chunk full) ...
+  const std::vector<LeaseReport> reports = pool.TakeDirtyReports();
+  // ... and the objects go before it is answered.
+  for (uint64_t offset : objects) ASSERT_EQ(pool.Free(offset), LocalFree::kFreed);
+  ASSERT_TRUE(pool.Allocate(SizeClassFor(100)).ok());
+  EXPECT_TRUE(source.offered.empty()) << "offered with its report in flight";
+  ASSERT_TRUE(dir.Report(1, reports, /*release=*/false).ok());
+  pool.ReportsApplied(reports);
+  ASSERT_TRUE(pool.Allocate(SizeClassFor(200)).ok());
+  EXPECT_TRUE(source.offered.empty()) << "offered while the daemon holds its objects";
+  // Reported empty and answered: offered, and taken back.
+  const std::vector<LeaseReport> empty = pool.TakeDirtyReports();
+  ASSERT_TRUE(dir.Report(1, empty, /*release=*/false).ok());
+  pool.ReportsApplied(empty);
+  const uint32_t c = SizeClassFor(300);
+  absl::StatusOr<uint64_t> reused = pool.Allocate(c);
+  ASSERT_TRUE(reused.ok());
+  EXPECT_EQ(source.offered, std::vector<uint32_t>{first});
+  EXPECT_EQ(*reused >> kChunkShift, first);
+  EXPECT_EQ(pool.SizeClassAt(*reused), static_cast<int>(c));
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+// A lease that offered chunks and failed: the daemon may have taken them
+// back as the new class before the failure; they leave the pool.
+TEST(LeasePoolTest, ChunksOfferedToALeaseThatFailedLeaveThePool) {
+  ChunkDirectory dir(16);
+  DirectorySource source(&dir, 1);
+  LeasePool pool(&source, 16, 1);
+  const uint32_t a = SizeClassFor(65536);
+  std::vector<uint64_t> objects;
+  for (uint32_t i = 0; i < SlotsPerChunk(a) + 1; ++i) objects.push_back(*pool.Allocate(a));
+  for (uint64_t offset : objects) ASSERT_EQ(pool.Free(offset), LocalFree::kFreed);
+  const uint32_t first = static_cast<uint32_t>(objects.front() >> kChunkShift);
+  ASSERT_EQ(pool.leased_chunks(), 2u);
+  source.fail_after_lease = true;  // the answer is lost
+  EXPECT_FALSE(pool.Allocate(SizeClassFor(100)).ok());
+  EXPECT_EQ(source.offered, std::vector<uint32_t>{first});
+  EXPECT_EQ(pool.leased_chunks(), 1u);
+  EXPECT_EQ(pool.SizeClassAt(objects.front()), -1);
+  EXPECT_EQ(pool.Free(objects.front()), LocalFree::kNotLeased);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  // Nothing the pool reports names it again.
+  for (const LeaseReport& report : pool.ReleaseAll()) EXPECT_NE(report.chunk, first);
 }
 
 TEST(LeasePoolTest, FreeValidatesLocally) {

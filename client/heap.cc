@@ -297,6 +297,11 @@ absl::StatusOr<uint64_t> HeapImpl::sync() {
     }
     return s;
   }
+  for (size_t i = 0; i < caches.size(); ++i) {
+    if (by_cache[i].empty()) continue;
+    VisitorScope visit(caches[i]->gate);
+    caches[i]->pool.ReportsApplied(by_cache[i]);
+  }
   if (absl::Status s = CheckCapacity(name_, response.capacity_bytes(), max_size_); !s.ok()) {
     return s;
   }

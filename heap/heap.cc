@@ -467,7 +467,12 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(
     {
       absl::MutexLock lock(&mu_);
       if (absl::Status s = CheckWritableLocked("lease chunks"); !s.ok()) return s;
-      grants = directory_->Lease(client, size_class, count, reuse);
+      // A chunk is taken back as another class only while what the
+      // directory holds is what was persisted: after a sync failed having
+      // applied its reports, an emptied chunk may still hold objects at the
+      // last commit, whose pre-images taking it back would void.
+      grants = directory_->Lease(client, size_class, count,
+                                 checkpoint_next_ ? absl::Span<const uint32_t>() : reuse);
       reuse = {};  // taken on the first attempt
       capacity_seen = directory_->capacity_chunks();
       grow_ahead = GrowAheadDueLocked();
