@@ -136,11 +136,19 @@ void ChunkDirectory::Settle(uint32_t chunk) {
   }
 }
 
+bool ChunkDirectory::Stale(const LeaseReport& report) const {
+  return report.size_class >= 0 && report.chunk < chunks_.size() &&
+         chunks_[report.chunk].kind == ChunkKind::kSmall &&
+         static_cast<uint32_t>(report.size_class) != chunks_[report.chunk].size_class;
+}
+
 bool ChunkDirectory::Reclass(ClientId client, uint32_t chunk, uint32_t size_class) {
   if (chunk >= chunks_.size() || size_class >= kNumSizeClasses) return false;
   Chunk& c = chunks_[chunk];
-  if (c.kind != ChunkKind::kSmall || c.lessee != client || client == 0 ||
-      c.size_class == size_class || c.bitmap->live() != 0 || !c.remote_frees.empty()) {
+  // Already of that class: granted as it is (a client that did not learn
+  // of an earlier Reclass offers it again).
+  if (c.kind != ChunkKind::kSmall || c.lessee != client || client == 0 || c.bitmap->live() != 0 ||
+      !c.remote_frees.empty()) {
     return false;
   }
   ++c.incarnation;
@@ -224,6 +232,7 @@ absl::Status ChunkDirectory::CheckReport(ClientId client,
           absl::StrCat("chunk ", report.chunk, " is not leased by client ", client));
     }
     const Chunk& c = chunks_[report.chunk];
+    if (Stale(report)) continue;
     if (report.words.size() != c.bitmap->words().size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("report for chunk ", report.chunk, " has ", report.words.size(),
@@ -241,9 +250,12 @@ absl::StatusOr<ReportResult> ChunkDirectory::Report(ClientId client,
                                                     bool release) {
   if (absl::Status s = CheckReport(client, reports); !s.ok()) return s;
   std::set<uint32_t> seen;
-  for (const LeaseReport& report : reports) seen.insert(report.chunk);
+  for (const LeaseReport& report : reports) {
+    if (!Stale(report)) seen.insert(report.chunk);
+  }
   ReportResult result;
   for (const LeaseReport& report : reports) {
+    if (Stale(report)) continue;
     Chunk& c = chunks_[report.chunk];
     SlotBitmap bitmap = *SlotBitmap::FromWords(c.bitmap->slot_count(), report.words);
     LeaseCorrection correction{report.chunk, {}, {}};

@@ -134,11 +134,13 @@ class ChunkDirectory {
   // chunk of `size_class` (still leased to it, empty): true if it did. Only
   // a chunk with no object as the daemon knows it (its last report, or as
   // it was leased, is empty: the last commit holds none there, so a crash
-  // or the client's death leaves it empty too), no free of another queued
-  // there, and of another class. Frees deferred against its old objects
-  // are then void (its incarnation moves on, as a chunk's that became
-  // free). Anything else (not this client's, not small, a hostile offer)
-  // is left as it is: false.
+  // or the client's death leaves it empty too) and no free of another
+  // queued there. One already of `size_class` is granted as it is (a
+  // client that did not hear of an earlier Reclass offers it again).
+  // Frees deferred against its old objects are then void (its incarnation
+  // moves on, as a chunk's that became free); reports of the old class
+  // still on their way are stale (Stale). Anything else (not this
+  // client's, not small, a hostile offer) is left as it is: false.
   bool Reclass(ClientId client, uint32_t chunk, uint32_t size_class);
 
   // Records `client`'s view of chunks it leases and returns what the daemon
@@ -153,6 +155,9 @@ class ChunkDirectory {
   // FAILED_PRECONDITION / INVALID_ARGUMENT and changes nothing.
   absl::StatusOr<ReportResult> Report(ClientId client, absl::Span<const LeaseReport> reports,
                                       bool release);
+  // A report that says a class other than its chunk's: taken before the
+  // chunk changed class (Reclass), skipped by Report and CheckReport.
+  bool Stale(const LeaseReport& report) const;
   // Report's checks alone: OK iff Report(client, reports, ...) would change
   // the directory. Stays true until `client`'s leases change (only its own
   // Report and Reclaim end them).

@@ -27,30 +27,40 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
   absl::StatusOr<std::vector<LeaseGrant>> grants =
       source_->LeaseChunks(size_class, next_batch_[size_class], offered);
   if (!grants.ok()) {
-    Drop(offered);
+    // The daemon may have taken them back as this class before the call
+    // failed: in doubt until a later lease grants them.
+    for (uint32_t chunk : offered) PutInDoubt(by_chunk_.Get(chunk));
     return grants.status();
   }
   next_batch_[size_class] = std::min(2 * next_batch_[size_class], lease_batch_);
-  for (LeaseGrant& grant : *grants) {
-    if (ChunkLease* held = by_chunk_.Get(grant.chunk);
-        held != nullptr && grant.size_class == size_class &&
-        std::find(offered.begin(), offered.end(), grant.chunk) != offered.end()) {
-      if (absl::Status s = Reclass(held, grant); !s.ok()) return s;
-      if (!held->bitmap.full()) candidates.push_back(held);
-      continue;
-    }
-    if (grant.size_class != size_class || by_chunk_.Get(grant.chunk) != nullptr ||
-        grant.chunk >= by_chunk_.max_chunks()) {
+  // Checked whole before the pool changes: a grant it cannot take leaves
+  // no chunk half taken back.
+  std::vector<SlotBitmap> bitmaps;
+  for (const LeaseGrant& grant : *grants) {
+    const bool was_offered =
+        std::find(offered.begin(), offered.end(), grant.chunk) != offered.end();
+    absl::StatusOr<SlotBitmap> bitmap =
+        SlotBitmap::FromWords(SlotsPerChunk(size_class), grant.words);
+    if (grant.size_class != size_class || grant.chunk >= by_chunk_.max_chunks() ||
+        (by_chunk_.Get(grant.chunk) != nullptr) != was_offered || !bitmap.ok()) {
+      for (uint32_t chunk : offered) PutInDoubt(by_chunk_.Get(chunk));
       return absl::InternalError(absl::StrCat("lease source granted chunk ", grant.chunk,
                                               " of class ", grant.size_class, " for class ",
                                               size_class, ", which this pool cannot take"));
     }
-    absl::StatusOr<SlotBitmap> bitmap =
-        SlotBitmap::FromWords(SlotsPerChunk(size_class), grant.words);
-    if (!bitmap.ok()) return bitmap.status();
+    bitmaps.push_back(*std::move(bitmap));
+  }
+  for (size_t i = 0; i < grants->size(); ++i) {
+    const LeaseGrant& grant = (*grants)[i];
+    if (ChunkLease* held = by_chunk_.Get(grant.chunk)) {
+      Reclass(held, size_class, std::move(bitmaps[i]));
+      if (!held->bitmap.full()) candidates.push_back(held);
+      continue;
+    }
+    absl::StatusOr<SlotBitmap> bitmap = std::move(bitmaps[i]);
     auto lease = std::make_unique<ChunkLease>(ChunkLease{
         uint64_t{grant.chunk} << kChunkShift, grant.chunk, size_class, ClassSize(size_class), false,
-        false, bitmap->live() == 0, false, *std::move(bitmap)});
+        false, bitmap->live() == 0, false, false, *std::move(bitmap)});
     by_chunk_.Set(grant.chunk, lease.get());
     if (!lease->bitmap.full()) candidates.push_back(lease.get());
     leases_.push_back(std::move(lease));
@@ -69,6 +79,11 @@ absl::StatusOr<uint64_t> LeasePool::AllocateSlow(uint32_t size_class) {
 
 std::vector<uint32_t> LeasePool::Offers(uint32_t size_class, uint32_t most) {
   std::vector<uint32_t> offers;
+  // In doubt first, whatever the class asked (granted as it is if the
+  // daemon holds it so already).
+  for (const ChunkLease* lease : in_doubt_) {
+    if (offers.size() < most) offers.push_back(lease->chunk);
+  }
   size_t kept = 0;
   for (ChunkLease* lease : emptied_) {
     if (lease->bitmap.live() != 0 || lease == current_[lease->size_class]) {
@@ -85,35 +100,29 @@ std::vector<uint32_t> LeasePool::Offers(uint32_t size_class, uint32_t most) {
   return offers;
 }
 
-absl::Status LeasePool::Reclass(ChunkLease* lease, const LeaseGrant& grant) {
-  absl::StatusOr<SlotBitmap> bitmap =
-      SlotBitmap::FromWords(SlotsPerChunk(grant.size_class), grant.words);
-  if (!bitmap.ok()) return bitmap.status();
+void LeasePool::Reclass(ChunkLease* lease, uint32_t size_class, SlotBitmap bitmap) {
   std::vector<ChunkLease*>& old_list = with_space_[lease->size_class];
   old_list.erase(std::remove(old_list.begin(), old_list.end(), lease), old_list.end());
   emptied_.erase(std::remove(emptied_.begin(), emptied_.end(), lease), emptied_.end());
+  in_doubt_.erase(std::remove(in_doubt_.begin(), in_doubt_.end(), lease), in_doubt_.end());
   lease->emptied = false;
+  lease->in_doubt = false;
   lease->heapd_empty = true;
-  lease->size_class = grant.size_class;
-  lease->slot_size = ClassSize(grant.size_class);
-  lease->bitmap = *std::move(bitmap);
-  // Reported at the next sync whatever it holds: that report replaces any
-  // of the old class a failed sync left staged at the daemon.
+  lease->size_class = size_class;
+  lease->slot_size = ClassSize(size_class);
+  lease->bitmap = std::move(bitmap);
+  // Reported at the next sync whatever it holds.
   lease->dirty = true;
-  return absl::OkStatus();
 }
 
-void LeasePool::Drop(absl::Span<const uint32_t> offered) {
-  for (uint32_t chunk : offered) {
-    ChunkLease* lease = by_chunk_.Get(chunk);
-    if (lease == nullptr) continue;
-    std::vector<ChunkLease*>& list = with_space_[lease->size_class];
-    list.erase(std::remove(list.begin(), list.end(), lease), list.end());
-    emptied_.erase(std::remove(emptied_.begin(), emptied_.end(), lease), emptied_.end());
-    by_chunk_.Set(chunk, nullptr);
-    leases_.erase(std::find_if(leases_.begin(), leases_.end(),
-                               [lease](const auto& held) { return held.get() == lease; }));
-  }
+void LeasePool::PutInDoubt(ChunkLease* lease) {
+  if (lease == nullptr || lease->in_doubt) return;
+  std::vector<ChunkLease*>& list = with_space_[lease->size_class];
+  list.erase(std::remove(list.begin(), list.end(), lease), list.end());
+  emptied_.erase(std::remove(emptied_.begin(), emptied_.end(), lease), emptied_.end());
+  lease->emptied = false;
+  lease->in_doubt = true;
+  in_doubt_.push_back(lease);
 }
 
 int LeasePool::SizeClassAt(uint64_t offset) const {
@@ -122,7 +131,7 @@ int LeasePool::SizeClassAt(uint64_t offset) const {
 }
 
 LeaseReport LeasePool::ReportOf(const ChunkLease& lease) const {
-  return LeaseReport{lease.chunk, lease.bitmap.words()};
+  return LeaseReport{lease.chunk, lease.bitmap.words(), static_cast<int32_t>(lease.size_class)};
 }
 
 std::vector<LeaseReport> LeasePool::TakeDirtyReports() {
@@ -168,6 +177,7 @@ std::vector<LeaseReport> LeasePool::ReleaseAll() {
   current_.fill(nullptr);
   for (auto& list : with_space_) list.clear();
   emptied_.clear();
+  in_doubt_.clear();
   return reports;
 }
 
@@ -186,8 +196,12 @@ void LeasePool::ApplyCorrections(absl::Span<const LeaseCorrection> corrections) 
         lease->bitmap.Set(slot);
       }
     }
-    if (was_full && !lease->bitmap.full() && lease != current_[lease->size_class]) {
-      with_space_[lease->size_class].push_back(lease);
+    if (!correction.kept_slots.empty()) lease->heapd_empty = false;
+    if (lease->in_doubt || lease == current_[lease->size_class]) continue;
+    if (was_full && !lease->bitmap.full()) with_space_[lease->size_class].push_back(lease);
+    if (lease->bitmap.live() == 0 && !lease->emptied) {
+      lease->emptied = true;
+      emptied_.push_back(lease);
     }
   }
 }
@@ -212,7 +226,7 @@ absl::Status LeasePool::CheckInvariants() const {
     }
     if (absl::Status s = lease->bitmap.CheckInvariants(); !s.ok()) return s;
     const auto& list = with_space_[lease->size_class];
-    if (!lease->bitmap.full() && current_[lease->size_class] != lease.get() &&
+    if (!lease->bitmap.full() && current_[lease->size_class] != lease.get() && !lease->in_doubt &&
         std::find(list.begin(), list.end(), lease.get()) == list.end()) {
       return absl::InternalError(
           absl::StrCat("chunk ", lease->chunk, " has free slots but cannot be found"));

@@ -11,7 +11,8 @@
 //   - current_[c], if set, is a lease of class c;
 //   - a lease of class c with a free slot is current_[c] or in with_space_[c]
 //     (the lists may also hold leases that filled up since; they are skipped);
-//   - emptied_ holds exactly the leases marked `emptied` (each once).
+//   - emptied_ holds exactly the leases marked `emptied` (each once), and
+//     in_doubt_ those marked `in_doubt`; none is both, nor current.
 //
 // Memory follows the data: a lease a free empties, not its class's current
 // one, is offered to the daemon when the pool next leases for another
@@ -20,9 +21,12 @@
 // chunk the daemon is known to hold empty is offered (granted empty, or
 // its last report the daemon answered was empty) and none whose report is
 // in flight: a report of the old class must never reach the daemon after
-// the chunk changed class. If the lease call fails, the chunks offered
-// leave the pool (the daemon holds them empty, of one class or the other;
-// they come back when the session ends).
+// the chunk changed class (reports also say their class, and the daemon
+// skips stale ones). If the lease call fails, the chunks offered are in
+// doubt (the daemon may hold them as the old class or the new one, empty
+// either way): never allocated from, offered first at the next lease
+// whatever its class (the daemon grants as it is one already of that
+// class), and back to use once granted.
 #ifndef HEAPD_ALLOCATOR_LEASE_POOL_H_
 #define HEAPD_ALLOCATOR_LEASE_POOL_H_
 
@@ -146,6 +150,7 @@ class LeasePool {
     bool emptied;      // in emptied_
     bool heapd_empty;  // the daemon holds it with no object (see the file comment)
     bool reporting;    // a report of it is in flight
+    bool in_doubt;     // in in_doubt_: its class at the daemon is not known
     SlotBitmap bitmap;
   };
 
@@ -155,9 +160,9 @@ class LeasePool {
   // empty or now current.
   std::vector<uint32_t> Offers(uint32_t size_class, uint32_t most);
   // `lease`, offered, came back as an empty chunk of `size_class`.
-  absl::Status Reclass(ChunkLease* lease, const LeaseGrant& grant);
-  // The chunks `offered` leave the pool (a lease that offered them failed).
-  void Drop(absl::Span<const uint32_t> offered);
+  void Reclass(ChunkLease* lease, uint32_t size_class, SlotBitmap bitmap);
+  // A lease call that offered `lease` failed (null: nothing).
+  void PutInDoubt(ChunkLease* lease);
   LeaseReport ReportOf(const ChunkLease& lease) const;
 
   LeaseSource* source_;
@@ -169,6 +174,8 @@ class LeasePool {
   std::array<std::vector<ChunkLease*>, kNumSizeClasses> with_space_;
   // Leases a free emptied while not current (see the file comment).
   std::vector<ChunkLease*> emptied_;
+  // Leases offered to a lease call that failed (see the file comment).
+  std::vector<ChunkLease*> in_doubt_;
 };
 
 }  // namespace heapd

@@ -137,8 +137,10 @@ TEST(LeasePoolTest, AChunkWhoseReportIsInFlightOrNotEmptyIsNotOffered) {
 }
 
 // A lease that offered chunks and failed: the daemon may have taken them
-// back as the new class before the failure; they leave the pool.
-TEST(LeasePoolTest, ChunksOfferedToALeaseThatFailedLeaveThePool) {
+// back as the new class before the failure. They are in doubt (never
+// allocated from) until the next lease grants them, as they are if the
+// daemon holds them so already.
+TEST(LeasePoolTest, ChunksOfferedToALeaseThatFailedAreInDoubtUntilGranted) {
   ChunkDirectory dir(16);
   DirectorySource source(&dir, 1);
   LeasePool pool(&source, 16, 1);
@@ -147,16 +149,45 @@ TEST(LeasePoolTest, ChunksOfferedToALeaseThatFailedLeaveThePool) {
   for (uint32_t i = 0; i < SlotsPerChunk(a) + 1; ++i) objects.push_back(*pool.Allocate(a));
   for (uint64_t offset : objects) ASSERT_EQ(pool.Free(offset), LocalFree::kFreed);
   const uint32_t first = static_cast<uint32_t>(objects.front() >> kChunkShift);
-  ASSERT_EQ(pool.leased_chunks(), 2u);
-  source.fail_after_lease = true;  // the answer is lost
-  EXPECT_FALSE(pool.Allocate(SizeClassFor(100)).ok());
+  const uint32_t b = SizeClassFor(100);
+  source.fail_after_lease = true;  // the daemon took it back as b; the answer is lost
+  EXPECT_FALSE(pool.Allocate(b).ok());
   EXPECT_EQ(source.offered, std::vector<uint32_t>{first});
-  EXPECT_EQ(pool.leased_chunks(), 1u);
-  EXPECT_EQ(pool.SizeClassAt(objects.front()), -1);
-  EXPECT_EQ(pool.Free(objects.front()), LocalFree::kNotLeased);
   EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
-  // Nothing the pool reports names it again.
-  for (const LeaseReport& report : pool.ReleaseAll()) EXPECT_NE(report.chunk, first);
+  // Its reports say class a: the daemon, which holds it as b, skips them.
+  const std::vector<LeaseReport> reports = pool.TakeDirtyReports();
+  ASSERT_TRUE(dir.Report(1, reports, /*release=*/false).ok());
+  pool.ReportsApplied(reports);
+  // Never allocated from while in doubt: class a gets the other chunk.
+  absl::StatusOr<uint64_t> in_a = pool.Allocate(a);
+  ASSERT_TRUE(in_a.ok());
+  EXPECT_NE(*in_a >> kChunkShift, first);
+  // The next lease, of any class, offers it first and gets it back.
+  source.fail_after_lease = false;
+  const uint32_t c = SizeClassFor(3000);
+  absl::StatusOr<uint64_t> in_c = pool.Allocate(c);
+  ASSERT_TRUE(in_c.ok()) << in_c.status();
+  EXPECT_EQ(source.offered, (std::vector<uint32_t>{first, first}));
+  EXPECT_EQ(*in_c >> kChunkShift, first);
+  EXPECT_EQ(pool.SizeClassAt(*in_c), static_cast<int>(c));
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  EXPECT_TRUE(dir.CheckInvariants().ok());
+}
+
+// A report that says another class than its chunk's was taken before the
+// chunk changed class: skipped, whatever its words.
+TEST(LeasePoolTest, AReportOfTheOldClassIsSkipped) {
+  ChunkDirectory dir(8);
+  auto leased = dir.Lease(1, SizeClassFor(64), 1);
+  ASSERT_TRUE(leased.ok() && leased->size() == 1);
+  const uint32_t chunk = (*leased)[0].chunk;
+  LeaseReport old{chunk, (*leased)[0].words, static_cast<int32_t>(SizeClassFor(64))};
+  old.words[0] |= 1;  // an object of the old class
+  ASSERT_TRUE(dir.Reclass(1, chunk, SizeClassFor(4096)));
+  ASSERT_TRUE(dir.CheckReport(1, {old}).ok());
+  ASSERT_TRUE(dir.Report(1, {old}, /*release=*/false).ok());
+  EXPECT_EQ(dir.Stats().live_objects, 0u);
+  EXPECT_TRUE(dir.CheckInvariants().ok());
 }
 
 TEST(LeasePoolTest, FreeValidatesLocally) {

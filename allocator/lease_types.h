@@ -41,6 +41,9 @@ struct LeaseGrant {
 struct LeaseReport {
   uint32_t chunk = 0;
   std::vector<uint64_t> words;
+  // The class the client holds it as; -1: not said. A report of another
+  // class than the chunk's is stale and skipped (ChunkDirectory::Report).
+  int32_t size_class = -1;
 };
 
 // What the daemon changed in a reported bitmap, for the client to apply to

@@ -40,6 +40,7 @@ void ToProto(const LeaseCorrection& correction, v1::LeaseCorrection* out) {
 void ToProto(const LeaseReport& report, v1::LeaseReport* out) {
   out->set_chunk(report.chunk);
   out->mutable_words()->Add(report.words.begin(), report.words.end());
+  if (report.size_class >= 0) out->set_size_class(static_cast<uint32_t>(report.size_class));
 }
 
 NameEntry FromProto(const v1::NameEntry& entry) {
@@ -56,7 +57,11 @@ std::vector<LeaseReport> FromProto(
   std::vector<LeaseReport> out;
   out.reserve(reports.size());
   for (const v1::LeaseReport& report : reports) {
-    out.push_back({report.chunk(), {report.words().begin(), report.words().end()}});
+    out.push_back({report.chunk(),
+                   {report.words().begin(), report.words().end()},
+                   report.has_size_class() && report.size_class() < kNumSizeClasses
+                       ? static_cast<int32_t>(report.size_class())
+                       : (report.has_size_class() ? static_cast<int32_t>(kNumSizeClasses) : -1)});
   }
   return out;
 }
