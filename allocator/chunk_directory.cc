@@ -145,8 +145,8 @@ bool ChunkDirectory::Stale(const LeaseReport& report) const {
 bool ChunkDirectory::Reclass(ClientId client, uint32_t chunk, uint32_t size_class) {
   if (chunk >= chunks_.size() || size_class >= kNumSizeClasses) return false;
   Chunk& c = chunks_[chunk];
-  // Already of that class: granted as it is (a client that did not learn
-  // of an earlier Reclass offers it again).
+  // Already of that class: granted again, empty (a client that did not
+  // learn of an earlier Reclass offers it again).
   if (c.kind != ChunkKind::kSmall || c.lessee != client || client == 0 || c.bitmap->live() != 0 ||
       !c.remote_frees.empty()) {
     return false;
@@ -232,7 +232,17 @@ absl::Status ChunkDirectory::CheckReport(ClientId client,
           absl::StrCat("chunk ", report.chunk, " is not leased by client ", client));
     }
     const Chunk& c = chunks_[report.chunk];
-    if (Stale(report)) continue;
+    if (Stale(report)) {
+      // Skipped, but bounded all the same: a session's staged reports are
+      // held until its sync's last part.
+      if (static_cast<uint32_t>(report.size_class) >= kNumSizeClasses ||
+          report.words.size() != (SlotsPerChunk(report.size_class) + 63) / 64) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "report for chunk ", report.chunk, " has ", report.words.size(),
+            " bitmap words; the size class it names (", report.size_class, ") has another size"));
+      }
+      continue;
+    }
     if (report.words.size() != c.bitmap->words().size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("report for chunk ", report.chunk, " has ", report.words.size(),

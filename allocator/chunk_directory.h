@@ -135,7 +135,7 @@ class ChunkDirectory {
   // a chunk with no object as the daemon knows it (its last report, or as
   // it was leased, is empty: the last commit holds none there, so a crash
   // or the client's death leaves it empty too) and no free of another
-  // queued there. One already of `size_class` is granted as it is (a
+  // queued there. One already of `size_class` is granted again, empty (a
   // client that did not hear of an earlier Reclass offers it again).
   // Frees deferred against its old objects are then void (its incarnation
   // moves on, as a chunk's that became free); reports of the old class
@@ -160,7 +160,7 @@ class ChunkDirectory {
   bool Stale(const LeaseReport& report) const;
   // Report's checks alone: OK iff Report(client, reports, ...) would change
   // the directory. Stays true until `client`'s leases change (only its own
-  // Report and Reclaim end them).
+  // Report, Reclaim and Reclass, under its serialized calls, change them).
   absl::Status CheckReport(ClientId client, absl::Span<const LeaseReport> reports) const;
 
   // Allocates a run of whole chunks for `size` bytes; the run stays

@@ -187,6 +187,12 @@ TEST(LeasePoolTest, AReportOfTheOldClassIsSkipped) {
   ASSERT_TRUE(dir.CheckReport(1, {old}).ok());
   ASSERT_TRUE(dir.Report(1, {old}, /*release=*/false).ok());
   EXPECT_EQ(dir.Stats().live_objects, 0u);
+  // Skipped, but never larger than the class it names: a hostile client
+  // cannot stage big reports by naming a wrong class.
+  LeaseReport huge{chunk, std::vector<uint64_t>(100000, 0), static_cast<int32_t>(SizeClassFor(64))};
+  EXPECT_EQ(dir.CheckReport(1, {huge}).code(), absl::StatusCode::kInvalidArgument);
+  huge.size_class = static_cast<int32_t>(kNumSizeClasses);
+  EXPECT_EQ(dir.CheckReport(1, {huge}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(dir.CheckInvariants().ok());
 }
 

@@ -1,6 +1,7 @@
 #include "daemon/request_validation.h"
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -119,6 +120,10 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
                      absl::StrCat(want.reuse_size(), " chunks offered for a lease of ",
                                   want.count(), "; at most as many as it asks for"));
     }
+    const std::set<uint32_t> offered(want.reuse().begin(), want.reuse().end());
+    if (offered.size() != static_cast<size_t>(want.reuse_size())) {
+      return Invalid(absl::StrCat(field, "[", i, "].reuse"), "a chunk is offered twice");
+    }
   }
   return absl::OkStatus();
 }
@@ -209,8 +214,32 @@ absl::Status CheckPlacements(absl::string_view field,
   return absl::OkStatus();
 }
 
+// A report that says its class has a bitmap of that class's size (one
+// that says another class than its chunk's is skipped by the heap, after
+// this check: its size is bounded all the same).
+absl::Status CheckReports(absl::string_view field,
+                          const RepeatedPtrField<v1::LeaseReport>& reports) {
+  for (int i = 0; i < reports.size(); ++i) {
+    const v1::LeaseReport& report = reports[i];
+    if (!report.has_size_class()) continue;
+    if (report.size_class() >= kNumSizeClasses) {
+      return Invalid(absl::StrCat(field, "[", i, "].size_class"),
+                     absl::StrCat("size class ", report.size_class(), " does not exist (0..",
+                                  kNumSizeClasses - 1, ")"));
+    }
+    const uint32_t words = (SlotsPerChunk(report.size_class()) + 63) / 64;
+    if (static_cast<uint32_t>(report.words_size()) != words) {
+      return Invalid(absl::StrCat(field, "[", i, "].words"),
+                     absl::StrCat(report.words_size(), " bitmap words; size class ",
+                                  report.size_class(), " has ", words));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRequest(const v1::DetachRequest& request) {
   if (absl::Status s = CheckSession(request.session()); !s.ok()) return s;
+  if (absl::Status s = CheckReports("reports", request.reports()); !s.ok()) return s;
   return CheckPlacements("placed", request.placed());
 }
 
@@ -254,6 +283,7 @@ absl::Status ValidateRequest(const v1::SyncRequest& request) {
   if (request.more() && request.generation() != 0) {
     return Invalid("generation", "only the last part of a sync (more=false) carries one");
   }
+  if (absl::Status s = CheckReports("reports", request.reports()); !s.ok()) return s;
   if (absl::Status s = CheckPlacements("placed", request.placed()); !s.ok()) return s;
   if (absl::Status s = CheckPlacements("released", request.released()); !s.ok()) return s;
   for (int i = 0; i < request.released_size(); ++i) {

@@ -128,6 +128,14 @@ TEST(RequestValidationTest, SessionCalls) {
   detach.set_session(7);
   detach.add_reports()->set_chunk(3);  // whether it is leased is the heap's to say
   EXPECT_TRUE(ValidateRequest(detach).ok());
+  // A report naming its class has that class's bitmap size.
+  detach.mutable_reports(0)->set_size_class(kNumSizeClasses);
+  ExpectInvalid(ValidateRequest(detach), "reports[0].size_class", "does not exist");
+  detach.mutable_reports(0)->set_size_class(0);
+  ExpectInvalid(ValidateRequest(detach), "reports[0].words", "size class 0 has");
+  for (uint32_t w = 0; w < (SlotsPerChunk(0) + 63) / 64; ++w)
+    detach.mutable_reports(0)->add_words(0);
+  EXPECT_TRUE(ValidateRequest(detach).ok());
   v1::SyncRequest sync;
   ExpectInvalid(ValidateRequest(sync), "session", "session 0");
   sync.set_session(7);
