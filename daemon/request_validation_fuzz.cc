@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "allocator/size_class.h"
 #include "daemon/request_validation.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/heapd.pb.h"
@@ -78,6 +79,22 @@ bool WantsOk(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants) {
   if (wants.size() > 64) return false;
   for (const v1::LeaseWant& want : wants) {
     if (want.size_class() >= 64 || want.count() < 1 || want.count() > 64) return false;
+    // Chunks offered back for reuse: at most as many as asked, none twice.
+    if (static_cast<uint32_t>(want.reuse_size()) > want.count()) return false;
+    const std::set<uint32_t> offered(want.reuse().begin(), want.reuse().end());
+    if (offered.size() != static_cast<size_t>(want.reuse_size())) return false;
+  }
+  return true;
+}
+
+// A report that names its class: a class that exists (0..63), and one
+// bitmap word per 64 of that class's slots in a chunk.
+bool ReportsOk(const google::protobuf::RepeatedPtrField<v1::LeaseReport>& reports) {
+  for (const v1::LeaseReport& report : reports) {
+    if (!report.has_size_class()) continue;
+    if (report.size_class() >= 64) return false;
+    const uint32_t words = (SlotsPerChunk(report.size_class()) + 63) / 64;
+    if (static_cast<uint32_t>(report.words_size()) != words) return false;
   }
   return true;
 }
@@ -129,7 +146,9 @@ bool RunsOk(const google::protobuf::RepeatedPtrField<v1::LargePlacement>& runs) 
   }
   return true;
 }
-bool Model(const v1::DetachRequest& r) { return r.session() != 0 && RunsOk(r.placed()); }
+bool Model(const v1::DetachRequest& r) {
+  return r.session() != 0 && ReportsOk(r.reports()) && RunsOk(r.placed());
+}
 bool Model(const v1::ListClientsRequest& r) { return OptionalHeapNameOk(r.heap()); }
 bool Model(const v1::LeaseChunksRequest& r) { return r.session() != 0 && WantsOk(r.wants()); }
 bool Model(const v1::AllocateLargeRequest& r) {
@@ -140,8 +159,8 @@ bool Model(const v1::FreeRequest& r) { return r.session() != 0 && r.objects_size
 bool Model(const v1::SyncRequest& r) {
   bool again = false;
   for (const v1::LargePlacement& run : r.released()) again |= run.again();
-  return r.session() != 0 && (!r.more() || r.generation() == 0) && RunsOk(r.placed()) &&
-         RunsOk(r.released()) && !again;
+  return r.session() != 0 && (!r.more() || r.generation() == 0) && ReportsOk(r.reports()) &&
+         RunsOk(r.placed()) && RunsOk(r.released()) && !again;
 }
 bool Model(const v1::BindRequest& r) {
   return r.session() != 0 && NameOk(r.name()) && NameOk(r.type_name()) && r.size() != 0;
@@ -312,6 +331,7 @@ Seeds MakeSeeds() {
   v1::LeaseChunksRequest lease;
   lease.set_session(7);
   *lease.add_wants() = *want;
+  lease.mutable_wants(0)->add_reuse(9);
   v1::FreeRequest free;
   free.set_session(7);
   free.add_objects()->set_offset(4 << 20);
@@ -320,6 +340,10 @@ Seeds MakeSeeds() {
   v1::LeaseReport* report = sync.add_reports();
   report->set_chunk(3);
   report->add_words(0x5);
+  v1::LeaseReport* said = sync.add_reports();
+  said->set_chunk(4);
+  said->set_size_class(63);
+  said->add_words(0x1);
   v1::LargePlacement* placed = sync.add_placed();
   placed->set_offset(uint64_t{5} << 21);
   placed->set_chunks(2);
