@@ -6,6 +6,7 @@
 //
 //   store_bench --heapd=PATH [--dir=/tmp] [--only=b9a,b9c,b9b,restore]
 //               [--b9b_values=10000000] [--block_bytes=N] [--zstd_level=N]
+//               [--deltas=false]
 //
 //   B9a: the B3 graph (2^22 R-MAT edges, scale 18) ingested in 16
 //        increments of 2^18 edges, a snapshot after each; the first
@@ -53,6 +54,7 @@ ABSL_FLAG(std::string, only, "b9a,b9c,b9b,restore", "which benchmarks");
 ABSL_FLAG(uint64_t, b9b_values, 10000000, "B9b: integers inserted into each container");
 ABSL_FLAG(uint32_t, block_bytes, 0, "the stores' block size (0: heapd's default)");
 ABSL_FLAG(int, zstd_level, 0, "the stores' zstd level (0: heapd's default)");
+ABSL_FLAG(bool, deltas, true, "stores keep changed blocks as deltas (heapd --store_deltas)");
 ABSL_FLAG(int, reps, 3, "runs of everything; medians are printed at the end");
 
 namespace heapd {
@@ -323,6 +325,7 @@ int Run() {
   if (const uint32_t block = absl::GetFlag(FLAGS_block_bytes); block != 0) {
     flags.push_back(absl::StrCat("--store_block_bytes=", block));
   }
+  if (!absl::GetFlag(FLAGS_deltas)) flags.push_back("--store_deltas=false");
   if (const int level = absl::GetFlag(FLAGS_zstd_level); level != 0) {
     flags.push_back(absl::StrCat("--store_zstd_level=", level));
   }

@@ -8,10 +8,12 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -25,7 +27,12 @@ namespace heapd {
 namespace {
 
 constexpr char kMagic[4] = {'H', 'B', 'K', '1'};
+constexpr char kDeltaMagic[4] = {'H', 'B', 'D', '1'};
 constexpr size_t kHeaderBytes = 24;
+// A delta's header: the block's, then its base's id.
+constexpr size_t kDeltaHeaderBytes = kHeaderBytes + 32;
+// A delta holds whole pages of its block (the last may be shorter).
+constexpr size_t kDeltaPageBytes = 4096;
 constexpr char kTemporaryPrefix[] = ".tmp-";
 constexpr char kAsidePrefix[] = ".trash-";
 
@@ -41,32 +48,89 @@ uint64_t GetLe64(const char* at) {
 
 std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
 
+uint64_t PagesOf(uint64_t size) { return (size + kDeltaPageBytes - 1) / kDeltaPageBytes; }
+
+// The size of a block file's header: HBK1's or HBD1's, 0 if neither.
+size_t HeaderBytesOf(const char* magic) {
+  if (std::memcmp(magic, kMagic, sizeof(kMagic)) == 0) return kHeaderBytes;
+  if (std::memcmp(magic, kDeltaMagic, sizeof(kDeltaMagic)) == 0) return kDeltaHeaderBytes;
+  return 0;
+}
+
+// What a delta of `bytes` against `base` holds before compression: a bit
+// per page of `bytes` (page p: bit p % 8 of byte p / 8) set where it
+// differs from `base` (or lies past its end), then those pages in order.
+// Nothing if more than three quarters of the pages differ (a full block
+// is about as small, and reads without its base).
+std::optional<std::string> DeltaOf(absl::string_view bytes, absl::string_view base) {
+  const uint64_t pages = PagesOf(bytes.size());
+  std::string delta((pages + 7) / 8, '\0');
+  uint64_t changed = 0;
+  for (uint64_t page = 0; page < pages; ++page) {
+    const absl::string_view mine = bytes.substr(page * kDeltaPageBytes, kDeltaPageBytes);
+    const uint64_t at = page * kDeltaPageBytes;
+    if (at + mine.size() <= base.size() && base.substr(at, mine.size()) == mine) continue;
+    if (++changed * 4 > pages * 3) return std::nullopt;
+    delta[page / 8] = static_cast<char>(delta[page / 8] | (1 << (page % 8)));
+    delta.append(mine.data(), mine.size());
+  }
+  return delta;
+}
+
 // Whether `name` in `dir` is a block file this user wrote whose header
 // fits its size (its hash is checked whenever it is read): then Put marks
 // it used (its modification time, through the descriptor) and need not
 // write it again, provided the name still leads to that file afterwards
 // (gc may have set it aside meanwhile: then it is written anew). A file
-// another user put there is not trusted to be the block.
-bool MarkIfWhole(int dir, const std::string& name, uint64_t* size) {
+// another user put there is not trusted to be the block. `*base`: a
+// delta's base, else zero.
+bool MarkFile(int dir, const std::string& name, uint64_t* size, BlockId* base) {
   UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st;
-  char header[kHeaderBytes];
+  char header[kDeltaHeaderBytes];
   if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
       static_cast<uint64_t>(st.st_size) < kHeaderBytes ||
-      pread(fd.get(), header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+      pread(fd.get(), header, kHeaderBytes, 0) != static_cast<ssize_t>(kHeaderBytes)) {
     return false;
   }
   *size = static_cast<uint64_t>(st.st_size);
-  if (std::memcmp(header, kMagic, sizeof(kMagic)) != 0 ||
-      GetLe64(header + 12) != *size - kHeaderBytes || futimens(fd.get(), nullptr) != 0) {
+  const size_t header_bytes = HeaderBytesOf(header);
+  if (header_bytes == 0 || *size < header_bytes || GetLe64(header + 12) != *size - header_bytes) {
     return false;
   }
+  *base = BlockId();
+  if (header_bytes == kDeltaHeaderBytes) {
+    if (pread(fd.get(), header + kHeaderBytes, 32, kHeaderBytes) != 32) return false;
+    *base = BlockId::FromRaw(header + kHeaderBytes);
+  }
+  if (futimens(fd.get(), nullptr) != 0) return false;
   struct stat now;
   return fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == st.st_ino &&
          now.st_dev == st.st_dev;
 }
 
+// The one zstd frame of a block file, decompressed: at most `max_bytes`.
+std::optional<std::string> Inflate(absl::string_view frame, uint64_t max_bytes) {
+  const unsigned long long size = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN || size > max_bytes) {
+    return std::nullopt;
+  }
+  std::string bytes(size, '\0');
+  const size_t got = ZSTD_decompress(bytes.data(), bytes.size(), frame.data(), frame.size());
+  if (ZSTD_isError(got) || got != size) return std::nullopt;
+  return bytes;
+}
+
 }  // namespace
+
+// A block file read whole, its header checked against its size.
+struct BlockStore::File {
+  uint64_t size = 0;  // the block's
+  BlockId base;       // a delta's, else zero
+  std::string bytes;  // the whole file
+  size_t header_bytes = 0;
+  absl::string_view frame() const { return absl::string_view(bytes).substr(header_bytes); }
+};
 
 int64_t ModifiedNs(const struct stat& st) {
   return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
@@ -131,7 +195,8 @@ int BlockStore::Directory(int index, bool create) {
   return dir.get();
 }
 
-absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
+absl::StatusOr<BlockStore::Stored> BlockStore::Put(
+    absl::string_view bytes, const std::function<std::optional<Base>()>& base) {
   if (bytes.size() > options_.max_block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes.size(),
                                                    " bytes is larger than the store's ",
@@ -139,8 +204,9 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
   }
   Stored stored;
   stored.id = BlockId::Of(bytes);
-  if (auto pending = pending_bytes_.find(stored.id); pending != pending_bytes_.end()) {
-    stored.stored_bytes = pending->second;  // written by this store already
+  if (auto pending = written_.find(stored.id); pending != written_.end()) {
+    stored.stored_bytes = pending->second.bytes;  // written by this store already
+    stored.base = pending->second.base;
     return stored;
   }
   const std::string name = stored.id.Hex();
@@ -149,24 +215,43 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
   if (dir < 0) return ErrnoStatus(errno, absl::StrCat("open blocks/", DirectoryName(index)));
   // Another create's, perhaps not yet durable in its directory; marked in
   // use (gc keeps young blocks).
-  if (MarkIfWhole(dir, name, &stored.stored_bytes)) {
+  if (MarkIfWhole(dir, stored.id, &stored.stored_bytes, &stored.base)) {
     unsynced_.set(index);
     return stored;
   }
   if (options_.claim && !options_.claim(stored.id)) return stored;  // another worker's
-  // Missing, damaged or not markable (then replaced by the rename below).
-  std::string file(kHeaderBytes + ZSTD_compressBound(bytes.size()), '\0');
-  const size_t compressed = ZSTD_compress(file.data() + kHeaderBytes, file.size() - kHeaderBytes,
-                                          bytes.data(), bytes.size(), options_.zstd_level);
+  // Missing, damaged or not markable (then replaced by the rename below):
+  // a delta if a base is given, it pays, and the base is there to mark.
+  std::optional<std::string> delta;
+  if (std::optional<Base> against = base ? base() : std::nullopt;
+      against.has_value() && against->id != stored.id) {
+    delta = DeltaOf(bytes, against->bytes);
+    const int base_dir = Directory(against->id.hash[0], /*create=*/false);
+    uint64_t base_size = 0;
+    BlockId base_of_base;
+    if (delta.has_value() && base_dir >= 0 &&
+        MarkIfWhole(base_dir, against->id, &base_size, &base_of_base) && base_of_base.IsZero()) {
+      unsynced_.set(against->id.hash[0]);
+      stored.base = against->id;
+    } else {
+      delta.reset();
+    }
+  }
+  const absl::string_view payload = delta.has_value() ? absl::string_view(*delta) : bytes;
+  const size_t header_bytes = delta.has_value() ? kDeltaHeaderBytes : kHeaderBytes;
+  std::string file(header_bytes + ZSTD_compressBound(payload.size()), '\0');
+  const size_t compressed = ZSTD_compress(file.data() + header_bytes, file.size() - header_bytes,
+                                          payload.data(), payload.size(), options_.zstd_level);
   if (ZSTD_isError(compressed)) {
     return absl::InternalError(
         absl::StrCat("compress block ", name, ": ", ZSTD_getErrorName(compressed)));
   }
-  file.resize(kHeaderBytes + compressed);
-  std::memcpy(file.data(), kMagic, sizeof(kMagic));
+  file.resize(header_bytes + compressed);
+  std::memcpy(file.data(), delta.has_value() ? kDeltaMagic : kMagic, sizeof(kMagic));
   PutLe64(file.data() + 4, bytes.size());
   PutLe64(file.data() + 12, compressed);
   std::memset(file.data() + 20, 0, 4);
+  if (delta.has_value()) std::memcpy(file.data() + kHeaderBytes, stored.base.hash.data(), 32);
   const std::string temporary = absl::StrCat(kTemporaryPrefix, RandomName());
   {
     UniqueFd fd(
@@ -183,11 +268,30 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(absl::string_view bytes) {
       return failed;
     }
   }
-  pending_.push_back({index, temporary, name});
-  pending_bytes_[stored.id] = file.size();
+  pending_.push_back({index, temporary, stored.id});
+  written_[stored.id] = {file.size(), stored.base};
   stored.written = true;
   stored.stored_bytes = file.size();
   return stored;
+}
+
+bool BlockStore::MarkIfWhole(int dir, const BlockId& id, uint64_t* size, BlockId* base) {
+  if (!MarkFile(dir, id.Hex(), size, base)) {
+    *base = BlockId();
+    return false;
+  }
+  if (base->IsZero()) return true;
+  // A delta is whole only with its base, a full block.
+  const int base_dir = Directory(base->hash[0], /*create=*/false);
+  uint64_t base_size = 0;
+  BlockId base_of_base;
+  if (base_dir < 0 || !MarkFile(base_dir, base->Hex(), &base_size, &base_of_base) ||
+      !base_of_base.IsZero()) {
+    *base = BlockId();  // not whole: whoever writes it anew says its own
+    return false;
+  }
+  unsynced_.set(base->hash[0]);
+  return true;
 }
 
 BlockStore::~BlockStore() {
@@ -201,28 +305,31 @@ absl::Status BlockStore::Commit() {
   // bytes a crash could lose.
   for (const Pending& block : pending_) {
     const int dir = directories_[block.directory].get();
+    const std::string name = block.id.Hex();
     if (options_.durable) {
       UniqueFd fd(openat(dir, block.temporary.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
       if (!fd.valid() || fdatasync(fd.get()) != 0) {
-        return ErrnoStatus(errno, absl::StrCat("sync block ", block.name));
+        return ErrnoStatus(errno, absl::StrCat("sync block ", name));
       }
     }
     unsynced_.set(block.directory);
-    if (renameat2(dir, block.temporary.c_str(), dir, block.name.c_str(), RENAME_NOREPLACE) == 0) {
+    if (renameat2(dir, block.temporary.c_str(), dir, name.c_str(), RENAME_NOREPLACE) == 0) {
       continue;
     }
-    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("rename block ", block.name));
+    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("rename block ", name));
     // Another writer's arrived meanwhile: it stays (its mark with it) if it
-    // is sound, else this one replaces it.
+    // is sound and names the same base (or none, as this one), else this
+    // one replaces it: callers name the base Put said.
     uint64_t size = 0;
-    if (MarkIfWhole(dir, block.name, &size)) {
+    BlockId base;
+    if (MarkIfWhole(dir, block.id, &size, &base) && base == written_[block.id].base) {
       unlinkat(dir, block.temporary.c_str(), 0);
-    } else if (renameat(dir, block.temporary.c_str(), dir, block.name.c_str()) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("rename block ", block.name));
+    } else if (renameat(dir, block.temporary.c_str(), dir, name.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("rename block ", name));
     }
   }
   pending_.clear();
-  pending_bytes_.clear();
+  written_.clear();
   if (!options_.durable) {
     unsynced_.reset();
     return absl::OkStatus();
@@ -237,15 +344,15 @@ absl::Status BlockStore::Commit() {
   return absl::OkStatus();
 }
 
-bool BlockStore::Mark(const BlockId& id) {
+bool BlockStore::Mark(const BlockId& id, BlockId* base) {
   const int dir = Directory(id.hash[0], /*create=*/false);
   uint64_t size = 0;
-  if (dir < 0 || !MarkIfWhole(dir, id.Hex(), &size)) return false;
+  if (dir < 0 || !MarkIfWhole(dir, id, &size, base)) return false;
   unsynced_.set(id.hash[0]);
   return true;
 }
 
-absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
+absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
   const std::string name = id.Hex();
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("block ", name, ": ", why));
@@ -265,28 +372,92 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
   }
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat block ", name));
-  const uint64_t max_file = kHeaderBytes + ZSTD_compressBound(options_.max_block_bytes);
+  // A delta's frame holds its bitmap and at most every page.
+  const uint64_t max_file = kDeltaHeaderBytes + ZSTD_compressBound(options_.max_block_bytes +
+                                                                   options_.max_block_bytes / 8);
   if (!S_ISREG(st.st_mode)) return bad("not a regular file");
   if (static_cast<uint64_t>(st.st_size) < kHeaderBytes ||
       static_cast<uint64_t>(st.st_size) > max_file) {
     return bad(absl::StrCat(st.st_size, " bytes"));
   }
-  std::string file(static_cast<size_t>(st.st_size), '\0');
-  if (!ReadAllAt(fd.get(), file.data(), file.size(), 0)) {
+  File file;
+  file.bytes.assign(static_cast<size_t>(st.st_size), '\0');
+  if (!ReadAllAt(fd.get(), file.bytes.data(), file.bytes.size(), 0)) {
     return bad("cannot be read whole");
   }
-  const uint64_t size = GetLe64(file.data() + 4);
-  const uint64_t compressed = GetLe64(file.data() + 12);
-  if (std::memcmp(file.data(), kMagic, sizeof(kMagic)) != 0 ||
-      compressed != file.size() - kHeaderBytes || size > options_.max_block_bytes) {
+  file.header_bytes = HeaderBytesOf(file.bytes.data());
+  file.size = GetLe64(file.bytes.data() + 4);
+  if (file.header_bytes == 0 || file.bytes.size() < file.header_bytes ||
+      GetLe64(file.bytes.data() + 12) != file.bytes.size() - file.header_bytes ||
+      file.size > options_.max_block_bytes) {
     return bad("its header does not fit it");
   }
-  std::string bytes(size, '\0');
-  const size_t got =
-      ZSTD_decompress(bytes.data(), bytes.size(), file.data() + kHeaderBytes, compressed);
-  if (ZSTD_isError(got) || got != size) return bad("does not decompress to its size");
+  if (file.header_bytes == kDeltaHeaderBytes) {
+    file.base = BlockId::FromRaw(file.bytes.data() + kHeaderBytes);
+  }
+  return file;
+}
+
+absl::StatusOr<std::string> BlockStore::GetFull(const BlockId& id, const std::string& what) {
+  absl::StatusOr<File> file = Load(id);
+  if (!file.ok()) return file.status();
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(what, id.Hex(), ": ", why));
+  };
+  if (!file->base.IsZero()) return bad("a delta, where a full block must be");
+  std::optional<std::string> bytes = Inflate(file->frame(), file->size);
+  if (!bytes.has_value() || bytes->size() != file->size) {
+    return bad("does not decompress to its size");
+  }
+  if (BlockId::Of(*bytes) != id) return bad("its bytes do not have its hash");
+  return *std::move(bytes);
+}
+
+absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
+  absl::StatusOr<File> file = Load(id);
+  if (!file.ok()) return file.status();
+  if (file->base.IsZero()) return GetFull(id, "block ");
+  const std::string name = id.Hex();
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("block ", name, ": ", why));
+  };
+  absl::StatusOr<std::string> base = GetFull(file->base, "the base of block " + name + ", ");
+  if (base.status().code() == absl::StatusCode::kNotFound) {
+    return bad(absl::StrCat("its base block ", file->base.Hex(), " is missing"));
+  }
+  if (!base.ok()) return base.status();
+  const uint64_t pages = PagesOf(file->size);
+  const uint64_t bitmap = (pages + 7) / 8;
+  std::optional<std::string> delta = Inflate(file->frame(), bitmap + file->size);
+  if (!delta.has_value() || delta->size() < bitmap) return bad("its delta does not decompress");
+  std::string bytes;
+  bytes.reserve(file->size);
+  absl::string_view pages_held = absl::string_view(*delta).substr(bitmap);
+  for (uint64_t page = 0; page < pages; ++page) {
+    const uint64_t at = page * kDeltaPageBytes;
+    const uint64_t length = std::min<uint64_t>(kDeltaPageBytes, file->size - at);
+    const bool held = (static_cast<uint8_t>((*delta)[page / 8]) >> (page % 8)) & 1;
+    absl::string_view from =
+        held ? pages_held : absl::string_view(*base).substr(std::min(at, base->size()));
+    if (from.size() < length)
+      return bad(absl::StrCat("page ", page, " is in neither it nor its base"));
+    bytes.append(from.data(), length);
+    if (held) pages_held.remove_prefix(length);
+  }
+  if (!pages_held.empty()) return bad("its delta holds more pages than its bitmap says");
   if (BlockId::Of(bytes) != id) return bad("its bytes do not have its hash");
   return bytes;
+}
+
+absl::StatusOr<BlockStore::Base> BlockStore::BaseFor(const BlockId& id) {
+  absl::StatusOr<File> file = Load(id);
+  if (!file.ok()) return file.status();
+  Base base;
+  base.id = file->base.IsZero() ? id : file->base;
+  absl::StatusOr<std::string> bytes = GetFull(base.id, "block ");
+  if (!bytes.ok()) return bytes.status();
+  base.bytes = *std::move(bytes);
+  return base;
 }
 
 absl::StatusOr<uint64_t> BlockStore::StoredBytes(const BlockId& id) {

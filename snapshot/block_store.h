@@ -18,8 +18,19 @@
 // create is using it; else it is replaced. (A block whose bytes rotted
 // under a sound header is found by verify and reads, not by creates.)
 //
+// A block may instead be stored as the pages (4 KiB) where it differs from
+// an earlier version of it, a full block (its *base*): Put with a base
+// does so when at most three quarters of its pages differ. Such a file ("HBD1") has
+// the same header, then the base's id, then one zstd frame of a bitmap of
+// the pages it holds and those pages; the base is always a full block (a
+// delta's delta is taken against the first's base), so reading one needs
+// at most two files. A delta is whole only with its base: Put and Mark
+// mark both and say the base (Stored::base), which whoever names the
+// block must keep too (a recipe's delta_bases: store_recipe.h).
+//
 // Nothing read is trusted: the file's size is capped before it is read,
-// the header must match it, the block decompresses to exactly its size,
+// the header must match it, the block decompresses to exactly its size (a
+// delta: its bitmap and pages, then the base's pages where it holds none),
 // and its hash must be its name; else DATA_LOSS naming the block.
 //
 // Everything is done relative to the store's root descriptor, one path
@@ -36,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,17 +104,30 @@ class BlockStore {
     BlockId id;
     bool written = false;       // false: the store had it already
     uint64_t stored_bytes = 0;  // its file's size
+    BlockId base;               // not zero: it is a delta against this block
+  };
+  // A full block a new version of it may be stored against.
+  struct Base {
+    BlockId id;
+    std::string bytes;
   };
   // Stores `bytes` unless a block of the same hash is there (then marks it
   // used now). A block written is readable and durable once Commit returns.
-  absl::StatusOr<Stored> Put(absl::string_view bytes);
+  // If it must be written and `base` gives one, it is stored as a delta
+  // against it when at most three quarters of its pages differ.
+  absl::StatusOr<Stored> Put(absl::string_view bytes,
+                             const std::function<std::optional<Base>()>& base = nullptr);
+  // The full block behind `id`, to store a new version of it against: the
+  // block itself, or a delta's base. Checked as Get checks.
+  absl::StatusOr<Base> BaseFor(const BlockId& id);
   // Makes the blocks Put wrote durable, renames them into place and fsyncs
   // the directories changed since the last call (Put's, Remove's).
   absl::Status Commit();
 
-  // Marks the block in use as Put does when it finds it; false if it is
-  // not there (whole, this user's) to be marked.
-  bool Mark(const BlockId& id);
+  // Marks the block in use as Put does when it finds it (a delta: its base
+  // too, said in `*base`, else zero); false if it is not there (whole,
+  // this user's) to be marked.
+  bool Mark(const BlockId& id, BlockId* base);
 
   // The block's bytes, checked (see above). NOT_FOUND if it is not there.
   absl::StatusOr<std::string> Get(const BlockId& id);
@@ -137,6 +162,15 @@ class BlockStore {
       : blocks_(std::move(blocks)), options_(options) {}
   // blocks/XX, made if `create` and missing; -1 with errno otherwise.
   int Directory(int index, bool create);
+  // Whether `id`'s file is whole (see MarkFile in block_store.cc) and, if a
+  // delta, its base too; marks both, and says the base.
+  bool MarkIfWhole(int dir, const BlockId& id, uint64_t* size, BlockId* base);
+  // The file of `id`, read whole and its header checked (set aside by a
+  // crashed gc: found there).
+  struct File;
+  absl::StatusOr<File> Load(const BlockId& id);
+  // A full block's bytes, checked.
+  absl::StatusOr<std::string> GetFull(const BlockId& id, const std::string& what);
 
   UniqueFd blocks_;
   BlockStoreOptions options_;
@@ -146,10 +180,14 @@ class BlockStore {
   struct Pending {
     int directory;
     std::string temporary;
-    std::string name;
+    BlockId id;
   };
   std::vector<Pending> pending_;
-  std::map<BlockId, uint64_t> pending_bytes_;  // their file sizes, by id
+  struct Written {
+    uint64_t bytes;  // its file's size
+    BlockId base;    // a delta's
+  };
+  std::map<BlockId, Written> written_;  // the pending blocks, by id
 };
 
 }  // namespace heapd

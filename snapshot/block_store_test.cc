@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <thread>
@@ -45,8 +47,16 @@ class BlockStoreTest : public ::testing::Test {
     store_.emplace(*std::move(store));
   }
   // Put and Commit: the block durable and in place.
-  absl::StatusOr<BlockStore::Stored> Put(absl::string_view bytes) {
-    absl::StatusOr<BlockStore::Stored> stored = store_->Put(bytes);
+  absl::StatusOr<BlockStore::Stored> Put(absl::string_view bytes,
+                                         std::optional<BlockId> against = std::nullopt) {
+    absl::StatusOr<BlockStore::Stored> stored =
+        store_->Put(bytes, [&]() -> std::optional<BlockStore::Base> {
+          if (!against.has_value()) return std::nullopt;
+          absl::StatusOr<BlockStore::Base> base = store_->BaseFor(*against);
+          EXPECT_TRUE(base.ok()) << base.status();
+          if (!base.ok()) return std::nullopt;
+          return *std::move(base);
+        });
     if (stored.ok()) {
       if (absl::Status s = store_->Commit(); !s.ok()) return s;
     }
@@ -173,6 +183,137 @@ TEST_F(BlockStoreTest, ConcurrentWritersOfTheSameBlocksLoseNothing) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, block);
   }
+}
+
+// A block that changed in a few pages is stored as those pages against
+// its earlier version, reads back whole, and a delta of it is taken
+// against the same full block (never a delta's delta).
+TEST_F(BlockStoreTest, AChangedBlockIsStoredAsItsChangedPages) {
+  const std::string first = RandomBytes(1 << 20, 1);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::string second = first;
+  second[5] ^= 1;
+  second[300 * 1024] ^= 1;
+  auto delta = Put(second, base->id);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_TRUE(delta->written);
+  EXPECT_EQ(delta->base, base->id);
+  EXPECT_LT(delta->stored_bytes, 3 * 4096u);  // two pages of random bytes, and the header
+  EXPECT_EQ(*store_->Get(delta->id), second);
+
+  std::string third = second;
+  third[600 * 1024] ^= 1;
+  auto next = Put(third, delta->id);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->base, base->id);
+  EXPECT_EQ(*store_->Get(next->id), third);
+  auto behind = store_->BaseFor(next->id);
+  ASSERT_TRUE(behind.ok()) << behind.status();
+  EXPECT_EQ(behind->id, base->id);
+
+  // Found again (Put of the same bytes, Mark): its base is said.
+  auto again = Put(third);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->written);
+  EXPECT_EQ(again->base, base->id);
+  BlockId marked_base;
+  EXPECT_TRUE(store_->Mark(next->id, &marked_base));
+  EXPECT_EQ(marked_base, base->id);
+  EXPECT_TRUE(store_->Mark(base->id, &marked_base));
+  EXPECT_TRUE(marked_base.IsZero());
+}
+
+TEST_F(BlockStoreTest, ABlockThatChangedAllOverIsStoredWhole) {
+  auto base = Put(RandomBytes(1 << 20, 2));
+  ASSERT_TRUE(base.ok()) << base.status();
+  auto changed = Put(RandomBytes(1 << 20, 3), base->id);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(changed->written);
+  EXPECT_TRUE(changed->base.IsZero());
+  // A longer version (a metadata log that grew) keeps the pages it shares.
+  std::string grown = RandomBytes(1 << 19, 5);
+  auto small = Put(grown);
+  ASSERT_TRUE(small.ok()) << small.status();
+  grown += RandomBytes(1 << 17, 6);
+  auto appended = Put(grown, small->id);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->base, small->id);
+  EXPECT_EQ(*store_->Get(appended->id), grown);
+}
+
+// A delta is whole only with its base: without it, it reads as DATA_LOSS
+// naming the base, is not taken as present (Put writes it anew, whole)
+// and cannot be marked.
+TEST_F(BlockStoreTest, ADeltaWithoutItsBaseIsDataLossAndWrittenAnew) {
+  const std::string first = RandomBytes(1 << 20, 7);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::string second = first;
+  second[0] ^= 1;
+  auto delta = Put(second, base->id);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  ASSERT_EQ(delta->base, base->id);
+  ASSERT_EQ(unlink(PathOf(base->id).c_str()), 0);
+
+  auto lost = store_->Get(delta->id);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(lost.status().message().find(base->id.Hex()), std::string::npos) << lost.status();
+  BlockId marked_base;
+  EXPECT_FALSE(store_->Mark(delta->id, &marked_base));
+
+  auto anew = Put(second);
+  ASSERT_TRUE(anew.ok()) << anew.status();
+  EXPECT_TRUE(anew->written);
+  EXPECT_TRUE(anew->base.IsZero());
+  EXPECT_EQ(*store_->Get(delta->id), second);
+}
+
+// Delta files are not trusted: one whose base is itself a delta, or whose
+// pages do not fit its bitmap, reads as DATA_LOSS, not as other bytes.
+TEST_F(BlockStoreTest, AForgedDeltaIsDataLoss) {
+  const std::string first = RandomBytes(1 << 20, 8);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::string second = first;
+  second[4096] ^= 1;
+  auto delta = Put(second, base->id);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  std::string third = first;
+  third[8192] ^= 1;
+  auto other = Put(third, base->id);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(other->base, base->id);
+
+  auto read_file = [&](const BlockId& id) {
+    std::ifstream in(PathOf(id), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto write_file = [&](const BlockId& id, const std::string& bytes) {
+    ASSERT_EQ(unlink(PathOf(id).c_str()), 0);
+    std::ofstream(PathOf(id), std::ios::binary) << bytes;
+  };
+  // `other` names `delta` (a delta) as its base.
+  std::string forged = read_file(other->id);
+  std::memcpy(&forged[24], delta->id.hash.data(), 32);
+  write_file(other->id, forged);
+  auto deep = store_->Get(other->id);
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kDataLoss) << deep.status();
+  EXPECT_NE(deep.status().message().find("a delta, where a full block must be"), std::string::npos)
+      << deep.status();
+
+  // `delta`'s frame swapped for `other`'s original one: a hash mismatch.
+  std::string swapped = read_file(delta->id);
+  write_file(other->id, swapped);
+  auto wrong = store_->Get(other->id);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kDataLoss) << wrong.status();
+
+  // A truncated frame.
+  swapped.resize(swapped.size() - 3);
+  swapped[12] = static_cast<char>(swapped.size() - 56);
+  write_file(delta->id, swapped);
+  auto cut = store_->Get(delta->id);
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
 }
 
 }  // namespace

@@ -14,6 +14,9 @@ namespace heapd {
 namespace {
 
 constexpr char kMagic[4] = {'H', 'R', 'C', '1'};
+// A recipe naming delta bases: older heapd do not know to keep them (gc),
+// nor to read deltas, and refuse it.
+constexpr char kDeltaMagic[4] = {'H', 'R', 'C', '2'};
 constexpr size_t kFixedBytes = 12;
 constexpr uint64_t kMaxUsageBytes = 4096;
 constexpr char kZeroId[kBlockIdBytes] = {};
@@ -54,7 +57,7 @@ bool ValidBlockBytes(uint64_t bytes) {
 
 std::string EncodeRecipeFile(const RecipeFile& file) {
   const std::string usage = file.usage.SerializeAsString();
-  std::string out(kMagic, sizeof(kMagic));
+  std::string out(file.recipe.delta_bases().empty() ? kMagic : kDeltaMagic, sizeof(kMagic));
   PutLe32(&out, static_cast<uint32_t>(file.manifest_json.size()));
   PutLe32(&out, static_cast<uint32_t>(usage.size()));
   out += file.manifest_json;
@@ -64,7 +67,8 @@ std::string EncodeRecipeFile(const RecipeFile& file) {
 }
 
 absl::StatusOr<uint64_t> RecipeHeaderBytes(absl::string_view head, const std::string& where) {
-  if (head.size() < kFixedBytes || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (head.size() < kFixedBytes || (std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0 &&
+                                    std::memcmp(head.data(), kDeltaMagic, sizeof(kMagic)) != 0)) {
     return absl::DataLossError(absl::StrCat("recipe ", where, ": not a recipe file"));
   }
   const uint64_t json = GetLe32(head.data() + 4);
@@ -93,6 +97,7 @@ absl::StatusOr<RecipeFile> DecodeRecipeFile(absl::string_view bytes, const std::
   }
   if (header_only) return file;
   v1::StoreRecipe& recipe = file.recipe;
+  const bool deltas = std::memcmp(bytes.data(), kDeltaMagic, sizeof(kMagic)) == 0;
   bytes.remove_prefix(*header);
   if (!recipe.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return bad("its block list does not parse");
@@ -108,6 +113,16 @@ absl::StatusOr<RecipeFile> DecodeRecipeFile(absl::string_view bytes, const std::
       recipe.used_chunks().size() != UsedChunksBytes(recipe.data_bytes())) {
     return bad(absl::StrCat(recipe.used_chunks().size(), " bytes of used chunks for ",
                             recipe.data_bytes(), " bytes"));
+  }
+  const std::string& bases = recipe.delta_bases();
+  if (deltas == bases.empty() || bases.size() % kBlockIdBytes != 0) {
+    return bad(
+        absl::StrCat(bases.size(), " bytes of delta bases in an HRC", deltas ? 2 : 1, " recipe"));
+  }
+  for (size_t i = 0; i * kBlockIdBytes < bases.size(); ++i) {
+    if (i > 0 && PackedId(bases, i) <= PackedId(bases, i - 1)) {
+      return bad("its delta bases are not sorted and distinct");
+    }
   }
   uint64_t metadata_bytes = 0;
   std::set<std::string> names;

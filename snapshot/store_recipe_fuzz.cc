@@ -7,7 +7,8 @@
 //   - what DecodeRecipeFile accepts keeps its promises: a valid block size,
 //     exactly one 32-byte id per block of the data, metadata files with
 //     valid, distinct names, the bytes they claim in blocks of the block
-//     size, no hole among them, at most 1 GiB of metadata in all;
+//     size, no hole among them, at most 1 GiB of metadata in all; delta
+//     bases sorted and distinct, in an HRC2 file exactly when there are any;
 //   - the header alone decodes to the same manifest and usage, and what
 //     was accepted encodes to bytes that decode to the same recipe.
 #include <cstdint>
@@ -63,6 +64,12 @@ void FuzzOne(absl::string_view input) {
     }
   }
   Check(metadata <= kMaxMetadataBytes, "more metadata than the cap");
+  const std::string& bases = recipe.delta_bases();
+  Check(bases.size() % kBlockIdBytes == 0, "delta bases that are not whole ids");
+  for (size_t i = 1; i * kBlockIdBytes < bases.size(); ++i) {
+    Check(PackedId(bases, i - 1) < PackedId(bases, i), "delta bases not sorted and distinct");
+  }
+  Check((input.substr(0, 4) == "HRC2") == !bases.empty(), "delta bases in the wrong recipe kind");
   absl::StatusOr<RecipeFile> header = DecodeRecipeFile(input, "fuzz/node/heap", true);
   Check(header.ok() && header->manifest_json == file->manifest_json &&
             header->usage.SerializeAsString() == file->usage.SerializeAsString(),
@@ -92,7 +99,12 @@ Seeds MakeSeeds() {
   checkpoint.set_bytes(100);
   checkpoint.set_blocks(std::string(kBlockIdBytes, '\3'));
   const std::string good = EncodeRecipeFile(file);
-  return {{"recipe", good}, {"header_only", good.substr(0, 12 + file.manifest_json.size())}};
+  RecipeFile deltas = file;
+  deltas.recipe.set_delta_bases(std::string(kBlockIdBytes, '\4') +
+                                std::string(kBlockIdBytes, '\5'));
+  return {{"recipe", good},
+          {"header_only", good.substr(0, 12 + file.manifest_json.size())},
+          {"recipe_deltas", EncodeRecipeFile(deltas)}};
 }
 
 }  // namespace fuzz

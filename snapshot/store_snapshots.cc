@@ -149,6 +149,7 @@ std::string EncodePartSource(const PartSource& source) {
   args.Add(std::string(source.used_chunks.begin(), source.used_chunks.end()));
   args.Add(source.metadata_files).Add(uint64_t{source.block_bytes});
   args.Add(static_cast<uint64_t>(static_cast<int64_t>(source.zstd_level)));
+  args.Add(uint64_t{source.deltas});
   args.Add(static_cast<uint64_t>(source.threads)).Add(source.unchanged_token);
   const ChunkChanges none;
   const ChunkChanges& changes = source.changes.has_value() ? *source.changes : none;
@@ -162,23 +163,24 @@ std::string EncodePartSource(const PartSource& source) {
 absl::Status WritePartJob(JobInput& input, MessageSink& out) {
   PartSource source;
   std::string used_chunks;
-  uint64_t block_bytes = 0, zstd_level = 0, threads = 0, has_changes = 0, max_parts = 0;
+  uint64_t block_bytes = 0, zstd_level = 0, deltas = 0, threads = 0, has_changes = 0, max_parts = 0;
   ChunkChanges changes;
   ArgsReader& args = input.args;
   if (!args.Next(&source.part.name) || !args.Next(&source.part.node) ||
       !args.Next(&source.part.heap) || !args.Next(&source.manifest_json) ||
       !args.Next(&source.data_bytes) || !args.Next(&used_chunks) ||
       !args.Next(&source.metadata_files) || !args.Next(&block_bytes) || !args.Next(&zstd_level) ||
-      !args.Next(&threads) || !args.Next(&source.unchanged_token) || !args.Next(&has_changes) ||
-      !args.Next(&changes.source) || !args.Next(&changes.mark) || !args.Next(&changes.changed_at) ||
-      !args.Next(&changes.all_changed_at) || !args.Next(&max_parts) || !args.Done() ||
-      input.fds.size() != 1) {
+      !args.Next(&deltas) || !args.Next(&threads) || !args.Next(&source.unchanged_token) ||
+      !args.Next(&has_changes) || !args.Next(&changes.source) || !args.Next(&changes.mark) ||
+      !args.Next(&changes.changed_at) || !args.Next(&changes.all_changed_at) ||
+      !args.Next(&max_parts) || !args.Done() || input.fds.size() != 1) {
     return MalformedJobArgs();
   }
   source.data_fd = input.fds[0];
   for (char used : used_chunks) source.used_chunks.push_back(used != 0);
   source.block_bytes = static_cast<uint32_t>(block_bytes);
   source.zstd_level = static_cast<int>(static_cast<int64_t>(zstd_level));
+  source.deltas = deltas != 0;
   source.threads = static_cast<int>(threads);
   if (has_changes != 0) source.changes = std::move(changes);
   source.max_parts = max_parts;
@@ -556,6 +558,7 @@ absl::StatusOr<v1::SnapshotManifest> StoreSnapshots::Create(
     for (const auto& [file, bytes] : state.metadata_files) stored.metadata_files[file] = bytes;
     stored.block_bytes = options_.block_bytes;
     stored.zstd_level = options_.zstd_level;
+    stored.deltas = options_.deltas;
     stored.threads = options_.threads;
     stored.max_parts = options_.max_parts;
     stored.changes = state.changes;

@@ -50,7 +50,8 @@ struct StoreSnapshotsOptions {
   std::string node;  // this node's name in the parts it stores
   uint32_t block_bytes = kDefaultBlockBytes;
   int zstd_level = 1;
-  int threads = 2;  // a create's workers (hashing and compressing)
+  bool deltas = true;  // PartSource::deltas
+  int threads = 2;     // a create's workers (hashing and compressing)
   // heapd's block cache (made 0700 if missing); empty: none.
   std::string cache_dir;
   uint64_t cache_bytes = uint64_t{1} << 30;

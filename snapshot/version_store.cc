@@ -80,6 +80,7 @@ void CollectIds(const v1::StoreRecipe& recipe, std::set<BlockId>* ids) {
   };
   add(recipe.data_blocks());
   for (const v1::StoreFile& file : recipe.metadata()) add(file.blocks());
+  add(recipe.delta_bases());
 }
 
 // Recipes one gc or du reads in all: what they hold in memory grows with
@@ -105,8 +106,9 @@ bool ChunkUsed(const std::string& used, uint64_t chunk) {
 
 // An earlier part of this node's whose data blocks a create may reuse.
 struct EarlierPart {
-  std::string data_ids;     // packed, as its recipe holds them
-  std::string used_chunks;  // its StoreRecipe::used_chunks
+  std::string data_ids;                             // packed, as its recipe holds them
+  std::string used_chunks;                          // its StoreRecipe::used_chunks
+  std::map<std::string, std::string> metadata_ids;  // packed, by file name
   uint64_t data_bytes = 0;
   bool unchanged = false;  // stored with source.unchanged_token: all of it reusable
   uint64_t mark = 0;       // else: its mark among source.changes
@@ -168,6 +170,9 @@ absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) 
     earlier.mark = earlier.unchanged ? 0 : mark;
     earlier.data_ids = std::move(*file->recipe.mutable_data_blocks());
     earlier.used_chunks = std::move(*file->recipe.mutable_used_chunks());
+    for (v1::StoreFile& stored : *file->recipe.mutable_metadata()) {
+      earlier.metadata_ids[stored.name()] = std::move(*stored.mutable_blocks());
+    }
     return earlier;
   }
   return absl::NotFoundError("");
@@ -176,21 +181,55 @@ absl::StatusOr<EarlierPart> FindEarlierPart(int root, const PartSource& source) 
 // What one worker of a part's write counted; each writes the ids of its
 // own blocks.
 struct Tally {
-  uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0, reused = 0;
+  uint64_t blocks = 0, written = 0, stored_bytes = 0, hashed_bytes = 0, reused = 0, deltas = 0;
+  std::set<BlockId> bases;  // of the deltas it named
   absl::Status status;
 };
 
-// Stores `bytes` as a block, writes its id at `id` and counts it.
-absl::Status PutBlock(BlockStore& blocks, absl::string_view bytes, char* id, Tally& tally) {
-  absl::StatusOr<BlockStore::Stored> stored = blocks.Put(bytes);
+// Whether a changed block is worth diffing against the earlier part's
+// block at its place (which costs reading that one): always for the first
+// few of a part, then while at least a quarter of them paid (a heap whose
+// blocks change all over, as a graph ingest, soon stops trying).
+struct DeltaBudget {
+  bool off = false;  // PartSource::deltas false
+  std::atomic<uint64_t> tried{0}, paid{0};
+  bool Worth() const { return !off && (tried < 8 || paid * 4 >= tried); }
+};
+
+// Stores `bytes` as a block, writes its id at `id` and counts it. `earlier`:
+// the earlier part's block at the same place (zero: none), which the block
+// may be stored as a delta against.
+absl::Status PutBlock(BlockStore& blocks, absl::string_view bytes, const BlockId& earlier,
+                      DeltaBudget& budget, char* id, Tally& tally) {
+  bool tried = false;
+  absl::StatusOr<BlockStore::Stored> stored =
+      blocks.Put(bytes, [&]() -> std::optional<BlockStore::Base> {
+        if (earlier.IsZero() || !budget.Worth()) return std::nullopt;
+        tried = true;
+        ++budget.tried;
+        absl::StatusOr<BlockStore::Base> base = blocks.BaseFor(earlier);
+        if (!base.ok()) return std::nullopt;  // gone or damaged: stored whole
+        return *std::move(base);
+      });
   if (!stored.ok()) return stored.status();
   ++tally.blocks;
   if (stored->written) {
     ++tally.written;
     tally.stored_bytes += stored->stored_bytes;
   }
+  if (!stored->base.IsZero()) {
+    tally.bases.insert(stored->base);
+    if (stored->written) ++tally.deltas;
+    if (stored->written && tried) ++budget.paid;
+  }
   std::memcpy(id, stored->id.hash.data(), kBlockIdBytes);
   return absl::OkStatus();
+}
+
+// The id at `index` of packed ids, zero past their end.
+BlockId IdAt(const std::string& packed, size_t index) {
+  if ((index + 1) * kBlockIdBytes > packed.size()) return BlockId();
+  return BlockId::FromRaw(PackedId(packed, index).data());
 }
 
 // OK if `source` may become a new part: valid, not there yet (a recipe
@@ -236,22 +275,28 @@ bool ReuseUnchangedData(int root, const BlockStoreOptions& options, EarlierPart&
   absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
   if (!blocks.ok()) return false;
   uint64_t named = 0;
+  std::set<BlockId> bases;
   for (size_t i = 0; i * kBlockIdBytes < earlier.data_ids.size(); ++i) {
     const BlockId id = BlockId::FromRaw(PackedId(earlier.data_ids, i).data());
     if (id.IsZero()) continue;
-    if (!blocks->Mark(id)) return false;
+    BlockId base;
+    if (!blocks->Mark(id, &base)) return false;
+    if (!base.IsZero()) bases.insert(base);
     ++named;
   }
   if (!blocks->Commit().ok()) return false;
   *data_ids = std::move(earlier.data_ids);
   tally->blocks = named;
   tally->reused = named;
+  tally->bases = std::move(bases);
   return true;
 }
 
-// Stores the heap's metadata files as blocks, their ids in `recipe`.
+// Stores the heap's metadata files as blocks, their ids in `recipe`
+// (deltas against `earlier`'s, if given, block by block of each file).
 absl::Status StoreMetadataBlocks(int root, const BlockStoreOptions& options,
-                                 const PartSource& source, v1::StoreRecipe* recipe, Tally* tally) {
+                                 const PartSource& source, const EarlierPart* earlier,
+                                 DeltaBudget& budget, v1::StoreRecipe* recipe, Tally* tally) {
   absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
   if (!blocks.ok()) return blocks.status();
   for (const auto& [name, bytes] : source.metadata_files) {
@@ -260,10 +305,15 @@ absl::Status StoreMetadataBlocks(int root, const BlockStoreOptions& options,
     stored.set_bytes(bytes.size());
     std::string& ids = *stored.mutable_blocks();
     ids.assign((bytes.size() + source.block_bytes - 1) / source.block_bytes * kBlockIdBytes, '\0');
+    const auto before = earlier != nullptr ? earlier->metadata_ids.find(name)
+                                           : std::map<std::string, std::string>::const_iterator();
     for (uint64_t at = 0, i = 0; at < bytes.size(); at += source.block_bytes, ++i) {
+      const BlockId base = earlier != nullptr && before != earlier->metadata_ids.end()
+                               ? IdAt(before->second, i)
+                               : BlockId();
       if (absl::Status s =
-              PutBlock(*blocks, absl::string_view(bytes).substr(at, source.block_bytes),
-                       &ids[i * kBlockIdBytes], *tally);
+              PutBlock(*blocks, absl::string_view(bytes).substr(at, source.block_bytes), base,
+                       budget, &ids[i * kBlockIdBytes], *tally);
           !s.ok()) {
         return s;
       }
@@ -341,6 +391,8 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   // The chunks heapd knows unchanged since an earlier part's mark.
   absl::StatusOr<EarlierPart> earlier = FindEarlierPart(root, source);
   const bool reusable = earlier.ok() && !earlier->unchanged && source.changes.has_value();
+  DeltaBudget budget;
+  budget.off = !source.deltas;
   auto work = [&](int worker) {
     Tally& tally = tallies[worker];
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
@@ -365,8 +417,10 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
           (i + 1) * kBlockIdBytes <= earlier->data_ids.size()) {
         const BlockId id = BlockId::FromRaw(PackedId(earlier->data_ids, i).data());
         if (id.IsZero() && ChunkUsed(earlier->used_chunks, chunk)) continue;
-        if (!id.IsZero() && blocks->Mark(id)) {
+        BlockId base;
+        if (!id.IsZero() && blocks->Mark(id, &base)) {
           std::memcpy(&data_ids[i * kBlockIdBytes], id.hash.data(), kBlockIdBytes);
+          if (!base.IsZero()) tally.bases.insert(base);
           ++tally.blocks;
           ++tally.reused;
           continue;
@@ -379,7 +433,12 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       tally.hashed_bytes += length;
       const absl::string_view bytes(block.data(), length);
       if (AllZero(bytes)) continue;  // a hole
-      tally.status = PutBlock(*blocks, bytes, &data_ids[i * kBlockIdBytes], tally);
+      // The earlier part's block at this place, if of the same size, may
+      // be a base: a block that changed often changed in a few pages.
+      const BlockId before = earlier.ok() && at + length <= earlier->data_bytes
+                                 ? IdAt(earlier->data_ids, i)
+                                 : BlockId();
+      tally.status = PutBlock(*blocks, bytes, before, budget, &data_ids[i * kBlockIdBytes], tally);
     }
     if (tally.status.ok() && !failed) tally.status = blocks->Commit();
     if (!tally.status.ok()) failed = true;
@@ -397,7 +456,9 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   for (const Tally& each : tallies) {
     if (!each.status.ok()) return each.status;
   }
-  if (absl::Status s = StoreMetadataBlocks(root, options, source, &recipe, &tallies[0]); !s.ok()) {
+  if (absl::Status s = StoreMetadataBlocks(
+          root, options, source, earlier.ok() ? &*earlier : nullptr, budget, &recipe, &tallies[0]);
+      !s.ok()) {
     return s;
   }
   usage.set_logical_bytes(source.data_bytes);
@@ -410,6 +471,13 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
     usage.set_stored_bytes(usage.stored_bytes() + each.stored_bytes);
     usage.set_hashed_bytes(usage.hashed_bytes() + each.hashed_bytes);
     usage.set_reused_blocks(usage.reused_blocks() + each.reused);
+    usage.set_delta_blocks(usage.delta_blocks() + each.deltas);
+  }
+  std::set<BlockId> bases;
+  for (const Tally& each : tallies) bases.insert(each.bases.begin(), each.bases.end());
+  for (const BlockId& base : bases) {
+    recipe.mutable_delta_bases()->append(reinterpret_cast<const char*>(base.hash.data()),
+                                         kBlockIdBytes);
   }
   const std::string encoded = EncodeRecipeFile(file);
   // A recipe readers would refuse is an error now, not at restore.

@@ -53,6 +53,9 @@ struct PartSource {
   std::map<std::string, absl::string_view> metadata_files;
   uint32_t block_bytes = kDefaultBlockBytes;
   int zstd_level = 1;
+  // Blocks that changed since an earlier part of this node's (as above)
+  // may be stored as deltas against that part's (snapshot/block_store.h).
+  bool deltas = true;
   int threads = 2;  // workers reading, hashing and compressing
   // Non-empty: heapd knows of no write to the heap's data since it stored
   // a part with this StoreUsage::source_token; that part's data blocks

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "allocator/size_class.h"
 #include "gtest/gtest.h"
@@ -124,6 +125,77 @@ TEST_F(VersionStoreTest, AnotherUsersRecipeIsNotReused) {
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ(v2->reused_blocks(), 0u);
   EXPECT_EQ(v2->hashed_bytes(), 2 * kChunkSize);
+}
+
+// A block that changed in a few pages since the earlier part is stored as
+// a delta against that part's block; the recipe names the base (an HRC2
+// file), gc keeps the base once the earlier part is removed, and the part
+// reads back exactly.
+TEST_F(VersionStoreTest, AChangedBlockIsADeltaWhoseBaseOutlivesItsPart) {
+  const std::string other(kBlock, 'o');  // block 1 unlike block 0
+  ASSERT_EQ(pwrite(data_.get(), other.data(), other.size(), kBlock),
+            static_cast<ssize_t>(other.size()));
+  auto v1 = Write("v1", {true, true}, 1, {0, 0});
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  const std::string changed = "a few changed bytes";
+  ASSERT_EQ(pwrite(data_.get(), changed.data(), changed.size(), 12345),
+            static_cast<ssize_t>(changed.size()));
+  auto v2 = Write("v2", {true, true}, 2, {2, 0});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->delta_blocks(), 1u);
+  EXPECT_EQ(v2->blocks_written(), 1u);
+
+  const PartRef part{"v2", "node", "h"};
+  absl::StatusOr<std::string> bytes = ReadRecipeFile(root_.get(), part, false);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(bytes->substr(0, 4), "HRC2");
+  absl::StatusOr<RecipeFile> recipe = DecodeRecipeFile(*bytes, "v2");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  ASSERT_EQ(recipe->recipe.delta_bases().size(), kBlockIdBytes);
+  EXPECT_EQ(recipe->recipe.delta_bases(), DataIds("v1").substr(0, kBlockIdBytes));
+
+  ASSERT_TRUE(RemovePart(root_.get(), {"v1", "node", "h"}).ok());
+  GcOptions gc;
+  gc.grace = absl::ZeroDuration();
+  auto swept = CollectGarbage(root_.get(), gc);
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  EXPECT_EQ(swept->blocks_removed(), 0u);  // v1's blocks: v2's too, or its delta's base
+
+  // v2 read into a new file, block by block, is the data file.
+  const std::string restored = dir_.Sub("restored");
+  UniqueFd out(open(restored.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  ASSERT_TRUE(out.valid());
+  std::vector<WantedBlock> wanted;
+  const std::string& ids = recipe->recipe.data_blocks();
+  ASSERT_EQ(ftruncate(out.get(), 2 * kChunkSize), 0);
+  for (size_t i = 0; i * kBlockIdBytes < ids.size(); ++i) {
+    const BlockId id = BlockId::FromRaw(PackedId(ids, i).data());
+    if (!id.IsZero()) wanted.push_back({id, static_cast<int64_t>(i * kBlock), kBlock});
+  }
+  MessageList messages;
+  absl::Status fetched = FetchBlocks(root_.get(), wanted, out.get(), "v2", messages);
+  ASSERT_TRUE(fetched.ok()) << fetched;
+  std::string expected(2 * kChunkSize, '\0'), got(2 * kChunkSize, '\0');
+  ASSERT_EQ(pread(data_.get(), expected.data(), expected.size(), 0),
+            static_cast<ssize_t>(expected.size()));
+  ASSERT_EQ(pread(out.get(), got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_TRUE(got == expected);
+
+  // With deltas off, the next change is stored whole.
+  ASSERT_EQ(pwrite(data_.get(), "x", 1, 3 * kBlock + 7), 1);
+  PartSource source;
+  source.part = {"v3", "node", "h"};
+  source.manifest_json = "{}";
+  source.data_fd = data_.get();
+  source.data_bytes = 2 * kChunkSize;
+  source.used_chunks = {true, true};
+  source.block_bytes = kBlock;
+  source.deltas = false;
+  source.changes = ChunkChanges{"heap-life", 3, {2, 3}, 0};
+  auto v3 = WritePart(root_.get(), source);
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->delta_blocks(), 0u);
+  EXPECT_EQ(v3->blocks_written(), 1u);
 }
 
 }  // namespace
