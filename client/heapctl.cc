@@ -361,13 +361,14 @@ int SnapshotCreate(const Call& call) {
   if (!request.store_dir().empty()) {
     const v1::StoreUsage& usage = manifest.store();
     std::printf(
-        "part %s/%s/%s at epoch %llu: %s logical, %s hashed, %llu of %llu blocks new, %s "
-        "stored, %.3f s\n",
+        "part %s/%s/%s at epoch %llu: %s logical, %s hashed, %llu of %llu blocks new (%llu as "
+        "deltas), %s stored, %.3f s\n",
         manifest.name().c_str(), manifest.node().c_str(), manifest.heap().c_str(),
         static_cast<unsigned long long>(manifest.epoch()), Bytes(usage.logical_bytes()).c_str(),
         Bytes(usage.hashed_bytes()).c_str(),
         static_cast<unsigned long long>(usage.blocks_written()),
-        static_cast<unsigned long long>(usage.blocks()), Bytes(usage.stored_bytes()).c_str(),
+        static_cast<unsigned long long>(usage.blocks()),
+        static_cast<unsigned long long>(usage.delta_blocks()), Bytes(usage.stored_bytes()).c_str(),
         usage.duration_us() / 1e6);
     return 0;
   }

@@ -102,10 +102,10 @@ absl::StatusOr<v1::SnapshotManifest> StoreBackend::Create(const SnapshotCaller& 
   const v1::StoreUsage& usage = manifest->store();
   spdlog::info(
       "part {}/{}/{} of heap {} at epoch {} stored by {} in {}: {} logical bytes, {} of {} "
-      "blocks new ({} bytes stored)",
+      "blocks new, {} of them deltas ({} bytes stored)",
       request.name(), manifest->node(), request.heap(), request.heap(), manifest->epoch(),
       caller.ToString(), request.store_dir(), usage.logical_bytes(), usage.blocks_written(),
-      usage.blocks(), usage.stored_bytes());
+      usage.blocks(), usage.delta_blocks(), usage.stored_bytes());
   return manifest;
 }
 

@@ -6,7 +6,8 @@
 #
 #   each node ingests a graph and adds its part to one job version; an
 #   unchanged heap stored again writes no data block; ls, --json, --quiet,
-#   du, verify; restores on the other node, on node-c (every part on one
+#   du, verify; a heap changed in a few bytes adds deltas (restored
+#   exactly); restores on the other node, on node-c (every part on one
 #   node), each checked by querying the graph (same vertices, edges, degrees
 #   and 2-hop reach as the source); a second restore of the same version
 #   reads nothing from the store (node cache); rm then gc keeps what the
@@ -143,6 +144,8 @@ sleep 0.2
 out=$(on node-a "$HEAPCTL" --json snapshot create counter c3 --store="$STORE") || fail "c3: $out"
 expect_in '"data_reused": false' "$out"
 case "$out" in *'"hashed_bytes": "0"'*) fail "a changed heap was not read: $out" ;; esac
+# A few bytes changed since c2: stored as the pages that changed.
+case "$out" in *'"delta_blocks"'*) ;; *) fail "c3 stored no block as a delta: $out" ;; esac
 now=$("$WORKER" "$S_A" counter get counter 2>&1)
 for version in c1 c3; do
   out=$(on node-b "$HEAPCTL" snapshot restore "$version" --store="$STORE" --heap="counter-$version" 2>&1) ||
