@@ -129,7 +129,8 @@ ABSL_FLAG(int, store_zstd_level, 1,
           "zstd level of the blocks this heapd writes to stores (1: measured in "
           "docs/performance.md, B9: 17% faster creates than 3 for 2.6% more bytes)");
 ABSL_FLAG(bool, store_deltas, true,
-          "store a changed block as the pages where it differs from this node's earlier version "
+          "store a changed block as the 512-byte sectors where it differs from this node's "
+          "earlier version "
           "of it (docs/snapshot-store.md; docs/performance.md, B9c: 4x fewer bytes for a small "
           "change, about a quarter more create time where most blocks change)");
 ABSL_FLAG(heapd::ByteSize, store_cache_bytes, heapd::ByteSize{uint64_t{1} << 30},

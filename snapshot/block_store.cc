@@ -31,8 +31,9 @@ constexpr char kDeltaMagic[4] = {'H', 'B', 'D', '1'};
 constexpr size_t kHeaderBytes = 24;
 // A delta's header: the block's, then its base's id.
 constexpr size_t kDeltaHeaderBytes = kHeaderBytes + 32;
-// A delta holds whole pages of its block (the last may be shorter).
-constexpr size_t kDeltaPageBytes = 4096;
+// A delta holds whole 512-byte sectors of its block (the last may be
+// shorter): finer than a page, as a change to an object is.
+constexpr size_t kSectorBytes = 512;
 constexpr char kTemporaryPrefix[] = ".tmp-";
 constexpr char kAsidePrefix[] = ".trash-";
 
@@ -48,7 +49,7 @@ uint64_t GetLe64(const char* at) {
 
 std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
 
-uint64_t PagesOf(uint64_t size) { return (size + kDeltaPageBytes - 1) / kDeltaPageBytes; }
+uint64_t SectorsOf(uint64_t size) { return (size + kSectorBytes - 1) / kSectorBytes; }
 
 // The size of a block file's header: HBK1's or HBD1's, 0 if neither.
 size_t HeaderBytesOf(const char* magic) {
@@ -58,20 +59,20 @@ size_t HeaderBytesOf(const char* magic) {
 }
 
 // What a delta of `bytes` against `base` holds before compression: a bit
-// per page of `bytes` (page p: bit p % 8 of byte p / 8) set where it
-// differs from `base` (or lies past its end), then those pages in order.
-// Nothing if more than three quarters of the pages differ (a full block
+// per sector of `bytes` (sector p: bit p % 8 of byte p / 8) set where it
+// differs from `base` (or lies past its end), then those sectors in order.
+// Nothing if more than three quarters of the sectors differ (a full block
 // is about as small, and reads without its base).
 std::optional<std::string> DeltaOf(absl::string_view bytes, absl::string_view base) {
-  const uint64_t pages = PagesOf(bytes.size());
-  std::string delta((pages + 7) / 8, '\0');
+  const uint64_t sectors = SectorsOf(bytes.size());
+  std::string delta((sectors + 7) / 8, '\0');
   uint64_t changed = 0;
-  for (uint64_t page = 0; page < pages; ++page) {
-    const absl::string_view mine = bytes.substr(page * kDeltaPageBytes, kDeltaPageBytes);
-    const uint64_t at = page * kDeltaPageBytes;
+  for (uint64_t sector = 0; sector < sectors; ++sector) {
+    const absl::string_view mine = bytes.substr(sector * kSectorBytes, kSectorBytes);
+    const uint64_t at = sector * kSectorBytes;
     if (at + mine.size() <= base.size() && base.substr(at, mine.size()) == mine) continue;
-    if (++changed * 4 > pages * 3) return std::nullopt;
-    delta[page / 8] = static_cast<char>(delta[page / 8] | (1 << (page % 8)));
+    if (++changed * 4 > sectors * 3) return std::nullopt;
+    delta[sector / 8] = static_cast<char>(delta[sector / 8] | (1 << (sector % 8)));
     delta.append(mine.data(), mine.size());
   }
   return delta;
@@ -372,7 +373,7 @@ absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
   }
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat block ", name));
-  // A delta's frame holds its bitmap and at most every page.
+  // A delta's frame holds its bitmap and at most every sector.
   const uint64_t max_file = kDeltaHeaderBytes + ZSTD_compressBound(options_.max_block_bytes +
                                                                    options_.max_block_bytes / 8);
   if (!S_ISREG(st.st_mode)) return bad("not a regular file");
@@ -426,25 +427,25 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
     return bad(absl::StrCat("its base block ", file->base.Hex(), " is missing"));
   }
   if (!base.ok()) return base.status();
-  const uint64_t pages = PagesOf(file->size);
-  const uint64_t bitmap = (pages + 7) / 8;
+  const uint64_t sectors = SectorsOf(file->size);
+  const uint64_t bitmap = (sectors + 7) / 8;
   std::optional<std::string> delta = Inflate(file->frame(), bitmap + file->size);
   if (!delta.has_value() || delta->size() < bitmap) return bad("its delta does not decompress");
   std::string bytes;
   bytes.reserve(file->size);
-  absl::string_view pages_held = absl::string_view(*delta).substr(bitmap);
-  for (uint64_t page = 0; page < pages; ++page) {
-    const uint64_t at = page * kDeltaPageBytes;
-    const uint64_t length = std::min<uint64_t>(kDeltaPageBytes, file->size - at);
-    const bool held = (static_cast<uint8_t>((*delta)[page / 8]) >> (page % 8)) & 1;
+  absl::string_view sectors_held = absl::string_view(*delta).substr(bitmap);
+  for (uint64_t sector = 0; sector < sectors; ++sector) {
+    const uint64_t at = sector * kSectorBytes;
+    const uint64_t length = std::min<uint64_t>(kSectorBytes, file->size - at);
+    const bool held = (static_cast<uint8_t>((*delta)[sector / 8]) >> (sector % 8)) & 1;
     absl::string_view from =
-        held ? pages_held : absl::string_view(*base).substr(std::min(at, base->size()));
+        held ? sectors_held : absl::string_view(*base).substr(std::min(at, base->size()));
     if (from.size() < length)
-      return bad(absl::StrCat("page ", page, " is in neither it nor its base"));
+      return bad(absl::StrCat("sector ", sector, " is in neither it nor its base"));
     bytes.append(from.data(), length);
-    if (held) pages_held.remove_prefix(length);
+    if (held) sectors_held.remove_prefix(length);
   }
-  if (!pages_held.empty()) return bad("its delta holds more pages than its bitmap says");
+  if (!sectors_held.empty()) return bad("its delta holds more sectors than its bitmap says");
   if (BlockId::Of(bytes) != id) return bad("its bytes do not have its hash");
   return bytes;
 }

@@ -18,11 +18,11 @@
 // create is using it; else it is replaced. (A block whose bytes rotted
 // under a sound header is found by verify and reads, not by creates.)
 //
-// A block may instead be stored as the pages (4 KiB) where it differs from
+// A block may instead be stored as the 512-byte sectors where it differs from
 // an earlier version of it, a full block (its *base*): Put with a base
-// does so when at most three quarters of its pages differ. Such a file ("HBD1") has
+// does so when at most three quarters of its sectors differ. Such a file ("HBD1") has
 // the same header, then the base's id, then one zstd frame of a bitmap of
-// the pages it holds and those pages; the base is always a full block (a
+// the sectors it holds and those sectors; the base is always a full block (a
 // delta's delta is taken against the first's base), so reading one needs
 // at most two files. A delta is whole only with its base: Put and Mark
 // mark both and say the base (Stored::base), which whoever names the
@@ -30,7 +30,7 @@
 //
 // Nothing read is trusted: the file's size is capped before it is read,
 // the header must match it, the block decompresses to exactly its size (a
-// delta: its bitmap and pages, then the base's pages where it holds none),
+// delta: its bitmap and sectors, then the base's sectors where it holds none),
 // and its hash must be its name; else DATA_LOSS naming the block.
 //
 // Everything is done relative to the store's root descriptor, one path
@@ -114,7 +114,7 @@ class BlockStore {
   // Stores `bytes` unless a block of the same hash is there (then marks it
   // used now). A block written is readable and durable once Commit returns.
   // If it must be written and `base` gives one, it is stored as a delta
-  // against it when at most three quarters of its pages differ.
+  // against it when at most three quarters of its sectors differ.
   absl::StatusOr<Stored> Put(absl::string_view bytes,
                              const std::function<std::optional<Base>()>& base = nullptr);
   // The full block behind `id`, to store a new version of it against: the

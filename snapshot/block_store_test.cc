@@ -185,10 +185,10 @@ TEST_F(BlockStoreTest, ConcurrentWritersOfTheSameBlocksLoseNothing) {
   }
 }
 
-// A block that changed in a few pages is stored as those pages against
+// A block that changed in a few sectors is stored as those against
 // its earlier version, reads back whole, and a delta of it is taken
 // against the same full block (never a delta's delta).
-TEST_F(BlockStoreTest, AChangedBlockIsStoredAsItsChangedPages) {
+TEST_F(BlockStoreTest, AChangedBlockIsStoredAsItsChangedSectors) {
   const std::string first = RandomBytes(1 << 20, 1);
   auto base = Put(first);
   ASSERT_TRUE(base.ok()) << base.status();
@@ -199,7 +199,7 @@ TEST_F(BlockStoreTest, AChangedBlockIsStoredAsItsChangedPages) {
   ASSERT_TRUE(delta.ok()) << delta.status();
   EXPECT_TRUE(delta->written);
   EXPECT_EQ(delta->base, base->id);
-  EXPECT_LT(delta->stored_bytes, 3 * 4096u);  // two pages of random bytes, and the header
+  EXPECT_LT(delta->stored_bytes, 2048u);  // two sectors of random bytes, a bitmap, the header
   EXPECT_EQ(*store_->Get(delta->id), second);
 
   std::string third = second;
@@ -231,7 +231,7 @@ TEST_F(BlockStoreTest, ABlockThatChangedAllOverIsStoredWhole) {
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(changed->written);
   EXPECT_TRUE(changed->base.IsZero());
-  // A longer version (a metadata log that grew) keeps the pages it shares.
+  // A longer version (a metadata log that grew) keeps the sectors it shares.
   std::string grown = RandomBytes(1 << 19, 5);
   auto small = Put(grown);
   ASSERT_TRUE(small.ok()) << small.status();
@@ -270,7 +270,7 @@ TEST_F(BlockStoreTest, ADeltaWithoutItsBaseIsDataLossAndWrittenAnew) {
 }
 
 // Delta files are not trusted: one whose base is itself a delta, or whose
-// pages do not fit its bitmap, reads as DATA_LOSS, not as other bytes.
+// sectors do not fit its bitmap, reads as DATA_LOSS, not as other bytes.
 TEST_F(BlockStoreTest, AForgedDeltaIsDataLoss) {
   const std::string first = RandomBytes(1 << 20, 8);
   auto base = Put(first);

@@ -434,7 +434,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       const absl::string_view bytes(block.data(), length);
       if (AllZero(bytes)) continue;  // a hole
       // The earlier part's block at this place, if of the same size, may
-      // be a base: a block that changed often changed in a few pages.
+      // be a base: a block that changed often changed in a few places.
       const BlockId before = earlier.ok() && at + length <= earlier->data_bytes
                                  ? IdAt(earlier->data_ids, i)
                                  : BlockId();
