@@ -47,6 +47,8 @@ uint64_t GetLe64(const char* at) {
   return value;
 }
 
+uint32_t GetLe32(const char* at) { return static_cast<uint32_t>(GetLe64(at - 4) >> 32); }
+
 std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
 
 uint64_t SectorsOf(uint64_t size) { return (size + kSectorBytes - 1) / kSectorBytes; }
@@ -61,8 +63,9 @@ size_t HeaderBytesOf(const char* magic) {
 // What a delta of `bytes` against `base` holds before compression: a bit
 // per sector of `bytes` (sector p: bit p % 8 of byte p / 8) set where it
 // differs from `base` (or lies past its end), then those sectors in order.
-// Nothing if more than three quarters of the sectors differ (a full block
-// is about as small, and reads without its base).
+// Nothing if more than half the sectors differ: a full block is then not
+// much larger, reads without a base, and becomes the base of later deltas
+// (a block drifting from its base does not keep an old base alive long).
 std::optional<std::string> DeltaOf(absl::string_view bytes, absl::string_view base) {
   const uint64_t sectors = SectorsOf(bytes.size());
   std::string delta((sectors + 7) / 8, '\0');
@@ -71,7 +74,7 @@ std::optional<std::string> DeltaOf(absl::string_view bytes, absl::string_view ba
     const absl::string_view mine = bytes.substr(sector * kSectorBytes, kSectorBytes);
     const uint64_t at = sector * kSectorBytes;
     if (at + mine.size() <= base.size() && base.substr(at, mine.size()) == mine) continue;
-    if (++changed * 4 > sectors * 3) return std::nullopt;
+    if (++changed * 2 > sectors) return std::nullopt;
     delta[sector / 8] = static_cast<char>(delta[sector / 8] | (1 << (sector % 8)));
     delta.append(mine.data(), mine.size());
   }
@@ -120,6 +123,43 @@ std::optional<std::string> Inflate(absl::string_view frame, uint64_t max_bytes) 
   const size_t got = ZSTD_decompress(bytes.data(), bytes.size(), frame.data(), frame.size());
   if (ZSTD_isError(got) || got != size) return std::nullopt;
   return bytes;
+}
+
+// Whether a file named `name` (or set aside, .trash-NAME) is in `dir`.
+bool NameTaken(int dir, const std::string& name) {
+  struct stat st;
+  return fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+         fstatat(dir, absl::StrCat(kAsidePrefix, name).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+// Whether `name` in `dir` is a delta's file (by its magic).
+bool IsDeltaFile(int dir, const std::string& name) {
+  UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  char magic[4];
+  return fd.valid() && pread(fd.get(), magic, sizeof(magic), 0) == sizeof(magic) &&
+         std::memcmp(magic, kDeltaMagic, sizeof(magic)) == 0;
+}
+
+// A block file of `size` bytes holding `payload` (the block itself, or with
+// a `base` a delta of it), compressed at `level`.
+absl::StatusOr<std::string> EncodeFile(uint64_t size, absl::string_view payload,
+                                       const BlockId* base, int level) {
+  const size_t header_bytes = base != nullptr ? kDeltaHeaderBytes : kHeaderBytes;
+  std::string file(header_bytes + ZSTD_compressBound(payload.size()), '\0');
+  const size_t compressed = ZSTD_compress(file.data() + header_bytes, file.size() - header_bytes,
+                                          payload.data(), payload.size(), level);
+  if (ZSTD_isError(compressed)) {
+    return absl::InternalError(absl::StrCat("compress: ", ZSTD_getErrorName(compressed)));
+  }
+  file.resize(header_bytes + compressed);
+  std::memcpy(file.data(), base != nullptr ? kDeltaMagic : kMagic, sizeof(kMagic));
+  PutLe64(file.data() + 4, size);
+  PutLe64(file.data() + 12, compressed);
+  // A delta's sector size, at bytes 20..23 (zero in a full block's header).
+  const uint32_t sector = base != nullptr ? kSectorBytes : 0;
+  for (int i = 0; i < 4; ++i) file[20 + i] = static_cast<char>(sector >> (8 * i));
+  if (base != nullptr) std::memcpy(file.data() + kHeaderBytes, base->hash.data(), 32);
+  return file;
 }
 
 }  // namespace
@@ -221,67 +261,65 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(
     return stored;
   }
   if (options_.claim && !options_.claim(stored.id)) return stored;  // another worker's
-  // Missing, damaged or not markable (then replaced by the rename below):
-  // a delta if a base is given, it pays, and the base is there to mark.
+  // Missing, damaged or not markable (then replaced by the rename below).
+  // A delta only where no file has the name (set aside by gc included): a
+  // name another file had is taken by a full block only, as whoever named
+  // that file may not know of a delta's base (Commit keeps to this too).
   std::optional<std::string> delta;
-  if (std::optional<Base> against = base ? base() : std::nullopt;
-      against.has_value() && against->id != stored.id) {
+  if (std::optional<Base> against = options_.deltas && base ? base() : std::nullopt;
+      against.has_value() && against->id != stored.id && !NameTaken(dir, name)) {
     delta = DeltaOf(bytes, against->bytes);
     const int base_dir = Directory(against->id.hash[0], /*create=*/false);
     uint64_t base_size = 0;
     BlockId base_of_base;
     if (delta.has_value() && base_dir >= 0 &&
         MarkIfWhole(base_dir, against->id, &base_size, &base_of_base) && base_of_base.IsZero()) {
-      unsynced_.set(against->id.hash[0]);
       stored.base = against->id;
     } else {
       delta.reset();
     }
   }
-  const absl::string_view payload = delta.has_value() ? absl::string_view(*delta) : bytes;
-  const size_t header_bytes = delta.has_value() ? kDeltaHeaderBytes : kHeaderBytes;
-  std::string file(header_bytes + ZSTD_compressBound(payload.size()), '\0');
-  const size_t compressed = ZSTD_compress(file.data() + header_bytes, file.size() - header_bytes,
-                                          payload.data(), payload.size(), options_.zstd_level);
-  if (ZSTD_isError(compressed)) {
-    return absl::InternalError(
-        absl::StrCat("compress block ", name, ": ", ZSTD_getErrorName(compressed)));
-  }
-  file.resize(header_bytes + compressed);
-  std::memcpy(file.data(), delta.has_value() ? kDeltaMagic : kMagic, sizeof(kMagic));
-  PutLe64(file.data() + 4, bytes.size());
-  PutLe64(file.data() + 12, compressed);
-  std::memset(file.data() + 20, 0, 4);
-  if (delta.has_value()) std::memcpy(file.data() + kHeaderBytes, stored.base.hash.data(), 32);
-  const std::string temporary = absl::StrCat(kTemporaryPrefix, RandomName());
-  {
-    UniqueFd fd(
-        openat(dir, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create block ", name));
-    // Writeback starts now; Commit waits for it (one block at a time
-    // would wait for each in turn).
-    if (!WriteAllAt(fd.get(), file, 0) ||
-        (options_.durable && sync_file_range(fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE) != 0 &&
-         errno != ESPIPE && errno != EINVAL) ||
-        close(fd.release()) != 0) {
-      const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write block ", name));
-      unlinkat(dir, temporary.c_str(), 0);
-      return failed;
-    }
-  }
-  pending_.push_back({index, temporary, stored.id});
-  written_[stored.id] = {file.size(), stored.base};
+  absl::StatusOr<std::string> file =
+      EncodeFile(bytes.size(), delta.has_value() ? absl::string_view(*delta) : bytes,
+                 delta.has_value() ? &stored.base : nullptr, options_.zstd_level);
+  if (!file.ok())
+    return absl::InternalError(absl::StrCat("block ", name, ": ", file.status().message()));
+  absl::StatusOr<std::string> temporary = WriteTemporary(dir, name, *file);
+  if (!temporary.ok()) return temporary.status();
+  pending_.push_back({index, *std::move(temporary), stored.id, delta.has_value()});
+  written_[stored.id] = {file->size(), stored.base};
   stored.written = true;
-  stored.stored_bytes = file.size();
+  stored.stored_bytes = file->size();
   return stored;
 }
 
+absl::StatusOr<std::string> BlockStore::WriteTemporary(int dir, const std::string& name,
+                                                       absl::string_view file) {
+  const std::string temporary = absl::StrCat(kTemporaryPrefix, RandomName());
+  UniqueFd fd(
+      openat(dir, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create block ", name));
+  // Writeback starts now; Commit waits for it (one block at a time would
+  // wait for each in turn).
+  if (!WriteAllAt(fd.get(), file, 0) ||
+      (options_.durable && sync_file_range(fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE) != 0 &&
+       errno != ESPIPE && errno != EINVAL) ||
+      close(fd.release()) != 0) {
+    const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write block ", name));
+    unlinkat(dir, temporary.c_str(), 0);
+    return failed;
+  }
+  return temporary;
+}
+
 bool BlockStore::MarkIfWhole(int dir, const BlockId& id, uint64_t* size, BlockId* base) {
-  if (!MarkFile(dir, id.Hex(), size, base)) {
+  // Without deltas, a delta is not taken as the block: it is written whole
+  // over it (readable by heapd from before deltas).
+  if (!MarkFile(dir, id.Hex(), size, base) || (!base->IsZero() && !options_.deltas)) {
     *base = BlockId();
     return false;
   }
-  if (base->IsZero()) return true;
+  if (base->IsZero() || marked_bases_.count(*base) != 0) return true;
   // A delta is whole only with its base, a full block.
   const int base_dir = Directory(base->hash[0], /*create=*/false);
   uint64_t base_size = 0;
@@ -292,6 +330,7 @@ bool BlockStore::MarkIfWhole(int dir, const BlockId& id, uint64_t* size, BlockId
     return false;
   }
   unsynced_.set(base->hash[0]);
+  marked_bases_.insert(*base);
   return true;
 }
 
@@ -301,7 +340,7 @@ BlockStore::~BlockStore() {
   }
 }
 
-absl::Status BlockStore::Commit() {
+absl::Status BlockStore::Commit(std::set<BlockId>* adopted_bases) {
   // Each block's bytes durable before its name: a name never leads to
   // bytes a crash could lose.
   for (const Pending& block : pending_) {
@@ -319,13 +358,24 @@ absl::Status BlockStore::Commit() {
     }
     if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("rename block ", name));
     // Another writer's arrived meanwhile: it stays (its mark with it) if it
-    // is sound and names the same base (or none, as this one), else this
-    // one replaces it: callers name the base Put said.
+    // is whole, whatever its form (a delta's base is said to the caller,
+    // who names it too); else it is replaced, by a full block only (see
+    // Put): a delta of this store's is made whole first.
     uint64_t size = 0;
     BlockId base;
-    if (MarkIfWhole(dir, block.id, &size, &base) && base == written_[block.id].base) {
+    if (MarkIfWhole(dir, block.id, &size, &base)) {
       unlinkat(dir, block.temporary.c_str(), 0);
-    } else if (renameat(dir, block.temporary.c_str(), dir, name.c_str()) != 0) {
+      if (!base.IsZero() && adopted_bases != nullptr) adopted_bases->insert(base);
+      continue;
+    }
+    std::string replacement = block.temporary;
+    if (block.delta) {
+      absl::StatusOr<std::string> whole = WholeFileOf(dir, block);
+      if (!whole.ok()) return whole.status();
+      unlinkat(dir, block.temporary.c_str(), 0);
+      replacement = *std::move(whole);
+    }
+    if (renameat(dir, replacement.c_str(), dir, name.c_str()) != 0) {
       return ErrnoStatus(errno, absl::StrCat("rename block ", name));
     }
   }
@@ -353,11 +403,30 @@ bool BlockStore::Mark(const BlockId& id, BlockId* base) {
   return true;
 }
 
+absl::StatusOr<std::string> BlockStore::WholeFileOf(int dir, const Pending& block) {
+  const std::string name = block.id.Hex();
+  UniqueFd fd(openat(dir, block.temporary.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("reopen block ", name));
+  absl::StatusOr<File> delta = Read(fd.get(), name);
+  absl::StatusOr<std::string> bytes = delta.ok() ? Decode(block.id, *delta) : delta.status();
+  absl::StatusOr<std::string> file =
+      bytes.ok() ? EncodeFile(bytes->size(), *bytes, nullptr, options_.zstd_level) : bytes.status();
+  if (!file.ok()) return file.status();
+  absl::StatusOr<std::string> temporary = WriteTemporary(dir, name, *file);
+  if (!temporary.ok()) return temporary.status();
+  if (options_.durable) {
+    UniqueFd written(openat(dir, temporary->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!written.valid() || fdatasync(written.get()) != 0) {
+      const absl::Status failed = ErrnoStatus(errno, absl::StrCat("sync block ", name));
+      unlinkat(dir, temporary->c_str(), 0);
+      return failed;
+    }
+  }
+  return temporary;
+}
+
 absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
   const std::string name = id.Hex();
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat("block ", name, ": ", why));
-  };
   const int dir = Directory(id.hash[0], /*create=*/false);
   UniqueFd fd(dir < 0 ? -1
                       : openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
@@ -371,8 +440,15 @@ absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no block ", name));
     return ErrnoStatus(errno, absl::StrCat("open block ", name));
   }
+  return Read(fd.get(), name);
+}
+
+absl::StatusOr<BlockStore::File> BlockStore::Read(int fd, const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("block ", name, ": ", why));
+  };
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat block ", name));
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat block ", name));
   // A delta's frame holds its bitmap and at most every sector.
   const uint64_t max_file = kDeltaHeaderBytes + ZSTD_compressBound(options_.max_block_bytes +
                                                                    options_.max_block_bytes / 8);
@@ -383,7 +459,7 @@ absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
   }
   File file;
   file.bytes.assign(static_cast<size_t>(st.st_size), '\0');
-  if (!ReadAllAt(fd.get(), file.bytes.data(), file.bytes.size(), 0)) {
+  if (!ReadAllAt(fd, file.bytes.data(), file.bytes.size(), 0)) {
     return bad("cannot be read whole");
   }
   file.header_bytes = HeaderBytesOf(file.bytes.data());
@@ -394,54 +470,58 @@ absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
     return bad("its header does not fit it");
   }
   if (file.header_bytes == kDeltaHeaderBytes) {
+    if (GetLe32(file.bytes.data() + 20) != kSectorBytes) {
+      return bad("a delta of another sector size");
+    }
     file.base = BlockId::FromRaw(file.bytes.data() + kHeaderBytes);
   }
   return file;
 }
 
-absl::StatusOr<std::string> BlockStore::GetFull(const BlockId& id, const std::string& what) {
-  absl::StatusOr<File> file = Load(id);
-  if (!file.ok()) return file.status();
+absl::StatusOr<std::string> BlockStore::DecodeFull(const BlockId& id, const File& file,
+                                                   const std::string& what) {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(what, id.Hex(), ": ", why));
   };
-  if (!file->base.IsZero()) return bad("a delta, where a full block must be");
-  std::optional<std::string> bytes = Inflate(file->frame(), file->size);
-  if (!bytes.has_value() || bytes->size() != file->size) {
+  if (!file.base.IsZero()) return bad("a delta, where a full block must be");
+  std::optional<std::string> bytes = Inflate(file.frame(), file.size);
+  if (!bytes.has_value() || bytes->size() != file.size) {
     return bad("does not decompress to its size");
   }
   if (BlockId::Of(*bytes) != id) return bad("its bytes do not have its hash");
   return *std::move(bytes);
 }
 
-absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
-  absl::StatusOr<File> file = Load(id);
-  if (!file.ok()) return file.status();
-  if (file->base.IsZero()) return GetFull(id, "block ");
+absl::StatusOr<std::string> BlockStore::Decode(const BlockId& id, const File& file) {
+  if (file.base.IsZero()) return DecodeFull(id, file, "block ");
   const std::string name = id.Hex();
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("block ", name, ": ", why));
   };
-  absl::StatusOr<std::string> base = GetFull(file->base, "the base of block " + name + ", ");
-  if (base.status().code() == absl::StatusCode::kNotFound) {
-    return bad(absl::StrCat("its base block ", file->base.Hex(), " is missing"));
+  absl::StatusOr<File> base_file = Load(file.base);
+  if (base_file.status().code() == absl::StatusCode::kNotFound) {
+    return bad(absl::StrCat("its base block ", file.base.Hex(), " is missing"));
   }
+  absl::StatusOr<std::string> base =
+      base_file.ok() ? DecodeFull(file.base, *base_file, "the base of block " + name + ", ")
+                     : base_file.status();
   if (!base.ok()) return base.status();
-  const uint64_t sectors = SectorsOf(file->size);
+  const uint64_t sectors = SectorsOf(file.size);
   const uint64_t bitmap = (sectors + 7) / 8;
-  std::optional<std::string> delta = Inflate(file->frame(), bitmap + file->size);
+  std::optional<std::string> delta = Inflate(file.frame(), bitmap + file.size);
   if (!delta.has_value() || delta->size() < bitmap) return bad("its delta does not decompress");
   std::string bytes;
-  bytes.reserve(file->size);
+  bytes.reserve(file.size);
   absl::string_view sectors_held = absl::string_view(*delta).substr(bitmap);
   for (uint64_t sector = 0; sector < sectors; ++sector) {
     const uint64_t at = sector * kSectorBytes;
-    const uint64_t length = std::min<uint64_t>(kSectorBytes, file->size - at);
+    const uint64_t length = std::min<uint64_t>(kSectorBytes, file.size - at);
     const bool held = (static_cast<uint8_t>((*delta)[sector / 8]) >> (sector % 8)) & 1;
     absl::string_view from =
-        held ? sectors_held : absl::string_view(*base).substr(std::min(at, base->size()));
-    if (from.size() < length)
+        held ? sectors_held : absl::string_view(*base).substr(std::min<uint64_t>(at, base->size()));
+    if (from.size() < length) {
       return bad(absl::StrCat("sector ", sector, " is in neither it nor its base"));
+    }
     bytes.append(from.data(), length);
     if (held) sectors_held.remove_prefix(length);
   }
@@ -450,12 +530,20 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
   return bytes;
 }
 
+absl::StatusOr<std::string> BlockStore::Get(const BlockId& id) {
+  absl::StatusOr<File> file = Load(id);
+  if (!file.ok()) return file.status();
+  return Decode(id, *file);
+}
+
 absl::StatusOr<BlockStore::Base> BlockStore::BaseFor(const BlockId& id) {
   absl::StatusOr<File> file = Load(id);
   if (!file.ok()) return file.status();
   Base base;
   base.id = file->base.IsZero() ? id : file->base;
-  absl::StatusOr<std::string> bytes = GetFull(base.id, "block ");
+  if (!file->base.IsZero()) file = Load(base.id);
+  absl::StatusOr<std::string> bytes =
+      file.ok() ? DecodeFull(base.id, *file, "block ") : file.status();
   if (!bytes.ok()) return bytes.status();
   base.bytes = *std::move(bytes);
   return base;
@@ -552,9 +640,16 @@ absl::StatusOr<bool> BlockStore::RemoveUnlessMarked(const Entry& entry, int64_t 
 absl::Status BlockStore::PutBack(const Entry& aside) {
   const int dir = Directory(aside.directory, /*create=*/false);
   const std::string name = aside.id.Hex();
-  if (dir < 0 || (renameat2(dir, aside.name.c_str(), dir, name.c_str(), RENAME_NOREPLACE) != 0 &&
-                  (errno != EEXIST || unlinkat(dir, aside.name.c_str(), 0) != 0))) {
-    return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
+  if (dir < 0) return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
+  if (renameat2(dir, aside.name.c_str(), dir, name.c_str(), RENAME_NOREPLACE) != 0) {
+    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
+    // Written anew meanwhile: of the two, the full one stays (a base must
+    // stay a full block; see Put).
+    const bool keep_aside = IsDeltaFile(dir, name) && !IsDeltaFile(dir, aside.name);
+    if ((keep_aside ? renameat(dir, aside.name.c_str(), dir, name.c_str())
+                    : unlinkat(dir, aside.name.c_str(), 0)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
+    }
   }
   unsynced_.set(aside.directory);
   return absl::OkStatus();

@@ -48,6 +48,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,10 @@ struct BlockStoreOptions {
   // false: a cache, not a store: no fsync at all (whatever a crash loses
   // or damages is found missing or wrong when read, and fetched again).
   bool durable = true;
+  // false: no delta is written, and one found is not taken as the block
+  // (written whole over it), so what this store names reads without
+  // deltas (HRC1 recipes, for heapd from before them).
+  bool deltas = true;
   // Stores of one operation working in parallel: Put writes a block the
   // store lacks only if claim(id) says no other has (it must be thread-safe).
   std::function<bool(const BlockId&)> claim;
@@ -113,16 +118,18 @@ class BlockStore {
   };
   // Stores `bytes` unless a block of the same hash is there (then marks it
   // used now). A block written is readable and durable once Commit returns.
-  // If it must be written and `base` gives one, it is stored as a delta
-  // against it when at most three quarters of its sectors differ.
+  // If it must be written, its name is free and `base` gives one, it is
+  // stored as a delta against it when at most half its sectors differ.
   absl::StatusOr<Stored> Put(absl::string_view bytes,
                              const std::function<std::optional<Base>()>& base = nullptr);
   // The full block behind `id`, to store a new version of it against: the
   // block itself, or a delta's base. Checked as Get checks.
   absl::StatusOr<Base> BaseFor(const BlockId& id);
   // Makes the blocks Put wrote durable, renames them into place and fsyncs
-  // the directories changed since the last call (Put's, Remove's).
-  absl::Status Commit();
+  // the directories changed since the last call (Put's, Remove's). Where
+  // another writer's block got there first and stays, a delta's base is
+  // added to `adopted_bases`: the caller names it as it names Put's.
+  absl::Status Commit(std::set<BlockId>* adopted_bases = nullptr);
 
   // Marks the block in use as Put does when it finds it (a delta: its base
   // too, said in `*base`, else zero); false if it is not there (whole,
@@ -165,12 +172,23 @@ class BlockStore {
   // Whether `id`'s file is whole (see MarkFile in block_store.cc) and, if a
   // delta, its base too; marks both, and says the base.
   bool MarkIfWhole(int dir, const BlockId& id, uint64_t* size, BlockId* base);
-  // The file of `id`, read whole and its header checked (set aside by a
-  // crashed gc: found there).
+  // Writes `file` under a temporary name in `dir`; returns that name.
+  absl::StatusOr<std::string> WriteTemporary(int dir, const std::string& name,
+                                             absl::string_view file);
+  struct Pending;
+  // The pending delta `block` made a full block's file, durable, under a
+  // temporary name in `dir`.
+  absl::StatusOr<std::string> WholeFileOf(int dir, const Pending& block);
+  // The file of `id` (set aside by a crashed gc: found there), or the open
+  // `fd`, read whole and its header checked.
   struct File;
   absl::StatusOr<File> Load(const BlockId& id);
-  // A full block's bytes, checked.
-  absl::StatusOr<std::string> GetFull(const BlockId& id, const std::string& what);
+  absl::StatusOr<File> Read(int fd, const std::string& name);
+  // The bytes of block `id` from its `file`, checked; DecodeFull refuses a
+  // delta (`what` names the block in errors).
+  absl::StatusOr<std::string> Decode(const BlockId& id, const File& file);
+  absl::StatusOr<std::string> DecodeFull(const BlockId& id, const File& file,
+                                         const std::string& what);
 
   UniqueFd blocks_;
   BlockStoreOptions options_;
@@ -181,6 +199,7 @@ class BlockStore {
     int directory;
     std::string temporary;
     BlockId id;
+    bool delta;
   };
   std::vector<Pending> pending_;
   struct Written {
@@ -188,6 +207,7 @@ class BlockStore {
     BlockId base;    // a delta's
   };
   std::map<BlockId, Written> written_;  // the pending blocks, by id
+  std::set<BlockId> marked_bases_;      // deltas' bases marked in use
 };
 
 }  // namespace heapd

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -66,7 +67,7 @@ class BlockStoreTest : public ::testing::Test {
     return dir_.Sub("store/blocks/" + id.Hex().substr(0, 2) + "/" + id.Hex());
   }
 
-  TestDir dir_;
+  TestDir dir_{"/tmp"};  // another user's files are made here
   UniqueFd root_;
   std::optional<BlockStore> store_;
 };
@@ -314,6 +315,130 @@ TEST_F(BlockStoreTest, AForgedDeltaIsDataLoss) {
   write_file(delta->id, swapped);
   auto cut = store_->Get(delta->id);
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
+}
+
+// The first 4 bytes of `id`'s file: "HBK1" (full) or "HBD1" (delta).
+std::string MagicAt(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string magic(4, '\0');
+  in.read(magic.data(), 4);
+  return magic;
+}
+
+// A delta never takes a name another file had, as whoever named that file
+// may not know the delta's base: another writer's block that got there
+// first stays (its base said to the caller if it is a delta), one that is
+// not whole (here another user's) is replaced by the block made whole, and
+// a name gc set aside is written whole.
+TEST_F(BlockStoreTest, ADeltaTakesOnlyAFreeName) {
+  const std::string first = RandomBytes(1 << 20, 9);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::string second = first;
+  second[100] ^= 1;
+
+  // Another writer commits the block whole between this Put and Commit.
+  auto pending = store_->Put(
+      second, [&]() -> std::optional<BlockStore::Base> { return *store_->BaseFor(base->id); });
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  ASSERT_EQ(pending->base, base->id);
+  {
+    auto other = BlockStore::At(root_.get());
+    ASSERT_TRUE(other.ok());
+    ASSERT_TRUE(other->Put(second).ok());
+    ASSERT_TRUE(other->Commit().ok());
+  }
+  std::set<BlockId> adopted;
+  ASSERT_TRUE(store_->Commit(&adopted).ok());
+  EXPECT_EQ(MagicAt(PathOf(pending->id)), "HBK1");
+  EXPECT_TRUE(adopted.empty());
+
+  // Another user's file at the name (not trusted): replaced, whole.
+  std::string third = first;
+  third[200] ^= 1;
+  pending = store_->Put(
+      third, [&]() -> std::optional<BlockStore::Base> { return *store_->BaseFor(base->id); });
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  ASSERT_EQ(pending->base, base->id);
+  std::filesystem::copy_file(PathOf(base->id), PathOf(pending->id));
+  ASSERT_EQ(chown(PathOf(pending->id).c_str(), 61001, 61001), 0);
+  ASSERT_TRUE(store_->Commit(&adopted).ok());
+  EXPECT_EQ(MagicAt(PathOf(pending->id)), "HBK1");
+  struct stat st;
+  ASSERT_EQ(stat(PathOf(pending->id).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, geteuid());
+  EXPECT_EQ(*store_->Get(pending->id), third);
+
+  // Set aside by a gc: the block is written whole.
+  std::string fourth = first;
+  fourth[300] ^= 1;
+  const BlockId fourth_id = BlockId::Of(fourth);
+  const std::string aside =
+      dir_.Sub("store/blocks/" + fourth_id.Hex().substr(0, 2) + "/.trash-" + fourth_id.Hex());
+  std::filesystem::create_directories(std::filesystem::path(aside).parent_path());
+  std::ofstream(aside) << "a crashed gc's";
+  auto whole = Put(fourth, base->id);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->base.IsZero());
+  EXPECT_EQ(MagicAt(PathOf(fourth_id)), "HBK1");
+}
+
+// A crashed gc's block put back where a delta of the same block was written
+// meanwhile: the full one stays (a base must stay a full block).
+TEST_F(BlockStoreTest, PutBackKeepsTheFullBlock) {
+  const std::string first = RandomBytes(1 << 20, 10);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::string second = first;
+  second[100] ^= 1;
+  auto delta = Put(second, base->id);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  ASSERT_EQ(MagicAt(PathOf(delta->id)), "HBD1");
+  // The full form of `second`, set aside as a crashed gc leaves it.
+  auto other_root = dir_.Sub("other");
+  std::filesystem::create_directories(other_root);
+  UniqueFd other_fd(open(other_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  auto other = BlockStore::At(other_fd.get());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(other->Put(second).ok());
+  ASSERT_TRUE(other->Commit().ok());
+  const std::string name = delta->id.Hex();
+  const std::string aside_name = ".trash-" + name;
+  std::filesystem::copy_file(other_root + "/blocks/" + name.substr(0, 2) + "/" + name,
+                             dir_.Sub("store/blocks/" + name.substr(0, 2) + "/" + aside_name));
+  BlockStore::Entry aside;
+  aside.kind = BlockStore::Kind::kAside;
+  aside.id = delta->id;
+  aside.name = aside_name;
+  aside.directory = delta->id.hash[0];
+  ASSERT_TRUE(store_->PutBack(aside).ok());
+  EXPECT_EQ(MagicAt(PathOf(delta->id)), "HBK1");
+  EXPECT_EQ(*store_->Get(delta->id), second);
+}
+
+// A store without deltas takes no delta it finds as the block: it writes
+// the block whole over it, and cannot mark it (a reuse reads it instead).
+TEST_F(BlockStoreTest, WithoutDeltasADeltaFoundIsWrittenWhole) {
+  const std::string first = RandomBytes(1 << 20, 11);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::string second = first;
+  second[100] ^= 1;
+  auto delta = Put(second, base->id);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  ASSERT_EQ(delta->base, base->id);
+  BlockStoreOptions options;
+  options.deltas = false;
+  auto plain = BlockStore::At(root_.get(), options);
+  ASSERT_TRUE(plain.ok());
+  BlockId found_base;
+  EXPECT_FALSE(plain->Mark(delta->id, &found_base));
+  auto again = plain->Put(second);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->written);
+  EXPECT_TRUE(again->base.IsZero());
+  ASSERT_TRUE(plain->Commit().ok());
+  EXPECT_EQ(MagicAt(PathOf(delta->id)), "HBK1");
 }
 
 }  // namespace

@@ -189,11 +189,15 @@ struct Tally {
 // Whether a changed block is worth diffing against the earlier part's
 // block at its place (which costs reading that one): always for the first
 // few of a part, then while at least a quarter of them paid (a heap whose
-// blocks change all over, as a graph ingest, soon stops trying).
+// blocks change all over, as a graph ingest, soon stops trying); data and
+// metadata apart. Never more than a quarter of a recipe's bytes of bases.
 struct DeltaBudget {
-  bool off = false;  // PartSource::deltas false
+  static constexpr uint64_t kMaxTries = kMaxRecipeBytes / 4 / kBlockIdBytes;
   std::atomic<uint64_t> tried{0}, paid{0};
-  bool Worth() const { return !off && (tried < 8 || paid * 4 >= tried); }
+  bool Worth() const {
+    const uint64_t tries = tried.load(), paying = paid.load();
+    return tries < kMaxTries && (tries < 8 || paying * 4 >= tries);
+  }
 };
 
 // Stores `bytes` as a block, writes its id at `id` and counts it. `earlier`:
@@ -284,7 +288,7 @@ bool ReuseUnchangedData(int root, const BlockStoreOptions& options, EarlierPart&
     if (!base.IsZero()) bases.insert(base);
     ++named;
   }
-  if (!blocks->Commit().ok()) return false;
+  if (!blocks->Commit(&bases).ok()) return false;
   *data_ids = std::move(earlier.data_ids);
   tally->blocks = named;
   tally->reused = named;
@@ -319,7 +323,7 @@ absl::Status StoreMetadataBlocks(int root, const BlockStoreOptions& options,
       }
     }
   }
-  return blocks->Commit();
+  return blocks->Commit(&tally->bases);
 }
 
 // Publishes the encoded recipe of `part`: written under a random name
@@ -366,6 +370,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   if (!lease.ok()) return lease.status();
   BlockStoreOptions options;
   options.zstd_level = source.zstd_level;
+  options.deltas = source.deltas;
   // A block both workers meet is written by the first (counted once).
   absl::Mutex claims_mu;
   std::set<BlockId> claimed;  // under claims_mu
@@ -391,8 +396,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   // The chunks heapd knows unchanged since an earlier part's mark.
   absl::StatusOr<EarlierPart> earlier = FindEarlierPart(root, source);
   const bool reusable = earlier.ok() && !earlier->unchanged && source.changes.has_value();
-  DeltaBudget budget;
-  budget.off = !source.deltas;
+  DeltaBudget budget, metadata_budget;
   auto work = [&](int worker) {
     Tally& tally = tallies[worker];
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, options);
@@ -440,7 +444,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
                                  : BlockId();
       tally.status = PutBlock(*blocks, bytes, before, budget, &data_ids[i * kBlockIdBytes], tally);
     }
-    if (tally.status.ok() && !failed) tally.status = blocks->Commit();
+    if (tally.status.ok() && !failed) tally.status = blocks->Commit(&tally.bases);
     if (!tally.status.ok()) failed = true;
   };
   usage.set_source_token(source.unchanged_token);
@@ -456,8 +460,9 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   for (const Tally& each : tallies) {
     if (!each.status.ok()) return each.status;
   }
-  if (absl::Status s = StoreMetadataBlocks(
-          root, options, source, earlier.ok() ? &*earlier : nullptr, budget, &recipe, &tallies[0]);
+  if (absl::Status s =
+          StoreMetadataBlocks(root, options, source, earlier.ok() ? &*earlier : nullptr,
+                              metadata_budget, &recipe, &tallies[0]);
       !s.ok()) {
     return s;
   }

@@ -194,8 +194,12 @@ TEST_F(VersionStoreTest, AChangedBlockIsADeltaWhoseBaseOutlivesItsPart) {
   source.changes = ChunkChanges{"heap-life", 3, {2, 3}, 0};
   auto v3 = WritePart(root_.get(), source);
   ASSERT_TRUE(v3.ok()) << v3.status();
+  // The block changed now, and v2's delta of block 0 written whole over it.
   EXPECT_EQ(v3->delta_blocks(), 0u);
-  EXPECT_EQ(v3->blocks_written(), 1u);
+  EXPECT_EQ(v3->blocks_written(), 2u);
+  absl::StatusOr<std::string> v3_recipe = ReadRecipeFile(root_.get(), {"v3", "node", "h"}, false);
+  ASSERT_TRUE(v3_recipe.ok()) << v3_recipe.status();
+  EXPECT_EQ(v3_recipe->substr(0, 4), "HRC1");
 }
 
 }  // namespace
