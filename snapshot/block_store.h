@@ -25,8 +25,12 @@
 // the sectors it holds and those sectors; the base is always a full block (a
 // delta's delta is taken against the first's base), so reading one needs
 // at most two files. A delta is whole only with its base: Put and Mark
-// mark both and say the base (Stored::base), which whoever names the
-// block must keep too (a recipe's delta_bases: store_recipe.h).
+// mark both and say the base (Stored::base; Commit the bases of blocks
+// another writer put first), which whoever names the block must keep too
+// (a recipe's delta_bases: store_recipe.h). A delta only takes a free name;
+// a file that is not whole is only replaced by the full block, and of a
+// block set aside and one written meanwhile the full one stays: a name
+// that held a full block never holds a delta while anyone names it.
 //
 // Nothing read is trusted: the file's size is capped before it is read,
 // the header must match it, the block decompresses to exactly its size (a

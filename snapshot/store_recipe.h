@@ -8,7 +8,8 @@
 //
 // A version groups parts: a plain create makes a version of one part; a
 // Slurm job's epilogs on every node add theirs to one version (the job
-// snapshot). A recipe file is "HRC1", the lengths of the next two fields
+// snapshot). A recipe file is "HRC1" ("HRC2" if it names delta bases:
+// block_store.h, which heapd from before deltas refuse), the lengths of the next two fields
 // (u32 little endian each), the part's manifest (snapshot_format.h's
 // manifest.json), its usage (v1::StoreUsage) and the v1::StoreRecipe
 // naming its blocks. The manifest and usage come first so that listing a
