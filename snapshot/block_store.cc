@@ -47,7 +47,11 @@ uint64_t GetLe64(const char* at) {
   return value;
 }
 
-uint32_t GetLe32(const char* at) { return static_cast<uint32_t>(GetLe64(at - 4) >> 32); }
+uint32_t GetLe32(const char* at) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= uint32_t{static_cast<uint8_t>(at[i])} << (8 * i);
+  return value;
+}
 
 std::string DirectoryName(int index) { return absl::StrCat(absl::Hex(index, absl::kZeroPad2)); }
 
@@ -104,7 +108,11 @@ bool MarkFile(int dir, const std::string& name, uint64_t* size, BlockId* base) {
   }
   *base = BlockId();
   if (header_bytes == kDeltaHeaderBytes) {
-    if (pread(fd.get(), header + kHeaderBytes, 32, kHeaderBytes) != 32) return false;
+    // A delta of another sector size would not read: not whole.
+    if (pread(fd.get(), header + kHeaderBytes, 32, kHeaderBytes) != 32 ||
+        GetLe32(header + 20) != kSectorBytes) {
+      return false;
+    }
     *base = BlockId::FromRaw(header + kHeaderBytes);
   }
   if (futimens(fd.get(), nullptr) != 0) return false;
@@ -354,6 +362,13 @@ absl::Status BlockStore::Commit(std::set<BlockId>* adopted_bases) {
     }
     unsynced_.set(block.directory);
     if (renameat2(dir, block.temporary.c_str(), dir, name.c_str(), RENAME_NOREPLACE) == 0) {
+      // A delta whose name a gc had set aside meanwhile (Put saw none):
+      // made whole, as the one put back may be named by others.
+      if (block.delta && NameTaken(dir, absl::StrCat(kAsidePrefix, name))) {
+        absl::StatusOr<std::string> bytes = Get(block.id);
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = WriteWholeOver(dir, block.id, *bytes); !s.ok()) return s;
+      }
       continue;
     }
     if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("rename block ", name));
@@ -368,14 +383,12 @@ absl::Status BlockStore::Commit(std::set<BlockId>* adopted_bases) {
       if (!base.IsZero() && adopted_bases != nullptr) adopted_bases->insert(base);
       continue;
     }
-    std::string replacement = block.temporary;
     if (block.delta) {
-      absl::StatusOr<std::string> whole = WholeFileOf(dir, block);
-      if (!whole.ok()) return whole.status();
+      absl::StatusOr<std::string> bytes = PendingBytes(dir, block);
+      if (!bytes.ok()) return bytes.status();
       unlinkat(dir, block.temporary.c_str(), 0);
-      replacement = *std::move(whole);
-    }
-    if (renameat(dir, replacement.c_str(), dir, name.c_str()) != 0) {
+      if (absl::Status s = WriteWholeOver(dir, block.id, *bytes); !s.ok()) return s;
+    } else if (renameat(dir, block.temporary.c_str(), dir, name.c_str()) != 0) {
       return ErrnoStatus(errno, absl::StrCat("rename block ", name));
     }
   }
@@ -403,26 +416,29 @@ bool BlockStore::Mark(const BlockId& id, BlockId* base) {
   return true;
 }
 
-absl::StatusOr<std::string> BlockStore::WholeFileOf(int dir, const Pending& block) {
-  const std::string name = block.id.Hex();
+absl::StatusOr<std::string> BlockStore::PendingBytes(int dir, const Pending& block) {
   UniqueFd fd(openat(dir, block.temporary.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("reopen block ", name));
-  absl::StatusOr<File> delta = Read(fd.get(), name);
-  absl::StatusOr<std::string> bytes = delta.ok() ? Decode(block.id, *delta) : delta.status();
-  absl::StatusOr<std::string> file =
-      bytes.ok() ? EncodeFile(bytes->size(), *bytes, nullptr, options_.zstd_level) : bytes.status();
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("reopen block ", block.id.Hex()));
+  absl::StatusOr<File> file = Read(fd.get(), block.id.Hex());
+  if (!file.ok()) return file.status();
+  return Decode(block.id, *file);
+}
+
+absl::Status BlockStore::WriteWholeOver(int dir, const BlockId& id, absl::string_view bytes) {
+  const std::string name = id.Hex();
+  absl::StatusOr<std::string> file = EncodeFile(bytes.size(), bytes, nullptr, options_.zstd_level);
   if (!file.ok()) return file.status();
   absl::StatusOr<std::string> temporary = WriteTemporary(dir, name, *file);
   if (!temporary.ok()) return temporary.status();
-  if (options_.durable) {
-    UniqueFd written(openat(dir, temporary->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (!written.valid() || fdatasync(written.get()) != 0) {
-      const absl::Status failed = ErrnoStatus(errno, absl::StrCat("sync block ", name));
-      unlinkat(dir, temporary->c_str(), 0);
-      return failed;
-    }
+  UniqueFd written(openat(dir, temporary->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!written.valid() || (options_.durable && fdatasync(written.get()) != 0) ||
+      renameat(dir, temporary->c_str(), dir, name.c_str()) != 0) {
+    const absl::Status failed = ErrnoStatus(errno, absl::StrCat("write block ", name, " whole"));
+    unlinkat(dir, temporary->c_str(), 0);
+    return failed;
   }
-  return temporary;
+  unsynced_.set(id.hash[0]);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<BlockStore::File> BlockStore::Load(const BlockId& id) {
@@ -643,11 +659,29 @@ absl::Status BlockStore::PutBack(const Entry& aside) {
   if (dir < 0) return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
   if (renameat2(dir, aside.name.c_str(), dir, name.c_str(), RENAME_NOREPLACE) != 0) {
     if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
-    // Written anew meanwhile: of the two, the full one stays (a base must
-    // stay a full block; see Put).
-    const bool keep_aside = IsDeltaFile(dir, name) && !IsDeltaFile(dir, aside.name);
-    if ((keep_aside ? renameat(dir, aside.name.c_str(), dir, name.c_str())
-                    : unlinkat(dir, aside.name.c_str(), 0)) != 0) {
+    // Written anew meanwhile. A full block there stays; a delta gives way
+    // to the full block (whoever named the one set aside may not know the
+    // new one's base, and a base must stay a full block; see Put): the one
+    // set aside if it is a sound full block, else the block made whole.
+    if (IsDeltaFile(dir, name)) {
+      UniqueFd fd(openat(dir, aside.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+      absl::StatusOr<File> set_aside =
+          fd.valid() ? Read(fd.get(), name) : ErrnoStatus(errno, "open " + aside.name);
+      absl::StatusOr<std::string> bytes =
+          set_aside.ok() ? Decode(aside.id, *set_aside) : set_aside.status();
+      if (set_aside.ok() && bytes.ok() && set_aside->base.IsZero()) {
+        if (renameat(dir, aside.name.c_str(), dir, name.c_str()) != 0) {
+          return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
+        }
+        unsynced_.set(aside.directory);
+        return absl::OkStatus();
+      }
+      if (!bytes.ok()) bytes = Get(aside.id);  // the new one, through its base
+      // Neither reads: both stay, for verify to report and gc to retry.
+      if (!bytes.ok()) return bytes.status();
+      if (absl::Status s = WriteWholeOver(dir, aside.id, *bytes); !s.ok()) return s;
+    }
+    if (unlinkat(dir, aside.name.c_str(), 0) != 0) {
       return ErrnoStatus(errno, absl::StrCat("put block ", name, " back"));
     }
   }

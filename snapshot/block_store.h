@@ -20,7 +20,7 @@
 //
 // A block may instead be stored as the 512-byte sectors where it differs from
 // an earlier version of it, a full block (its *base*): Put with a base
-// does so when at most three quarters of its sectors differ. Such a file ("HBD1") has
+// does so when at most half its sectors differ. Such a file ("HBD1") has
 // the same header, then the base's id, then one zstd frame of a bitmap of
 // the sectors it holds and those sectors; the base is always a full block (a
 // delta's delta is taken against the first's base), so reading one needs
@@ -180,9 +180,11 @@ class BlockStore {
   absl::StatusOr<std::string> WriteTemporary(int dir, const std::string& name,
                                              absl::string_view file);
   struct Pending;
-  // The pending delta `block` made a full block's file, durable, under a
-  // temporary name in `dir`.
-  absl::StatusOr<std::string> WholeFileOf(int dir, const Pending& block);
+  // The bytes of the pending delta `block`, read back from its file.
+  absl::StatusOr<std::string> PendingBytes(int dir, const Pending& block);
+  // Writes `bytes` as the full block `id` over whatever file has its name
+  // in `dir`, durably.
+  absl::Status WriteWholeOver(int dir, const BlockId& id, absl::string_view bytes);
   // The file of `id` (set aside by a crashed gc: found there), or the open
   // `fd`, read whole and its header checked.
   struct File;

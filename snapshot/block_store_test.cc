@@ -441,5 +441,87 @@ TEST_F(BlockStoreTest, WithoutDeltasADeltaFoundIsWrittenWhole) {
   EXPECT_EQ(MagicAt(PathOf(delta->id)), "HBK1");
 }
 
+// A gc puts back a delta set aside where another delta of the same block,
+// on another base, was written meanwhile: the name gets the full block
+// (those who named the one set aside named only its base). And a create
+// whose delta took a name a gc had set aside makes it whole.
+TEST_F(BlockStoreTest, TwoDeltasOfABlockAtOneNameBecomeTheFullBlock) {
+  const std::string first = RandomBytes(1 << 20, 12);
+  std::string other_base = first;
+  other_base[500000] ^= 1;
+  std::string block = first;
+  block[100] ^= 1;
+  auto b1 = Put(first);
+  auto b2 = Put(other_base);
+  ASSERT_TRUE(b1.ok() && b2.ok());
+  auto on_b1 = Put(block, b1->id);
+  ASSERT_TRUE(on_b1.ok()) << on_b1.status();
+  ASSERT_EQ(on_b1->base, b1->id);
+  // The same block as a delta on b2, made in another store and planted.
+  const std::string other_root = dir_.Sub("other");
+  std::filesystem::create_directories(other_root);
+  UniqueFd other_fd(open(other_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  auto other = BlockStore::At(other_fd.get());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(other->Put(other_base).ok());
+  ASSERT_TRUE(other->Commit().ok());
+  auto on_b2 = other->Put(
+      block, [&]() -> std::optional<BlockStore::Base> { return *other->BaseFor(b2->id); });
+  ASSERT_TRUE(on_b2.ok() && on_b2->base == b2->id);
+  ASSERT_TRUE(other->Commit().ok());
+  const std::string name = on_b1->id.Hex();
+  const std::string in_dir = dir_.Sub("store/blocks/" + name.substr(0, 2) + "/");
+  ASSERT_EQ(rename((in_dir + name).c_str(), (in_dir + ".trash-" + name).c_str()), 0);
+  std::filesystem::copy_file(other_root + "/blocks/" + name.substr(0, 2) + "/" + name,
+                             in_dir + name);
+  ASSERT_EQ(MagicAt(in_dir + name), "HBD1");
+  BlockStore::Entry aside;
+  aside.kind = BlockStore::Kind::kAside;
+  aside.id = on_b1->id;
+  aside.name = ".trash-" + name;
+  aside.directory = on_b1->id.hash[0];
+  ASSERT_TRUE(store_->PutBack(aside).ok());
+  EXPECT_EQ(MagicAt(in_dir + name), "HBK1");
+  EXPECT_FALSE(std::filesystem::exists(in_dir + ".trash-" + name));
+  EXPECT_EQ(*store_->Get(on_b1->id), block);
+
+  // A pending delta whose name is set aside before Commit: made whole.
+  std::string next = first;
+  next[700000] ^= 1;
+  auto pending = store_->Put(
+      next, [&]() -> std::optional<BlockStore::Base> { return *store_->BaseFor(b1->id); });
+  ASSERT_TRUE(pending.ok() && pending->base == b1->id);
+  const std::string next_name = pending->id.Hex();
+  const std::string next_dir = dir_.Sub("store/blocks/" + next_name.substr(0, 2) + "/");
+  std::ofstream(next_dir + ".trash-" + next_name) << "set aside by a gc";
+  ASSERT_TRUE(store_->Commit().ok());
+  EXPECT_EQ(MagicAt(next_dir + next_name), "HBK1");
+  EXPECT_EQ(*store_->Get(pending->id), next);
+}
+
+// A delta of another sector size (another heapd's, or damaged) is not
+// taken as the block: Put writes it whole, Mark refuses it.
+TEST_F(BlockStoreTest, ADeltaOfAnotherSectorSizeIsNotWhole) {
+  const std::string first = RandomBytes(1 << 20, 13);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok());
+  std::string second = first;
+  second[100] ^= 1;
+  auto delta = Put(second, base->id);
+  ASSERT_TRUE(delta.ok() && delta->base == base->id);
+  {
+    std::fstream file(PathOf(delta->id), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(20);
+    file.write("\0\x10\0\0", 4);  // 4096-byte sectors
+  }
+  EXPECT_EQ(store_->Get(delta->id).status().code(), absl::StatusCode::kDataLoss);
+  BlockId found_base;
+  EXPECT_FALSE(store_->Mark(delta->id, &found_base));
+  auto again = Put(second);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->written);
+  EXPECT_EQ(*store_->Get(delta->id), second);
+}
+
 }  // namespace
 }  // namespace heapd

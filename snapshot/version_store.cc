@@ -190,13 +190,12 @@ struct Tally {
 // block at its place (which costs reading that one): always for the first
 // few of a part, then while at least a quarter of them paid (a heap whose
 // blocks change all over, as a graph ingest, soon stops trying); data and
-// metadata apart. Never more than a quarter of a recipe's bytes of bases.
+// metadata apart.
 struct DeltaBudget {
-  static constexpr uint64_t kMaxTries = kMaxRecipeBytes / 4 / kBlockIdBytes;
   std::atomic<uint64_t> tried{0}, paid{0};
   bool Worth() const {
     const uint64_t tries = tried.load(), paying = paid.load();
-    return tries < kMaxTries && (tries < 8 || paying * 4 >= tries);
+    return tries < 8 || paying * 4 >= tries;
   }
 };
 
@@ -370,7 +369,10 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   if (!lease.ok()) return lease.status();
   BlockStoreOptions options;
   options.zstd_level = source.zstd_level;
-  options.deltas = source.deltas;
+  // A recipe names at most one base per block: a heap whose ids would
+  // take more than a quarter of a recipe is stored without deltas, so its
+  // bases always fit beside them.
+  options.deltas = source.deltas && 2 * data_blocks * kBlockIdBytes <= kMaxRecipeBytes / 2;
   // A block both workers meet is written by the first (counted once).
   absl::Mutex claims_mu;
   std::set<BlockId> claimed;  // under claims_mu
