@@ -561,11 +561,13 @@ absl::StatusOr<ChunkDirectory::PlannedFree> ChunkDirectory::PlanFree(ClientId cl
         return absl::InvalidArgumentError(absl::StrCat(
             "offset ", offset, " is not a live object: double free or never allocated"));
       }
-      if (object.size != 0 &&
-          (object.size > kMaxSmallSize || SizeClassFor(object.size) != c.size_class)) {
+      // A size said must fit the slot. It may be of a smaller class: an
+      // allocation aligned beyond its size's class takes the first class
+      // whose slots are aligned so (40 bytes at 32: the 64-byte class).
+      if (object.size > slot_size) {
         return absl::InvalidArgumentError(absl::StrCat(
             "object at offset ", offset, " has ", slot_size, "-byte size class ",
-            static_cast<int>(c.size_class), ", not the class of ", object.size, " bytes"));
+            static_cast<int>(c.size_class), ": ", object.size, " bytes do not fit it"));
       }
       if (IsPinned(offset)) {
         return absl::FailedPreconditionError(
