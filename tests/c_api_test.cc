@@ -320,6 +320,18 @@ TEST_F(CApiTest, AForkedChildUsesNotTheParentsSession) {
   ASSERT_NE(heapd_malloc(heap_, 8), nullptr) << heapd_last_error();
 }
 
+// An object of 40 bytes (aligned to 16: in the 48-byte class) freed by
+// name from another session: its size said with the free fits its slot.
+TEST_F(CApiTest, ANamedObjectIsFreedByAnotherSession) {
+  ASSERT_NE(heapd_named_malloc(heap_, "odd", 40), nullptr) << heapd_last_error();
+  ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
+  ASSERT_EQ(heapd_detach(heap_), 0) << heapd_last_error();
+  heap_ = heapd_attach("c", &options_);
+  ASSERT_NE(heap_, nullptr) << heapd_last_error();
+  EXPECT_EQ(heapd_named_free(heap_, "odd"), 0) << heapd_last_error();
+  EXPECT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
+}
+
 TEST_F(CApiTest, FailuresSetErrnoAndSayWhat) {
   ASSERT_NE(heapd_named_malloc(heap_, "x", 8), nullptr);
   EXPECT_EQ(heapd_named_malloc(heap_, "x", 8), nullptr);
