@@ -133,11 +133,15 @@ std::optional<std::string> Inflate(absl::string_view frame, uint64_t max_bytes) 
   return bytes;
 }
 
-// Whether a file named `name` (or set aside, .trash-NAME) is in `dir`.
-bool NameTaken(int dir, const std::string& name) {
+// Whether an entry named `name` is in `dir`.
+bool Exists(int dir, const std::string& name) {
   struct stat st;
-  return fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 ||
-         fstatat(dir, absl::StrCat(kAsidePrefix, name).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+  return fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+// Whether block `name` is in `dir`, in place or set aside (.trash-NAME).
+bool NameTaken(int dir, const std::string& name) {
+  return Exists(dir, name) || Exists(dir, absl::StrCat(kAsidePrefix, name));
 }
 
 // Whether `name` in `dir` is a delta's file (by its magic).
@@ -364,7 +368,7 @@ absl::Status BlockStore::Commit(std::set<BlockId>* adopted_bases) {
     if (renameat2(dir, block.temporary.c_str(), dir, name.c_str(), RENAME_NOREPLACE) == 0) {
       // A delta whose name a gc had set aside meanwhile (Put saw none):
       // made whole, as the one put back may be named by others.
-      if (block.delta && NameTaken(dir, absl::StrCat(kAsidePrefix, name))) {
+      if (block.delta && Exists(dir, absl::StrCat(kAsidePrefix, name))) {
         absl::StatusOr<std::string> bytes = Get(block.id);
         if (!bytes.ok()) return bytes.status();
         if (absl::Status s = WriteWholeOver(dir, block.id, *bytes); !s.ok()) return s;
