@@ -18,30 +18,6 @@ absl::Status InHeap(const Session& session, const absl::Status& status) {
                       absl::StrCat("heap ", session.heap->name, ": ", status.message()));
 }
 
-// Leases what `wants` asks for to `session`, all or none: when a want
-// fails, what the earlier ones got goes back.
-absl::StatusOr<std::vector<LeaseGrant>> LeaseAll(const Session& session,
-                                                 absl::Span<const LeaseWant> wants) {
-  PersistentHeap& heap = *session.heap->heap;
-  std::vector<LeaseGrant> grants;
-  for (const LeaseWant& want : wants) {
-    absl::StatusOr<std::vector<LeaseGrant>> got =
-        heap.LeaseChunks(session.id, want.size_class, want.count, want.reuse);
-    if (!got.ok()) {
-      std::vector<LeaseReport> back;
-      for (const LeaseGrant& grant : grants) back.push_back({grant.chunk, grant.words});
-      if (absl::Status s = heap.ReturnLeases(session.id, back); !s.ok()) {
-        // They stay the session's and come back when it ends.
-        spdlog::warn("session {} on heap {}: returning the chunks of a failed lease: {}",
-                     session.id, session.heap->name, s.ToString());
-      }
-      return got.status();
-    }
-    std::move(got->begin(), got->end(), std::back_inserter(grants));
-  }
-  return grants;
-}
-
 void LogRejectedFrees(const Session& session, const std::vector<std::string>& rejected,
                       const char* when, Metrics* metrics) {
   for (const std::string& message : rejected) {
@@ -194,7 +170,7 @@ absl::StatusOr<std::vector<LeaseGrant>> Sessions::LeaseAtStart(
   absl::StatusOr<std::vector<LeaseGrant>> grants;
   {
     absl::MutexLock lock(&session->mu);
-    grants = LeaseAll(*session, wants);
+    grants = session->heap->heap->LeaseAll(session->id, wants);
   }
   if (!grants.ok()) {
     if (std::shared_ptr<Session> taken = TakeToEnd(session->id)) {
@@ -233,7 +209,8 @@ absl::StatusOr<Sessions::Leased> Sessions::Lease(uint64_t id, const Caller& call
                                                  absl::Span<const LeaseWant> wants) {
   Leased leased;
   absl::Status status = OnSession(id, caller, [&](Session& session) {
-    absl::StatusOr<std::vector<LeaseGrant>> grants = LeaseAll(session, wants);
+    absl::StatusOr<std::vector<LeaseGrant>> grants =
+        session.heap->heap->LeaseAll(session.id, wants);
     if (!grants.ok()) return InHeap(session, grants.status());
     leased.grants = *std::move(grants);
     leased.capacity_bytes = session.heap->heap->capacity_bytes();

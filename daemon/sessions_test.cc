@@ -58,12 +58,12 @@ TEST_F(SessionsTest, CallsCheckTheSessionsUserStateAndMode) {
   auto started = sessions_.Start(heap_, kAlice, /*read_only=*/false);
   ASSERT_TRUE(started.ok()) << started.status();
   const uint64_t id = started->session->id;
-  auto grants = sessions_.LeaseAtStart(started->session, {{0, 2}});
+  auto grants = sessions_.LeaseAtStart(started->session, {{0, 2, {}}});
   ASSERT_TRUE(grants.ok()) << grants.status();
   EXPECT_EQ(grants->size(), 2u);
-  EXPECT_EQ(sessions_.Lease(id, kBob, {{0, 1}}).status().code(),
+  EXPECT_EQ(sessions_.Lease(id, kBob, {{0, 1, {}}}).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(sessions_.Lease(id + 100, kAlice, {{0, 1}}).status().code(),
+  EXPECT_EQ(sessions_.Lease(id + 100, kAlice, {{0, 1, {}}}).status().code(),
             absl::StatusCode::kNotFound);
   auto reader = sessions_.Start(heap_, kAlice, /*read_only=*/true);
   ASSERT_TRUE(reader.ok());
@@ -75,6 +75,31 @@ TEST_F(SessionsTest, CallsCheckTheSessionsUserStateAndMode) {
   ASSERT_TRUE(epoch.ok()) << epoch.status();
   EXPECT_EQ(sessions_.Sync(id, kAlice, {}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(heap_->heap->LeaseCount(id), 0u);
+}
+
+// A call of two wants whose second fails: the chunk the first took back
+// through `reuse` stays the session's (its client, seeing the call fail,
+// holds it in doubt and offers it again), and the first's fresh chunk
+// goes back.
+TEST_F(SessionsTest, AFailedWantLeavesTheChunksOfferedBackWithTheSession) {
+  auto started = sessions_.Start(heap_, kAlice, /*read_only=*/false);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const uint64_t id = started->session->id;
+  auto first = sessions_.LeaseAtStart(started->session, {{0, 1, {}}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->size(), 1u);
+  const uint32_t chunk = (*first)[0].chunk;
+  // The first want takes `chunk` back as class 5 and one fresh chunk; the
+  // second asks for none and fails.
+  auto failed = sessions_.Lease(id, kAlice, {{5, 2, {chunk}}, {7, 0, {}}});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument) << failed.status();
+  EXPECT_EQ(heap_->heap->LeaseCount(id), 1u);
+  // Offered again, it is granted as it is now.
+  auto again = sessions_.Lease(id, kAlice, {{5, 1, {chunk}}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->grants.size(), 1u);
+  EXPECT_EQ(again->grants[0].chunk, chunk);
+  EXPECT_EQ(again->grants[0].size_class, 5u);
 }
 
 TEST_F(SessionsTest, ASessionLimitPerUser) {
@@ -97,7 +122,7 @@ TEST_F(SessionsTest, ASessionLimitPerUser) {
 TEST_F(SessionsTest, AClosedConnectionNeverWaitsForABusySession) {
   auto started = sessions_.Start(heap_, kAlice, false);
   ASSERT_TRUE(started.ok());
-  ASSERT_TRUE(sessions_.LeaseAtStart(started->session, {{3, 1}}).ok());
+  ASSERT_TRUE(sessions_.LeaseAtStart(started->session, {{3, 1, {}}}).ok());
   std::shared_ptr<Session> session = started->session;
   auto redeemed = sessions_.Redeem(started->token, kAlice);
   ASSERT_TRUE(redeemed.ok()) << redeemed.status();
@@ -134,7 +159,7 @@ TEST_F(SessionsTest, ASessionWhoseFdCannotBeHandedOverEnds) {
   auto started = sessions_.Start(heap_, kAlice, /*read_only=*/false);
   ASSERT_TRUE(started.ok()) << started.status();
   const uint64_t id = started->session->id;
-  auto grants = sessions_.LeaseAtStart(started->session, {{0, 2}});
+  auto grants = sessions_.LeaseAtStart(started->session, {{0, 2, {}}});
   ASSERT_TRUE(grants.ok()) << grants.status();
   ASSERT_EQ(heap_->heap->LeaseCount(id), 2u);
   const std::string data = *registry_->HeapsDir() + "/h/data";
@@ -158,7 +183,7 @@ TEST_F(SessionsTest, AnEndThatWaitsHoldsUpItsOwnHeapOnly) {
   auto queued = sessions_.Start(heap_, kAlice, /*read_only=*/false);
   auto elsewhere = sessions_.Start(*other, kAlice, /*read_only=*/false);
   ASSERT_TRUE(slow.ok() && queued.ok() && elsewhere.ok());
-  ASSERT_TRUE(sessions_.LeaseAtStart(elsewhere->session, {{0, 1}}).ok());
+  ASSERT_TRUE(sessions_.LeaseAtStart(elsewhere->session, {{0, 1, {}}}).ok());
   const ClientId elsewhere_id = elsewhere->session->id;
   {
     absl::MutexLock busy(&slow->session->mu);

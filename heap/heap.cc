@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <system_error>
 
 #include "absl/cleanup/cleanup.h"
@@ -492,6 +493,28 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(
     }
     if (absl::Status s = Grow(count, capacity_seen); !s.ok()) return s;
   }
+}
+
+absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseAll(
+    ClientId client, absl::Span<const LeaseWant> wants) {
+  std::vector<LeaseGrant> grants;
+  std::set<uint32_t> reused;  // chunks the wants offered back
+  for (const LeaseWant& want : wants) {
+    reused.insert(want.reuse.begin(), want.reuse.end());
+    absl::StatusOr<std::vector<LeaseGrant>> got =
+        LeaseChunks(client, want.size_class, want.count, want.reuse);
+    if (!got.ok()) {
+      std::vector<LeaseReport> back;
+      for (const LeaseGrant& grant : grants) {
+        if (reused.count(grant.chunk) == 0) back.push_back({grant.chunk, grant.words});
+      }
+      // If they cannot go back, they stay the client's until it ends.
+      (void)ReturnLeases(client, back);
+      return got.status();
+    }
+    std::move(got->begin(), got->end(), std::back_inserter(grants));
+  }
+  return grants;
 }
 
 absl::StatusOr<LargePlacement> PersistentHeap::TakeRun(

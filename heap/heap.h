@@ -212,6 +212,14 @@ class PersistentHeap {
   absl::StatusOr<std::vector<LeaseGrant>> LeaseChunks(ClientId client, uint32_t size_class,
                                                       uint32_t count,
                                                       absl::Span<const uint32_t> reuse = {});
+  // LeaseChunks for each of `wants`, all or none: when a want fails, the
+  // chunks the earlier ones got go back, and its error is returned. Not
+  // those taken back through a want's `reuse`: they were the client's
+  // before the call and stay so in their new class (a client that saw the
+  // call fail holds them in doubt and offers them again), as when a call
+  // of one want fails.
+  absl::StatusOr<std::vector<LeaseGrant>> LeaseAll(ClientId client,
+                                                   absl::Span<const LeaseWant> wants);
 
   // Allocates a large object (whole chunks) of `size` bytes, growing the
   // data file when needed. RESOURCE_EXHAUSTED as for LeaseChunks.

@@ -46,20 +46,11 @@ absl::Status InProcessSessionCalls::LeaseChunks(const v1::LeaseChunksRequest& re
                                                 v1::LeaseChunksResponse* response) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckWritable(); !s.ok()) return s;
-  std::vector<LeaseGrant> grants;
-  for (const LeaseWant& want : FromProto(request.wants())) {
-    absl::StatusOr<std::vector<LeaseGrant>> got =
-        heap_->LeaseChunks(session_, want.size_class, want.count, want.reuse);
-    if (!got.ok()) {
-      // All or none, as heapd: what the earlier wants got goes back.
-      std::vector<LeaseReport> back;
-      for (const LeaseGrant& grant : grants) back.push_back({grant.chunk, grant.words});
-      (void)heap_->ReturnLeases(session_, back);
-      return got.status();
-    }
-    std::move(got->begin(), got->end(), std::back_inserter(grants));
-  }
-  for (const LeaseGrant& grant : grants) ToProto(grant, response->add_grants());
+  // All or none, as heapd.
+  absl::StatusOr<std::vector<LeaseGrant>> grants =
+      heap_->LeaseAll(session_, FromProto(request.wants()));
+  if (!grants.ok()) return grants.status();
+  for (const LeaseGrant& grant : *grants) ToProto(grant, response->add_grants());
   response->set_capacity_bytes(heap_->capacity_bytes());
   return absl::OkStatus();
 }
