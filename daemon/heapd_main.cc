@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -133,6 +134,9 @@ ABSL_FLAG(bool, store_deltas, true,
           "earlier version "
           "of it (docs/snapshot-store.md; docs/performance.md, B9c: 4x fewer bytes for a small "
           "change, about a quarter more create time where most blocks change)");
+ABSL_FLAG(int, store_threads, 2,
+          "threads one snapshot store create or restore hashes, compresses and reads blocks on "
+          "(1 to 64; a node's cores belong to its jobs)");
 ABSL_FLAG(heapd::ByteSize, store_cache_bytes, heapd::ByteSize{uint64_t{1} << 30},
           "bytes of blocks heapd keeps in its node-local cache (STATE_DIR/block-cache) so that "
           "restores read from a store only what the node lacks; 0: no cache");
@@ -212,6 +216,16 @@ absl::Status CheckFlags() {
   if (!ValidBlockBytes(block)) {
     return absl::InvalidArgumentError(absl::StrCat("--store_block_bytes=", FormatByteSize(block),
                                                    ": a power of two from 64K to 2M"));
+  }
+  if (const int threads = absl::GetFlag(FLAGS_store_threads); threads < 1 || threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store_threads=", threads, ": from 1 to 64 threads"));
+  }
+  if (const int level = absl::GetFlag(FLAGS_store_zstd_level);
+      level < ZSTD_minCLevel() || level > ZSTD_maxCLevel()) {
+    return absl::InvalidArgumentError(absl::StrCat("--store_zstd_level=", level,
+                                                   ": zstd levels are ", ZSTD_minCLevel(), " to ",
+                                                   ZSTD_maxCLevel()));
   }
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
     return CheckMetricsAddress(address);
@@ -352,6 +366,7 @@ absl::StatusOr<std::unique_ptr<StoreSnapshots>> OpenStoreVersions(SnapshotStore*
   options.block_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_store_block_bytes).bytes);
   options.zstd_level = absl::GetFlag(FLAGS_store_zstd_level);
   options.deltas = absl::GetFlag(FLAGS_store_deltas);
+  options.threads = absl::GetFlag(FLAGS_store_threads);
   options.cache_bytes = absl::GetFlag(FLAGS_store_cache_bytes).bytes;
   if (options.cache_bytes != 0) options.cache_dir = state_dir + "/block-cache";
   return StoreSnapshots::Open(snapshots, options);

@@ -239,6 +239,12 @@ expect_in '"clients": []' "$out"
 out=$("$HEAPD" --metrics_address=nohost:9464 --state_dir="$DIR/s11" --runtime_dir="$DIR/r11" 2>&1); RC=$?
 expect_rc 2 "--metrics_address=nohost:9464"
 expect_in "does not resolve" "$out"
+out=$("$HEAPD" --store_threads=0 --state_dir="$DIR/s11" --runtime_dir="$DIR/r11" 2>&1); RC=$?
+expect_rc 2 "--store_threads=0"
+expect_in "from 1 to 64 threads" "$out"
+out=$("$HEAPD" --store_zstd_level=99 --state_dir="$DIR/s11" --runtime_dir="$DIR/r11" 2>&1); RC=$?
+expect_rc 2 "--store_zstd_level=99"
+expect_in "zstd levels are" "$out"
 # names rm is persisted when it answers: heapd killed right after, the
 # name stays unbound.
 out=$("$INGEST" --heap=r --scale=8 --edges=100 2>&1) || fail "ingest into r: $out"
