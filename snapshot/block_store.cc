@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/escaping.h"
@@ -62,27 +63,6 @@ size_t HeaderBytesOf(const char* magic) {
   if (std::memcmp(magic, kMagic, sizeof(kMagic)) == 0) return kHeaderBytes;
   if (std::memcmp(magic, kDeltaMagic, sizeof(kDeltaMagic)) == 0) return kDeltaHeaderBytes;
   return 0;
-}
-
-// What a delta of `bytes` against `base` holds before compression: a bit
-// per sector of `bytes` (sector p: bit p % 8 of byte p / 8) set where it
-// differs from `base` (or lies past its end), then those sectors in order.
-// Nothing if more than half the sectors differ: a full block is then not
-// much larger, reads without a base, and becomes the base of later deltas
-// (a block drifting from its base does not keep an old base alive long).
-std::optional<std::string> DeltaOf(absl::string_view bytes, absl::string_view base) {
-  const uint64_t sectors = SectorsOf(bytes.size());
-  std::string delta((sectors + 7) / 8, '\0');
-  uint64_t changed = 0;
-  for (uint64_t sector = 0; sector < sectors; ++sector) {
-    const absl::string_view mine = bytes.substr(sector * kSectorBytes, kSectorBytes);
-    const uint64_t at = sector * kSectorBytes;
-    if (at + mine.size() <= base.size() && base.substr(at, mine.size()) == mine) continue;
-    if (++changed * 2 > sectors) return std::nullopt;
-    delta[sector / 8] = static_cast<char>(delta[sector / 8] | (1 << (sector % 8)));
-    delta.append(mine.data(), mine.size());
-  }
-  return delta;
 }
 
 // Whether `name` in `dir` is a block file this user wrote whose header
@@ -248,6 +228,44 @@ int BlockStore::Directory(int index, bool create) {
   return dir.get();
 }
 
+void BlockStore::DecoderFree::operator()(ZSTD_DCtx_s* decoder) const { ZSTD_freeDCtx(decoder); }
+
+// What a delta of `bytes` against the full block `base` holds before
+// compression: a bit per sector of `bytes` (sector p: bit p % 8 of byte
+// p / 8) set where it differs from `base` (or lies past its end), then
+// those sectors in order. Nothing if more than half the sectors differ: a
+// full block is then not much larger, reads without a base, and becomes
+// the base of later deltas (a block drifting from its base does not keep an
+// old base alive long). Nothing either if the base's frame does not
+// decompress to bytes of its hash: that is checked only for a delta kept,
+// so a block that changed all over (where deltas do not pay) costs one
+// decompression and no hash.
+std::optional<std::string> BlockStore::DeltaOf(absl::string_view bytes, const Base& base) {
+  if (ZSTD_getFrameContentSize(base.frame.data(), base.frame.size()) != base.size) {
+    return std::nullopt;
+  }
+  if (decoder_ == nullptr) decoder_.reset(ZSTD_createDCtx());
+  if (decoder_ == nullptr) return std::nullopt;
+  if (base_bytes_.size() < base.size) base_bytes_.resize(base.size);
+  const size_t got = ZSTD_decompressDCtx(decoder_.get(), base_bytes_.data(), base.size,
+                                         base.frame.data(), base.frame.size());
+  if (ZSTD_isError(got) || got != base.size) return std::nullopt;
+  const absl::string_view before(base_bytes_.data(), base.size);
+  const uint64_t sectors = SectorsOf(bytes.size());
+  std::string delta((sectors + 7) / 8, '\0');
+  uint64_t changed = 0;
+  for (uint64_t sector = 0; sector < sectors; ++sector) {
+    const absl::string_view mine = bytes.substr(sector * kSectorBytes, kSectorBytes);
+    const uint64_t at = sector * kSectorBytes;
+    if (at + mine.size() <= before.size() && before.substr(at, mine.size()) == mine) continue;
+    if (++changed * 2 > sectors) return std::nullopt;
+    delta[sector / 8] = static_cast<char>(delta[sector / 8] | (1 << (sector % 8)));
+    delta.append(mine.data(), mine.size());
+  }
+  if (BlockId::Of(before) != base.id) return std::nullopt;  // kept: the base must be whole
+  return delta;
+}
+
 absl::StatusOr<BlockStore::Stored> BlockStore::Put(
     absl::string_view bytes, const std::function<std::optional<Base>()>& base) {
   if (bytes.size() > options_.max_block_bytes) {
@@ -280,7 +298,7 @@ absl::StatusOr<BlockStore::Stored> BlockStore::Put(
   std::optional<std::string> delta;
   if (std::optional<Base> against = options_.deltas && base ? base() : std::nullopt;
       against.has_value() && against->id != stored.id && !NameTaken(dir, name)) {
-    delta = DeltaOf(bytes, against->bytes);
+    delta = DeltaOf(bytes, *against);
     const int base_dir = Directory(against->id.hash[0], /*create=*/false);
     uint64_t base_size = 0;
     BlockId base_of_base;
@@ -562,10 +580,13 @@ absl::StatusOr<BlockStore::Base> BlockStore::BaseFor(const BlockId& id) {
   Base base;
   base.id = file->base.IsZero() ? id : file->base;
   if (!file->base.IsZero()) file = Load(base.id);
-  absl::StatusOr<std::string> bytes =
-      file.ok() ? DecodeFull(base.id, *file, "block ") : file.status();
-  if (!bytes.ok()) return bytes.status();
-  base.bytes = *std::move(bytes);
+  if (!file.ok()) return file.status();
+  if (!file->base.IsZero()) {
+    return absl::DataLossError(
+        absl::StrCat("block ", base.id.Hex(), ": a delta, where a full block must be"));
+  }
+  base.size = file->size;
+  base.frame = std::string(file->frame());
   return base;
 }
 

@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -60,6 +61,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "util/unique_fd.h"
+
+struct ZSTD_DCtx_s;  // zstd.h's ZSTD_DCtx
 
 namespace heapd {
 
@@ -115,10 +118,13 @@ class BlockStore {
     uint64_t stored_bytes = 0;  // its file's size
     BlockId base;               // not zero: it is a delta against this block
   };
-  // A full block a new version of it may be stored against.
+  // A full block a new version of it may be stored against: its size and
+  // its file's zstd frame, decompressed (and its hash checked) by Put only
+  // as far as the diff needs.
   struct Base {
     BlockId id;
-    std::string bytes;
+    uint64_t size = 0;
+    std::string frame;
   };
   // Stores `bytes` unless a block of the same hash is there (then marks it
   // used now). A block written is readable and durable once Commit returns.
@@ -127,7 +133,8 @@ class BlockStore {
   absl::StatusOr<Stored> Put(absl::string_view bytes,
                              const std::function<std::optional<Base>()>& base = nullptr);
   // The full block behind `id`, to store a new version of it against: the
-  // block itself, or a delta's base. Checked as Get checks.
+  // block itself, or a delta's base. Its header is checked here; its bytes
+  // by Put, before a delta against it is kept.
   absl::StatusOr<Base> BaseFor(const BlockId& id);
   // Makes the blocks Put wrote durable, renames them into place and fsyncs
   // the directories changed since the last call (Put's, Remove's). Where
@@ -195,6 +202,8 @@ class BlockStore {
   absl::StatusOr<std::string> Decode(const BlockId& id, const File& file);
   absl::StatusOr<std::string> DecodeFull(const BlockId& id, const File& file,
                                          const std::string& what);
+  // A delta of `bytes` against `base` (see block_store.cc), if one pays.
+  std::optional<std::string> DeltaOf(absl::string_view bytes, const Base& base);
 
   UniqueFd blocks_;
   BlockStoreOptions options_;
@@ -214,6 +223,13 @@ class BlockStore {
   };
   std::map<BlockId, Written> written_;  // the pending blocks, by id
   std::set<BlockId> marked_bases_;      // deltas' bases marked in use
+  // Reused by every diff of this store (one worker's): decompressing a
+  // base into fresh memory each time cost as much as decompressing it.
+  struct DecoderFree {
+    void operator()(ZSTD_DCtx_s* decoder) const;
+  };
+  std::unique_ptr<ZSTD_DCtx_s, DecoderFree> decoder_;
+  std::string base_bytes_;
 };
 
 }  // namespace heapd

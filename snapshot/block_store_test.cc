@@ -270,6 +270,33 @@ TEST_F(BlockStoreTest, ADeltaWithoutItsBaseIsDataLossAndWrittenAnew) {
   EXPECT_EQ(*store_->Get(delta->id), second);
 }
 
+// A base whose file was damaged (its frame decompresses to other bytes) is
+// no base: the block is stored whole, and still reads back.
+TEST_F(BlockStoreTest, ADamagedBaseIsNoBase) {
+  const std::string first = RandomBytes(1 << 20, 11);
+  auto base = Put(first);
+  ASSERT_TRUE(base.ok()) << base.status();
+  {
+    // Random bytes are stored as raw zstd blocks: a byte flipped in the
+    // middle of the frame decompresses without error, to other bytes.
+    std::fstream file(PathOf(base->id), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(512 << 10);
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(512 << 10);
+    byte = static_cast<char>(byte ^ 0x40);
+    file.write(&byte, 1);
+  }
+  ASSERT_EQ(store_->Get(base->id).status().code(), absl::StatusCode::kDataLoss);
+  std::string second = first;
+  second[100] ^= 1;
+  auto stored = Put(second, base->id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->written);
+  EXPECT_TRUE(stored->base.IsZero());
+  EXPECT_EQ(*store_->Get(stored->id), second);
+}
+
 // Delta files are not trusted: one whose base is itself a delta, or whose
 // sectors do not fit its bitmap, reads as DATA_LOSS, not as other bytes.
 TEST_F(BlockStoreTest, AForgedDeltaIsDataLoss) {

@@ -44,8 +44,11 @@ absl::StatusOr<UniqueFd> MakeDirectoryAt(int dir, const std::string& name) {
   return OpenDirectoryAt(dir, name);
 }
 
+// Whether every byte is zero: the first is, and each equals the next
+// (memcmp is vectorised, a byte loop is not).
 bool AllZero(absl::string_view bytes) {
-  return bytes.find_first_not_of('\0') == absl::string_view::npos;
+  return bytes.empty() ||
+         (bytes[0] == '\0' && std::memcmp(bytes.data(), bytes.data() + 1, bytes.size() - 1) == 0);
 }
 
 // Marks a create in flight until destroyed (see version_store.h).
