@@ -100,6 +100,16 @@ TEST_F(SessionsTest, AFailedWantLeavesTheChunksOfferedBackWithTheSession) {
   ASSERT_EQ(again->grants.size(), 1u);
   EXPECT_EQ(again->grants[0].chunk, chunk);
   EXPECT_EQ(again->grants[0].size_class, 5u);
+
+  // A chunk one want leased fresh and a later want took back as its class
+  // was not the session's before the call: it goes back too.
+  auto probe = sessions_.Lease(id, kAlice, {{3, 1, {}}});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const LeaseGrant next = probe->grants.at(0);  // the chunk a fresh lease takes next
+  ASSERT_TRUE(heap_->heap->ReturnLeases(id, {{next.chunk, next.words, 3}}).ok());
+  failed = sessions_.Lease(id, kAlice, {{3, 1, {}}, {6, 1, {next.chunk}}, {7, 0, {}}});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument) << failed.status();
+  EXPECT_EQ(heap_->heap->LeaseCount(id), 1u);
 }
 
 TEST_F(SessionsTest, ASessionLimitPerUser) {

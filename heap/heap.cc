@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <fstream>
 #include <iterator>
-#include <set>
+#include <map>
 #include <system_error>
 
 #include "absl/cleanup/cleanup.h"
@@ -498,21 +498,28 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(
 absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseAll(
     ClientId client, absl::Span<const LeaseWant> wants) {
   std::vector<LeaseGrant> grants;
-  std::set<uint32_t> reused;  // chunks the wants offered back
+  // The chunks this call leased that were not the client's before it, at
+  // their latest grant (a later want may take one back as its class).
+  std::map<uint32_t, size_t> fresh;
   for (const LeaseWant& want : wants) {
-    reused.insert(want.reuse.begin(), want.reuse.end());
     absl::StatusOr<std::vector<LeaseGrant>> got =
         LeaseChunks(client, want.size_class, want.count, want.reuse);
     if (!got.ok()) {
       std::vector<LeaseReport> back;
-      for (const LeaseGrant& grant : grants) {
-        if (reused.count(grant.chunk) == 0) back.push_back({grant.chunk, grant.words});
+      for (const auto& [chunk, index] : fresh) {
+        back.push_back(
+            {chunk, grants[index].words, static_cast<int32_t>(grants[index].size_class)});
       }
       // If they cannot go back, they stay the client's until it ends.
       (void)ReturnLeases(client, back);
       return got.status();
     }
-    std::move(got->begin(), got->end(), std::back_inserter(grants));
+    for (LeaseGrant& grant : *got) {
+      const bool offered =
+          std::find(want.reuse.begin(), want.reuse.end(), grant.chunk) != want.reuse.end();
+      if (!offered || fresh.count(grant.chunk) != 0) fresh[grant.chunk] = grants.size();
+      grants.push_back(std::move(grant));
+    }
   }
   return grants;
 }

@@ -213,11 +213,11 @@ class PersistentHeap {
                                                       uint32_t count,
                                                       absl::Span<const uint32_t> reuse = {});
   // LeaseChunks for each of `wants`, all or none: when a want fails, the
-  // chunks the earlier ones got go back, and its error is returned. Not
-  // those taken back through a want's `reuse`: they were the client's
-  // before the call and stay so in their new class (a client that saw the
-  // call fail holds them in doubt and offers them again), as when a call
-  // of one want fails.
+  // chunks the earlier ones leased go back, and its error is returned. Not
+  // those that were the client's before the call (taken back through a
+  // want's `reuse`): they stay so, in their new class (a client that saw
+  // the call fail holds them in doubt and offers them again), as when a
+  // call of one want fails.
   absl::StatusOr<std::vector<LeaseGrant>> LeaseAll(ClientId client,
                                                    absl::Span<const LeaseWant> wants);
 
