@@ -103,6 +103,7 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
     return Invalid(field, absl::StrCat(wants.size(), " lease requests in one call; at most ",
                                        kNumSizeClasses));
   }
+  std::set<uint32_t> offered;  // by the wants so far
   for (int i = 0; i < wants.size(); ++i) {
     const v1::LeaseWant& want = wants[i];
     if (want.size_class() >= kNumSizeClasses) {
@@ -120,9 +121,11 @@ absl::Status CheckWants(absl::string_view field, const RepeatedPtrField<v1::Leas
                      absl::StrCat(want.reuse_size(), " chunks offered for a lease of ",
                                   want.count(), "; at most as many as it asks for"));
     }
-    const std::set<uint32_t> offered(want.reuse().begin(), want.reuse().end());
-    if (offered.size() != static_cast<size_t>(want.reuse_size())) {
-      return Invalid(absl::StrCat(field, "[", i, "].reuse"), "a chunk is offered twice");
+    for (uint32_t chunk : want.reuse()) {
+      if (!offered.insert(chunk).second) {
+        return Invalid(absl::StrCat(field, "[", i, "].reuse"),
+                       absl::StrCat("chunk ", chunk, " is offered twice"));
+      }
     }
   }
   return absl::OkStatus();

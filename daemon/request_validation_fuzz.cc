@@ -77,14 +77,17 @@ bool CreateSettingsOk(uint64_t max_size, uint32_t mode) {
 
 bool WantsOk(const google::protobuf::RepeatedPtrField<v1::LeaseWant>& wants) {
   if (wants.size() > 64) return false;
+  size_t reuse = 0;
+  std::set<uint32_t> offered;
   for (const v1::LeaseWant& want : wants) {
     if (want.size_class() >= 64 || want.count() < 1 || want.count() > 64) return false;
-    // Chunks offered back for reuse: at most as many as asked, none twice.
+    // Chunks offered back for reuse: at most as many as asked, none twice
+    // in the whole call.
     if (static_cast<uint32_t>(want.reuse_size()) > want.count()) return false;
-    const std::set<uint32_t> offered(want.reuse().begin(), want.reuse().end());
-    if (offered.size() != static_cast<size_t>(want.reuse_size())) return false;
+    offered.insert(want.reuse().begin(), want.reuse().end());
+    reuse += want.reuse_size();
   }
-  return true;
+  return offered.size() == reuse;
 }
 
 // A report that names its class: a class that exists (0..63), and one
@@ -332,6 +335,7 @@ Seeds MakeSeeds() {
   lease.set_session(7);
   *lease.add_wants() = *want;
   lease.mutable_wants(0)->add_reuse(9);
+  *lease.add_wants() = lease.wants(0);  // chunk 9 offered in two wants
   v1::FreeRequest free;
   free.set_session(7);
   free.add_objects()->set_offset(4 << 20);

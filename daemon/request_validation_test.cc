@@ -175,6 +175,16 @@ TEST(RequestValidationTest, SessionCalls) {
   ExpectInvalid(ValidateRequest(lease), "wants", "65 lease requests");
   lease.mutable_wants()->RemoveLast();
   EXPECT_TRUE(ValidateRequest(lease).ok());
+  // A chunk offered back twice, in one want or across two.
+  lease.mutable_wants(1)->add_reuse(9);
+  EXPECT_TRUE(ValidateRequest(lease).ok());
+  lease.mutable_wants(3)->add_reuse(9);
+  ExpectInvalid(ValidateRequest(lease), "wants[3].reuse", "chunk 9 is offered twice");
+  lease.mutable_wants(3)->clear_reuse();
+  lease.mutable_wants(1)->set_count(2);
+  lease.mutable_wants(1)->add_reuse(9);
+  ExpectInvalid(ValidateRequest(lease), "wants[1].reuse", "chunk 9 is offered twice");
+  lease.mutable_wants(1)->clear_reuse();
   lease.mutable_wants(5)->set_count(kMaxLeasesPerWant + 1);
   ExpectInvalid(ValidateRequest(lease), "wants[5].count", "65");
   lease.set_session(0);

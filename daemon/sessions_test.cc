@@ -110,6 +110,10 @@ TEST_F(SessionsTest, AFailedWantLeavesTheChunksOfferedBackWithTheSession) {
   failed = sessions_.Lease(id, kAlice, {{3, 1, {}}, {6, 1, {next.chunk}}, {7, 0, {}}});
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument) << failed.status();
   EXPECT_EQ(heap_->heap->LeaseCount(id), 1u);
+  // So does a free chunk offered as if it were the session's, leased fresh.
+  failed = sessions_.Lease(id, kAlice, {{3, 1, {next.chunk}}, {7, 0, {}}});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument) << failed.status();
+  EXPECT_EQ(heap_->heap->LeaseCount(id), 1u);
 }
 
 TEST_F(SessionsTest, ASessionLimitPerUser) {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <system_error>
 
 #include "absl/cleanup/cleanup.h"
@@ -497,6 +498,16 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseChunks(
 
 absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseAll(
     ClientId client, absl::Span<const LeaseWant> wants) {
+  // The chunks offered back that are the client's before the call.
+  std::set<uint32_t> held;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const LeaseWant& want : wants) {
+      for (uint32_t chunk : want.reuse) {
+        if (directory_->LesseeOf(uint64_t{chunk} << kChunkShift) == client) held.insert(chunk);
+      }
+    }
+  }
   std::vector<LeaseGrant> grants;
   // The chunks this call leased that were not the client's before it, at
   // their latest grant (a later want may take one back as its class).
@@ -515,9 +526,7 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseAll(
       return got.status();
     }
     for (LeaseGrant& grant : *got) {
-      const bool offered =
-          std::find(want.reuse.begin(), want.reuse.end(), grant.chunk) != want.reuse.end();
-      if (!offered || fresh.count(grant.chunk) != 0) fresh[grant.chunk] = grants.size();
+      if (held.count(grant.chunk) == 0) fresh[grant.chunk] = grants.size();
       grants.push_back(std::move(grant));
     }
   }
