@@ -136,7 +136,8 @@ ABSL_FLAG(bool, store_deltas, true,
           "change, about a quarter more create time where most blocks change)");
 ABSL_FLAG(int, store_threads, 2,
           "threads one snapshot store create or restore hashes, compresses and reads blocks on "
-          "(1 to 64; a node's cores belong to its jobs)");
+          "(1 to 16; a node's cores belong to its jobs; each may hold up to 256 descriptors of a "
+          "store's directories)");
 ABSL_FLAG(heapd::ByteSize, store_cache_bytes, heapd::ByteSize{uint64_t{1} << 30},
           "bytes of blocks heapd keeps in its node-local cache (STATE_DIR/block-cache) so that "
           "restores read from a store only what the node lacks; 0: no cache");
@@ -217,9 +218,9 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--store_block_bytes=", FormatByteSize(block),
                                                    ": a power of two from 64K to 2M"));
   }
-  if (const int threads = absl::GetFlag(FLAGS_store_threads); threads < 1 || threads > 64) {
+  if (const int threads = absl::GetFlag(FLAGS_store_threads); threads < 1 || threads > 16) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--store_threads=", threads, ": from 1 to 64 threads"));
+        absl::StrCat("--store_threads=", threads, ": from 1 to 16 threads"));
   }
   if (const int level = absl::GetFlag(FLAGS_store_zstd_level);
       level < ZSTD_minCLevel() || level > ZSTD_maxCLevel()) {

@@ -241,7 +241,7 @@ expect_rc 2 "--metrics_address=nohost:9464"
 expect_in "does not resolve" "$out"
 out=$("$HEAPD" --store_threads=0 --state_dir="$DIR/s11" --runtime_dir="$DIR/r11" 2>&1); RC=$?
 expect_rc 2 "--store_threads=0"
-expect_in "from 1 to 64 threads" "$out"
+expect_in "from 1 to 16 threads" "$out"
 out=$("$HEAPD" --store_zstd_level=99 --state_dir="$DIR/s11" --runtime_dir="$DIR/r11" 2>&1); RC=$?
 expect_rc 2 "--store_zstd_level=99"
 expect_in "zstd levels are" "$out"
