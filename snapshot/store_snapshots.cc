@@ -358,15 +358,16 @@ std::string EncodeWantedBlocks(const std::vector<WantedBlock>& wanted, const std
   return fetch.Take();
 }
 
-// Runs work(worker, block) over `distinct` on `threads` workers (block k
-// on worker k % threads); the first failure stops them all and is
+// Runs work(worker, block) over `distinct` on `threads` workers (each
+// taking the next block); the first failure stops them all and is
 // returned.
 absl::Status ForEachDataBlock(int threads, std::vector<DataBlock>& distinct,
                               const std::function<absl::Status(int worker, DataBlock&)>& work) {
   std::vector<absl::Status> failures(threads);
   std::atomic<bool> failed{false};
+  NextIndex next_block(distinct.size());
   RunWorkers(threads, [&](int worker) {
-    for (size_t k = worker; k < distinct.size() && failures[worker].ok() && !failed; k += threads) {
+    for (uint64_t k = 0; failures[worker].ok() && !failed && next_block.Take(&k);) {
       failures[worker] = work(worker, distinct[k]);
     }
     if (!failures[worker].ok()) failed = true;

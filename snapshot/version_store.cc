@@ -392,12 +392,13 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
   recipe.set_data_bytes(source.data_bytes);
   *recipe.mutable_used_chunks() = UsedChunksOf(source);
   // The data file's blocks, by `threads` workers (hashing and compressing
-  // are the cost), block i to worker i % threads; holes stay zero ids.
+  // are the cost), each taking the next block; holes stay zero ids.
   std::string& data_ids = *recipe.mutable_data_blocks();
   data_ids.assign(data_blocks * kBlockIdBytes, '\0');
   const int threads = std::max(1, source.threads);
   std::vector<Tally> tallies(threads);
   std::atomic<bool> failed{false};  // one worker's failure stops the others
+  NextIndex next_block(data_blocks);
   // The chunks heapd knows unchanged since an earlier part's mark.
   absl::StatusOr<EarlierPart> earlier = FindEarlierPart(root, source);
   const bool reusable = earlier.ok() && !earlier->unchanged && source.changes.has_value();
@@ -410,7 +411,7 @@ absl::StatusOr<v1::StoreUsage> WritePart(int root, const PartSource& source) {
       return;
     }
     std::string block(source.block_bytes, '\0');
-    for (uint64_t i = worker; i < data_blocks && tally.status.ok() && !failed; i += threads) {
+    for (uint64_t i = 0; tally.status.ok() && !failed && next_block.Take(&i);) {
       const uint64_t at = i * source.block_bytes;
       const uint64_t chunk = at / kChunkSize;
       if (chunk >= source.used_chunks.size() || !source.used_chunks[chunk]) continue;
@@ -640,6 +641,7 @@ absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int d
   threads = std::max(1, threads);
   std::vector<absl::Status> statuses(threads);
   std::atomic<bool> failed{false};  // one worker's failure stops the others
+  NextIndex next_block(wanted.size());
   auto work = [&](int worker) {
     absl::StatusOr<BlockStore> blocks = BlockStore::At(root, {}, /*create=*/false);
     if (!blocks.ok()) {
@@ -649,7 +651,7 @@ absl::Status FetchBlocks(int root, const std::vector<WantedBlock>& wanted, int d
               : blocks.status();
       return;
     }
-    for (size_t i = worker; i < wanted.size() && statuses[worker].ok() && !failed; i += threads) {
+    for (uint64_t i = 0; statuses[worker].ok() && !failed && next_block.Take(&i);) {
       const WantedBlock& block = wanted[i];
       if (block.offset < 0) continue;
       absl::StatusOr<std::string> bytes = fetch(*blocks, block);

@@ -3,6 +3,8 @@
 #ifndef HEAPD_UTIL_RUN_WORKERS_H_
 #define HEAPD_UTIL_RUN_WORKERS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <system_error>
 #include <thread>
@@ -28,6 +30,24 @@ inline void RunWorkers(int count, const std::function<void(int worker)>& work) {
   for (int worker : here) work(worker);
   for (std::thread& thread : threads) thread.join();
 }
+
+// The indexes 0 .. size - 1 handed to workers, each the next not taken:
+// items of uneven cost spread evenly over them (split as i % workers, one
+// worker got the half-empty second blocks of every chunk and the other
+// waited for it).
+class NextIndex {
+ public:
+  explicit NextIndex(uint64_t size) : size_(size) {}
+  // The next index not taken; false when none is left.
+  bool Take(uint64_t* index) {
+    *index = next_.fetch_add(1, std::memory_order_relaxed);
+    return *index < size_;
+  }
+
+ private:
+  const uint64_t size_;
+  std::atomic<uint64_t> next_{0};
+};
 
 }  // namespace heapd
 
