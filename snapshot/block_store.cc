@@ -238,18 +238,35 @@ void BlockStore::DecoderFree::operator()(ZSTD_DCtx_s* decoder) const { ZSTD_free
 // the base of later deltas (a block drifting from its base does not keep an
 // old base alive long). Nothing either if the base's frame does not
 // decompress to bytes of its hash: that is checked only for a delta kept,
-// so a block that changed all over (where deltas do not pay) costs one
-// decompression and no hash.
+// so a block that changed all over (where deltas do not pay) costs about
+// half a decompression and no hash.
 std::optional<std::string> BlockStore::DeltaOf(absl::string_view bytes, const Base& base) {
+  // The base is decompressed a step at a time, the sectors compared as they
+  // come: a block that changed all over is given up at about half of it.
+  constexpr size_t kStepBytes = 64 << 10;
   if (ZSTD_getFrameContentSize(base.frame.data(), base.frame.size()) != base.size) {
     return std::nullopt;
   }
   if (decoder_ == nullptr) decoder_.reset(ZSTD_createDCtx());
-  if (decoder_ == nullptr) return std::nullopt;
+  if (decoder_ == nullptr ||
+      ZSTD_isError(ZSTD_DCtx_reset(decoder_.get(), ZSTD_reset_session_only))) {
+    return std::nullopt;
+  }
   if (base_bytes_.size() < base.size) base_bytes_.resize(base.size);
-  const size_t got = ZSTD_decompressDCtx(decoder_.get(), base_bytes_.data(), base.size,
-                                         base.frame.data(), base.frame.size());
-  if (ZSTD_isError(got) || got != base.size) return std::nullopt;
+  ZSTD_inBuffer in{base.frame.data(), base.frame.size(), 0};
+  ZSTD_outBuffer out{base_bytes_.data(), 0, 0};
+  size_t left = 1;  // ZSTD_decompressStream's: 0 once the frame is whole
+  // Decompresses the base up to `end` (at most its size); false if its
+  // frame is damaged or ends early.
+  auto decode_to = [&](uint64_t end) {
+    while (out.pos < end) {
+      out.size = std::min<size_t>(base.size, std::max<size_t>(end, out.pos + kStepBytes));
+      const size_t out_before = out.pos, in_before = in.pos;
+      left = ZSTD_decompressStream(decoder_.get(), &out, &in);
+      if (ZSTD_isError(left) || (out.pos == out_before && in.pos == in_before)) return false;
+    }
+    return true;
+  };
   const absl::string_view before(base_bytes_.data(), base.size);
   const uint64_t sectors = SectorsOf(bytes.size());
   std::string delta((sectors + 7) / 8, '\0');
@@ -257,12 +274,16 @@ std::optional<std::string> BlockStore::DeltaOf(absl::string_view bytes, const Ba
   for (uint64_t sector = 0; sector < sectors; ++sector) {
     const absl::string_view mine = bytes.substr(sector * kSectorBytes, kSectorBytes);
     const uint64_t at = sector * kSectorBytes;
+    if (!decode_to(std::min<uint64_t>(at + mine.size(), base.size))) return std::nullopt;
     if (at + mine.size() <= before.size() && before.substr(at, mine.size()) == mine) continue;
     if (++changed * 2 > sectors) return std::nullopt;
     delta[sector / 8] = static_cast<char>(delta[sector / 8] | (1 << (sector % 8)));
     delta.append(mine.data(), mine.size());
   }
-  if (BlockId::Of(before) != base.id) return std::nullopt;  // kept: the base must be whole
+  // Kept: the whole base must be the block of its name.
+  if (!decode_to(base.size) || left != 0 || in.pos != in.size || BlockId::Of(before) != base.id) {
+    return std::nullopt;
+  }
   return delta;
 }
 
