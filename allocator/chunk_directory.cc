@@ -812,6 +812,11 @@ DirectoryStats ChunkDirectory::Stats() const {
   return stats;
 }
 
+bool ChunkDirectory::LeasesSmall(ClientId client, uint32_t chunk) const {
+  return chunk < chunks_.size() && chunks_[chunk].kind == ChunkKind::kSmall &&
+         chunks_[chunk].lessee == client;
+}
+
 ClientId ChunkDirectory::LesseeOf(uint64_t offset) const {
   const uint64_t chunk = offset >> kChunkShift;
   if (chunk >= chunks_.size()) return 0;

@@ -266,6 +266,9 @@ class ChunkDirectory {
   // allocated the large object at `offset` while it is uncommitted, or the
   // one `offset`'s chunk is reserved for; 0 if none.
   ClientId LesseeOf(uint64_t offset) const;
+  // Whether `client` leases `chunk` as a chunk of small objects (not a
+  // reserve, not a large object).
+  bool LeasesSmall(ClientId client, uint32_t chunk) const;
   // Times the chunk holding `offset` became free or changed class
   // (wrapping); 0 outside the heap. A free checked now and applied later
   // applies only if it is the same then: else the object it named is gone,

@@ -91,8 +91,14 @@ TEST(ChunkDirectoryTest, AnUncommittedLargeObjectIsItsAllocators) {
   absl::StatusOr<uint64_t> big = dir.AllocateLarge(kAlice, 2 * kChunkSize);
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(dir.LesseeOf(*big), kAlice);
+  EXPECT_FALSE(dir.LeasesSmall(kAlice, *big >> kChunkShift));  // not a chunk of small objects
   dir.Commit(kAlice);
   EXPECT_EQ(dir.LesseeOf(*big), 0u);
+  auto small = dir.Lease(kAlice, 3, 1);
+  ASSERT_TRUE(small.ok() && small->size() == 1);
+  EXPECT_TRUE(dir.LeasesSmall(kAlice, (*small)[0].chunk));
+  EXPECT_FALSE(dir.LeasesSmall(kBob, (*small)[0].chunk));
+  EXPECT_FALSE(dir.LeasesSmall(kAlice, 1000));
 }
 
 TEST(ChunkDirectoryTest, LargeRunsAllocateFreeAndRejectBadOffsets) {

@@ -504,7 +504,7 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseAll(
     absl::MutexLock lock(&mu_);
     for (const LeaseWant& want : wants) {
       for (uint32_t chunk : want.reuse) {
-        if (directory_->LesseeOf(uint64_t{chunk} << kChunkShift) == client) held.insert(chunk);
+        if (directory_->LeasesSmall(client, chunk)) held.insert(chunk);
       }
     }
   }
