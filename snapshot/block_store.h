@@ -223,8 +223,8 @@ class BlockStore {
   };
   std::map<BlockId, Written> written_;  // the pending blocks, by id
   std::set<BlockId> marked_bases_;      // deltas' bases marked in use
-  // Reused by every diff of this store (one worker's): decompressing a
-  // base into fresh memory each time cost as much as decompressing it.
+  // Reused by every diff of this store (one worker's) rather than made
+  // for each: the decompression context and the base's bytes.
   struct DecoderFree {
     void operator()(ZSTD_DCtx_s* decoder) const;
   };

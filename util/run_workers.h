@@ -33,8 +33,8 @@ inline void RunWorkers(int count, const std::function<void(int worker)>& work) {
 
 // The indexes 0 .. size - 1 handed to workers, each the next not taken:
 // items of uneven cost spread evenly over them (split as i % workers, one
-// worker got the half-empty second blocks of every chunk and the other
-// waited for it).
+// worker of a store create got every chunk's dense first half and the
+// other waited for it).
 class NextIndex {
  public:
   explicit NextIndex(uint64_t size) : size_(size) {}
