@@ -521,8 +521,15 @@ absl::StatusOr<std::vector<LeaseGrant>> PersistentHeap::LeaseAll(
         back.push_back(
             {chunk, grants[index].words, static_cast<int32_t>(grants[index].size_class)});
       }
-      // If they cannot go back, they stay the client's until it ends.
-      (void)ReturnLeases(client, back);
+      // If they cannot go back, they stay the client's until it ends, and
+      // the answer says so.
+      if (absl::Status s = ReturnLeases(client, back); !s.ok()) {
+        return absl::Status(got.status().code(),
+                            absl::StrCat(got.status().message(), "; the ", back.size(),
+                                         " chunks the call's other wants leased stay the "
+                                         "session's until it ends: ",
+                                         s.message()));
+      }
       return got.status();
     }
     for (LeaseGrant& grant : *got) {
