@@ -11,6 +11,7 @@
 
 #include "daemon/unix_listener.h"
 #include "spdlog/spdlog.h"
+#include "util/running_thread.h"
 
 namespace heapd {
 namespace {
@@ -49,7 +50,7 @@ FdServer::FdServer(int listen_fd, uint32_t max_per_user, Callbacks callbacks)
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       max_per_user_(max_per_user),
       callbacks_(std::move(callbacks)),
-      thread_([this] { Run(); }) {}
+      thread_(StartRunningThread([this] { Run(); })) {}
 
 FdServer::~FdServer() {
   const uint64_t one = 1;

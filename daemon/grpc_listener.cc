@@ -14,6 +14,7 @@
 #include "daemon/unix_listener.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
+#include "util/running_thread.h"
 
 namespace heapd {
 namespace {
@@ -34,7 +35,7 @@ GrpcListener::GrpcListener(int listen_fd, grpc::Server* server, uint32_t max_per
 GrpcListener::~GrpcListener() { StopAccepting(); }
 
 void GrpcListener::Start() {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = StartRunningThread([this] { Run(); });
 }
 
 void GrpcListener::StopAccepting() {

@@ -60,6 +60,7 @@
 #include "util/own_directory.h"
 #include "util/program_flags.h"
 #include "util/run_as.h"
+#include "util/running_thread.h"
 
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the heaps (default: /var/lib/heapd for root, else "
@@ -399,7 +400,7 @@ std::thread ServeMetrics(Metrics* metrics, HeapRegistry* heaps, Sessions* sessio
   const absl::Status served = serve();
   if (served.ok()) return std::thread();
   spdlog::error("{}; serving without metrics, trying again every 10 s", served.ToString());
-  return std::thread([serve, stop_fd] {
+  return StartRunningThread([serve, stop_fd] {
     for (;;) {
       pollfd stop{stop_fd, POLLIN, 0};
       if (poll(&stop, 1, 10000) != 0 || serve().ok()) return;

@@ -8,6 +8,7 @@
 #include "protocol/fd_protocol.h"
 #include "protocol/proto_convert.h"
 #include "spdlog/spdlog.h"
+#include "util/running_thread.h"
 
 namespace heapd {
 namespace {
@@ -31,8 +32,9 @@ void LogRejectedFrees(const Session& session, const std::vector<std::string>& re
 
 Sessions::Sessions(absl::Duration token_lifetime, uint32_t max_per_user, Metrics* metrics)
     : table_(token_lifetime, max_per_user), metrics_(metrics) {
+  reapers_.reserve(kReapers);  // no joinable thread is lost to a failed growth
   try {
-    for (int i = 0; i < kReapers; ++i) reapers_.emplace_back([this] { Reap(); });
+    for (int i = 0; i < kReapers; ++i) reapers_.push_back(StartRunningThread([this] { Reap(); }));
   } catch (...) {
     StopReapers();  // the ones that started: no joinable thread is destroyed
     throw;

@@ -148,10 +148,16 @@ void TestDaemon::Start() {
   const int log =
       open(dir_.Sub("heapd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   unlink(socket().c_str());
+  const size_t earlier_log = Log().size();  // of an earlier start of this daemon
   pid_ = Spawn(argv, log);
   close(log);
+  // Started: it says it serves (its threads run by then), and both
+  // sockets take connections.
   for (int i = 0; i < 500; ++i) {
-    if (CanConnect(socket()) && CanConnect(fd_socket())) return;
+    if (Log().find("heapd serving", earlier_log) != std::string::npos && CanConnect(socket()) &&
+        CanConnect(fd_socket())) {
+      return;
+    }
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -2,18 +2,25 @@
 // links by offset, arrays, errors with errno and heapd_last_error, and what
 // a second process sees.
 #include <linux/magic.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/statfs.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "heap/fixed_address.h"
+#include "heapd/client.h"
+#include "heapd/heap.h"
 #include "heapd/heapd.h"
 #include "testing/test_daemon.h"
 
@@ -318,6 +325,89 @@ TEST_F(CApiTest, AForkedChildUsesNotTheParentsSession) {
   EXPECT_EQ(*value, 41);
   EXPECT_EQ(heapd_sync(heap_), 0) << heapd_last_error();  // the session is the parent's still
   ASSERT_NE(heapd_malloc(heap_, 8), nullptr) << heapd_last_error();
+}
+
+// The exit code of `child`, waited for up to `seconds`; a child still
+// running then is killed and -1 returned (a hang fails the test, not the
+// run).
+int ExitCodeOf(pid_t child, int seconds) {
+  for (int waited_ms = 0; waited_ms < seconds * 1000; waited_ms += 10) {
+    int status = 0;
+    if (waitpid(child, &status, WNOHANG) == child) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    usleep(10'000);
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return -1;
+}
+
+// A child forked just after its parent's heapd call, while gRPC's threads
+// may still be at work, attaches the heap itself, every time: gRPC pauses
+// for the fork and resumes in the child as it connects (before, a lock a
+// parent's gRPC thread held at the fork could hang the child's attach).
+TEST_F(CApiTest, ForkedChildrenConnectThemselves) {
+  for (int round = 0; round < 32; ++round) {
+    ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
+    const pid_t child = fork();
+    if (child == 0) {
+      heapd_heap* own = heapd_attach("c", &options_);
+      if (own == nullptr) _exit(10);
+      if (heapd_malloc(own, 8) == nullptr) _exit(11);
+      _exit(heapd_detach(own) == 0 ? 0 : 12);
+    }
+    ASSERT_EQ(ExitCodeOf(child, 30), 0) << "round " << round << " (-1: hung, killed)";
+  }
+}
+
+// A forked child's children attach the heap themselves too, whether the
+// child forks them before it connects itself or after.
+TEST_F(CApiTest, AForkedChildsChildrenConnectToo) {
+  ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
+  const pid_t child = fork();
+  if (child == 0) {
+    for (bool connected : {false, true}) {
+      heapd_heap* own = nullptr;
+      if (connected && (own = heapd_attach("c", &options_)) == nullptr) _exit(10);
+      const pid_t grandchild = fork();
+      if (grandchild == 0) {
+        heapd_heap* its_own = heapd_attach("c", &options_);
+        _exit(its_own != nullptr && heapd_detach(its_own) == 0 ? 0 : 11);
+      }
+      if (ExitCodeOf(grandchild, 30) != 0) _exit(connected ? 13 : 12);
+      if (own != nullptr && heapd_detach(own) != 0) _exit(14);
+    }
+    _exit(0);
+  }
+  EXPECT_EQ(ExitCodeOf(child, 90), 0) << "(-1: hung, killed)";
+}
+
+// A forked child's calls run on gRPC's threads, started again in the
+// child: a call to a server that never answers ends at its deadline
+// (without them, the child waited for ever).
+TEST_F(CApiTest, AForkedChildsCallsKeepTheirDeadlines) {
+  char dir[] = "/tmp/heapd-silent-XXXXXX";  // TEST_TMPDIR is too long for a socket path
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string silent = std::string(dir) + "/heapd.sock";
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, silent.c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);                      // connections wait; none is accepted
+  ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();  // gRPC at work here
+  const pid_t child = fork();
+  if (child == 0) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(silent, 200);
+    if (!client.ok()) _exit(10);
+    const absl::StatusOr<std::unique_ptr<Heap>> heap = (*client)->Attach("c", AttachOptions{});
+    _exit(heap.status().code() == absl::StatusCode::kDeadlineExceeded ? 0 : 11);
+  }
+  EXPECT_EQ(ExitCodeOf(child, 30), 0) << "(-1: hung, killed)";
+  close(listener);
+  unlink(silent.c_str());
+  rmdir(dir);
 }
 
 // An object of 40 bytes (aligned to 16: in the 48-byte class) freed by

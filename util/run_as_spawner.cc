@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "util/errno_status.h"
 #include "util/run_as_packets.h"
+#include "util/running_thread.h"
 
 extern char** environ;
 
@@ -197,7 +198,7 @@ namespace {
 class LongLivedThread {
  public:
   LongLivedThread() {
-    std::thread([this] { Serve(); }).detach();
+    StartRunningThread([this] { Serve(); }).detach();
   }
 
   void Run(const std::function<void()>& work) {

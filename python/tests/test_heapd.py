@@ -148,6 +148,33 @@ def test_a_forked_child_reads_its_inherited_arrays_and_writes_privately(heap):
     assert a.sum() == 40  # the child's writes did not reach the heap
 
 
+def test_forked_children_attach_the_heap_themselves(heap):
+    # Each child connects to heapd itself (gRPC stops its threads for the
+    # fork and starts them again in the child) and writes the heap through
+    # its own session.
+    a = heap.array("by-children", 8, np.int64)
+    a[:] = 0
+    heap.sync()
+    context = multiprocessing.get_context("fork")
+
+    def child(i):
+        with heapd.attach(HEAP) as own:
+            b = own.array("by-children", 8, np.int64)
+            b[i] = i + 1
+            del b
+            own.sync()
+
+    for i in range(8):
+        p = context.Process(target=child, args=(i,))
+        p.start()
+        p.join(60)
+        if p.exitcode is None:
+            p.kill()  # hung: killed, and the test fails
+            p.join()
+        assert p.exitcode == 0, f"child {i}"
+    assert list(a) == list(range(1, 9))
+
+
 def test_a_forked_child_of_arrays_whose_heap_object_is_gone():
     # Only the array holds its heap attached here: the Heap object is gone.
     a = heapd.attach(HEAP, create=True, max_size="256M").array("orphan", 4, np.int64)

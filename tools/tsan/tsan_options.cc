@@ -7,5 +7,8 @@ extern "C" const char* __tsan_default_options() {
   // handle_segv=0: the client maps a heap's growth from its own SIGSEGV
   // handler (client/growth_fault_handler.h); TSan's would report the first
   // touch as a crash. A real SIGSEGV still kills the process.
-  return "halt_on_error=1:second_deadlock_stack=1:handle_segv=0";
+  // die_after_fork=0: a forked child of a client starts gRPC's threads
+  // again (gRPC's fork support, client/grpc_fork.cc); TSan would kill any
+  // child of a multi-threaded process that starts a thread.
+  return "halt_on_error=1:second_deadlock_stack=1:handle_segv=0:die_after_fork=0";
 }
