@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/size_class.h"
 #include "client/client_channel.h"
+#include "client/grpc_fork.h"
 #include "client/grpc_session_calls.h"
 #include "client/heap_impl.h"
 #include "grpcpp/create_channel.h"
@@ -151,6 +152,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   // The connection is made and its server checked here, then handed to
   // gRPC: a channel by path would connect (and reconnect) to whoever
   // serves the path at that moment.
+  RegisterGrpcForkHandlers();
   absl::StatusOr<UniqueFd> fd = ConnectToHeapd(path);
   if (!fd.ok()) return fd.status();
   grpc::ChannelArguments arguments;
