@@ -344,9 +344,9 @@ int ExitCodeOf(pid_t child, int seconds) {
 }
 
 // A child forked just after its parent's heapd call, while gRPC's threads
-// may still be at work, attaches the heap itself, every time: gRPC pauses
-// for the fork and resumes in the child as it connects (before, a lock a
-// parent's gRPC thread held at the fork could hang the child's attach).
+// may still be at work, attaches the heap itself, every time: gRPC stops
+// its threads for the fork (before, a lock one of them held at the fork
+// could hang the child's attach: about once in ten runs under ASan).
 TEST_F(CApiTest, ForkedChildrenConnectThemselves) {
   for (int round = 0; round < 32; ++round) {
     ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
