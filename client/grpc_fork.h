@@ -14,10 +14,10 @@
 
 namespace heapd {
 
-// Registers gRPC's fork handlers, once per process, if libheapd turned
-// fork support on as it loaded (not when the program set
-// GRPC_ENABLE_FORK_SUPPORT itself: its forks are its own business, and
-// gRPC's handlers run twice would deadlock). Called before each new
+// Registers gRPC's fork handlers, once per process, if gRPC's fork support
+// is on (libheapd turns it on as it loads, unless GRPC_ENABLE_FORK_SUPPORT
+// is set; HEAPD_GRPC_FORK_HANDLERS=0 opts out, for a program that runs
+// gRPC's handlers itself: run twice they deadlock). Called before each new
 // channel: a process with no channel has no gRPC thread to stop. Handlers
 // registered late run first at a fork, before ones a program or a
 // sanitizer registered as it started (ASan's lock its allocator, which the

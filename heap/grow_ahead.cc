@@ -3,6 +3,8 @@
 #include <system_error>
 #include <utility>
 
+#include "util/running_thread.h"
+
 namespace heapd {
 
 GrowAhead::~GrowAhead() { Stop(); }
@@ -24,7 +26,7 @@ void GrowAhead::Request() {
   wanted_ = true;
   if (thread_.joinable()) return;
   try {
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = StartRunningThread([this] { Loop(); });
   } catch (const std::system_error&) {
     // No thread to spare: see the class comment.
   }

@@ -10,12 +10,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "heap/fixed_address.h"
@@ -328,8 +331,8 @@ TEST_F(CApiTest, AForkedChildUsesNotTheParentsSession) {
 }
 
 // The exit code of `child`, waited for up to `seconds`; a child still
-// running then is killed and -1 returned (a hang fails the test, not the
-// run).
+// running then is killed, with its process group if it leads one (its own
+// children), and -1 returned: a hang fails the test, not the run.
 int ExitCodeOf(pid_t child, int seconds) {
   for (int waited_ms = 0; waited_ms < seconds * 1000; waited_ms += 10) {
     int status = 0;
@@ -338,6 +341,7 @@ int ExitCodeOf(pid_t child, int seconds) {
     }
     usleep(10'000);
   }
+  kill(-child, SIGKILL);
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   return -1;
@@ -367,6 +371,7 @@ TEST_F(CApiTest, AForkedChildsChildrenConnectToo) {
   ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
   const pid_t child = fork();
   if (child == 0) {
+    setpgid(0, 0);  // its children go with it if it is killed
     for (bool connected : {false, true}) {
       heapd_heap* own = nullptr;
       if (connected && (own = heapd_attach("c", &options_)) == nullptr) _exit(10);
@@ -383,6 +388,34 @@ TEST_F(CApiTest, AForkedChildsChildrenConnectToo) {
   EXPECT_EQ(ExitCodeOf(child, 90), 0) << "(-1: hung, killed)";
 }
 
+// Two threads forking at once each pass gRPC's fork handlers alone (they
+// share state: interleaved, they could leave gRPC blocked in the parent).
+// The race runs in a child of the test, whose hang is killed.
+TEST_F(CApiTest, ThreadsForkingAtOnceLeaveGrpcWorking) {
+  ASSERT_EQ(heapd_sync(heap_), 0) << heapd_last_error();
+  const pid_t racer = fork();
+  if (racer == 0) {
+    setpgid(0, 0);  // its children go with it if it is killed
+    heapd_heap* own = heapd_attach("c", &options_);
+    if (own == nullptr) _exit(10);
+    std::atomic<int> failed{0};
+    auto fork_often = [&failed] {
+      for (int i = 0; i < 100; ++i) {
+        const pid_t child = fork();
+        if (child == 0) _exit(0);
+        if (child < 0 || waitpid(child, nullptr, 0) != child) ++failed;
+      }
+    };
+    std::thread one(fork_often);
+    std::thread two(fork_often);
+    one.join();
+    two.join();
+    if (failed != 0) _exit(11);
+    _exit(heapd_sync(own) == 0 && heapd_detach(own) == 0 ? 0 : 12);
+  }
+  EXPECT_EQ(ExitCodeOf(racer, 120), 0) << "(-1: hung, killed)";
+}
+
 // A forked child's calls run on gRPC's threads, started again in the
 // child: a call to a server that never answers ends at its deadline
 // (without them, the child waited for ever).
@@ -391,6 +424,12 @@ TEST_F(CApiTest, AForkedChildsCallsKeepTheirDeadlines) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string silent = std::string(dir) + "/heapd.sock";
   const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0) << strerror(errno);
+  absl::Cleanup gone = [&] {
+    close(listener);
+    unlink(silent.c_str());
+    rmdir(dir);
+  };
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::strncpy(address.sun_path, silent.c_str(), sizeof(address.sun_path) - 1);
@@ -405,9 +444,6 @@ TEST_F(CApiTest, AForkedChildsCallsKeepTheirDeadlines) {
     _exit(heap.status().code() == absl::StatusCode::kDeadlineExceeded ? 0 : 11);
   }
   EXPECT_EQ(ExitCodeOf(child, 30), 0) << "(-1: hung, killed)";
-  close(listener);
-  unlink(silent.c_str());
-  rmdir(dir);
 }
 
 // An object of 40 bytes (aligned to 16: in the 48-byte class) freed by

@@ -1,8 +1,8 @@
 // StartRunningThread: a std::thread whose body has begun by the time it
 // is returned.
 //
-// heapd starts its long-lived threads this way, before it says it serves
-// (its "heapd serving" log line, systemd's READY=1). Under the sanitizers,
+// heapd starts its threads this way: the long-lived ones before it says it
+// serves (its "heapd serving" log line, systemd's READY=1). Under the sanitizers,
 // a thread's first step checks its own dynamic type with a memory probe
 // that needs a free descriptor; a thread that first ran after a flood of
 // connections had taken every descriptor was reported as a type error
