@@ -149,10 +149,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
                                                         const ClientOptions& options) {
   const std::string path = socket_path.empty() ? DefaultSocketPath() : socket_path;
+  RegisterGrpcForkHandlers();  // before this process's first channel
   // The connection is made and its server checked here, then handed to
   // gRPC: a channel by path would connect (and reconnect) to whoever
   // serves the path at that moment.
-  RegisterGrpcForkHandlers();
   absl::StatusOr<UniqueFd> fd = ConnectToHeapd(path);
   if (!fd.ok()) return fd.status();
   grpc::ChannelArguments arguments;

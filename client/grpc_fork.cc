@@ -71,7 +71,10 @@ std::atomic<bool> handlers_registered{false};
 
 void RegisterGrpcForkHandlers() {
   if (!fork_support_on || handlers_registered.exchange(true)) return;
-  pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild);
+  // Fails only without memory for the entry: the next connection tries again.
+  if (pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild) != 0) {
+    handlers_registered = false;
+  }
 }
 
 }  // namespace heapd
